@@ -1,0 +1,3 @@
+from cxlkv.cli import main
+
+main()

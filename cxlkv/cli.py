@@ -1,0 +1,52 @@
+"""The ``cxlkv`` command line (click).
+
+Subcommands are imported lazily, so ``cxlkv --help`` stays fast and a component's
+import cost is paid only by the command that needs it. Each entry of
+``SUBCOMMANDS`` names ``module:attribute`` of a click command or group.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from cxlkv import __version__
+
+#: command name → "module:attribute" of its click command/group.
+SUBCOMMANDS: dict[str, str] = {
+    "master": "cxlkv.master.cli:master_cmd",
+    "clientd": "cxlkv.clientd.cli:clientd_cmd",
+    "bench": "cxlkv.bench.cli:bench_group",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def __init__(self, *args, lazy: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy:
+            module, attr = self.lazy[name].split(":")
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup, lazy=SUBCOMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="cxlkv")
+def main() -> None:
+    """cxlkv: a distributed KV-cache store on shared CXL memory.
+
+    Run `cxlkv COMMAND --help` for each command.
+    """
+
+
+if __name__ == "__main__":  # python -m cxlkv.cli
+    sys.exit(main())

@@ -1,0 +1,357 @@
+"""Configuration: frozen dataclasses, loaded once, validated with clear messages.
+
+Precedence (lowest first): field defaults → TOML file → ``CXLKV_<COMPONENT>_<FIELD>``
+environment variables → explicit overrides (CLI flags). Human sizes (``"64GiB"``,
+``"512KiB"``, ``4096``) and durations (``"30s"``, ``"250ms"``, ``"2m"``, ``1.5``) are
+parsed once, here, into bytes and seconds; components receive a config object and
+never read the environment themselves.
+
+A field's unit lives in its name (``*_bytes``, ``*_s``) and in its metadata
+(``unit="bytes"`` / ``unit="s"``), which tells the loader how to parse it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+from cxlkv.errors import ConfigError
+
+__all__ = [
+    "parse_size",
+    "parse_duration",
+    "format_size",
+    "SegmentConfig",
+    "MasterConfig",
+    "RegionConfig",
+    "ClientdConfig",
+    "load_config",
+    "default_runtime_dir",
+]
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "t": 1000**4, "tb": 1000**4,
+    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3,
+    "ti": 1024**4, "tib": 1024**4,
+}
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "m": 60.0, "min": 60.0, "h": 3600.0}
+_NUM_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: int | float | str, *, name: str = "size") -> int:
+    """Parse a size into bytes: ``4096``, ``"64MiB"``, ``"1.5GiB"``, ``"10GB"``.
+
+    Raises:
+        ConfigError: not a size, negative, or an unknown unit (the message names ``name``).
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected a size, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ConfigError(f"{name}: size must be >= 0, got {value!r}")
+        return int(value)
+    m = _NUM_UNIT.match(str(value))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _SIZE_UNITS:
+        raise ConfigError(
+            f"{name}: cannot parse size {value!r} (examples: 4096, \"64KiB\", \"16MiB\", \"2GiB\")"
+        )
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+def parse_duration(value: int | float | str, *, name: str = "duration") -> float:
+    """Parse a duration into seconds: ``5``, ``"30s"``, ``"250ms"``, ``"2m"``, ``"1h"``.
+
+    Raises:
+        ConfigError: not a duration, negative, or an unknown unit.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: expected a duration, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ConfigError(f"{name}: duration must be >= 0, got {value!r}")
+        return float(value)
+    m = _NUM_UNIT.match(str(value))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _DURATION_UNITS:
+        raise ConfigError(
+            f"{name}: cannot parse duration {value!r} (examples: 5, \"30s\", \"250ms\", \"2m\")"
+        )
+    return float(m.group(1)) * _DURATION_UNITS[unit]
+
+
+def format_size(n_bytes: int) -> str:
+    """Human form of a byte count using binary units (``"64.0 MiB"``)."""
+    n = float(n_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n_bytes} B"
+
+
+def default_runtime_dir() -> Path:
+    """``/run/cxlkv`` when writable (root, systemd RuntimeDirectory), else
+    ``$XDG_RUNTIME_DIR/cxlkv``, else ``/tmp/cxlkv-<uid>``."""
+    run = Path("/run/cxlkv")
+    if run.is_dir() and os.access(run, os.W_OK):
+        return run
+    if os.geteuid() == 0 and Path("/run").is_dir() and os.access("/run", os.W_OK):
+        return run
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "cxlkv"
+    return Path(f"/tmp/cxlkv-{os.geteuid()}")
+
+
+def _f(default: Any, doc: str, unit: str = "", **kw: Any) -> Any:
+    """A documented dataclass field; ``unit`` is "bytes", "s" or ""."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": doc, "unit": unit}, **kw)
+    return field(default=default, metadata={"doc": doc, "unit": unit}, **kw)
+
+
+# --------------------------------------------------------------------------- master
+
+
+@dataclass(frozen=True)
+class SegmentConfig:
+    """A CXL region the master allocates from (``[[segments]]`` in master TOML)."""
+
+    name: str = _f("", "segment name, unique in the cluster (e.g. \"cxl0\")")
+    size_bytes: int = _f(0, "whole region size including its header", unit="bytes")
+    path: str = _f("", "where hosts map it (/dev/daxX.Y or /dev/shm/...); informational on the master")
+    tier: str = _f("cxl", "tier of the segment: cxl (dram and ssd tiers are mounted by clientds)")
+    region_uuid: str = _f("", "expected region identity; \"\" adopts the first one a clientd reports")
+
+
+@dataclass(frozen=True)
+class MasterConfig:
+    """Configuration of ``cxlkv master`` (TOML top level; env ``CXLKV_MASTER_*``)."""
+
+    listen_address: str = _f("127.0.0.1:50051", "gRPC host:port; port 0 picks a free port")
+    address_file: str = _f("", "write the bound host:port here once serving (\"\" = don't)")
+    metrics_address: str = _f("", "Prometheus /metrics host:port (\"\" = disabled; port 0 picks)")
+    segments: list[SegmentConfig] = _f([], "CXL regions to mount at start")
+    allocation_strategy: str = _f("cxl_first", "entry point name in cxlkv.allocation_strategies")
+    eviction_policy: str = _f("lru", "entry point name in cxlkv.eviction_policies")
+    alignment_bytes: int = _f(64, "extent alignment (power of two, >= 8)", unit="bytes")
+    lease_ttl_s: float = _f(5.0, "read lease length", unit="s")
+    soft_pin_ttl_s: float = _f(600.0, "soft pins expire after this long", unit="s")
+    client_ttl_s: float = _f(10.0, "a clientd silent this long is expired", unit="s")
+    heartbeat_interval_s: float = _f(1.0, "how often clientds heartbeat", unit="s")
+    put_timeout_s: float = _f(60.0, "a PROCESSING put older than this is revoked", unit="s")
+    high_watermark: float = _f(0.95, "used/capacity ratio at which eviction starts")
+    low_watermark: float = _f(0.90, "used/capacity ratio eviction frees down to")
+    evict_budget_s: float = _f(0.005, "most time one eviction pass may take", unit="s")
+    sweep_interval_s: float = _f(0.5, "period of the lease/put/client expiry sweep", unit="s")
+    log_level: str = _f("info", "debug, info, warning or error")
+    log_json: bool = _f(False, "log JSON lines instead of text")
+
+    def validate(self) -> None:
+        """Check cross-field rules. Raises :class:`ConfigError` naming the key."""
+        if not 0.0 < self.low_watermark <= self.high_watermark <= 1.0:
+            raise ConfigError(
+                f"low_watermark ({self.low_watermark}) and high_watermark ({self.high_watermark}) "
+                "must satisfy 0 < low <= high <= 1"
+            )
+        a = self.alignment_bytes
+        if a < 8 or a & (a - 1):
+            raise ConfigError(f"alignment_bytes: must be a power of two >= 8, got {a}")
+        names = [s.name for s in self.segments]
+        for s in self.segments:
+            if not s.name:
+                raise ConfigError("segments: every segment needs a name")
+            if s.size_bytes <= 0:
+                raise ConfigError(f"segments[{s.name}].size_bytes: must be > 0")
+            if s.tier != "cxl":
+                raise ConfigError(f"segments[{s.name}].tier: only \"cxl\" segments are declared on the master")
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ConfigError(f"segments: duplicate names {sorted(dup)}")
+        for name in ("lease_ttl_s", "client_ttl_s", "heartbeat_interval_s", "put_timeout_s", "sweep_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be > 0")
+        if self.heartbeat_interval_s >= self.client_ttl_s:
+            raise ConfigError("heartbeat_interval_s must be shorter than client_ttl_s")
+        _check_level(self.log_level)
+
+
+# -------------------------------------------------------------------------- clientd
+
+
+@dataclass(frozen=True)
+class RegionConfig:
+    """A region a clientd maps (``[[regions]]`` in clientd TOML)."""
+
+    segment: str = _f("", "name of the master's segment this region is")
+    path: str = _f("", "/dev/daxX.Y or a file (e.g. /dev/shm/cxlkv-cxl0)")
+
+
+@dataclass(frozen=True)
+class ClientdConfig:
+    """Configuration of ``cxlkv clientd`` (TOML top level; env ``CXLKV_CLIENTD_*``)."""
+
+    name: str = _f("clientd", "this daemon's name, unique on its host")
+    master_address: str = _f("127.0.0.1:50051", "master gRPC host:port")
+    socket_path: str = _f("", "gRPC Unix socket (\"\" = <runtime dir>/<name>.sock)")
+    lean_socket_path: str = _f("", "lean-framing Unix socket (\"\" = <socket_path>.lean)")
+    socket_mode: int = _f(0o660, "permission bits of the sockets")
+    metrics_address: str = _f("", "Prometheus /metrics host:port (\"\" = disabled; port 0 picks)")
+    regions: list[RegionConfig] = _f([], "regions to map (segment name → local path)")
+    max_inline_bytes: int = _f(1 << 20, "largest value carried inside a message", unit="bytes")
+    prefault: bool = _f(False, "touch every page of each region at start (no first-touch faults later)")
+    coherence: str = _f("coherent", "coherent, or flush (non-coherent CXL: flush before PutEnd, invalidate before read)")
+    master_timeout_s: float = _f(10.0, "deadline of each call to the master", unit="s")
+    log_level: str = _f("info", "debug, info, warning or error")
+    log_json: bool = _f(False, "log JSON lines instead of text")
+
+    def validate(self) -> None:
+        """Check cross-field rules. Raises :class:`ConfigError` naming the key."""
+        if not self.name or "/" in self.name:
+            raise ConfigError(f"name: must be non-empty without '/', got {self.name!r}")
+        if self.coherence not in ("coherent", "flush"):
+            raise ConfigError(f"coherence: must be \"coherent\" or \"flush\", got {self.coherence!r}")
+        for r in self.regions:
+            if not r.segment or not r.path:
+                raise ConfigError("regions: every region needs `segment` and `path`")
+        if self.master_timeout_s <= 0:
+            raise ConfigError("master_timeout_s: must be > 0")
+        _check_level(self.log_level)
+
+    def resolved_socket_path(self) -> str:
+        """The gRPC socket path, defaults filled in."""
+        return self.socket_path or str(default_runtime_dir() / f"{self.name}.sock")
+
+    def resolved_lean_socket_path(self) -> str:
+        """The lean-framing socket path, defaults filled in."""
+        return self.lean_socket_path or self.resolved_socket_path() + ".lean"
+
+
+def _check_level(level: str) -> None:
+    if level.lower() not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"log_level: must be debug, info, warning or error, got {level!r}")
+
+
+# --------------------------------------------------------------------------- loader
+
+T = TypeVar("T")
+
+
+def _coerce(cls: type, f: dataclasses.Field, value: Any, where: str) -> Any:
+    unit = f.metadata.get("unit", "")
+    hint = typing.get_type_hints(cls)[f.name]
+    if unit == "bytes":
+        return parse_size(value, name=where)
+    if unit == "s":
+        return parse_duration(value, name=where)
+    origin = typing.get_origin(hint)
+    if origin is list:
+        (item_type,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list (TOML [[{f.name}]] tables), got {value!r}")
+        if dataclasses.is_dataclass(item_type):
+            return [_build(item_type, v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return list(value)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if hint is int:
+        try:
+            return int(value, 0) if isinstance(value, str) else int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+    if hint is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls: type[T], data: Mapping[str, Any], where: str) -> T:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a table, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(fields))})"
+        )
+    kwargs = {k: _coerce(cls, fields[k], v, f"{where}.{k}" if where else k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def load_config(
+    cls: type[T],
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    env_prefix: str = "",
+    overrides: Mapping[str, Any] | None = None,
+) -> T:
+    """Load a config dataclass: defaults → TOML ``path`` → env → ``overrides``.
+
+    Args:
+        cls: ``MasterConfig`` or ``ClientdConfig``.
+        path: TOML file, or ``None``.
+        env: environment mapping (``os.environ`` is passed by the CLI, never read here).
+        env_prefix: e.g. ``"CXLKV_MASTER_"``; ``CXLKV_MASTER_LEASE_TTL_S=2s`` sets
+            ``lease_ttl_s``. Only scalar fields can be set from the environment.
+        overrides: field → value from CLI flags; ``None`` values are ignored.
+
+    Raises:
+        ConfigError: unreadable file, TOML syntax error, unknown key, bad value,
+            or a failed cross-field check — the message names the key.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            data.update(tomllib.loads(p.read_text()))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} does not exist") from None
+        except PermissionError:
+            raise ConfigError(f"config file {p}: permission denied") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {p}: {exc}") from None
+    if env and env_prefix:
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        for k, v in env.items():
+            if k.startswith(env_prefix):
+                fname = k[len(env_prefix):].lower()
+                if fname not in names:
+                    raise ConfigError(f"environment variable {k}: no config key {fname!r}")
+                data[fname] = v
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            data[k] = v
+    cfg = _build(cls, data, "")
+    validate = getattr(cfg, "validate", None)
+    if validate is not None:
+        validate()
+    return cfg
+
+
+def describe(cls: type) -> list[tuple[str, str, str, str]]:
+    """(key, default, unit, doc) of every field of a config dataclass, for docs and `config check`."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        rows.append((f.name, repr(default), f.metadata.get("unit", ""), f.metadata.get("doc", "")))
+    return rows

@@ -1,0 +1,347 @@
+from cxlkv.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PutRequest(_message.Message):
+    __slots__ = ("key", "value", "options")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: bytes
+    options: _common_pb2.PutOptions
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., options: _Optional[_Union[_common_pb2.PutOptions, _Mapping]] = ...) -> None: ...
+
+class PutResponse(_message.Message):
+    __slots__ = ("version", "replicas_placed")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_PLACED_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    replicas_placed: int
+    def __init__(self, version: _Optional[int] = ..., replicas_placed: _Optional[int] = ...) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class GetResponse(_message.Message):
+    __slots__ = ("value", "version")
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    value: bytes
+    version: int
+    def __init__(self, value: _Optional[bytes] = ..., version: _Optional[int] = ...) -> None: ...
+
+class BatchPutRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PutRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutRequest, _Mapping]]] = ...) -> None: ...
+
+class PutResult(_message.Message):
+    __slots__ = ("status", "version", "replicas_placed")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_PLACED_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    version: int
+    replicas_placed: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., version: _Optional[int] = ..., replicas_placed: _Optional[int] = ...) -> None: ...
+
+class BatchPutResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PutResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutResult, _Mapping]]] = ...) -> None: ...
+
+class BatchGetRequest(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetResult(_message.Message):
+    __slots__ = ("status", "value", "version")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    value: bytes
+    version: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., value: _Optional[bytes] = ..., version: _Optional[int] = ...) -> None: ...
+
+class BatchGetResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[GetResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[GetResult, _Mapping]]] = ...) -> None: ...
+
+class ExistRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class ExistResponse(_message.Message):
+    __slots__ = ("exists",)
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    exists: bool
+    def __init__(self, exists: _Optional[bool] = ...) -> None: ...
+
+class BatchExistRequest(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BatchExistResponse(_message.Message):
+    __slots__ = ("exists", "results")
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    exists: _containers.RepeatedScalarFieldContainer[bool]
+    results: _containers.RepeatedCompositeFieldContainer[_common_pb2.Status]
+    def __init__(self, exists: _Optional[_Iterable[bool]] = ..., results: _Optional[_Iterable[_Union[_common_pb2.Status, _Mapping]]] = ...) -> None: ...
+
+class ClientRemoveRequest(_message.Message):
+    __slots__ = ("key", "force")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    force: bool
+    def __init__(self, key: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class ClientRemoveResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClientBatchRemoveRequest(_message.Message):
+    __slots__ = ("keys", "force")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    force: bool
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class ClientBatchRemoveResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[_common_pb2.Status]
+    def __init__(self, results: _Optional[_Iterable[_Union[_common_pb2.Status, _Mapping]]] = ...) -> None: ...
+
+class ClientRemoveAllRequest(_message.Message):
+    __slots__ = ("force", "regex")
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    REGEX_FIELD_NUMBER: _ClassVar[int]
+    force: bool
+    regex: str
+    def __init__(self, force: _Optional[bool] = ..., regex: _Optional[str] = ...) -> None: ...
+
+class ClientRemoveAllResponse(_message.Message):
+    __slots__ = ("removed", "skipped_leased")
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_LEASED_FIELD_NUMBER: _ClassVar[int]
+    removed: int
+    skipped_leased: int
+    def __init__(self, removed: _Optional[int] = ..., skipped_leased: _Optional[int] = ...) -> None: ...
+
+class RegisterBufferRequest(_message.Message):
+    __slots__ = ("path", "size_bytes", "pid")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size_bytes: int
+    pid: int
+    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class RegisterBufferResponse(_message.Message):
+    __slots__ = ("buffer_id",)
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
+    buffer_id: int
+    def __init__(self, buffer_id: _Optional[int] = ...) -> None: ...
+
+class UnregisterBufferRequest(_message.Message):
+    __slots__ = ("buffer_id",)
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
+    buffer_id: int
+    def __init__(self, buffer_id: _Optional[int] = ...) -> None: ...
+
+class UnregisterBufferResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BufferRange(_message.Message):
+    __slots__ = ("buffer_id", "offset_bytes", "length_bytes")
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    buffer_id: int
+    offset_bytes: int
+    length_bytes: int
+    def __init__(self, buffer_id: _Optional[int] = ..., offset_bytes: _Optional[int] = ..., length_bytes: _Optional[int] = ...) -> None: ...
+
+class PutFromRequest(_message.Message):
+    __slots__ = ("key", "source", "options")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    source: BufferRange
+    options: _common_pb2.PutOptions
+    def __init__(self, key: _Optional[str] = ..., source: _Optional[_Union[BufferRange, _Mapping]] = ..., options: _Optional[_Union[_common_pb2.PutOptions, _Mapping]] = ...) -> None: ...
+
+class PutFromResponse(_message.Message):
+    __slots__ = ("version", "replicas_placed")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_PLACED_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    replicas_placed: int
+    def __init__(self, version: _Optional[int] = ..., replicas_placed: _Optional[int] = ...) -> None: ...
+
+class BatchPutFromRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[PutFromRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[PutFromRequest, _Mapping]]] = ...) -> None: ...
+
+class BatchPutFromResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PutResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutResult, _Mapping]]] = ...) -> None: ...
+
+class GetIntoRequest(_message.Message):
+    __slots__ = ("key", "target")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    target: BufferRange
+    def __init__(self, key: _Optional[str] = ..., target: _Optional[_Union[BufferRange, _Mapping]] = ...) -> None: ...
+
+class GetIntoResponse(_message.Message):
+    __slots__ = ("value_size_bytes", "version")
+    VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    value_size_bytes: int
+    version: int
+    def __init__(self, value_size_bytes: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+
+class GetIntoResult(_message.Message):
+    __slots__ = ("status", "value_size_bytes", "version")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    value_size_bytes: int
+    version: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., value_size_bytes: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+
+class BatchGetIntoRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[GetIntoRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[GetIntoRequest, _Mapping]]] = ...) -> None: ...
+
+class BatchGetIntoResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[GetIntoResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[GetIntoResult, _Mapping]]] = ...) -> None: ...
+
+class GetPrefixIntoRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[GetIntoRequest]
+    def __init__(self, items: _Optional[_Iterable[_Union[GetIntoRequest, _Mapping]]] = ...) -> None: ...
+
+class GetPrefixIntoResponse(_message.Message):
+    __slots__ = ("matched", "results")
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    matched: int
+    results: _containers.RepeatedCompositeFieldContainer[GetIntoResult]
+    def __init__(self, matched: _Optional[int] = ..., results: _Optional[_Iterable[_Union[GetIntoResult, _Mapping]]] = ...) -> None: ...
+
+class ClientStatRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClientStatResponse(_message.Message):
+    __slots__ = ("client_id", "epoch", "hostname", "name", "master_connected", "master_address", "segments", "key_count", "capacity_bytes", "used_bytes", "buffers_registered", "buffer_bytes", "counters", "version", "metrics_url", "uptime_s")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MASTER_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    KEY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUFFERS_REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    METRICS_URL_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    hostname: str
+    name: str
+    master_connected: bool
+    master_address: str
+    segments: _containers.RepeatedCompositeFieldContainer[_common_pb2.SegmentInfo]
+    key_count: int
+    capacity_bytes: int
+    used_bytes: int
+    buffers_registered: int
+    buffer_bytes: int
+    counters: _containers.ScalarMap[str, int]
+    version: str
+    metrics_url: str
+    uptime_s: float
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., hostname: _Optional[str] = ..., name: _Optional[str] = ..., master_connected: _Optional[bool] = ..., master_address: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., key_count: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., buffers_registered: _Optional[int] = ..., buffer_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., version: _Optional[str] = ..., metrics_url: _Optional[str] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+
+class ListRequest(_message.Message):
+    __slots__ = ("prefix", "page_size", "page_token")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    page_size: int
+    page_token: str
+    def __init__(self, prefix: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListEntry(_message.Message):
+    __slots__ = ("key", "value_size_bytes", "version", "replica_count")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_COUNT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value_size_bytes: int
+    version: int
+    replica_count: int
+    def __init__(self, key: _Optional[str] = ..., value_size_bytes: _Optional[int] = ..., version: _Optional[int] = ..., replica_count: _Optional[int] = ...) -> None: ...
+
+class ListResponse(_message.Message):
+    __slots__ = ("entries", "next_page_token")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[ListEntry]
+    next_page_token: str
+    def __init__(self, entries: _Optional[_Iterable[_Union[ListEntry, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

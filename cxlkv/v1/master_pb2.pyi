@@ -1,0 +1,497 @@
+from cxlkv.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegionIdentity(_message.Message):
+    __slots__ = ("segment_name", "region_uuid", "size_bytes", "device_path")
+    SEGMENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    REGION_UUID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_PATH_FIELD_NUMBER: _ClassVar[int]
+    segment_name: str
+    region_uuid: str
+    size_bytes: int
+    device_path: str
+    def __init__(self, segment_name: _Optional[str] = ..., region_uuid: _Optional[str] = ..., size_bytes: _Optional[int] = ..., device_path: _Optional[str] = ...) -> None: ...
+
+class RegisterClientRequest(_message.Message):
+    __slots__ = ("hostname", "name", "pid", "regions", "previous_client_id", "metrics_url")
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    METRICS_URL_FIELD_NUMBER: _ClassVar[int]
+    hostname: str
+    name: str
+    pid: int
+    regions: _containers.RepeatedCompositeFieldContainer[RegionIdentity]
+    previous_client_id: str
+    metrics_url: str
+    def __init__(self, hostname: _Optional[str] = ..., name: _Optional[str] = ..., pid: _Optional[int] = ..., regions: _Optional[_Iterable[_Union[RegionIdentity, _Mapping]]] = ..., previous_client_id: _Optional[str] = ..., metrics_url: _Optional[str] = ...) -> None: ...
+
+class RegisterClientResponse(_message.Message):
+    __slots__ = ("client_id", "epoch", "heartbeat_interval_s", "client_ttl_s", "segments", "lease_ttl_s", "master_id")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ID_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    heartbeat_interval_s: float
+    client_ttl_s: float
+    segments: _containers.RepeatedCompositeFieldContainer[_common_pb2.SegmentInfo]
+    lease_ttl_s: float
+    master_id: str
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., client_ttl_s: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., lease_ttl_s: _Optional[float] = ..., master_id: _Optional[str] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("client_id", "epoch")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("master_id", "segments_version")
+    MASTER_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    master_id: str
+    segments_version: int
+    def __init__(self, master_id: _Optional[str] = ..., segments_version: _Optional[int] = ...) -> None: ...
+
+class MountSegmentRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "name", "tier", "size_bytes", "region_uuid", "device_path")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REGION_UUID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_PATH_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    name: str
+    tier: _common_pb2.Tier
+    size_bytes: int
+    region_uuid: str
+    device_path: str
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., name: _Optional[str] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., size_bytes: _Optional[int] = ..., region_uuid: _Optional[str] = ..., device_path: _Optional[str] = ...) -> None: ...
+
+class MountSegmentResponse(_message.Message):
+    __slots__ = ("segment",)
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    segment: _common_pb2.SegmentInfo
+    def __init__(self, segment: _Optional[_Union[_common_pb2.SegmentInfo, _Mapping]] = ...) -> None: ...
+
+class UnmountSegmentRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnmountSegmentResponse(_message.Message):
+    __slots__ = ("replicas_lost", "objects_lost")
+    REPLICAS_LOST_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_LOST_FIELD_NUMBER: _ClassVar[int]
+    replicas_lost: int
+    objects_lost: int
+    def __init__(self, replicas_lost: _Optional[int] = ..., objects_lost: _Optional[int] = ...) -> None: ...
+
+class ListSegmentsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSegmentsResponse(_message.Message):
+    __slots__ = ("segments",)
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[_common_pb2.SegmentInfo]
+    def __init__(self, segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ...) -> None: ...
+
+class PutStartItem(_message.Message):
+    __slots__ = ("key", "value_size_bytes", "options")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value_size_bytes: int
+    options: _common_pb2.PutOptions
+    def __init__(self, key: _Optional[str] = ..., value_size_bytes: _Optional[int] = ..., options: _Optional[_Union[_common_pb2.PutOptions, _Mapping]] = ...) -> None: ...
+
+class PutStartRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "item")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ITEM_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    item: PutStartItem
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., item: _Optional[_Union[PutStartItem, _Mapping]] = ...) -> None: ...
+
+class PutStartResult(_message.Message):
+    __slots__ = ("status", "put_token", "version", "extents", "replicas_wanted")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PUT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_WANTED_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    put_token: int
+    version: int
+    extents: _containers.RepeatedCompositeFieldContainer[_common_pb2.Extent]
+    replicas_wanted: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., put_token: _Optional[int] = ..., version: _Optional[int] = ..., extents: _Optional[_Iterable[_Union[_common_pb2.Extent, _Mapping]]] = ..., replicas_wanted: _Optional[int] = ...) -> None: ...
+
+class PutStartResponse(_message.Message):
+    __slots__ = ("result",)
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    result: PutStartResult
+    def __init__(self, result: _Optional[_Union[PutStartResult, _Mapping]] = ...) -> None: ...
+
+class BatchPutStartRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "items")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    items: _containers.RepeatedCompositeFieldContainer[PutStartItem]
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ...) -> None: ...
+
+class BatchPutStartResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[PutStartResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ...) -> None: ...
+
+class PutEndItem(_message.Message):
+    __slots__ = ("key", "put_token", "checksum")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PUT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    put_token: int
+    checksum: int
+    def __init__(self, key: _Optional[str] = ..., put_token: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
+
+class PutEndRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "item")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ITEM_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    item: PutEndItem
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., item: _Optional[_Union[PutEndItem, _Mapping]] = ...) -> None: ...
+
+class PutEndResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ...) -> None: ...
+
+class BatchPutEndRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "items")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    items: _containers.RepeatedCompositeFieldContainer[PutEndItem]
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[_Union[PutEndItem, _Mapping]]] = ...) -> None: ...
+
+class BatchPutEndResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[_common_pb2.Status]
+    def __init__(self, results: _Optional[_Iterable[_Union[_common_pb2.Status, _Mapping]]] = ...) -> None: ...
+
+class PutRevokeRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "item")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ITEM_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    item: PutEndItem
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., item: _Optional[_Union[PutEndItem, _Mapping]] = ...) -> None: ...
+
+class PutRevokeResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ...) -> None: ...
+
+class GetReplicaListRequest(_message.Message):
+    __slots__ = ("client_id", "key", "no_lease")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    NO_LEASE_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    key: str
+    no_lease: bool
+    def __init__(self, client_id: _Optional[str] = ..., key: _Optional[str] = ..., no_lease: _Optional[bool] = ...) -> None: ...
+
+class ObjectLocation(_message.Message):
+    __slots__ = ("status", "value_size_bytes", "version", "replicas", "lease_id", "lease_ttl_ms", "checksum")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    value_size_bytes: int
+    version: int
+    replicas: _containers.RepeatedCompositeFieldContainer[_common_pb2.Replica]
+    lease_id: int
+    lease_ttl_ms: int
+    checksum: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., value_size_bytes: _Optional[int] = ..., version: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[_common_pb2.Replica, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
+
+class GetReplicaListResponse(_message.Message):
+    __slots__ = ("location",)
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    location: ObjectLocation
+    def __init__(self, location: _Optional[_Union[ObjectLocation, _Mapping]] = ...) -> None: ...
+
+class BatchGetReplicaListRequest(_message.Message):
+    __slots__ = ("client_id", "keys", "no_lease", "release_lease_ids")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NO_LEASE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    no_lease: bool
+    release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., no_lease: _Optional[bool] = ..., release_lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class BatchGetReplicaListResponse(_message.Message):
+    __slots__ = ("locations",)
+    LOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    locations: _containers.RepeatedCompositeFieldContainer[ObjectLocation]
+    def __init__(self, locations: _Optional[_Iterable[_Union[ObjectLocation, _Mapping]]] = ...) -> None: ...
+
+class ReleaseLeasesRequest(_message.Message):
+    __slots__ = ("client_id", "lease_ids")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReleaseLeasesResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    def __init__(self, released: _Optional[int] = ...) -> None: ...
+
+class ExistKeyRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class ExistKeyResponse(_message.Message):
+    __slots__ = ("exists",)
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    exists: bool
+    def __init__(self, exists: _Optional[bool] = ...) -> None: ...
+
+class BatchExistKeyRequest(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BatchExistKeyResponse(_message.Message):
+    __slots__ = ("exists", "results")
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    exists: _containers.RepeatedScalarFieldContainer[bool]
+    results: _containers.RepeatedCompositeFieldContainer[_common_pb2.Status]
+    def __init__(self, exists: _Optional[_Iterable[bool]] = ..., results: _Optional[_Iterable[_Union[_common_pb2.Status, _Mapping]]] = ...) -> None: ...
+
+class MatchPrefixRequest(_message.Message):
+    __slots__ = ("client_id", "keys", "no_lease", "release_lease_ids")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NO_LEASE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    no_lease: bool
+    release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., no_lease: _Optional[bool] = ..., release_lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class MatchPrefixResponse(_message.Message):
+    __slots__ = ("matched", "locations")
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    LOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    matched: int
+    locations: _containers.RepeatedCompositeFieldContainer[ObjectLocation]
+    def __init__(self, matched: _Optional[int] = ..., locations: _Optional[_Iterable[_Union[ObjectLocation, _Mapping]]] = ...) -> None: ...
+
+class RemoveRequest(_message.Message):
+    __slots__ = ("key", "force")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    force: bool
+    def __init__(self, key: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class RemoveResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ...) -> None: ...
+
+class BatchRemoveRequest(_message.Message):
+    __slots__ = ("keys", "force")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    force: bool
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class BatchRemoveResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[_common_pb2.Status]
+    def __init__(self, results: _Optional[_Iterable[_Union[_common_pb2.Status, _Mapping]]] = ...) -> None: ...
+
+class RemoveAllRequest(_message.Message):
+    __slots__ = ("force",)
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    force: bool
+    def __init__(self, force: _Optional[bool] = ...) -> None: ...
+
+class RemoveAllResponse(_message.Message):
+    __slots__ = ("removed", "skipped_leased")
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_LEASED_FIELD_NUMBER: _ClassVar[int]
+    removed: int
+    skipped_leased: int
+    def __init__(self, removed: _Optional[int] = ..., skipped_leased: _Optional[int] = ...) -> None: ...
+
+class RemoveByRegexRequest(_message.Message):
+    __slots__ = ("pattern", "force")
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    pattern: str
+    force: bool
+    def __init__(self, pattern: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class ListKeysRequest(_message.Message):
+    __slots__ = ("prefix", "page_size", "page_token")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    page_size: int
+    page_token: str
+    def __init__(self, prefix: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class KeyEntry(_message.Message):
+    __slots__ = ("key", "value_size_bytes", "version", "replica_count", "tiers", "hard_pinned", "soft_pinned", "lease_count")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    HARD_PINNED_FIELD_NUMBER: _ClassVar[int]
+    SOFT_PINNED_FIELD_NUMBER: _ClassVar[int]
+    LEASE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value_size_bytes: int
+    version: int
+    replica_count: int
+    tiers: _containers.RepeatedScalarFieldContainer[_common_pb2.Tier]
+    hard_pinned: bool
+    soft_pinned: bool
+    lease_count: int
+    def __init__(self, key: _Optional[str] = ..., value_size_bytes: _Optional[int] = ..., version: _Optional[int] = ..., replica_count: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ..., hard_pinned: _Optional[bool] = ..., soft_pinned: _Optional[bool] = ..., lease_count: _Optional[int] = ...) -> None: ...
+
+class ListKeysResponse(_message.Message):
+    __slots__ = ("entries", "next_page_token")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[KeyEntry]
+    next_page_token: str
+    def __init__(self, entries: _Optional[_Iterable[_Union[KeyEntry, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class StatRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClientInfo(_message.Message):
+    __slots__ = ("client_id", "hostname", "name", "epoch", "alive", "last_heartbeat_age_s", "metrics_url")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    METRICS_URL_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    hostname: str
+    name: str
+    epoch: int
+    alive: bool
+    last_heartbeat_age_s: float
+    metrics_url: str
+    def __init__(self, client_id: _Optional[str] = ..., hostname: _Optional[str] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., alive: _Optional[bool] = ..., last_heartbeat_age_s: _Optional[float] = ..., metrics_url: _Optional[str] = ...) -> None: ...
+
+class StatResponse(_message.Message):
+    __slots__ = ("master_id", "version", "segments", "key_count", "processing_count", "lease_count", "clients", "capacity_bytes", "used_bytes", "counters", "high_watermark", "low_watermark", "allocation_strategy", "eviction_policy", "uptime_s", "metrics_url")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    MASTER_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    KEY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PROCESSING_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    LOW_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    EVICTION_POLICY_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    METRICS_URL_FIELD_NUMBER: _ClassVar[int]
+    master_id: str
+    version: str
+    segments: _containers.RepeatedCompositeFieldContainer[_common_pb2.SegmentInfo]
+    key_count: int
+    processing_count: int
+    lease_count: int
+    clients: _containers.RepeatedCompositeFieldContainer[ClientInfo]
+    capacity_bytes: int
+    used_bytes: int
+    counters: _containers.ScalarMap[str, int]
+    high_watermark: float
+    low_watermark: float
+    allocation_strategy: str
+    eviction_policy: str
+    uptime_s: float
+    metrics_url: str
+    def __init__(self, master_id: _Optional[str] = ..., version: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., key_count: _Optional[int] = ..., processing_count: _Optional[int] = ..., lease_count: _Optional[int] = ..., clients: _Optional[_Iterable[_Union[ClientInfo, _Mapping]]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., high_watermark: _Optional[float] = ..., low_watermark: _Optional[float] = ..., allocation_strategy: _Optional[str] = ..., eviction_policy: _Optional[str] = ..., uptime_s: _Optional[float] = ..., metrics_url: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,1 @@
+int cxlkv_probe(void);
