@@ -205,6 +205,7 @@ class ClientdConfig:
     socket_path: str = _f("", "gRPC Unix socket (\"\" = <runtime dir>/<name>.sock)")
     lean_socket_path: str = _f("", "lean-framing Unix socket (\"\" = <socket_path>.lean)")
     socket_mode: int = _f(0o660, "permission bits of the sockets")
+    ready_file: str = _f("", "touch this file once both sockets serve (\"\" = don't); used by cxlkv cluster")
     metrics_address: str = _f("", "Prometheus /metrics host:port (\"\" = disabled; port 0 picks)")
     regions: list[RegionConfig] = _f([], "regions to map (segment name → local path)")
     max_inline_bytes: int = _f(1 << 20, "largest value carried inside a message", unit="bytes")

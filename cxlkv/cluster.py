@@ -1,0 +1,321 @@
+"""A local multi-process cluster: one master and N clientds on emulated CXL regions.
+
+Used by ``cxlkv cluster up|down|status``, ``cxlkv replay --embedded``, the
+benchmarks and the test suite (the way dask's ``gen_cluster`` starts real
+processes). Everything a cluster owns lives in one run directory: configs,
+logs, sockets, the address file; its regions are files in ``/dev/shm`` (each one
+standing for a CXL device mapped by every host) and are deleted on stop.
+
+Processes are real: ``python -m cxlkv.cli master|clientd --config FILE``. Stop
+escalates SIGTERM → SIGKILL and reports any process that had to be killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import tomli_w
+
+from cxlkv.errors import CxlkvError
+
+__all__ = ["ClusterError", "ManagedProcess", "LocalCluster", "wait_for_file"]
+
+MiB = 1 << 20
+
+
+class ClusterError(CxlkvError):
+    """A local cluster process failed to start or stop; the message has its log tail."""
+
+
+def _log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+@dataclass
+class ManagedProcess:
+    """One daemon subprocess with its log file.
+
+    Attributes:
+        name: e.g. ``"master"`` or ``"clientd-0"``.
+        argv: the command line.
+        log_path: stdout and stderr go here.
+        proc: the running process (``None`` before :meth:`start`).
+    """
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        """Start the process, appending to its log (stdin closed, own process group)."""
+        env = dict(os.environ)
+        env.update(self.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True,
+            )
+        finally:
+            log.close()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        """Whether the process is running."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` (e.g. ``signal.SIGKILL`` to simulate a crash)."""
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
+    def stop(self, timeout_s: float = 10.0) -> tuple[int | None, bool]:
+        """SIGTERM, wait up to ``timeout_s``, then SIGKILL.
+
+        Returns:
+            (exit code, whether SIGKILL was needed).
+        """
+        if self.proc is None:
+            return None, False
+        if self.proc.poll() is not None:
+            return self.proc.returncode, False
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s), False
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(5.0), True
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of the log."""
+        return _log_tail(self.log_path, lines)
+
+
+def wait_for_file(path: Path, timeout_s: float, proc: ManagedProcess | None = None) -> None:
+    """Wait until ``path`` exists.
+
+    Raises:
+        ClusterError: ``proc`` exited first or the timeout passed (with its log tail).
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while not path.exists():
+        if proc is not None and not proc.alive():
+            raise ClusterError(
+                f"{proc.name} exited with code {proc.proc.returncode if proc.proc else '?'} "
+                f"before it was ready; log {proc.log_path}:\n{proc.log_tail()}"
+            )
+        if time.monotonic() > deadline:
+            tail = f"; log {proc.log_path}:\n{proc.log_tail()}" if proc else ""
+            raise ClusterError(f"timed out after {timeout_s:.0f} s waiting for {path}{tail}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+class LocalCluster:
+    """A master and ``clientds`` clientd processes sharing emulated CXL regions.
+
+    Args:
+        run_dir: directory for configs, logs, sockets and ``cluster.json``.
+        clientds: number of clientd processes (each stands for one host).
+        region_size_bytes: size of each emulated region (header included).
+        segments: number of CXL regions (segments ``cxl0``, ``cxl1`` …).
+        region_dir: where region files live (``/dev/shm``: memory, like CXL).
+        master_options: extra MasterConfig keys (e.g. ``{"lease_ttl_s": 1}``).
+        clientd_options: extra ClientdConfig keys for every clientd.
+        python: interpreter for the daemons.
+
+    Use as a context manager, or call :meth:`start` / :meth:`stop`. Not thread-safe.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        clientds: int = 2,
+        region_size_bytes: int = 64 * MiB,
+        segments: int = 1,
+        region_dir: str = "/dev/shm",
+        master_options: Mapping[str, Any] | None = None,
+        clientd_options: Mapping[str, Any] | None = None,
+        python: str = sys.executable,
+        start_timeout_s: float = 30.0,
+    ) -> None:
+        self.run_dir = Path(run_dir).resolve()
+        self.n_clientds = clientds
+        self.region_size_bytes = int(region_size_bytes)
+        self.n_segments = segments
+        self.region_dir = Path(region_dir)
+        self.master_options = dict(master_options or {})
+        self.clientd_options = dict(clientd_options or {})
+        self.python = python
+        self.start_timeout_s = start_timeout_s
+        self.cluster_id = uuid.uuid4().hex[:8]
+        self.master: ManagedProcess | None = None
+        self.clientds: list[ManagedProcess] = []
+        self.master_address = ""
+        self.region_paths = [
+            str(self.region_dir / f"cxlkv-{self.cluster_id}-cxl{i}") for i in range(segments)
+        ]
+
+    # -- paths --------------------------------------------------------------
+    def socket_path(self, i: int) -> str:
+        """gRPC Unix socket of clientd ``i``."""
+        return str(self.run_dir / f"clientd-{i}.sock")
+
+    def lean_socket_path(self, i: int) -> str:
+        """Lean-framing Unix socket of clientd ``i``."""
+        return self.socket_path(i) + ".lean"
+
+    @property
+    def socket_paths(self) -> list[str]:
+        return [self.socket_path(i) for i in range(self.n_clientds)]
+
+    # -- lifecycle ----------------------------------------------------------
+    def __enter__(self) -> "LocalCluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> "LocalCluster":
+        """Format the regions, start the master, then every clientd; wait until ready.
+
+        Raises:
+            ClusterError: a process exited or did not become ready (log tail included).
+        """
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._format_regions()
+            self._start_master()
+            for i in range(self.n_clientds):
+                self.clientds.append(self._make_clientd(i))
+            for i, p in enumerate(self.clientds):
+                p.start()
+            for i, p in enumerate(self.clientds):
+                wait_for_file(self.run_dir / f"clientd-{i}.ready", self.start_timeout_s, p)
+            self._write_state()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _format_regions(self) -> None:
+        from cxlkv.region import format_region
+        from cxlkv.transport import Region
+
+        for i, path in enumerate(self.region_paths):
+            with Region.open(path, size=self.region_size_bytes, create=True) as region:
+                format_region(region, f"cxl{i}")
+
+    def _start_master(self) -> None:
+        address_file = self.run_dir / "master.address"
+        address_file.unlink(missing_ok=True)
+        cfg: dict[str, Any] = {
+            "listen_address": "127.0.0.1:0",
+            "address_file": str(address_file),
+            "segments": [
+                {"name": f"cxl{i}", "size_bytes": self.region_size_bytes, "path": p}
+                for i, p in enumerate(self.region_paths)
+            ],
+        }
+        cfg.update(self.master_options)
+        conf = self.run_dir / "master.toml"
+        conf.write_text(tomli_w.dumps(cfg))
+        self.master = ManagedProcess(
+            "master", [self.python, "-m", "cxlkv.cli", "master", "--config", str(conf)],
+            self.run_dir / "master.log",
+        )
+        self.master.start()
+        wait_for_file(address_file, self.start_timeout_s, self.master)
+        self.master_address = address_file.read_text().strip()
+
+    def _make_clientd(self, i: int) -> ManagedProcess:
+        ready = self.run_dir / f"clientd-{i}.ready"
+        ready.unlink(missing_ok=True)
+        cfg: dict[str, Any] = {
+            "name": f"clientd-{i}",
+            "master_address": self.master_address,
+            "socket_path": self.socket_path(i),
+            "ready_file": str(ready),
+            "regions": [{"segment": f"cxl{s}", "path": p} for s, p in enumerate(self.region_paths)],
+        }
+        cfg.update(self.clientd_options)
+        conf = self.run_dir / f"clientd-{i}.toml"
+        conf.write_text(tomli_w.dumps(cfg))
+        return ManagedProcess(
+            f"clientd-{i}", [self.python, "-m", "cxlkv.cli", "clientd", "--config", str(conf)],
+            self.run_dir / f"clientd-{i}.log",
+        )
+
+    def restart_clientd(self, i: int) -> ManagedProcess:
+        """Start clientd ``i`` again (after it was stopped or killed); wait until ready."""
+        old = self.clientds[i]
+        old.stop()
+        p = self._make_clientd(i)
+        p.start()
+        self.clientds[i] = p
+        wait_for_file(self.run_dir / f"clientd-{i}.ready", self.start_timeout_s, p)
+        self._write_state()
+        return p
+
+    def stop(self, timeout_s: float = 10.0) -> list[str]:
+        """Stop clientds, then the master; delete the region files.
+
+        Returns:
+            Names of processes that had to be killed (a clean stop returns ``[]``).
+        """
+        killed: list[str] = []
+        for p in self.clientds:
+            _, was_killed = p.stop(timeout_s)
+            if was_killed:
+                killed.append(p.name)
+        if self.master is not None:
+            _, was_killed = self.master.stop(timeout_s)
+            if was_killed:
+                killed.append(self.master.name)
+        for path in self.region_paths:
+            Path(path).unlink(missing_ok=True)
+        (self.run_dir / "cluster.json").unlink(missing_ok=True)
+        return killed
+
+    # -- state file for `cxlkv cluster status|down` ---------------------------
+    def _write_state(self) -> None:
+        state = {
+            "cluster_id": self.cluster_id,
+            "master_address": self.master_address,
+            "master_pid": self.master.pid if self.master else None,
+            "clientds": [
+                {"name": p.name, "pid": p.pid, "socket_path": self.socket_path(i),
+                 "log": str(p.log_path)}
+                for i, p in enumerate(self.clientds)
+            ],
+            "regions": self.region_paths,
+            "region_size_bytes": self.region_size_bytes,
+            "run_dir": str(self.run_dir),
+        }
+        tmp = self.run_dir / "cluster.json.tmp"
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.run_dir / "cluster.json")
