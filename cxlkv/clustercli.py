@@ -1,0 +1,136 @@
+"""``cxlkv cluster up|down|status``: a local multi-process cluster for demos and benchmarks.
+
+``up`` starts a master and N clientds on emulated CXL regions in ``/dev/shm`` and
+returns, leaving them running; their configs, logs and sockets live in one run
+directory (``--run-dir``, default ``./run/cluster``) with a ``cluster.json`` that
+``status`` and ``down`` read. ``down`` stops every process (SIGTERM, then SIGKILL)
+and deletes the region files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import click
+
+from cxlkv.config import format_size, parse_size
+
+DEFAULT_RUN_DIR = "run/cluster"
+
+
+def _load_state(run_dir: Path) -> dict:
+    path = run_dir / "cluster.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise click.ClickException(f"no cluster in {run_dir} (no cluster.json); start one with `cxlkv cluster up`") from None
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _stop_pid(pid: int, timeout_s: float) -> bool:
+    """SIGTERM then SIGKILL; returns True if SIGKILL was needed."""
+    if not _alive(pid):
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return False
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    return True
+
+
+@click.group("cluster")
+def cluster_group() -> None:
+    """A local cluster: a master and clientds on emulated CXL regions (/dev/shm)."""
+
+
+@cluster_group.command("up")
+@click.option("--run-dir", default=DEFAULT_RUN_DIR, show_default=True, type=click.Path(file_okay=False))
+@click.option("--clientds", default=2, show_default=True, type=int, help="clientd processes (hosts).")
+@click.option("--region-size", default="1GiB", show_default=True, help="Size of each emulated CXL region.")
+@click.option("--segments", default=1, show_default=True, type=int, help="Number of CXL regions.")
+@click.option("--prefault/--no-prefault", default=False, show_default=True, help="Touch every region page at start.")
+def up_cmd(run_dir: str, clientds: int, region_size: str, segments: int, prefault: bool) -> None:
+    """Start a local cluster and leave it running."""
+    from cxlkv.cluster import LocalCluster
+    from cxlkv.errors import CxlkvError
+
+    rd = Path(run_dir)
+    if (rd / "cluster.json").exists():
+        state = json.loads((rd / "cluster.json").read_text())
+        if _alive(state.get("master_pid")):
+            raise click.ClickException(f"a cluster is already running in {rd} (`cxlkv cluster down` first)")
+    try:
+        size = parse_size(region_size, name="--region-size")
+        cluster = LocalCluster(rd, clientds=clientds, region_size_bytes=size, segments=segments,
+                               clientd_options={"prefault": prefault})
+        cluster.start()
+    except CxlkvError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"master   {cluster.master_address}  (log {rd / 'master.log'})")
+    for i, path in enumerate(cluster.socket_paths):
+        click.echo(f"clientd-{i} {path}")
+    for path in cluster.region_paths:
+        click.echo(f"region   {path} ({format_size(size)})")
+    click.echo(f"\nexport CXLKV_SOCKET={cluster.socket_paths[0]}   # then: cxlkv put/get/stat …")
+    click.echo(f"stop with: cxlkv cluster down --run-dir {run_dir}")
+
+
+@cluster_group.command("down")
+@click.option("--run-dir", default=DEFAULT_RUN_DIR, show_default=True, type=click.Path(file_okay=False))
+@click.option("--timeout", "timeout_s", default=10.0, show_default=True, help="Seconds before SIGKILL.")
+def down_cmd(run_dir: str, timeout_s: float) -> None:
+    """Stop a local cluster and delete its regions."""
+    rd = Path(run_dir)
+    state = _load_state(rd)
+    killed = []
+    for c in state.get("clientds", []):
+        if _stop_pid(c["pid"], timeout_s):
+            killed.append(c["name"])
+    if state.get("master_pid") and _stop_pid(state["master_pid"], timeout_s):
+        killed.append("master")
+    for path in state.get("regions", []):
+        Path(path).unlink(missing_ok=True)
+    (rd / "cluster.json").unlink(missing_ok=True)
+    click.echo("cluster stopped" + (f" (killed: {', '.join(killed)})" if killed else ""))
+
+
+@cluster_group.command("status")
+@click.option("--run-dir", default=DEFAULT_RUN_DIR, show_default=True, type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+def status_cmd(run_dir: str, as_json: bool) -> None:
+    """Which processes of a local cluster run, and where."""
+    from tabulate import tabulate
+
+    state = _load_state(Path(run_dir))
+    rows = [{"process": "master", "pid": state.get("master_pid"), "alive": _alive(state.get("master_pid")),
+             "address": state.get("master_address")}]
+    for c in state.get("clientds", []):
+        rows.append({"process": c["name"], "pid": c["pid"], "alive": _alive(c["pid"]), "address": c["socket_path"]})
+    if as_json:
+        click.echo(json.dumps({"processes": rows, "regions": state.get("regions", [])}, indent=2))
+        return
+    click.echo(tabulate([list(r.values()) for r in rows], headers=list(rows[0].keys())))
+    for path in state.get("regions", []):
+        exists = Path(path).exists()
+        click.echo(f"region {path}: {format_size(Path(path).stat().st_size) if exists else 'missing'}")

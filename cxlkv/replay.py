@@ -1,0 +1,477 @@
+"""``cxlkv replay``: the store's main job on a real workload trace.
+
+For each request of the trace, a worker (standing for an inference engine on
+one host) asks its local clientd for the longest cached prefix of the request's
+blocks and copies those blocks out in one call (``get_prefix_into``), verifies
+every byte, then writes the missing blocks (``put_from_many``, zero-copy from
+the SDK's shared buffer). Block contents are a deterministic function of the
+block id, so a wrong byte anywhere is caught and counted as an error.
+
+Block size: the trace's blocks are 512 tokens. A real KV block of 512 tokens is
+large (Llama-3-8B in bf16: 512 tokens × 32 layers × 2 (K,V) × 8 KV heads × 128 ×
+2 bytes = 64 MiB); replay scales each block down to ``--block-bytes`` (default
+64 KiB) so the whole trace fits one machine. Hit rates do not depend on the block
+size (all blocks are equal); bandwidth figures scale with it.
+
+Cache capacity is a fraction of the replayed requests' unique blocks; the
+embedded cluster's region is sized to hold exactly that many blocks, and the
+master evicts on allocation failure down to ``low_watermark`` (the high watermark
+is 1.0 so only a full cache evicts). The report puts the store's hit rate beside
+an in-process simulation of the same policy, capacity and watermarks
+(``policy_sim_hit_rate``), an LRU simulation (``lru_sim_hit_rate``) and the
+unbounded-cache bound (``bound_hit_rate``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing as mp
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+
+from cxlkv.tracesim import Request, load_trace, simulate, simulate_unbounded, unique_blocks
+
+__all__ = ["ReplayOptions", "ReplayReport", "block_content", "run_replay", "replay_cmd"]
+
+KiB = 1024
+MiB = 1 << 20
+DEFAULT_TRACE = "../shared/traces/conversation_trace.jsonl"
+
+
+def block_content(block_id: int, block_bytes: int) -> bytes:
+    """The bytes of block ``block_id``: 16-byte units ``id, ~id`` (little-endian u64).
+
+    Any byte read from the wrong block, a torn write or a stale line differs.
+    """
+    unit = (block_id & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little") + (
+        ~block_id & 0xFFFFFFFFFFFFFFFF
+    ).to_bytes(8, "little")
+    reps, rest = divmod(block_bytes, 16)
+    return unit * reps + unit[:rest]
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """What to replay and how.
+
+    Attributes:
+        trace_path: the JSON-lines trace.
+        block_bytes: bytes per 512-token block.
+        capacity_fraction: cache capacity as a fraction of the unique blocks replayed.
+        limit: replay only the first ``limit`` requests (``None``: all).
+        workers: concurrent replay processes (requests are dealt round-robin).
+        speedup: 0 replays as fast as possible; else timestamps are divided by it.
+        key_prefix: prepended to every block key.
+        policy: master eviction policy (an ``cxlkv.eviction_policies`` name).
+        low_watermark: eviction frees down to this fraction of capacity.
+    """
+
+    trace_path: str = DEFAULT_TRACE
+    block_bytes: int = 64 * KiB
+    capacity_fraction: float = 0.1
+    limit: int | None = None
+    workers: int = 4
+    speedup: float = 0.0
+    key_prefix: str = "blk/"
+    policy: str = "arc"
+    low_watermark: float = 0.999
+
+
+@dataclass
+class WorkerStats:
+    """Per-worker counters, summed into the report."""
+
+    requests: int = 0
+    blocks: int = 0
+    hit_blocks: int = 0
+    tokens: int = 0
+    hit_tokens: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    verified_blocks: int = 0
+    put_blocks: int = 0
+    already_present: int = 0
+    no_space: int = 0
+    errors: int = 0
+    error_samples: list[str] = field(default_factory=list)
+    latencies_s: list[float] = field(default_factory=list)
+
+    def merge(self, other: "WorkerStats") -> None:
+        for name, value in asdict(other).items():
+            if isinstance(value, list):
+                getattr(self, name).extend(value)
+            else:
+                setattr(self, name, getattr(self, name) + value)
+
+
+@dataclass
+class ReplayReport:
+    """The replay's outcome (``--json`` prints it as one record)."""
+
+    requests: int
+    blocks: int
+    block_hit_rate: float
+    token_hit_rate: float
+    lru_sim_hit_rate: float
+    policy_sim_hit_rate: float
+    bound_hit_rate: float
+    bytes_read: int
+    bytes_written: int
+    gbps: float
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    verified_blocks: int
+    put_blocks: int
+    no_space: int
+    elapsed_s: float
+    block_bytes: int
+    capacity_fraction: float
+    capacity_blocks: int
+    unique_blocks: int
+    clientds: int
+    workers: int
+    policy: str
+    error_samples: list[str]
+
+    def table(self) -> str:
+        """Human-readable report."""
+        from tabulate import tabulate
+
+        pct = lambda x: f"{100 * x:.2f} %"  # noqa: E731
+        rows = [
+            ("requests", f"{self.requests:,}"),
+            ("blocks requested", f"{self.blocks:,}"),
+            ("block hit rate (store)", pct(self.block_hit_rate)),
+            ("  same policy, simulated", f"{pct(self.policy_sim_hit_rate)}  ({self.policy})"),
+            ("  LRU, simulated", pct(self.lru_sim_hit_rate)),
+            ("  unbounded cache (bound)", pct(self.bound_hit_rate)),
+            ("token hit rate", pct(self.token_hit_rate)),
+            ("capacity", f"{self.capacity_blocks:,} blocks = {self.capacity_fraction:g} × "
+                         f"{self.unique_blocks:,} unique, {self.block_bytes // KiB} KiB each"),
+            ("bytes read / written", f"{self.bytes_read / MiB:,.0f} MiB / {self.bytes_written / MiB:,.0f} MiB"),
+            ("throughput", f"{self.requests_per_s:,.0f} requests/s, {self.gbps:.2f} GB/s"),
+            ("latency per request", f"p50 {self.p50_ms:.2f} ms, p99 {self.p99_ms:.2f} ms"),
+            ("verified blocks", f"{self.verified_blocks:,}"),
+            ("errors", f"{self.errors}"),
+            ("elapsed", f"{self.elapsed_s:.1f} s ({self.clientds} clientds, {self.workers} workers)"),
+        ]
+        text = tabulate(rows, tablefmt="simple")
+        if self.error_samples:
+            text += "\nfirst errors:\n  " + "\n  ".join(self.error_samples[:5])
+        return text
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    i = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[i]
+
+
+# ------------------------------------------------------------------------- worker
+
+
+def _replay_worker(
+    worker: int,
+    n_workers: int,
+    socket_path: str,
+    opts: ReplayOptions,
+    start_at: float,
+    progress: Any,
+    results: Any,
+) -> None:
+    """Replay requests ``worker, worker + n_workers, …`` through ``socket_path``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    from cxlkv.client import Client
+    from cxlkv.errors import AlreadyExists, CxlkvError, NoSpace
+
+    stats = WorkerStats()
+    try:
+        trace = load_trace(opts.trace_path, opts.limit)
+        mine = trace[worker::n_workers]
+        B = opts.block_bytes
+        max_blocks = max((len(r.hash_ids) for r in mine), default=1)
+        with Client(socket_path, buffer_pool_bytes=max(64 * MiB, 2 * max_blocks * B + MiB)) as client:
+            buf = client.buffer(max_blocks * B)
+            views = [buf[i * B:(i + 1) * B] for i in range(max_blocks)]
+            for req in mine:
+                if opts.speedup > 0:
+                    delay = start_at + req.timestamp_s / opts.speedup - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                ids = req.hash_ids
+                n = len(ids)
+                keys = [f"{opts.key_prefix}{h}" for h in ids]
+                t0 = time.perf_counter()
+                try:
+                    m = client.get_prefix_into(keys, views[:n])
+                    for i in range(m):
+                        if views[i].tobytes() != block_content(ids[i], B):  # copy + memcmp: fast; memoryview == is per-item
+                            stats.errors += 1
+                            if len(stats.error_samples) < 5:
+                                stats.error_samples.append(f"wrong bytes for block {ids[i]}")
+                        else:
+                            stats.verified_blocks += 1
+                    for i in range(m, n):
+                        views[i][:] = block_content(ids[i], B)
+                    if m < n:
+                        for res in client.put_from_many(keys[m:], views[m:n]):
+                            if res.ok:
+                                stats.put_blocks += 1
+                                stats.bytes_written += B
+                            elif isinstance(res.error, AlreadyExists):
+                                stats.already_present += 1
+                            elif isinstance(res.error, NoSpace):
+                                stats.no_space += 1
+                            else:
+                                stats.errors += 1
+                                if len(stats.error_samples) < 5:
+                                    stats.error_samples.append(f"put: {res.error!r}")
+                except CxlkvError as exc:
+                    m = 0
+                    stats.errors += 1
+                    if len(stats.error_samples) < 5:
+                        stats.error_samples.append(repr(exc))
+                stats.latencies_s.append(time.perf_counter() - t0)
+                stats.requests += 1
+                stats.blocks += n
+                stats.hit_blocks += m
+                stats.tokens += req.prefix_tokens(n)
+                stats.hit_tokens += req.prefix_tokens(m)
+                stats.bytes_read += m * B
+                progress[worker] += 1
+    except Exception as exc:  # report, never hang the parent
+        stats.errors += 1
+        stats.error_samples.append(f"worker {worker} stopped: {exc!r}")
+    results.put(stats)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def run_replay(
+    opts: ReplayOptions,
+    socket_paths: Sequence[str],
+    *,
+    show_progress: bool = False,
+    capacity_blocks: int | None = None,
+) -> ReplayReport:
+    """Replay a trace against running clientds and build the report.
+
+    Args:
+        opts: what to replay.
+        socket_paths: the clientds' sockets (workers are spread across them, one host each).
+        show_progress: draw a progress bar on stderr.
+        capacity_blocks: the cache capacity the store was given (for the simulations);
+            ``None`` derives it from ``opts.capacity_fraction``.
+
+    Raises:
+        FileNotFoundError / ValueError: unreadable trace.
+        KeyboardInterrupt: Ctrl-C (workers are stopped first).
+    """
+    trace = load_trace(opts.trace_path, opts.limit)
+    uniq = unique_blocks(trace)
+    cap = capacity_blocks or max(1, int(opts.capacity_fraction * uniq))
+    ctx = mp.get_context("spawn")
+    n_workers = max(1, min(opts.workers, len(trace)))
+    progress = ctx.RawArray("q", n_workers)
+    results = ctx.Queue()
+    start_at = time.monotonic() + 0.5
+    procs = [
+        ctx.Process(
+            target=_replay_worker,
+            args=(w, n_workers, socket_paths[w % len(socket_paths)], opts, start_at, progress, results),
+            name=f"replay-{w}",
+            daemon=True,
+        )
+        for w in range(n_workers)
+    ]
+    total = WorkerStats()
+    t0 = time.perf_counter()
+    try:
+        for p in procs:
+            p.start()
+        got = 0
+        bar = click.progressbar(length=len(trace), label="replaying", file=sys.stderr) if show_progress else None
+        done_shown = 0
+        while got < n_workers:
+            try:
+                total.merge(results.get(timeout=0.2))
+                got += 1
+            except Exception:  # queue.Empty: check the workers are alive
+                if not any(p.is_alive() for p in procs) and results.empty():
+                    total.errors += n_workers - got
+                    total.error_samples.append("a replay worker died without a report")
+                    break
+            if bar is not None:
+                done = sum(progress)
+                bar.update(done - done_shown)
+                done_shown = done
+        if bar is not None:
+            bar.update(len(trace) - done_shown)
+            bar.render_finish()
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join(5)
+    elapsed = time.perf_counter() - t0
+    lat = sorted(total.latencies_s)
+    lru = simulate(trace, cap, policy="lru_builtin", low_watermark=opts.low_watermark)
+    try:
+        same = simulate(trace, cap, policy=opts.policy, low_watermark=opts.low_watermark)
+    except Exception:  # master package's policy unavailable: report LRU
+        same = lru
+    bound = simulate_unbounded(trace)
+    busy_s = max(elapsed - 0.5, 1e-9)
+    return ReplayReport(
+        requests=total.requests,
+        blocks=total.blocks,
+        block_hit_rate=total.hit_blocks / total.blocks if total.blocks else 0.0,
+        token_hit_rate=total.hit_tokens / total.tokens if total.tokens else 0.0,
+        lru_sim_hit_rate=lru.block_hit_rate,
+        policy_sim_hit_rate=same.block_hit_rate,
+        bound_hit_rate=bound.block_hit_rate,
+        bytes_read=total.bytes_read,
+        bytes_written=total.bytes_written,
+        gbps=(total.bytes_read + total.bytes_written) / busy_s / 1e9,
+        requests_per_s=total.requests / busy_s,
+        p50_ms=_percentile(lat, 0.50) * 1e3,
+        p99_ms=_percentile(lat, 0.99) * 1e3,
+        errors=total.errors,
+        verified_blocks=total.verified_blocks,
+        put_blocks=total.put_blocks,
+        no_space=total.no_space,
+        elapsed_s=elapsed,
+        block_bytes=opts.block_bytes,
+        capacity_fraction=opts.capacity_fraction,
+        capacity_blocks=cap,
+        unique_blocks=uniq,
+        clientds=len(socket_paths),
+        workers=n_workers,
+        policy=opts.policy,
+        error_samples=total.error_samples[:10],
+    )
+
+
+def region_bytes_for(capacity_blocks: int, block_bytes: int, alignment_bytes: int = 64) -> int:
+    """Region size (header included) whose allocatable space holds exactly
+    ``capacity_blocks`` blocks of ``block_bytes`` (each extent aligned)."""
+    from cxlkv.region import REGION_HEADER_BYTES
+
+    extent = -(-block_bytes // alignment_bytes) * alignment_bytes
+    return REGION_HEADER_BYTES + capacity_blocks * extent
+
+
+def run_embedded(
+    opts: ReplayOptions,
+    *,
+    clientds: int = 2,
+    show_progress: bool = False,
+    run_dir: str | None = None,
+) -> ReplayReport:
+    """Start a local cluster sized for ``opts``, replay, stop it (also on Ctrl-C).
+
+    The region holds ``capacity_fraction × unique blocks`` blocks; the master
+    evicts with ``opts.policy`` on allocation failure down to ``opts.low_watermark``.
+    """
+    from cxlkv.cluster import LocalCluster
+
+    trace = load_trace(opts.trace_path, opts.limit)
+    cap = max(1, int(opts.capacity_fraction * unique_blocks(trace)))
+    del trace
+    tmp = tempfile.TemporaryDirectory(prefix="cxlkv-replay-") if run_dir is None else None
+    cluster = LocalCluster(
+        run_dir or tmp.name,  # type: ignore[union-attr]
+        clientds=clientds,
+        region_size_bytes=region_bytes_for(cap, opts.block_bytes),
+        master_options={
+            "eviction_policy": opts.policy,
+            "high_watermark": 1.0,
+            "low_watermark": opts.low_watermark,
+            "log_level": "warning",
+        },
+        clientd_options={"prefault": True, "log_level": "warning"},
+    )
+    try:
+        cluster.start()
+        return run_replay(opts, cluster.socket_paths, show_progress=show_progress, capacity_blocks=cap)
+    finally:
+        cluster.stop()
+        if tmp is not None:
+            tmp.cleanup()
+
+
+@click.command("replay")
+@click.argument("trace", type=click.Path(dir_okay=False), default=DEFAULT_TRACE, required=False)
+@click.option("--embedded", is_flag=True, help="Start and stop a local cluster (master + clientds on /dev/shm).")
+@click.option("--socket", "sockets", multiple=True, help="clientd socket(s) of a running cluster (repeat per host).")
+@click.option("--block-bytes", default="64KiB", show_default=True, help="Bytes per 512-token block.")
+@click.option("--capacity-fraction", default=0.1, show_default=True, type=float,
+              help="Cache capacity as a fraction of the trace's unique blocks (sizes the region).")
+@click.option("--clientds", default=2, show_default=True, type=int, help="Embedded: clientd processes (hosts).")
+@click.option("--workers", "--concurrency", default=4, show_default=True, type=int,
+              help="Concurrent replay processes, spread across the clientds.")
+@click.option("--speedup", default=0.0, show_default=True, type=float,
+              help="Pace by timestamps divided by this factor; 0 = as fast as possible.")
+@click.option("--limit", type=int, default=None, help="Replay only the first N requests.")
+@click.option("--policy", default="arc", show_default=True, help="Eviction policy (embedded cluster).")
+@click.option("--key-prefix", default="blk/", show_default=True, help="Prefix of every block key.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON record.")
+@click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON record here.")
+def replay_cmd(trace, embedded, sockets, block_bytes, capacity_fraction, clientds, workers, speedup,
+               limit, policy, key_prefix, as_json, out) -> None:
+    """Replay a KV-cache trace: longest cached prefix, fetch + verify hits, put misses.
+
+    TRACE defaults to the Mooncake conversation trace in ../shared/traces/.
+    """
+    from cxlkv.config import parse_size
+    from cxlkv.errors import CxlkvError
+
+    if not Path(trace).is_file():
+        raise click.ClickException(f"trace {trace} not found")
+    if not 0 < capacity_fraction <= 1:
+        raise click.ClickException("--capacity-fraction must be in (0, 1]")
+    try:
+        bb = parse_size(block_bytes, name="--block-bytes")
+    except CxlkvError as exc:
+        raise click.ClickException(str(exc)) from None
+    if bb <= 0:
+        raise click.ClickException("--block-bytes must be > 0")
+    opts = ReplayOptions(
+        trace_path=trace, block_bytes=bb, capacity_fraction=capacity_fraction, limit=limit,
+        workers=workers, speedup=speedup, key_prefix=key_prefix, policy=policy,
+    )
+    progress = sys.stderr.isatty() and not as_json
+    try:
+        if embedded:
+            report = run_embedded(opts, clientds=clientds, show_progress=progress)
+        else:
+            if not sockets:
+                env = os.environ.get("CXLKV_SOCKET")
+                if not env:
+                    raise click.ClickException("give --embedded, or --socket PATH of a running clientd")
+                sockets = (env,)
+            report = run_replay(opts, list(sockets), show_progress=progress)
+    except CxlkvError as exc:
+        raise click.ClickException(f"{exc.code.name}: {exc}") from None
+    record = {"bench": "replay", **asdict(report)}
+    if out:
+        Path(out).write_text(json.dumps(record, indent=2) + "\n")
+    if as_json:
+        click.echo(json.dumps(record, indent=2))
+    else:
+        click.echo(report.table())
+    if report.errors:
+        sys.exit(1)
