@@ -1,0 +1,64 @@
+"""Configuration: sizes, durations, precedence and clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cxlkv.config import ClientdConfig, MasterConfig, load_config, parse_duration, parse_size
+from cxlkv.errors import ConfigError
+
+
+def test_sizes_and_durations() -> None:
+    assert parse_size("64MiB") == 64 << 20
+    assert parse_size("1.5GiB") == 3 << 29
+    assert parse_size(4096) == 4096
+    assert parse_size("10GB") == 10 * 10**9
+    assert parse_duration("250ms") == pytest.approx(0.25)
+    assert parse_duration("2m") == 120.0
+    assert parse_duration(3) == 3.0
+    for bad in ("12 parsecs", "-1", "MiB", True):
+        with pytest.raises(ConfigError):
+            parse_size(bad)
+    with pytest.raises(ConfigError, match="lease_ttl_s"):
+        parse_duration("soon", name="lease_ttl_s")
+
+
+def test_precedence_defaults_file_env_flags(tmp_path: Path) -> None:
+    f = tmp_path / "m.toml"
+    f.write_text('lease_ttl_s = "2s"\nclient_ttl_s = 30\n[[segments]]\nname = "cxl0"\nsize_bytes = "64MiB"\n')
+    cfg = load_config(MasterConfig, f, env={"CXLKV_MASTER_CLIENT_TTL_S": "20s"}, env_prefix="CXLKV_MASTER_",
+                      overrides={"lease_ttl_s": 1.5, "put_timeout_s": None})
+    assert cfg.lease_ttl_s == 1.5          # flag beats file
+    assert cfg.client_ttl_s == 20.0        # env beats file
+    assert cfg.put_timeout_s == 60.0       # default
+    assert cfg.segments[0].size_bytes == 64 << 20
+
+
+def test_errors_name_the_key(tmp_path: Path) -> None:
+    f = tmp_path / "m.toml"
+    f.write_text("lease_ttl = 3\n")
+    with pytest.raises(ConfigError, match="unknown key.*lease_ttl"):
+        load_config(MasterConfig, f)
+    f.write_text("low_watermark = 0.99\nhigh_watermark = 0.5\n")
+    with pytest.raises(ConfigError, match="watermark"):
+        load_config(MasterConfig, f)
+    f.write_text("lease_ttl_s = = 3\n")
+    with pytest.raises(ConfigError, match="m.toml"):
+        load_config(MasterConfig, f)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(MasterConfig, tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="CXLKV_CLIENTD_NOPE"):
+        load_config(ClientdConfig, env={"CXLKV_CLIENTD_NOPE": "1"}, env_prefix="CXLKV_CLIENTD_")
+    with pytest.raises(ConfigError, match="coherence"):
+        load_config(ClientdConfig, overrides={"coherence": "maybe"})
+    f.write_text('[[segments]]\nname = "a"\nsize_bytes = 0\n')
+    with pytest.raises(ConfigError, match=r"segments\[a\]\.size_bytes"):
+        load_config(MasterConfig, f)
+
+
+def test_clientd_socket_defaults() -> None:
+    cfg = load_config(ClientdConfig, overrides={"name": "host-a", "socket_path": "/tmp/x.sock"})
+    assert cfg.resolved_lean_socket_path() == "/tmp/x.sock.lean"
+    assert load_config(ClientdConfig).resolved_socket_path().endswith("clientd.sock")
