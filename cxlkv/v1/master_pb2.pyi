@@ -343,6 +343,30 @@ class MatchPrefixResponse(_message.Message):
     locations: _containers.RepeatedCompositeFieldContainer[ObjectLocation]
     def __init__(self, matched: _Optional[int] = ..., locations: _Optional[_Iterable[_Union[ObjectLocation, _Mapping]]] = ...) -> None: ...
 
+class PrefixQuery(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class BatchMatchPrefixRequest(_message.Message):
+    __slots__ = ("client_id", "queries", "no_lease", "release_lease_ids")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    NO_LEASE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    queries: _containers.RepeatedCompositeFieldContainer[PrefixQuery]
+    no_lease: bool
+    release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[PrefixQuery, _Mapping]]] = ..., no_lease: _Optional[bool] = ..., release_lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class BatchMatchPrefixResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[MatchPrefixResponse]
+    def __init__(self, results: _Optional[_Iterable[_Union[MatchPrefixResponse, _Mapping]]] = ...) -> None: ...
+
 class RemoveRequest(_message.Message):
     __slots__ = ("key", "force")
     KEY_FIELD_NUMBER: _ClassVar[int]

@@ -119,6 +119,11 @@ class MasterServiceStub:
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.MatchPrefixRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.MatchPrefixResponse.FromString,
                 _registered_method=True)
+        self.BatchMatchPrefix = channel.unary_unary(
+                '/cxlkv.v1.MasterService/BatchMatchPrefix',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixResponse.FromString,
+                _registered_method=True)
         self.Remove = channel.unary_unary(
                 '/cxlkv.v1.MasterService/Remove',
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.RemoveRequest.SerializeToString,
@@ -279,6 +284,14 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BatchMatchPrefix(self, request, context):
+        """Several independent MatchPrefix queries in one call (clientd coalesces the
+        prompts of concurrent callers); one response per query, in order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Remove(self, request, context):
         """--- removal --------------------------------------------------------------
         Remove a committed object. HAS_LEASE if leased, unless force (the bytes then
@@ -409,6 +422,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.MatchPrefix,
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.MatchPrefixRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.MatchPrefixResponse.SerializeToString,
+            ),
+            'BatchMatchPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchMatchPrefix,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixResponse.SerializeToString,
             ),
             'Remove': grpc.unary_unary_rpc_method_handler(
                     servicer.Remove,
@@ -900,6 +918,33 @@ class MasterService:
             '/cxlkv.v1.MasterService/MatchPrefix',
             cxlkv_dot_v1_dot_master__pb2.MatchPrefixRequest.SerializeToString,
             cxlkv_dot_v1_dot_master__pb2.MatchPrefixResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchMatchPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/BatchMatchPrefix',
+            cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixResponse.FromString,
             options,
             channel_credentials,
             insecure,
