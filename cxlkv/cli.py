@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "master": "cxlkv.master.cli:master_cmd",
     "clientd": "cxlkv.clientd.cli:clientd_cmd",
     "bench": "cxlkv.bench.cli:bench_group",
+    "region": "cxlkv.transport.cli:region_group",
     "cluster": "cxlkv.clustercli:cluster_group",
     "replay": "cxlkv.replay:replay_cmd",
 }

@@ -1,1 +1,158 @@
-int cxlkv_probe(void);
+/*
+ * cxlkv_transport.h -- C API of the cxlkv transport.
+ *
+ * Maps one region (a DAX character device or a regular file standing in for
+ * one) MAP_SHARED read-write and moves bytes between it and caller memory.
+ *
+ * This header is both the C interface of cxlkv_transport.c and the cffi cdef
+ * (transport/build_transport.py feeds it to ffi.cdef() with preprocessor lines
+ * removed), so it holds only declarations cffi understands: no macros with
+ * expressions, no inline functions.
+ *
+ * Conventions:
+ *   - offsets and lengths are in bytes, as uint64_t;
+ *   - every function that touches region bytes checks
+ *     offset <= size_bytes && length <= size_bytes - offset
+ *     (so offset + length never overflows) and returns CXLKV_E_RANGE instead;
+ *   - functions return a cxlkv_status value (0 = success); none of them
+ *     aborts or raises a signal on bad arguments;
+ *   - functions never take a lock: callers serialise cxlkv_unmap() against
+ *     the other calls on the same region.
+ */
+#ifndef CXLKV_TRANSPORT_H
+#define CXLKV_TRANSPORT_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+/* Mapping alignment of device DAX in bytes (2 MiB pages). */
+#define CXLKV_DAX_ALIGN_BYTES 2097152
+
+enum cxlkv_status {
+    CXLKV_OK = 0,
+    CXLKV_E_RANGE = 1,          /* offset/length outside the region or buffer */
+    CXLKV_E_CLOSED = 2,         /* the region is not mapped */
+    CXLKV_E_INVAL = 3,          /* a bad argument (null pointer, size 0 on create, ...) */
+    CXLKV_E_OPEN = 4,           /* open(2) failed; errno reported */
+    CXLKV_E_STAT = 5,           /* fstat(2) failed; errno reported */
+    CXLKV_E_NOT_MAPPABLE = 6,   /* neither a regular file nor a DAX char device */
+    CXLKV_E_SIZE_ZERO = 7,      /* the file or device has size 0 */
+    CXLKV_E_SIZE_MISMATCH = 8,  /* actual size (in size_bytes) != requested */
+    CXLKV_E_TRUNCATE = 9,       /* ftruncate(2) failed; errno reported */
+    CXLKV_E_SYSFS = 10,         /* DAX size or alignment unreadable from sysfs */
+    CXLKV_E_ALIGN = 11,         /* DAX size not a multiple of its alignment */
+    CXLKV_E_MMAP = 12,          /* mmap(2) failed; errno reported */
+    CXLKV_E_TOO_LARGE = 13,     /* size does not fit the address space */
+    CXLKV_E_PREFAULT = 14       /* faulting pages in failed (out of memory); errno reported */
+};
+
+/* One mapped region. Zero-initialise before cxlkv_map(). */
+typedef struct cxlkv_region {
+    void *base;            /* first byte of the mapping; NULL when not mapped */
+    uint64_t size_bytes;   /* mapped length in bytes (actual size on E_SIZE_MISMATCH) */
+    uint64_t align_bytes;  /* mapping alignment: page size, or the DAX alignment */
+    int is_dax;            /* 1: DAX character device, 0: regular file */
+    int created;           /* 1: cxlkv_map() created or sized the file */
+} cxlkv_region_t;
+
+/*
+ * Map `path` MAP_SHARED read-write into `out`.
+ *
+ * want_size_bytes == 0: use the file's size (fstat) or the DAX device's size
+ *   (/sys/bus/dax/devices/<dev>/size).
+ * want_size_bytes > 0: the size must match, else CXLKV_E_SIZE_MISMATCH with
+ *   the actual size in out->size_bytes.
+ * create != 0: create a missing regular file (mode 0600 | umask) and size an
+ *   empty one to want_size_bytes (which must then be > 0).
+ * On failure *err_errno holds errno (0 when none applies) and out->base is NULL.
+ */
+int cxlkv_map(const char *path, uint64_t want_size_bytes, int create,
+              cxlkv_region_t *out, int *err_errno);
+
+/* Unmap. The address range is released; idempotent. */
+int cxlkv_unmap(cxlkv_region_t *r, int *err_errno);
+
+/*
+ * Unmap for a region whose bytes may still be referenced (a live zero-copy
+ * view, a copy in another thread): the range is replaced in place by private
+ * anonymous zero memory, so a stale access reads zeros instead of faulting.
+ * The address range (not the memory) stays reserved for the process lifetime.
+ */
+int cxlkv_retire(cxlkv_region_t *r, int *err_errno);
+
+/* Copy `length` bytes from `src` into the region at `offset`. */
+int cxlkv_copy_in(const cxlkv_region_t *r, uint64_t offset, const void *src,
+                  uint64_t length);
+
+/* Copy `length` bytes from the region at `offset` into `dst`. */
+int cxlkv_copy_out(const cxlkv_region_t *r, uint64_t offset, void *dst,
+                   uint64_t length);
+
+/*
+ * N copies in one call: srcs[i] (lengths[i] bytes) -> region at offsets[i].
+ * All extents are checked before any byte moves; on CXLKV_E_RANGE
+ * *bad_index is the first failing position.
+ */
+int cxlkv_copy_in_many(const cxlkv_region_t *r, uint64_t n,
+                       const uint64_t *offsets, const void *const *srcs,
+                       const uint64_t *lengths, uint64_t *bad_index);
+
+/* N copies in one call: region at offsets[i] -> dsts[i] (lengths[i] bytes). */
+int cxlkv_copy_out_many(const cxlkv_region_t *r, uint64_t n,
+                        const uint64_t *offsets, void *const *dsts,
+                        const uint64_t *lengths, uint64_t *bad_index);
+
+/*
+ * N copies between one buffer `buf` of `buf_bytes` bytes and the region:
+ * buf[buf_offsets[i] .. +lengths[i]) -> region[region_offsets[i] .. +lengths[i]).
+ * Both sides are bounds-checked before any byte moves.
+ */
+int cxlkv_copy_in_ranges(const cxlkv_region_t *r, const void *buf,
+                         uint64_t buf_bytes, uint64_t n,
+                         const uint64_t *buf_offsets,
+                         const uint64_t *region_offsets,
+                         const uint64_t *lengths, uint64_t *bad_index);
+
+/* region[region_offsets[i] .. +lengths[i]) -> buf[buf_offsets[i] .. +lengths[i]). */
+int cxlkv_copy_out_ranges(const cxlkv_region_t *r, void *buf,
+                          uint64_t buf_bytes, uint64_t n,
+                          const uint64_t *buf_offsets,
+                          const uint64_t *region_offsets,
+                          const uint64_t *lengths, uint64_t *bad_index);
+
+/*
+ * Write back every cache line of [offset, offset+length) towards memory
+ * (CLWB, else CLFLUSHOPT, else CLFLUSH; DC CVAC on aarch64), then SFENCE.
+ */
+int cxlkv_flush(const cxlkv_region_t *r, uint64_t offset, uint64_t length);
+
+/*
+ * Drop every cache line of [offset, offset+length) so the next read comes
+ * from memory (CLFLUSHOPT, else CLFLUSH; DC CIVAC on aarch64), then MFENCE.
+ * Dirty lines are written back first (the instructions do both).
+ */
+int cxlkv_invalidate(const cxlkv_region_t *r, uint64_t offset, uint64_t length);
+
+/* Full memory fence (MFENCE; DMB ISH on aarch64). */
+void cxlkv_fence(void);
+
+/*
+ * Fault in every page of [offset, offset+length) for writing, without
+ * changing any byte (MADV_POPULATE_WRITE, else an atomic add of 0 per page).
+ */
+int cxlkv_prefault(const cxlkv_region_t *r, uint64_t offset, uint64_t length,
+                   int *err_errno);
+
+/* Cache line size in bytes used by flush/invalidate. */
+uint64_t cxlkv_cache_line_bytes(void);
+
+/* System page size in bytes. */
+uint64_t cxlkv_page_bytes(void);
+
+/* Name of the flush instruction chosen at run time ("clwb", "clflushopt", ...). */
+const char *cxlkv_flush_instruction(void);
+
+/* Name of the invalidate instruction chosen at run time. */
+const char *cxlkv_invalidate_instruction(void);
+
+#endif /* CXLKV_TRANSPORT_H */

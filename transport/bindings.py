@@ -1,0 +1,485 @@
+"""Thin wrappers over the C transport, one per C function.
+
+Every wrapper follows one sequence: validate in Python (buffers, argument
+shapes) → call C (cffi releases the GIL for the call) → check the return code
+→ raise a typed :mod:`cxlkv.errors` error. Bounds and ``offset + length``
+overflow are checked in C; a negative or too-large Python integer is refused
+by cffi's conversion to ``uint64_t`` and reported as :class:`OutOfRange`.
+
+A region handle is the ``cxlkv_region_t *`` cdata returned by
+:func:`cxlkv_map`. Most code should use :class:`cxlkv.transport.Region`
+instead, which owns a handle and adds views and checksums.
+
+Thread-safety: every function except :func:`cxlkv_unmap` / :func:`cxlkv_retire`
+may run concurrently from many threads on one handle (copies to overlapping
+extents race exactly like ``memcpy``). Unmapping while another thread uses the
+handle is the caller's bug; :func:`cxlkv_retire` makes it memory-safe.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, NoReturn, Union
+
+from cxlkv.errors import InvalidArgument, OutOfRange, RegionError
+from cxlkv.transport._transport import ffi, lib
+
+__all__ = [
+    "ffi",
+    "lib",
+    "Handle",
+    "BufferLike",
+    "U64Array",
+    "CACHE_LINE_BYTES",
+    "PAGE_BYTES",
+    "DAX_ALIGN_BYTES",
+    "FLUSH_INSTRUCTION",
+    "INVALIDATE_INSTRUCTION",
+    "cxlkv_map",
+    "cxlkv_unmap",
+    "cxlkv_retire",
+    "cxlkv_copy_in",
+    "cxlkv_copy_out",
+    "cxlkv_copy_in_many",
+    "cxlkv_copy_out_many",
+    "cxlkv_copy_in_ranges",
+    "cxlkv_copy_out_ranges",
+    "cxlkv_flush",
+    "cxlkv_invalidate",
+    "cxlkv_fence",
+    "cxlkv_prefault",
+]
+
+#: A ``cxlkv_region_t *`` cdata (cffi objects are untyped for mypy).
+Handle = Any
+#: Any object exporting the buffer protocol (bytes, bytearray, memoryview,
+#: numpy array, mmap, ...); destinations must be writable.
+BufferLike = Any
+#: A sequence of non-negative ints, or a 1-D C-contiguous uint64 buffer
+#: (numpy ``uint64`` array, ``array.array("Q")``), used without conversion.
+U64Array = Union[Sequence[int], Any]
+
+#: Cache-line size in bytes used by flush and invalidate (from CPUID / CTR_EL0).
+CACHE_LINE_BYTES: int = int(lib.cxlkv_cache_line_bytes())
+#: System page size in bytes.
+PAGE_BYTES: int = int(lib.cxlkv_page_bytes())
+#: Mapping alignment of device DAX in bytes (2 MiB).
+DAX_ALIGN_BYTES: int = int(lib.CXLKV_DAX_ALIGN_BYTES)
+#: Flush instruction chosen from CPUID at load: "clwb", "clflushopt",
+#: "clflush", "dc cvac" (aarch64) or "none".
+FLUSH_INSTRUCTION: str = ffi.string(lib.cxlkv_flush_instruction()).decode()
+#: Invalidate instruction chosen at load: "clflushopt", "clflush", "dc civac" or "none".
+INVALIDATE_INSTRUCTION: str = ffi.string(lib.cxlkv_invalidate_instruction()).decode()
+
+# Cached attribute lookups for the per-call fast path.
+_from_buffer = ffi.from_buffer
+_new = ffi.new
+_c_copy_in = lib.cxlkv_copy_in
+_c_copy_out = lib.cxlkv_copy_out
+_OK = lib.CXLKV_OK
+_E_RANGE = lib.CXLKV_E_RANGE
+_E_CLOSED = lib.CXLKV_E_CLOSED
+_U64_FORMATS = frozenset({"Q", "L", "<Q", "<L", "=Q", "=L", "@Q", "@L"})
+
+
+# -- error helpers -------------------------------------------------------------
+
+def _buffer(obj: BufferLike, writable: bool, what: str) -> Any:
+    """``ffi.from_buffer(obj)`` with the failure explained (cold path)."""
+    try:
+        return _from_buffer(obj, require_writable=writable)
+    except (TypeError, ValueError, BufferError):
+        pass
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        raise InvalidArgument(
+            f"{what} must be a bytes-like object (buffer protocol), got {type(obj).__name__}"
+        ) from None
+    with mv:
+        if not mv.c_contiguous:
+            raise InvalidArgument(f"{what} must be C-contiguous (got a strided {type(obj).__name__})")
+        if writable and mv.readonly:
+            raise InvalidArgument(
+                f"{what} is read-only ({type(obj).__name__}); pass a writable buffer such as a bytearray"
+            )
+    raise InvalidArgument(f"{what} cannot be used as a buffer ({type(obj).__name__})")
+
+
+def _u64_array(values: U64Array, what: str) -> Any:
+    """A ``uint64_t[]`` cdata over ``values`` (zero-copy for uint64 buffers)."""
+    if not isinstance(values, (list, tuple)):
+        try:
+            mv = memoryview(values)  # type: ignore[arg-type]  # TypeError handled below
+        except TypeError:
+            values = list(values)
+        else:
+            with mv:
+                if mv.ndim == 1 and mv.itemsize == 8 and mv.format in _U64_FORMATS and mv.c_contiguous:
+                    return _from_buffer("uint64_t[]", values)
+                values = mv.tolist()
+    try:
+        return _new("uint64_t[]", values)
+    except OverflowError:
+        raise OutOfRange(f"{what}: every value must be in [0, 2**64)") from None
+    except TypeError:
+        raise InvalidArgument(f"{what} must be a sequence of ints") from None
+
+
+def _closed_error(r: Handle) -> RegionError:
+    return RegionError("region is closed (use it inside `with Region.open(...)`, before close())")
+
+
+def _raise_range(r: Handle, rc: int, op: str, offset: Any, length: Any) -> NoReturn:
+    if rc == _E_CLOSED:
+        raise _closed_error(r)
+    if rc == _E_RANGE:
+        raise OutOfRange(
+            f"{op}: [{offset}, {offset} + {length}) is outside the region of {r.size_bytes} bytes"
+        )
+    raise InvalidArgument(f"{op}: invalid argument (status {rc})")
+
+
+def _raise_overflow(op: str, offset: Any, length: Any) -> NoReturn:
+    for name, value in (("offset", offset), ("length", length)):
+        if isinstance(value, int) and value < 0:
+            raise OutOfRange(f"{op}: {name} {value} is negative")
+    raise OutOfRange(f"{op}: offset {offset} / length {length} must be in [0, 2**64)")
+
+
+def _raise_many(r: Handle, rc: int, op: str, bad: int, n: int) -> NoReturn:
+    if rc == _E_CLOSED:
+        raise _closed_error(r)
+    if rc == _E_RANGE:
+        raise OutOfRange(
+            f"{op}: extent #{bad} of {n} is outside the region ({r.size_bytes} bytes) "
+            "or its buffer; nothing was copied"
+        )
+    raise InvalidArgument(f"{op}: invalid argument at extent #{bad} (status {rc})")
+
+
+# -- mapping -------------------------------------------------------------------
+
+def cxlkv_map(path: str | os.PathLike[str], size_bytes: int = 0, create: bool = False) -> Handle:
+    """Map a region MAP_SHARED read-write.
+
+    Args:
+        path: a DAX character device (``/dev/daxX.Y``) or a regular file.
+        size_bytes: expected size in bytes; 0 takes the file's size (fstat) or the
+            device's (``/sys/bus/dax/devices/daxX.Y/size``).
+        create: create a missing file (mode 0660 minus umask) and size an empty one
+            to ``size_bytes`` (which must then be > 0).
+
+    Returns:
+        A ``cxlkv_region_t *`` handle, mapped.
+
+    Raises:
+        InvalidArgument: ``create`` without a positive ``size_bytes``; a negative size.
+        RegionError: (with ``path`` and ``errno``) missing path, no permission,
+            not a regular file or DAX device, size 0, size mismatch, or mmap failure.
+    """
+    spath = os.fspath(path)
+    if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes < 0:
+        raise InvalidArgument(f"region {spath}: size must be a non-negative int of bytes, got {size_bytes!r}")
+    if create and size_bytes == 0:
+        raise InvalidArgument(f"region {spath}: create=True needs a size > 0 bytes")
+    if size_bytes >= 1 << 64:
+        raise InvalidArgument(f"region {spath}: size {size_bytes} bytes does not fit in 64 bits")
+    r = _new("cxlkv_region_t *")
+    err = _new("int *")
+    try:
+        bpath = os.fsencode(spath)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgument(f"region path {path!r} is not valid: {e}") from None
+    if b"\0" in bpath:
+        raise InvalidArgument(f"region path {spath!r} contains NUL")
+    rc = lib.cxlkv_map(bpath, size_bytes, 1 if create else 0, r, err)
+    if rc != _OK:
+        _raise_map(rc, spath, size_bytes, create, int(err[0]), r)
+    return r
+
+
+def _raise_map(rc: int, path: str, want: int, create: bool, errno_: int, r: Handle) -> NoReturn:
+    import errno as E
+
+    why = os.strerror(errno_) if errno_ else ""
+    if rc == lib.CXLKV_E_OPEN:
+        if errno_ == E.ENOENT:
+            hint = "" if create else " (pass create=True with a size, or --create --size, to make an emulation file)"
+            msg = f"region {path} does not exist{hint}"
+        elif errno_ in (E.EACCES, E.EPERM):
+            msg = f"no permission to open region {path} read-write"
+        elif errno_ == E.EISDIR:
+            msg = f"region {path} is a directory, not a regular file or DAX device"
+        else:
+            msg = f"cannot open region {path}: {why}"
+    elif rc == lib.CXLKV_E_STAT:
+        msg = f"cannot stat region {path}: {why}"
+    elif rc == lib.CXLKV_E_NOT_MAPPABLE:
+        msg = f"region {path} is not a regular file or a DAX character device; it cannot be mapped"
+    elif rc == lib.CXLKV_E_SIZE_ZERO:
+        msg = f"region {path} has size 0 bytes (create it with a size: create=True, size=...)"
+    elif rc == lib.CXLKV_E_SIZE_MISMATCH:
+        msg = f"region {path} is {int(r.size_bytes)} bytes, but {want} bytes were requested"
+    elif rc == lib.CXLKV_E_TRUNCATE:
+        msg = f"cannot size region {path} to {want} bytes: {why}"
+    elif rc == lib.CXLKV_E_SYSFS:
+        msg = f"cannot read the size of DAX device {path} from /sys/bus/dax: {why}"
+    elif rc == lib.CXLKV_E_ALIGN:
+        msg = (
+            f"DAX device {path} size {int(r.size_bytes)} bytes is not a multiple of "
+            f"its alignment {int(r.align_bytes)} bytes"
+        )
+    elif rc == lib.CXLKV_E_MMAP:
+        msg = f"cannot map region {path} ({int(r.size_bytes)} bytes): {why}"
+    elif rc == lib.CXLKV_E_TOO_LARGE:
+        msg = f"region {path} ({int(r.size_bytes)} bytes) does not fit this address space"
+    else:
+        msg = f"cannot map region {path}: status {rc} {why}".rstrip()
+    raise RegionError(msg, path=path, errno=errno_)
+
+
+def cxlkv_unmap(r: Handle) -> None:
+    """Unmap ``r`` (idempotent). Any view over it becomes invalid.
+
+    Raises:
+        RegionError: munmap failed (errno set).
+    """
+    err = _new("int *")
+    rc = lib.cxlkv_unmap(r, err)
+    if rc != _OK:
+        raise RegionError(f"munmap failed: {os.strerror(err[0])}", errno=int(err[0]))
+
+
+def cxlkv_retire(r: Handle) -> None:
+    """Unmap ``r`` memory-safely: the range becomes private zero memory, so stale
+    views read zeros instead of faulting (its address range stays reserved).
+
+    Raises:
+        RegionError: the replacement mapping failed (errno set).
+    """
+    err = _new("int *")
+    rc = lib.cxlkv_retire(r, err)
+    if rc != _OK:
+        raise RegionError(f"retiring the mapping failed: {os.strerror(err[0])}", errno=int(err[0]))
+
+
+# -- copies ----------------------------------------------------------------------
+
+def cxlkv_copy_in(r: Handle, offset: int, src: BufferLike) -> int:
+    """Copy all of ``src`` into the region at byte ``offset``; GIL released.
+
+    Returns:
+        The number of bytes copied (``len`` of ``src`` in bytes).
+
+    Raises:
+        OutOfRange: ``[offset, offset + nbytes)`` not inside the region, or offset negative.
+        InvalidArgument: ``src`` is not a C-contiguous bytes-like object.
+        RegionError: the region is closed.
+    """
+    try:
+        buf = _from_buffer(src)
+    except (TypeError, ValueError, BufferError):
+        buf = _buffer(src, False, "src")
+    n = len(buf)
+    try:
+        rc = _c_copy_in(r, offset, buf, n)
+    except OverflowError:
+        _raise_overflow("copy_in", offset, n)
+    except TypeError:
+        raise InvalidArgument(f"copy_in: offset must be an int, got {type(offset).__name__}") from None
+    if rc != _OK:
+        _raise_range(r, rc, "copy_in", offset, n)
+    return n
+
+
+def cxlkv_copy_out(r: Handle, offset: int, dst: BufferLike) -> int:
+    """Fill all of writable ``dst`` from the region at byte ``offset``; GIL released.
+
+    Returns:
+        The number of bytes copied (``len`` of ``dst`` in bytes).
+
+    Raises:
+        OutOfRange: ``[offset, offset + nbytes)`` not inside the region, or offset negative.
+        InvalidArgument: ``dst`` is read-only, strided, or not a buffer.
+        RegionError: the region is closed.
+    """
+    try:
+        buf = _from_buffer(dst, require_writable=True)
+    except (TypeError, ValueError, BufferError):
+        buf = _buffer(dst, True, "dst")
+    n = len(buf)
+    try:
+        rc = _c_copy_out(r, offset, buf, n)
+    except OverflowError:
+        _raise_overflow("copy_out", offset, n)
+    except TypeError:
+        raise InvalidArgument(f"copy_out: offset must be an int, got {type(offset).__name__}") from None
+    if rc != _OK:
+        _raise_range(r, rc, "copy_out", offset, n)
+    return n
+
+
+def _many(r: Handle, offsets: U64Array, bufs: Sequence[BufferLike], writable: bool, op: str) -> int:
+    what = "dsts" if writable else "srcs"
+    cbufs = []
+    for i, b in enumerate(bufs):
+        try:
+            cbufs.append(_from_buffer(b, require_writable=writable))
+        except (TypeError, ValueError, BufferError):
+            cbufs.append(_buffer(b, writable, f"{what}[{i}]"))
+    n = len(cbufs)
+    offs = _u64_array(offsets, "offsets")
+    if len(offs) != n:
+        raise InvalidArgument(f"{op}: {len(offs)} offsets for {n} buffers")
+    ptrs = _new("void *[]", cbufs)
+    lens = _new("uint64_t[]", [len(b) for b in cbufs])
+    bad = _new("uint64_t *")
+    fn = lib.cxlkv_copy_out_many if writable else lib.cxlkv_copy_in_many
+    rc = fn(r, n, offs, ptrs, lens, bad)
+    if rc != _OK:
+        _raise_many(r, rc, op, int(bad[0]), n)
+    return sum(len(b) for b in cbufs)
+
+
+def cxlkv_copy_in_many(r: Handle, offsets: U64Array, srcs: Sequence[BufferLike]) -> int:
+    """Copy ``srcs[i]`` to region offset ``offsets[i]`` for every i, in ONE C call.
+
+    All extents are bounds-checked before any byte moves (all or nothing).
+
+    Returns:
+        Total bytes copied.
+
+    Raises:
+        OutOfRange: an extent outside the region (the message names its index),
+            or a negative offset.
+        InvalidArgument: lengths of ``offsets`` and ``srcs`` differ; a bad buffer.
+        RegionError: the region is closed.
+    """
+    return _many(r, offsets, srcs, False, "copy_in_many")
+
+
+def cxlkv_copy_out_many(r: Handle, offsets: U64Array, dsts: Sequence[BufferLike]) -> int:
+    """Fill writable ``dsts[i]`` from region offset ``offsets[i]``, in ONE C call.
+
+    Returns:
+        Total bytes copied.
+
+    Raises:
+        OutOfRange, InvalidArgument, RegionError: as :func:`cxlkv_copy_in_many`.
+    """
+    return _many(r, offsets, dsts, True, "copy_out_many")
+
+
+def _ranges(
+    r: Handle,
+    buf: BufferLike,
+    buf_offsets: U64Array,
+    region_offsets: U64Array,
+    lengths: U64Array,
+    writable: bool,
+    op: str,
+) -> None:
+    try:
+        cbuf = _from_buffer(buf, require_writable=writable)
+    except (TypeError, ValueError, BufferError):
+        cbuf = _buffer(buf, writable, "buf")
+    boffs = _u64_array(buf_offsets, "buf_offsets")
+    roffs = _u64_array(region_offsets, "region_offsets")
+    lens = _u64_array(lengths, "lengths")
+    n = len(lens)
+    if len(boffs) != n or len(roffs) != n:
+        raise InvalidArgument(
+            f"{op}: buf_offsets ({len(boffs)}), region_offsets ({len(roffs)}) and "
+            f"lengths ({n}) must have the same length"
+        )
+    bad = _new("uint64_t *")
+    fn = lib.cxlkv_copy_out_ranges if writable else lib.cxlkv_copy_in_ranges
+    rc = fn(r, cbuf, len(cbuf), n, boffs, roffs, lens, bad)
+    if rc != _OK:
+        _raise_many(r, rc, op, int(bad[0]), n)
+
+
+def cxlkv_copy_in_ranges(
+    r: Handle, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+) -> None:
+    """Copy ``buf[buf_offsets[i]:+lengths[i]]`` to ``region[region_offsets[i]:+lengths[i]]``
+    for every i, in ONE C call (one shared buffer, many region extents).
+
+    The three index arrays may be lists or 1-D uint64 buffers (used zero-copy).
+    Both sides of every extent are bounds-checked before any byte moves.
+
+    Raises:
+        OutOfRange: an extent outside the region or ``buf`` (index named); negatives.
+        InvalidArgument: arrays of different lengths; ``buf`` not a contiguous buffer.
+        RegionError: the region is closed.
+    """
+    _ranges(r, buf, buf_offsets, region_offsets, lengths, False, "copy_in_ranges")
+
+
+def cxlkv_copy_out_ranges(
+    r: Handle, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+) -> None:
+    """Copy ``region[region_offsets[i]:+lengths[i]]`` to ``buf[buf_offsets[i]:+lengths[i]]``
+    for every i, in ONE C call; ``buf`` must be writable.
+
+    Raises:
+        OutOfRange, InvalidArgument, RegionError: as :func:`cxlkv_copy_in_ranges`.
+    """
+    _ranges(r, buf, buf_offsets, region_offsets, lengths, True, "copy_out_ranges")
+
+
+# -- cache maintenance -------------------------------------------------------------
+
+def cxlkv_flush(r: Handle, offset: int, length: int) -> None:
+    """Write back the cache lines of ``[offset, offset + length)`` bytes, then SFENCE.
+
+    Raises:
+        OutOfRange: the range is not inside the region.
+        RegionError: the region is closed.
+    """
+    try:
+        rc = lib.cxlkv_flush(r, offset, length)
+    except OverflowError:
+        _raise_overflow("flush", offset, length)
+    if rc != _OK:
+        _raise_range(r, rc, "flush", offset, length)
+
+
+def cxlkv_invalidate(r: Handle, offset: int, length: int) -> None:
+    """Drop (after writing back) the cache lines of ``[offset, offset + length)``, then MFENCE.
+
+    Raises:
+        OutOfRange: the range is not inside the region.
+        RegionError: the region is closed.
+    """
+    try:
+        rc = lib.cxlkv_invalidate(r, offset, length)
+    except OverflowError:
+        _raise_overflow("invalidate", offset, length)
+    if rc != _OK:
+        _raise_range(r, rc, "invalidate", offset, length)
+
+
+def cxlkv_fence() -> None:
+    """A full memory fence (MFENCE; DMB ISH on aarch64)."""
+    lib.cxlkv_fence()
+
+
+def cxlkv_prefault(r: Handle, offset: int, length: int) -> None:
+    """Fault in the pages of ``[offset, offset + length)`` for writing; bytes unchanged.
+
+    Raises:
+        OutOfRange: the range is not inside the region.
+        RegionError: the kernel could not supply the pages (e.g. /dev/shm full), or closed.
+    """
+    err = _new("int *")
+    try:
+        rc = lib.cxlkv_prefault(r, offset, length, err)
+    except OverflowError:
+        _raise_overflow("prefault", offset, length)
+    if rc == lib.CXLKV_E_PREFAULT:
+        raise RegionError(f"prefault of {length} bytes at {offset} failed: {os.strerror(err[0])}", errno=int(err[0]))
+    if rc != _OK:
+        _raise_range(r, rc, "prefault", offset, length)

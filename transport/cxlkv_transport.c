@@ -1,0 +1,681 @@
+/*
+ * cxlkv_transport.c -- map a CXL region and move bytes in and out of it.
+ *
+ * See cxlkv_transport.h for the contract of each function. Built by cffi
+ * (transport/build_transport.py) into cxlkv.transport._transport; cffi
+ * releases the GIL around every call, so nothing here may touch Python.
+ *
+ * Portability: builds for any x86-64 (no -march): the CLWB and CLFLUSHOPT
+ * paths are compiled with per-function target attributes and chosen at load
+ * time from CPUID. aarch64 uses DC CVAC / DC CIVAC; other architectures get
+ * fences only (and report "none").
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "cxlkv_transport.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define CXLKV_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux >= 5.14; older kernels answer EINVAL */
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Run-time CPU dispatch                                                     */
+/* ------------------------------------------------------------------------ */
+
+typedef void (*cxlkv_lines_fn)(char *start, const char *end, uint64_t line);
+
+static uint64_t g_line_bytes = 64;
+static cxlkv_lines_fn g_flush_fn;
+static cxlkv_lines_fn g_invalidate_fn;
+static const char *g_flush_name = "none";
+static const char *g_invalidate_name = "none";
+static volatile int g_ready;
+
+#ifdef CXLKV_X86
+__attribute__((target("clwb"))) static void
+flush_clwb(char *p, const char *end, uint64_t line)
+{
+    for (; p < end; p += line)
+        _mm_clwb(p);
+    _mm_sfence();
+}
+
+__attribute__((target("clflushopt"))) static void
+flush_clflushopt(char *p, const char *end, uint64_t line)
+{
+    for (; p < end; p += line)
+        _mm_clflushopt(p);
+    _mm_sfence();
+}
+
+static void
+flush_clflush(char *p, const char *end, uint64_t line)
+{
+    for (; p < end; p += line)
+        _mm_clflush(p);
+    _mm_sfence();
+}
+
+__attribute__((target("clflushopt"))) static void
+invalidate_clflushopt(char *p, const char *end, uint64_t line)
+{
+    for (; p < end; p += line)
+        _mm_clflushopt(p);
+    _mm_mfence();
+}
+
+static void
+invalidate_clflush(char *p, const char *end, uint64_t line)
+{
+    for (; p < end; p += line)
+        _mm_clflush(p);
+    _mm_mfence();
+}
+
+static void
+cpu_init(void)
+{
+    unsigned int a, b, c, d;
+    int has_clflush = 0, has_clflushopt = 0, has_clwb = 0;
+
+    if (__get_cpuid(1, &a, &b, &c, &d)) {
+        has_clflush = (d >> 19) & 1;
+        if (has_clflush && ((b >> 8) & 0xff) != 0)
+            g_line_bytes = ((b >> 8) & 0xff) * 8u;
+    }
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        has_clflushopt = (b >> 23) & 1;
+        has_clwb = (b >> 24) & 1;
+    }
+    if (has_clwb) {
+        g_flush_fn = flush_clwb;
+        g_flush_name = "clwb";
+    } else if (has_clflushopt) {
+        g_flush_fn = flush_clflushopt;
+        g_flush_name = "clflushopt";
+    } else {
+        /* CLFLUSH is part of SSE2, hence of every x86-64 CPU. */
+        g_flush_fn = flush_clflush;
+        g_flush_name = "clflush";
+    }
+    if (has_clflushopt) {
+        g_invalidate_fn = invalidate_clflushopt;
+        g_invalidate_name = "clflushopt";
+    } else {
+        g_invalidate_fn = invalidate_clflush;
+        g_invalidate_name = "clflush";
+    }
+}
+
+void
+cxlkv_fence(void)
+{
+    _mm_mfence();
+}
+
+#elif defined(__aarch64__)
+
+static void
+flush_dc_cvac(char *p, const char *end, uint64_t line)
+{
+    for (; p < end; p += line)
+        __asm__ volatile("dc cvac, %0" : : "r"(p) : "memory");
+    __asm__ volatile("dsb ish" : : : "memory");
+}
+
+static void
+invalidate_dc_civac(char *p, const char *end, uint64_t line)
+{
+    for (; p < end; p += line)
+        __asm__ volatile("dc civac, %0" : : "r"(p) : "memory");
+    __asm__ volatile("dsb ish" : : : "memory");
+}
+
+static void
+cpu_init(void)
+{
+    uint64_t ctr;
+
+    /* CTR_EL0.DminLine (bits 19:16): log2 of the smallest D-cache line in words. */
+    __asm__ volatile("mrs %0, ctr_el0" : "=r"(ctr));
+    g_line_bytes = 4u << ((ctr >> 16) & 0xf);
+    g_flush_fn = flush_dc_cvac;
+    g_flush_name = "dc cvac";
+    g_invalidate_fn = invalidate_dc_civac;
+    g_invalidate_name = "dc civac";
+}
+
+void
+cxlkv_fence(void)
+{
+    __asm__ volatile("dmb ish" : : : "memory");
+}
+
+#else /* no user-space cache maintenance known: fences only */
+
+static void
+lines_fence_only(char *p, const char *end, uint64_t line)
+{
+    (void)p;
+    (void)end;
+    (void)line;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+static void
+cpu_init(void)
+{
+    g_flush_fn = lines_fence_only;
+    g_invalidate_fn = lines_fence_only;
+}
+
+void
+cxlkv_fence(void)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+#endif
+
+__attribute__((constructor)) static void
+cxlkv_init(void)
+{
+    cpu_init();
+    g_ready = 1;
+}
+
+static inline void
+ensure_ready(void)
+{
+    if (__builtin_expect(!g_ready, 0))
+        cxlkv_init(); /* idempotent; only reached if constructors did not run */
+}
+
+uint64_t
+cxlkv_cache_line_bytes(void)
+{
+    ensure_ready();
+    return g_line_bytes;
+}
+
+uint64_t
+cxlkv_page_bytes(void)
+{
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? (uint64_t)p : 4096u;
+}
+
+const char *
+cxlkv_flush_instruction(void)
+{
+    ensure_ready();
+    return g_flush_name;
+}
+
+const char *
+cxlkv_invalidate_instruction(void)
+{
+    ensure_ready();
+    return g_invalidate_name;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Mapping                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Read one unsigned decimal or 0x-hex integer from a sysfs file. */
+static int
+read_sysfs_u64(const char *path, uint64_t *value)
+{
+    char buf[64];
+    char *end;
+    ssize_t n;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0)
+        return -1;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) {
+        errno = n == 0 ? EIO : errno;
+        return -1;
+    }
+    buf[n] = '\0';
+    errno = 0;
+    *value = strtoull(buf, &end, 0);
+    if (errno != 0 || end == buf) {
+        errno = errno ? errno : EINVAL;
+        return -1;
+    }
+    return 0;
+}
+
+/*
+ * Size and alignment of the DAX device behind char device `st`:
+ * /sys/dev/char/MAJ:MIN links to the device directory whose name (daxX.Y)
+ * is looked up in /sys/bus/dax/devices/. A char device without that entry
+ * is not a DAX device.
+ */
+static int
+dax_geometry(const struct stat *st, uint64_t *size, uint64_t *align, int *err)
+{
+    char link[64], target[PATH_MAX], path[PATH_MAX + 64];
+    const char *name;
+    ssize_t n;
+
+    snprintf(link, sizeof link, "/sys/dev/char/%u:%u", major(st->st_rdev),
+             minor(st->st_rdev));
+    n = readlink(link, target, sizeof target - 1);
+    if (n < 0)
+        return CXLKV_E_NOT_MAPPABLE;
+    target[n] = '\0';
+    name = strrchr(target, '/');
+    name = name ? name + 1 : target;
+
+    snprintf(path, sizeof path, "/sys/bus/dax/devices/%s/size", name);
+    if (read_sysfs_u64(path, size) != 0) {
+        if (errno == ENOENT)
+            return CXLKV_E_NOT_MAPPABLE;
+        *err = errno;
+        return CXLKV_E_SYSFS;
+    }
+    snprintf(path, sizeof path, "/sys/bus/dax/devices/%s/align", name);
+    if (read_sysfs_u64(path, align) != 0 || *align == 0)
+        *align = CXLKV_DAX_ALIGN_BYTES; /* kernels before 5.10 have no align file */
+    return CXLKV_OK;
+}
+
+int
+cxlkv_map(const char *path, uint64_t want_size_bytes, int create,
+          cxlkv_region_t *out, int *err_errno)
+{
+    struct stat st;
+    uint64_t size = 0, align = cxlkv_page_bytes();
+    int fd, rc = CXLKV_OK, is_dax = 0, created = 0;
+    void *base;
+
+    if (err_errno == NULL || out == NULL || path == NULL)
+        return CXLKV_E_INVAL;
+    *err_errno = 0;
+    memset(out, 0, sizeof *out);
+    if (create && want_size_bytes == 0)
+        return CXLKV_E_INVAL;
+
+    fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0660);
+    if (fd < 0) {
+        *err_errno = errno;
+        return CXLKV_E_OPEN;
+    }
+    if (fstat(fd, &st) != 0) {
+        *err_errno = errno;
+        rc = CXLKV_E_STAT;
+        goto out_close;
+    }
+    if (S_ISREG(st.st_mode)) {
+        size = (uint64_t)st.st_size;
+        if (size == 0 && create) {
+            if (want_size_bytes > (uint64_t)INT64_MAX ||
+                ftruncate(fd, (off_t)want_size_bytes) != 0) {
+                *err_errno = want_size_bytes > (uint64_t)INT64_MAX ? EFBIG : errno;
+                rc = CXLKV_E_TRUNCATE;
+                goto out_close;
+            }
+            size = want_size_bytes;
+            created = 1;
+        }
+    } else if (S_ISCHR(st.st_mode)) {
+        rc = dax_geometry(&st, &size, &align, err_errno);
+        if (rc != CXLKV_OK)
+            goto out_close;
+        is_dax = 1;
+    } else {
+        rc = CXLKV_E_NOT_MAPPABLE;
+        goto out_close;
+    }
+
+    out->size_bytes = size;
+    out->align_bytes = align;
+    out->is_dax = is_dax;
+    out->created = created;
+    if (size == 0) {
+        rc = CXLKV_E_SIZE_ZERO;
+        goto out_close;
+    }
+    if (want_size_bytes != 0 && size != want_size_bytes) {
+        rc = CXLKV_E_SIZE_MISMATCH;
+        goto out_close;
+    }
+    if (is_dax && size % align != 0) {
+        rc = CXLKV_E_ALIGN;
+        goto out_close;
+    }
+    if (size > (uint64_t)SIZE_MAX) {
+        rc = CXLKV_E_TOO_LARGE;
+        goto out_close;
+    }
+    base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        *err_errno = errno;
+        rc = CXLKV_E_MMAP;
+        goto out_close;
+    }
+    out->base = base;
+
+out_close:
+    close(fd); /* the mapping keeps the file referenced */
+    return rc;
+}
+
+int
+cxlkv_unmap(cxlkv_region_t *r, int *err_errno)
+{
+    *err_errno = 0;
+    if (r == NULL)
+        return CXLKV_E_INVAL;
+    if (r->base == NULL)
+        return CXLKV_OK;
+    if (munmap(r->base, (size_t)r->size_bytes) != 0) {
+        *err_errno = errno;
+        return CXLKV_E_MMAP;
+    }
+    r->base = NULL;
+    r->size_bytes = 0;
+    return CXLKV_OK;
+}
+
+int
+cxlkv_retire(cxlkv_region_t *r, int *err_errno)
+{
+    void *p;
+
+    *err_errno = 0;
+    if (r == NULL)
+        return CXLKV_E_INVAL;
+    if (r->base == NULL)
+        return CXLKV_OK;
+    p = mmap(r->base, (size_t)r->size_bytes, PROT_READ | PROT_WRITE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        *err_errno = errno;
+        return CXLKV_E_MMAP;
+    }
+    r->base = NULL;
+    r->size_bytes = 0;
+    return CXLKV_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Copies                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* [offset, offset+length) inside [0, size); never computes offset+length. */
+static inline int
+in_bounds(uint64_t size, uint64_t offset, uint64_t length)
+{
+    return offset <= size && length <= size - offset;
+}
+
+static inline int
+check(const cxlkv_region_t *r, uint64_t offset, uint64_t length)
+{
+    if (__builtin_expect(r == NULL || r->base == NULL, 0))
+        return CXLKV_E_CLOSED;
+    if (__builtin_expect(!in_bounds(r->size_bytes, offset, length), 0))
+        return CXLKV_E_RANGE;
+    return CXLKV_OK;
+}
+
+int
+cxlkv_copy_in(const cxlkv_region_t *r, uint64_t offset, const void *src,
+              uint64_t length)
+{
+    int rc = check(r, offset, length);
+
+    if (rc != CXLKV_OK)
+        return rc;
+    if (length != 0) {
+        if (src == NULL)
+            return CXLKV_E_INVAL;
+        memcpy((char *)r->base + offset, src, (size_t)length);
+    }
+    return CXLKV_OK;
+}
+
+int
+cxlkv_copy_out(const cxlkv_region_t *r, uint64_t offset, void *dst,
+               uint64_t length)
+{
+    int rc = check(r, offset, length);
+
+    if (rc != CXLKV_OK)
+        return rc;
+    if (length != 0) {
+        if (dst == NULL)
+            return CXLKV_E_INVAL;
+        memcpy(dst, (const char *)r->base + offset, (size_t)length);
+    }
+    return CXLKV_OK;
+}
+
+static int
+check_many(const cxlkv_region_t *r, uint64_t n, const uint64_t *offsets,
+           const void *const *ptrs, const uint64_t *lengths, uint64_t *bad_index)
+{
+    uint64_t i;
+
+    *bad_index = 0;
+    if (r == NULL || r->base == NULL)
+        return CXLKV_E_CLOSED;
+    if (n != 0 && (offsets == NULL || ptrs == NULL || lengths == NULL))
+        return CXLKV_E_INVAL;
+    for (i = 0; i < n; i++) {
+        if (!in_bounds(r->size_bytes, offsets[i], lengths[i])) {
+            *bad_index = i;
+            return CXLKV_E_RANGE;
+        }
+        if (lengths[i] != 0 && ptrs[i] == NULL) {
+            *bad_index = i;
+            return CXLKV_E_INVAL;
+        }
+    }
+    return CXLKV_OK;
+}
+
+int
+cxlkv_copy_in_many(const cxlkv_region_t *r, uint64_t n,
+                   const uint64_t *offsets, const void *const *srcs,
+                   const uint64_t *lengths, uint64_t *bad_index)
+{
+    char *base;
+    uint64_t i;
+    int rc;
+
+    if (bad_index == NULL)
+        return CXLKV_E_INVAL;
+    rc = check_many(r, n, offsets, srcs, lengths, bad_index);
+    if (rc != CXLKV_OK)
+        return rc;
+    base = (char *)r->base;
+    for (i = 0; i < n; i++)
+        if (lengths[i] != 0)
+            memcpy(base + offsets[i], srcs[i], (size_t)lengths[i]);
+    return CXLKV_OK;
+}
+
+int
+cxlkv_copy_out_many(const cxlkv_region_t *r, uint64_t n,
+                    const uint64_t *offsets, void *const *dsts,
+                    const uint64_t *lengths, uint64_t *bad_index)
+{
+    const char *base;
+    uint64_t i;
+    int rc;
+
+    if (bad_index == NULL)
+        return CXLKV_E_INVAL;
+    rc = check_many(r, n, offsets, (const void *const *)dsts, lengths, bad_index);
+    if (rc != CXLKV_OK)
+        return rc;
+    base = (const char *)r->base;
+    for (i = 0; i < n; i++)
+        if (lengths[i] != 0)
+            memcpy(dsts[i], base + offsets[i], (size_t)lengths[i]);
+    return CXLKV_OK;
+}
+
+static int
+check_ranges(const cxlkv_region_t *r, const void *buf, uint64_t buf_bytes,
+             uint64_t n, const uint64_t *buf_offsets,
+             const uint64_t *region_offsets, const uint64_t *lengths,
+             uint64_t *bad_index)
+{
+    uint64_t i;
+
+    *bad_index = 0;
+    if (r == NULL || r->base == NULL)
+        return CXLKV_E_CLOSED;
+    if (n != 0 && (buf_offsets == NULL || region_offsets == NULL || lengths == NULL))
+        return CXLKV_E_INVAL;
+    if (buf == NULL && buf_bytes != 0)
+        return CXLKV_E_INVAL;
+    for (i = 0; i < n; i++) {
+        if (!in_bounds(r->size_bytes, region_offsets[i], lengths[i]) ||
+            !in_bounds(buf_bytes, buf_offsets[i], lengths[i])) {
+            *bad_index = i;
+            return CXLKV_E_RANGE;
+        }
+    }
+    return CXLKV_OK;
+}
+
+int
+cxlkv_copy_in_ranges(const cxlkv_region_t *r, const void *buf,
+                     uint64_t buf_bytes, uint64_t n,
+                     const uint64_t *buf_offsets,
+                     const uint64_t *region_offsets, const uint64_t *lengths,
+                     uint64_t *bad_index)
+{
+    char *base;
+    uint64_t i;
+    int rc;
+
+    if (bad_index == NULL)
+        return CXLKV_E_INVAL;
+    rc = check_ranges(r, buf, buf_bytes, n, buf_offsets, region_offsets,
+                      lengths, bad_index);
+    if (rc != CXLKV_OK)
+        return rc;
+    base = (char *)r->base;
+    for (i = 0; i < n; i++)
+        if (lengths[i] != 0)
+            memcpy(base + region_offsets[i], (const char *)buf + buf_offsets[i],
+                   (size_t)lengths[i]);
+    return CXLKV_OK;
+}
+
+int
+cxlkv_copy_out_ranges(const cxlkv_region_t *r, void *buf, uint64_t buf_bytes,
+                      uint64_t n, const uint64_t *buf_offsets,
+                      const uint64_t *region_offsets, const uint64_t *lengths,
+                      uint64_t *bad_index)
+{
+    const char *base;
+    uint64_t i;
+    int rc;
+
+    if (bad_index == NULL)
+        return CXLKV_E_INVAL;
+    rc = check_ranges(r, buf, buf_bytes, n, buf_offsets, region_offsets,
+                      lengths, bad_index);
+    if (rc != CXLKV_OK)
+        return rc;
+    base = (const char *)r->base;
+    for (i = 0; i < n; i++)
+        if (lengths[i] != 0)
+            memcpy((char *)buf + buf_offsets[i], base + region_offsets[i],
+                   (size_t)lengths[i]);
+    return CXLKV_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Cache maintenance and prefault                                            */
+/* ------------------------------------------------------------------------ */
+
+static int
+run_lines(const cxlkv_region_t *r, uint64_t offset, uint64_t length,
+          cxlkv_lines_fn fn)
+{
+    uintptr_t start;
+    char *end;
+    int rc = check(r, offset, length);
+
+    if (rc != CXLKV_OK)
+        return rc;
+    ensure_ready();
+    start = (uintptr_t)r->base + (uintptr_t)offset;
+    end = (char *)start + length;
+    start &= ~(uintptr_t)(g_line_bytes - 1);
+    fn((char *)start, end, g_line_bytes); /* ends with the fence even for length 0 */
+    return CXLKV_OK;
+}
+
+int
+cxlkv_flush(const cxlkv_region_t *r, uint64_t offset, uint64_t length)
+{
+    ensure_ready();
+    return run_lines(r, offset, length, g_flush_fn);
+}
+
+int
+cxlkv_invalidate(const cxlkv_region_t *r, uint64_t offset, uint64_t length)
+{
+    ensure_ready();
+    return run_lines(r, offset, length, g_invalidate_fn);
+}
+
+int
+cxlkv_prefault(const cxlkv_region_t *r, uint64_t offset, uint64_t length,
+               int *err_errno)
+{
+    uint64_t page = cxlkv_page_bytes();
+    uintptr_t start, end;
+    int rc = check(r, offset, length);
+
+    *err_errno = 0;
+    if (rc != CXLKV_OK)
+        return rc;
+    if (length == 0)
+        return CXLKV_OK;
+    /* The mapping starts on a page boundary, so rounding stays inside it. */
+    start = ((uintptr_t)r->base + (uintptr_t)offset) & ~(uintptr_t)(page - 1);
+    end = (uintptr_t)r->base + (uintptr_t)offset + (uintptr_t)length;
+    if (madvise((void *)start, end - start, MADV_POPULATE_WRITE) == 0)
+        return CXLKV_OK;
+    if (errno != EINVAL && errno != ENOSYS) {
+        *err_errno = errno;
+        return CXLKV_E_PREFAULT;
+    }
+    /* Old kernel: a locked add of 0 write-faults each page without racing
+     * other writers of the shared mapping. */
+    for (; start < end; start += page)
+        __atomic_fetch_add((volatile uint8_t *)start, 0, __ATOMIC_RELAXED);
+    return CXLKV_OK;
+}

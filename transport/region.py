@@ -1,0 +1,368 @@
+"""The :class:`Region`: one mapped CXL region (DAX device or emulation file).
+
+A region is mapped ``MAP_SHARED`` read-write, so every process mapping the same
+device or file sees the same bytes (one file in ``/dev/shm`` mapped by several
+processes stands for one CXL region mapped by several hosts). Offsets are
+absolute byte offsets from the region's start; every copy is bounds-checked in
+C and runs with the GIL released.
+
+Thread-safety: all methods except :meth:`Region.close` may be called from many
+threads at once (copies of overlapping extents race like ``memcpy``). Do not
+call :meth:`Region.close` while another thread is still using the region.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import xxhash
+
+from cxlkv.errors import InvalidArgument, OutOfRange, RegionError
+from cxlkv.transport import bindings as _b
+from cxlkv.transport.bindings import BufferLike, U64Array, ffi
+
+__all__ = ["Region", "checksum_buffer", "CHECKSUM_ALGORITHM"]
+
+#: The hash behind :meth:`Region.checksum` and :func:`checksum_buffer`
+#: (xxHash XXH3, 64-bit, seed 0).
+CHECKSUM_ALGORITHM = "xxh3_64"
+
+_xxh3 = xxhash.xxh3_64_intdigest
+_copy_in = _b.cxlkv_copy_in
+_copy_out = _b.cxlkv_copy_out
+
+
+def checksum_buffer(buf: BufferLike) -> int:
+    """xxh3_64 (seed 0) of a bytes-like object's bytes, as an unsigned 64-bit int.
+
+    Equal to :meth:`Region.checksum` over the same bytes. The xxhash library
+    releases the GIL while hashing large inputs.
+
+    Raises:
+        InvalidArgument: ``buf`` is not a C-contiguous bytes-like object.
+    """
+    try:
+        return _xxh3(buf)
+    except (TypeError, BufferError, ValueError):
+        raise InvalidArgument(
+            f"checksum_buffer needs a C-contiguous bytes-like object, got {type(buf).__name__}"
+        ) from None
+
+
+class Region:
+    """One mapped region: bounds-checked copies, cache maintenance, views, checksums.
+
+    Create with :meth:`Region.open`; use as a context manager or call
+    :meth:`close`. Offsets and lengths are bytes.
+    """
+
+    __slots__ = ("_r", "_path", "_base", "_size", "_exported", "__weakref__")
+
+    def __init__(self, handle: Any, path: str) -> None:
+        """Wrap an already mapped ``cxlkv_region_t *`` (use :meth:`open` instead)."""
+        self._r = handle
+        self._path = path
+        self._base = ffi.cast("char *", handle.base)
+        self._size = int(handle.size_bytes)
+        self._exported = False
+
+    # -- lifecycle -------------------------------------------------------------
+    @classmethod
+    def open(
+        cls, path: str | os.PathLike[str], size: int | None = None, create: bool = False
+    ) -> Region:
+        """Map a region read-write, ``MAP_SHARED``.
+
+        Args:
+            path: a DAX character device (``/dev/daxX.Y``; size read from
+                ``/sys/bus/dax/devices/daxX.Y/size``, mapped 2 MiB-aligned) or a
+                regular file (size from the file).
+            size: expected size in bytes, or ``None`` to take the actual size.
+                When given, a file or device of another size is refused.
+            create: create a missing emulation file and size an empty one to
+                ``size`` bytes (``size`` required, > 0). An existing non-empty
+                file is never resized.
+
+        Returns:
+            The mapped region.
+
+        Raises:
+            RegionError: (``.path``, ``.errno`` set) the path does not exist, no
+                permission, it is a directory or a non-DAX device (``/dev/null``),
+                its size is 0, its size differs from ``size`` (both named), or mmap
+                failed.
+            InvalidArgument: ``create=True`` without a positive ``size``; a negative size.
+        """
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+            raise InvalidArgument(f"region {os.fspath(path)}: size must be a positive int of bytes, got {size!r}")
+        handle = _b.cxlkv_map(path, size or 0, create)
+        return cls(handle, os.fspath(path))
+
+    def close(self) -> None:
+        """Unmap the region (idempotent).
+
+        If a :meth:`view` was ever handed out, the address range is replaced by
+        private zero memory instead of being released, so a stale view reads
+        zeros rather than crashing the process. Not safe while other threads are
+        still copying through this region.
+
+        Raises:
+            RegionError: the kernel refused to unmap (errno set).
+        """
+        if self._r is None or self._r.base == ffi.NULL:
+            return
+        if self._exported:
+            _b.cxlkv_retire(self._r)
+        else:
+            _b.cxlkv_unmap(self._r)
+        self._base = ffi.NULL
+
+    def __enter__(self) -> Region:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown or a failed munmap: nothing to report to
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self._size} bytes"
+        return f"<Region {self._path} {state}{' dax' if self.is_dax else ''}>"
+
+    # -- properties --------------------------------------------------------------
+    @property
+    def path(self) -> str:
+        """The device or file path given to :meth:`open`."""
+        return self._path
+
+    @property
+    def size_bytes(self) -> int:
+        """Mapped size in bytes (kept after close, for messages)."""
+        return self._size
+
+    @property
+    def is_dax(self) -> bool:
+        """True for a DAX character device, False for a regular file."""
+        return bool(self._r.is_dax)
+
+    @property
+    def created(self) -> bool:
+        """True when :meth:`open` created or sized the file."""
+        return bool(self._r.created)
+
+    @property
+    def align_bytes(self) -> int:
+        """Mapping alignment in bytes: the page size, or the DAX alignment (2 MiB)."""
+        return int(self._r.align_bytes)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return self._r.base == ffi.NULL
+
+    # -- copies --------------------------------------------------------------------
+    def copy_in(self, offset: int, src: BufferLike) -> int:
+        """Copy all bytes of ``src`` into the region at ``offset``; GIL released.
+
+        Args:
+            offset: region byte offset.
+            src: any C-contiguous bytes-like object (bytes, bytearray,
+                memoryview, numpy array, mmap).
+
+        Returns:
+            Bytes copied (``src``'s size in bytes).
+
+        Raises:
+            OutOfRange: ``[offset, offset + nbytes)`` not inside the region (checked
+                in C, overflow included), or ``offset`` negative.
+            InvalidArgument: ``src`` is not a C-contiguous buffer.
+            RegionError: the region is closed.
+        """
+        return _copy_in(self._r, offset, src)
+
+    def copy_out(self, offset: int, dst: BufferLike) -> int:
+        """Fill all of ``dst`` from the region at ``offset``; GIL released.
+
+        Args:
+            offset: region byte offset.
+            dst: a writable C-contiguous buffer (bytearray, memoryview, numpy array, mmap).
+
+        Returns:
+            Bytes copied (``dst``'s size in bytes).
+
+        Raises:
+            OutOfRange: the extent is not inside the region, or ``offset`` negative.
+            InvalidArgument: ``dst`` is read-only (e.g. bytes) or not C-contiguous.
+            RegionError: the region is closed.
+        """
+        return _copy_out(self._r, offset, dst)
+
+    def read(self, offset: int, length: int) -> bytes:
+        """Return ``length`` bytes at ``offset`` as a new ``bytes`` (for small reads).
+
+        Raises:
+            OutOfRange: the extent is not inside the region, or a negative argument.
+            RegionError: the region is closed.
+        """
+        if length < 0:
+            raise OutOfRange(f"read: length {length} is negative")
+        out = bytearray(length)
+        _copy_out(self._r, offset, out)
+        return bytes(out)
+
+    def copy_in_many(self, offsets: U64Array, srcs: Sequence[BufferLike]) -> int:
+        """Copy ``srcs[i]`` to region offset ``offsets[i]`` for all i in ONE C call.
+
+        Every extent is bounds-checked before any byte moves (all or nothing).
+
+        Args:
+            offsets: N region byte offsets (list, or a 1-D uint64 array used zero-copy).
+            srcs: N bytes-like sources.
+
+        Returns:
+            Total bytes copied.
+
+        Raises:
+            OutOfRange: some extent outside the region (its index in the message).
+            InvalidArgument: N mismatch, or a source is not a contiguous buffer.
+            RegionError: the region is closed.
+        """
+        return _b.cxlkv_copy_in_many(self._r, offsets, srcs)
+
+    def copy_out_many(self, offsets: U64Array, dsts: Sequence[BufferLike]) -> int:
+        """Fill writable ``dsts[i]`` from region offset ``offsets[i]`` for all i in ONE C call.
+
+        Returns:
+            Total bytes copied.
+
+        Raises:
+            OutOfRange, InvalidArgument, RegionError: as :meth:`copy_in_many`
+            (a read-only destination is an InvalidArgument).
+        """
+        return _b.cxlkv_copy_out_many(self._r, offsets, dsts)
+
+    def copy_in_ranges(
+        self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+    ) -> None:
+        """Copy ``buf[buf_offsets[i] : +lengths[i]]`` to ``region[region_offsets[i] : +lengths[i]]``
+        for all i in ONE C call: one shared buffer, many region extents.
+
+        Index arrays are lists of ints or 1-D uint64 buffers (numpy ``uint64``
+        arrays and ``array('Q')`` are passed to C without conversion). Both
+        sides of every extent are checked before any byte moves.
+
+        Raises:
+            OutOfRange: an extent outside the region or ``buf`` (index named), or negative.
+            InvalidArgument: the arrays differ in length, or ``buf`` is not a contiguous buffer.
+            RegionError: the region is closed.
+        """
+        _b.cxlkv_copy_in_ranges(self._r, buf, buf_offsets, region_offsets, lengths)
+
+    def copy_out_ranges(
+        self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+    ) -> None:
+        """Copy ``region[region_offsets[i] : +lengths[i]]`` to ``buf[buf_offsets[i] : +lengths[i]]``
+        for all i in ONE C call; ``buf`` must be writable.
+
+        Raises:
+            OutOfRange, InvalidArgument, RegionError: as :meth:`copy_in_ranges`.
+        """
+        _b.cxlkv_copy_out_ranges(self._r, buf, buf_offsets, region_offsets, lengths)
+
+    # -- cache maintenance -----------------------------------------------------------
+    def _span(self, offset: int, length: int | None) -> tuple[int, int]:
+        return offset, (self._size - offset if length is None else length)
+
+    def flush(self, offset: int = 0, length: int | None = None) -> None:
+        """Write the cache lines of ``[offset, offset + length)`` back to memory, then SFENCE.
+
+        Uses the instruction in :data:`cxlkv.transport.FLUSH_INSTRUCTION` (CLWB,
+        else CLFLUSHOPT, else CLFLUSH; chosen from CPUID). Writers in the
+        non-coherent mode flush before publishing. ``length=None`` means to the end.
+
+        Raises:
+            OutOfRange: the range is not inside the region.
+            RegionError: the region is closed.
+        """
+        offset, length = self._span(offset, length)
+        _b.cxlkv_flush(self._r, offset, length)
+
+    def invalidate(self, offset: int = 0, length: int | None = None) -> None:
+        """Drop the cache lines of ``[offset, offset + length)`` (writing dirty ones back
+        first), then MFENCE, so the next read comes from memory.
+
+        Readers in the non-coherent mode invalidate before copying out.
+
+        Raises:
+            OutOfRange: the range is not inside the region.
+            RegionError: the region is closed.
+        """
+        offset, length = self._span(offset, length)
+        _b.cxlkv_invalidate(self._r, offset, length)
+
+    @staticmethod
+    def fence() -> None:
+        """A full memory fence (MFENCE; DMB ISH on aarch64)."""
+        _b.cxlkv_fence()
+
+    def prefault(self, offset: int = 0, length: int | None = None) -> None:
+        """Fault in the pages of ``[offset, offset + length)`` for writing, bytes unchanged.
+
+        Run once at start so the data path pays no first-touch page faults
+        (a ``/dev/shm`` file faults per 4 KiB page). ``length=None``: to the end.
+
+        Raises:
+            OutOfRange: the range is not inside the region.
+            RegionError: the memory could not be supplied (e.g. /dev/shm full), or closed.
+        """
+        offset, length = self._span(offset, length)
+        _b.cxlkv_prefault(self._r, offset, length)
+
+    # -- zero-copy access --------------------------------------------------------------
+    def _check(self, op: str, offset: int, length: int) -> None:
+        if self._base == ffi.NULL:
+            raise RegionError(f"region {self._path} is closed", path=self._path)
+        if offset < 0 or length < 0 or offset > self._size or length > self._size - offset:
+            raise OutOfRange(
+                f"{op}: [{offset}, {offset} + {length}) is outside region {self._path} "
+                f"({self._size} bytes)"
+            )
+
+    def view(self, offset: int, length: int) -> memoryview:
+        """A writable zero-copy ``memoryview`` (format ``"B"``) of ``length`` bytes at ``offset``.
+
+        Writes through the view land in the region. The view must not outlive
+        the region; if it does, it reads zeros after :meth:`close` (never a crash).
+
+        Raises:
+            OutOfRange: the range is not inside the region, or negative.
+            RegionError: the region is closed.
+        """
+        self._check("view", offset, length)
+        self._exported = True
+        return memoryview(ffi.buffer(self._base + offset, length))
+
+    def checksum(self, offset: int, length: int) -> int:
+        """xxh3_64 (seed 0) of region bytes ``[offset, offset + length)`` as an unsigned
+        64-bit int, hashed in place (no copy into Python).
+
+        Equals :func:`checksum_buffer` of the same bytes.
+
+        Raises:
+            OutOfRange: the range is not inside the region, or negative.
+            RegionError: the region is closed.
+        """
+        self._check("checksum", offset, length)
+        return _xxh3(ffi.buffer(self._base + offset, length))
