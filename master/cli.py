@@ -1,0 +1,61 @@
+"""``cxlkv master``: run the master service.
+
+Configuration precedence: defaults → ``--config`` TOML → ``CXLKV_MASTER_*``
+environment → flags. A configuration error (bad key or value, unknown strategy
+or policy, a plugin that fails to load, port in use) prints one line on stderr
+and exits with code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+import click
+
+from cxlkv.config import MasterConfig, load_config
+from cxlkv.errors import ConfigError
+from cxlkv.logs import setup_logging
+
+__all__ = ["master_cmd"]
+
+#: Exit code for configuration and start-up errors.
+EXIT_CONFIG = 2
+
+
+@click.command("master")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="TOML configuration file (see docs/master.md).")
+@click.option("--listen", default=None, metavar="HOST:PORT",
+              help="gRPC listen address; port 0 picks a free port (overrides listen_address).")
+@click.option("--address-file", default=None, type=click.Path(dir_okay=False),
+              help="Write the bound HOST:PORT here once serving (overrides address_file).")
+@click.option("--log-level", default=None, type=click.Choice(["debug", "info", "warning", "error"]),
+              help="Log level (overrides log_level).")
+@click.option("--log-json/--no-log-json", default=None, help="Log JSON lines (overrides log_json).")
+def master_cmd(config_path: str | None, listen: str | None, address_file: str | None,
+               log_level: str | None, log_json: bool | None) -> None:
+    """Run the cxlkv master: metadata, allocation, leases, eviction, clients."""
+    try:
+        cfg = load_config(
+            MasterConfig, config_path, env=os.environ, env_prefix="CXLKV_MASTER_",
+            overrides={"listen_address": listen, "address_file": address_file,
+                       "log_level": log_level, "log_json": log_json},
+        )
+    except ConfigError as exc:
+        click.echo(f"cxlkv master: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    setup_logging(cfg.log_level, json_lines=cfg.log_json, component="master")
+    from cxlkv.master.server import run_master  # grpc import only once the config is good
+
+    try:
+        rc = asyncio.run(run_master(cfg))
+    except ConfigError as exc:
+        logging.getLogger("cxlkv.master").debug("start-up failed", exc_info=True)
+        click.echo(f"cxlkv master: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+    except KeyboardInterrupt:  # a second Ctrl-C during the drain
+        rc = 0
+    sys.exit(rc)

@@ -1,0 +1,120 @@
+"""Metadata records of the master: object versions and clients.
+
+Plain ``__slots__`` classes, no behaviour beyond small helpers: the rules live in
+:class:`~cxlkv.master.state.MasterState`.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from cxlkv.v1 import common_pb2
+
+__all__ = ["ObjState", "ObjectVersion", "ClientRecord", "Extent"]
+
+#: ``(segment_id, offset_bytes, length_bytes)`` of one replica.
+Extent = tuple[int, int, int]
+
+
+class ObjState(enum.IntEnum):
+    """State of one object version (its replicas share it; values match ``ReplicaState``)."""
+
+    PROCESSING = common_pb2.PROCESSING  # space reserved, bytes being written; invisible to reads
+    COMPLETE = common_pb2.COMPLETE      # committed: readable, evictable when unleased and unpinned
+    FAILED = common_pb2.FAILED          # put revoked, timed out or its writer died; space reclaimed
+    REMOVED = common_pb2.REMOVED        # removed, evicted or superseded; freed when no lease remains
+
+
+class ObjectVersion:
+    """One version of one key: a put attempt, then (after PutEnd) the committed object.
+
+    Attributes:
+        key: the key.
+        size_bytes: value size (0 is a valid, empty value).
+        version: from the master's one increasing counter; also the put token.
+        extents: one :data:`Extent` per placed replica, on distinct segments.
+        state: an :class:`ObjState`.
+        client_id, epoch: the writer (for fencing and writer-death reclaim).
+        started_at: ``now`` of PutStart (seconds, master clock).
+        checksum: xxh3-64 given at PutEnd (0: none).
+        hard_pin: never evicted.
+        soft_pin_until: evicted last until this time (seconds; 0: not pinned).
+        leases: live read leases on this version.
+        replicas_wanted: ``replica_num`` asked for (>= 1).
+    """
+
+    __slots__ = (
+        "key", "size_bytes", "version", "extents", "state", "client_id", "epoch",
+        "started_at", "checksum", "hard_pin", "soft_pin_until", "leases", "replicas_wanted",
+    )
+
+    def __init__(
+        self,
+        key: str,
+        size_bytes: int,
+        version: int,
+        extents: list[Extent],
+        client_id: str,
+        epoch: int,
+        started_at: float,
+        hard_pin: bool = False,
+        soft_pin_until: float = 0.0,
+        replicas_wanted: int = 1,
+    ) -> None:
+        self.key = key
+        self.size_bytes = size_bytes
+        self.version = version
+        self.extents = extents
+        self.state = ObjState.PROCESSING
+        self.client_id = client_id
+        self.epoch = epoch
+        self.started_at = started_at
+        self.checksum = 0
+        self.hard_pin = hard_pin
+        self.soft_pin_until = soft_pin_until
+        self.leases = 0
+        self.replicas_wanted = replicas_wanted
+
+    @property
+    def put_token(self) -> int:
+        """The put attempt's token (equal to the version it commits)."""
+        return self.version
+
+    def __repr__(self) -> str:
+        return (
+            f"ObjectVersion({self.key!r}, v{self.version}, {self.size_bytes} B, "
+            f"{ObjState(self.state).name}, extents={self.extents}, leases={self.leases})"
+        )
+
+
+class ClientRecord:
+    """A registered clientd.
+
+    Attributes:
+        client_id: stable across re-registrations that pass ``previous_client_id``.
+        epoch: fencing epoch of the current registration.
+        hostname, name, pid, metrics_url: as reported at registration.
+        registered_at, last_heartbeat: master clock, seconds.
+        alive: False once expired.
+        puts: in-flight put attempts of this registration, token → version.
+    """
+
+    __slots__ = (
+        "client_id", "epoch", "hostname", "name", "pid", "metrics_url",
+        "registered_at", "last_heartbeat", "alive", "puts",
+    )
+
+    def __init__(
+        self, client_id: str, epoch: int, hostname: str, name: str, pid: int,
+        metrics_url: str, now: float,
+    ) -> None:
+        self.client_id = client_id
+        self.epoch = epoch
+        self.hostname = hostname
+        self.name = name
+        self.pid = pid
+        self.metrics_url = metrics_url
+        self.registered_at = now
+        self.last_heartbeat = now
+        self.alive = True
+        self.puts: dict[int, ObjectVersion] = {}

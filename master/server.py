@@ -1,0 +1,198 @@
+"""The master process: gRPC server, health and reflection, the sweep, graceful stop.
+
+:class:`MasterServer` owns one :class:`~cxlkv.master.state.MasterState`, serves
+``cxlkv.v1.MasterService`` plus ``grpc.health.v1.Health`` and server reflection
+on one grpc.aio server, and runs the periodic sweep (client expiry, put
+timeouts, lease expiry and deferred frees, watermark eviction) on the same event
+loop — so every state call happens on one thread and the state needs no lock.
+
+Start-up writes the bound ``host:port`` to ``address_file`` (write a temporary
+file, then rename) only once the server is serving; ``cxlkv cluster`` and the
+tests wait for that file. SIGTERM/SIGINT: health NOT_SERVING, stop accepting,
+drain in-flight calls (``grace_s``), exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from cxlkv.config import MasterConfig, format_size
+from cxlkv.errors import ConfigError
+from cxlkv.master.service import MasterServicer
+from cxlkv.master.state import MasterState
+from cxlkv.v1 import master_pb2, master_pb2_grpc
+
+__all__ = ["MasterServer", "ListenError", "run_master", "SERVICE_NAME"]
+
+log = logging.getLogger("cxlkv.master")
+
+#: Full name of the master's gRPC service (health and reflection use it).
+SERVICE_NAME = master_pb2.DESCRIPTOR.services_by_name["MasterService"].full_name
+
+_WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
+_MAX_MESSAGE_BYTES = 64 << 20
+
+
+class ListenError(ConfigError):
+    """The listen address cannot be bound (in use, or not a local address)."""
+
+
+def _split_host_port(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"listen_address {address!r}: expected HOST:PORT (port 0 picks a free one)")
+    return host, int(port)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+class MasterServer:
+    """One master: state, gRPC server, sweep task.
+
+    Args:
+        config: validated configuration.
+        grace_s: how long :meth:`stop` lets in-flight calls finish.
+
+    Raises:
+        ConfigError: unknown allocation strategy or eviction policy (known
+            names listed), a plugin that fails to load, or bad segments.
+    """
+
+    def __init__(self, config: MasterConfig, *, grace_s: float = 2.0) -> None:
+        self.config = config
+        self.grace_s = grace_s
+        self.master_id = uuid.uuid4().hex[:12]
+        # Counters start at wall-clock microseconds so that epochs, versions and
+        # lease ids keep growing across master restarts.
+        self.state = MasterState(config, master_id=self.master_id, id_base=time.time_ns() // 1000)
+        self.servicer = MasterServicer(self.state)
+        self.address = ""
+        self._server: grpc.aio.Server | None = None
+        self._health: health.aio.HealthServicer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> str:
+        """Bind, start serving, start the sweep, write the address file.
+
+        Returns:
+            The bound ``host:port``.
+
+        Raises:
+            ConfigError: malformed listen address.
+            ListenError: the address cannot be bound.
+        """
+        cfg = self.config
+        host, _ = _split_host_port(cfg.listen_address)
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),
+        ])
+        master_pb2_grpc.add_MasterServiceServicer_to_server(self.servicer, server)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        try:
+            port = server.add_insecure_port(cfg.listen_address)
+        except RuntimeError as exc:
+            raise ListenError(f"cannot listen on {cfg.listen_address}: {exc}") from None
+        if not port:
+            raise ListenError(f"cannot listen on {cfg.listen_address}: address in use or not local")
+        await server.start()
+        self._server = server
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        shown_host = "127.0.0.1" if host in _WILDCARD_HOSTS else host
+        self.address = f"{shown_host}:{port}"
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop(), name="sweep")
+        segs = ", ".join(f"{s.name}={format_size(s.size_bytes)}" for s in self.state.segments()) or "none"
+        log.info(
+            "master %s serving on %s (strategy %s, eviction %s, segments: %s)", self.master_id,
+            self.address, self.state.strategy.name, self.state.policy.name, segs,
+        )
+        if cfg.address_file:
+            _write_atomically(Path(cfg.address_file), self.address + "\n")
+        return self.address
+
+    async def _sweep_loop(self) -> None:
+        interval = self.config.sweep_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                done = self.state.sweep(time.monotonic())
+            except Exception:  # a bug; keep the master up and say so once per sweep
+                log.exception("sweep failed")
+                continue
+            if done["clients_expired"] or done["puts_reclaimed"]:
+                log.warning("sweep: %d client(s) expired, %d put(s) reclaimed",
+                            done["clients_expired"], done["puts_reclaimed"])
+            if done["evicted"]:
+                log.debug("sweep: evicted %d object(s) to the low watermark", done["evicted"])
+
+    def request_stop(self) -> None:
+        """Ask :meth:`wait` to return (signal-handler safe on the loop thread)."""
+        self._stopped.set()
+
+    async def wait(self) -> None:
+        """Block until :meth:`request_stop`."""
+        await self._stopped.wait()
+
+    async def stop(self) -> None:
+        """Health NOT_SERVING, stop accepting, drain for ``grace_s``, stop the sweep."""
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(self.grace_s)
+            self._server = None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            try:
+                await self._sweeper
+            except asyncio.CancelledError:
+                pass
+            self._sweeper = None
+        path = self.config.address_file
+        if path:
+            try:
+                if Path(path).read_text().strip() == self.address:
+                    Path(path).unlink()
+            except OSError:
+                pass
+        log.info("master %s stopped", self.master_id)
+
+
+async def run_master(config: MasterConfig) -> int:
+    """Run a master until SIGTERM/SIGINT; returns the process exit code (0).
+
+    Raises:
+        ConfigError: as :class:`MasterServer` and :meth:`MasterServer.start`.
+    """
+    server = MasterServer(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.request_stop)
+    try:
+        await server.start()
+        await server.wait()
+        log.info("signal received: draining")
+    finally:
+        await server.stop()
+    return 0

@@ -1,0 +1,421 @@
+"""MasterService: a thin grpc.aio servicer translating proto ↔ MasterState calls.
+
+Every state call runs on the event-loop thread (the handlers are coroutines that
+never await in the middle of state work), so the state needs no lock; ``now`` is
+``time.monotonic()`` read once per call.
+
+Errors: single-item RPCs abort with the cxlkv error packed in the gRPC status
+details (:func:`cxlkv.errors.rpc_status_for`); batch RPCs answer a per-item
+``Status``. Invalid input never crashes the server: an unexpected exception
+becomes INTERNAL with a one-line message and is logged once with its traceback.
+
+Per-item results leave ``status`` unset on success (it reads as code OK = 0):
+building fewer protobuf objects is most of the cost of a batch in Python.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+import grpc
+from grpc_status import rpc_status
+
+from cxlkv import __version__
+from cxlkv.errors import CxlkvError, Internal, InvalidArgument, rpc_status_for
+from cxlkv.master.objects import ObjectVersion
+from cxlkv.master.segments import Segment
+from cxlkv.master.state import MasterState
+from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
+
+__all__ = ["MasterServicer", "segment_info"]
+
+log = logging.getLogger("cxlkv.master.service")
+
+_COMPLETE = common_pb2.COMPLETE
+
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Any]
+
+
+def _rpc(fn: Handler) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    """Run a synchronous handler on the event loop; map errors to gRPC statuses."""
+
+    @functools.wraps(fn)
+    async def handler(self: "MasterServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return fn(self, request, context)
+        except CxlkvError as err:
+            error: CxlkvError = err
+        except Exception as exc:  # a bug: one line to the caller, the traceback to the log once
+            log.exception("%s failed", fn.__name__)
+            error = Internal(f"{fn.__name__}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+        await context.abort_with_status(rpc_status.to_status(rpc_status_for(error)))
+
+    return handler
+
+
+def _set_status(status: common_pb2.Status, err: CxlkvError) -> None:
+    status.code = err.code
+    status.message = err.message
+
+
+def segment_info(seg: Segment, info: common_pb2.SegmentInfo | None = None) -> common_pb2.SegmentInfo:
+    """Fill (or build) a ``SegmentInfo`` for ``seg``."""
+    if info is None:
+        info = common_pb2.SegmentInfo()
+    info.segment_id = seg.segment_id
+    info.name = seg.name
+    info.tier = seg.tier
+    info.capacity_bytes = seg.capacity_bytes
+    info.used_bytes = seg.used_bytes
+    info.size_bytes = seg.size_bytes
+    info.region_uuid = seg.region_uuid
+    info.device_path = seg.device_path
+    info.mounted = seg.mounted
+    info.object_count = seg.object_count
+    info.owner_client_id = seg.owner_client_id
+    return info
+
+
+def _page_token(key: str) -> str:
+    return base64.urlsafe_b64encode(key.encode("utf-8", "surrogatepass")).decode("ascii")
+
+
+def _after_key(token: str) -> str | None:
+    if not token:
+        return None
+    try:
+        return base64.urlsafe_b64decode(token.encode("ascii")).decode("utf-8", "surrogatepass")
+    except (binascii.Error, UnicodeError, ValueError):
+        raise InvalidArgument(f"page_token {token[:40]!r} is not one this master returned") from None
+
+
+class MasterServicer(master_pb2_grpc.MasterServiceServicer):
+    """The ``cxlkv.v1.MasterService`` over one :class:`MasterState`.
+
+    Args:
+        state: the metadata state machine (owned by the event-loop thread).
+        started_at: ``time.monotonic()`` at start, for Stat's uptime.
+        metrics_url: where /metrics is served ("" if not).
+        clock: the master clock (seconds); ``time.monotonic`` in production.
+    """
+
+    def __init__(self, state: MasterState, *, started_at: float | None = None, metrics_url: str = "",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.state = state
+        self.clock = clock
+        self.started_at = clock() if started_at is None else started_at
+        self.metrics_url = metrics_url
+        self._lease_ttl_ms = int(round(state.config.lease_ttl_s * 1000))
+
+    # -------------------------------------------------------------- helpers
+    def _fill_location(self, loc: master_pb2.ObjectLocation, obj: ObjectVersion, lease: Any) -> None:
+        loc.value_size_bytes = obj.size_bytes
+        loc.version = obj.version
+        if obj.checksum:
+            loc.checksum = obj.checksum
+        segment = self.state.segment
+        add = loc.replicas.add
+        for sid, off, n in obj.extents:
+            r = add(state=_COMPLETE, tier=segment(sid).tier)  # type: ignore[union-attr]
+            e = r.extent
+            e.segment_id = sid
+            e.offset_bytes = off
+            e.length_bytes = n
+        if lease is not None:
+            loc.lease_id = lease.lease_id
+            loc.lease_ttl_ms = self._lease_ttl_ms
+
+    @staticmethod
+    def _fill_put_result(res: master_pb2.PutStartResult, obj: ObjectVersion) -> None:
+        res.put_token = obj.version
+        res.version = obj.version
+        res.replicas_wanted = obj.replicas_wanted
+        add = res.extents.add
+        for sid, off, n in obj.extents:
+            add(segment_id=sid, offset_bytes=off, length_bytes=n)
+
+    # -------------------------------------------------------------- clients
+    @_rpc
+    def RegisterClient(self, request, context):
+        st = self.state
+        client = st.register_client(
+            request.hostname, request.name, request.pid, request.regions,
+            request.previous_client_id, request.metrics_url, self.clock(),
+        )
+        log.info("client %s registered (epoch %d, %s/%s pid %d, %d region(s))", client.client_id,
+                 client.epoch, request.hostname, request.name, request.pid, len(request.regions))
+        resp = master_pb2.RegisterClientResponse(
+            client_id=client.client_id, epoch=client.epoch,
+            heartbeat_interval_s=st.config.heartbeat_interval_s, client_ttl_s=st.config.client_ttl_s,
+            lease_ttl_s=st.config.lease_ttl_s, master_id=st.master_id,
+        )
+        for seg in st.segments():
+            segment_info(seg, resp.segments.add())
+        return resp
+
+    @_rpc
+    def Heartbeat(self, request, context):
+        st = self.state
+        st.heartbeat(request.client_id, request.epoch, self.clock())
+        return master_pb2.HeartbeatResponse(master_id=st.master_id, segments_version=st.segments_version)
+
+    # ------------------------------------------------------------- segments
+    @_rpc
+    def MountSegment(self, request, context):
+        seg = self.state.mount_segment(
+            request.client_id, request.epoch, request.name, request.tier, request.size_bytes,
+            request.region_uuid, request.device_path, self.clock(),
+        )
+        log.info("segment %r mounted (id %d, %d B)", seg.name, seg.segment_id, seg.size_bytes)
+        return master_pb2.MountSegmentResponse(segment=segment_info(seg))
+
+    @_rpc
+    def UnmountSegment(self, request, context):
+        lost, objects = self.state.unmount_segment(request.name, self.clock())
+        log.warning("segment %r unmounted: %d replica(s) lost, %d object(s) lost", request.name, lost, objects)
+        return master_pb2.UnmountSegmentResponse(replicas_lost=lost, objects_lost=objects)
+
+    @_rpc
+    def ListSegments(self, request, context):
+        resp = master_pb2.ListSegmentsResponse()
+        for seg in self.state.segments(include_unmounted=True):
+            segment_info(seg, resp.segments.add())
+        return resp
+
+    # ----------------------------------------------------------------- puts
+    @_rpc
+    def PutStart(self, request, context):
+        it = request.item
+        o = it.options
+        obj = self.state.put_start(
+            request.client_id, request.epoch, it.key, it.value_size_bytes, self.clock(),
+            replica_num=o.replica_num, upsert=o.upsert, soft_pin=o.soft_pin, hard_pin=o.hard_pin,
+            preferred_segment=o.preferred_segment,
+        )
+        resp = master_pb2.PutStartResponse()
+        self._fill_put_result(resp.result, obj)
+        return resp
+
+    @_rpc
+    def BatchPutStart(self, request, context):
+        put_start = self.state.put_start
+        client_id, epoch, now = request.client_id, request.epoch, self.clock()
+        resp = master_pb2.BatchPutStartResponse()
+        add = resp.results.add
+        fill = self._fill_put_result
+        for it in request.items:
+            res = add()
+            try:
+                if it.HasField("options"):
+                    o = it.options
+                    obj = put_start(
+                        client_id, epoch, it.key, it.value_size_bytes, now,
+                        replica_num=o.replica_num, upsert=o.upsert, soft_pin=o.soft_pin,
+                        hard_pin=o.hard_pin, preferred_segment=o.preferred_segment,
+                    )
+                else:
+                    obj = put_start(client_id, epoch, it.key, it.value_size_bytes, now)
+            except CxlkvError as err:
+                _set_status(res.status, err)
+                continue
+            fill(res, obj)
+        return resp
+
+    @_rpc
+    def PutEnd(self, request, context):
+        it = request.item
+        self.state.put_end(request.client_id, request.epoch, it.key, it.put_token, self.clock(), it.checksum)
+        return master_pb2.PutEndResponse()
+
+    def _batch_end(self, request: Any, op: Callable[..., Any], end: bool) -> master_pb2.BatchPutEndResponse:
+        client_id, epoch, now = request.client_id, request.epoch, self.clock()
+        resp = master_pb2.BatchPutEndResponse()
+        add = resp.results.add
+        for it in request.items:
+            try:
+                if end:
+                    op(client_id, epoch, it.key, it.put_token, now, it.checksum)
+                else:
+                    op(client_id, epoch, it.key, it.put_token, now)
+            except CxlkvError as err:
+                add(code=err.code, message=err.message)
+                continue
+            add()
+        return resp
+
+    @_rpc
+    def BatchPutEnd(self, request, context):
+        return self._batch_end(request, self.state.put_end, True)
+
+    @_rpc
+    def PutRevoke(self, request, context):
+        it = request.item
+        self.state.put_revoke(request.client_id, request.epoch, it.key, it.put_token, self.clock())
+        return master_pb2.PutRevokeResponse()
+
+    @_rpc
+    def BatchPutRevoke(self, request, context):
+        return self._batch_end(request, self.state.put_revoke, False)
+
+    # ---------------------------------------------------------------- reads
+    @_rpc
+    def GetReplicaList(self, request, context):
+        obj, lease = self.state.get(request.client_id, request.key, self.clock(), request.no_lease)
+        resp = master_pb2.GetReplicaListResponse()
+        self._fill_location(resp.location, obj, lease)
+        return resp
+
+    @_rpc
+    def BatchGetReplicaList(self, request, context):
+        st = self.state
+        client_id, no_lease, now = request.client_id, request.no_lease, self.clock()
+        if request.release_lease_ids:
+            st.release_leases(client_id, request.release_lease_ids)
+        get = st.get
+        fill = self._fill_location
+        resp = master_pb2.BatchGetReplicaListResponse()
+        add = resp.locations.add
+        for key in request.keys:
+            loc = add()
+            try:
+                obj, lease = get(client_id, key, now, no_lease)
+            except CxlkvError as err:
+                _set_status(loc.status, err)
+                continue
+            fill(loc, obj, lease)
+        return resp
+
+    @_rpc
+    def ReleaseLeases(self, request, context):
+        return master_pb2.ReleaseLeasesResponse(
+            released=self.state.release_leases(request.client_id, request.lease_ids)
+        )
+
+    @_rpc
+    def ExistKey(self, request, context):
+        return master_pb2.ExistKeyResponse(exists=self.state.exists(request.key))
+
+    @_rpc
+    def BatchExistKey(self, request, context):
+        exists = self.state.exists
+        resp = master_pb2.BatchExistKeyResponse()
+        flags = resp.exists
+        add = resp.results.add
+        for key in request.keys:
+            try:
+                flags.append(exists(key))
+            except CxlkvError as err:
+                flags.append(False)
+                add(code=err.code, message=err.message)
+                continue
+            add()
+        return resp
+
+    def _match(self, resp: master_pb2.MatchPrefixResponse, client_id: str, keys: Any,
+               no_lease: bool, now: float) -> None:
+        matched = self.state.match_prefix(client_id, keys, now, no_lease)
+        resp.matched = len(matched)
+        add = resp.locations.add
+        fill = self._fill_location
+        for obj, lease in matched:
+            fill(add(), obj, lease)
+
+    @_rpc
+    def MatchPrefix(self, request, context):
+        now = self.clock()
+        if request.release_lease_ids:
+            self.state.release_leases(request.client_id, request.release_lease_ids)
+        resp = master_pb2.MatchPrefixResponse()
+        self._match(resp, request.client_id, request.keys, request.no_lease, now)
+        return resp
+
+    @_rpc
+    def BatchMatchPrefix(self, request, context):
+        now = self.clock()
+        client_id, no_lease = request.client_id, request.no_lease
+        if request.release_lease_ids:
+            self.state.release_leases(client_id, request.release_lease_ids)
+        resp = master_pb2.BatchMatchPrefixResponse()
+        add = resp.results.add
+        for query in request.queries:
+            self._match(add(), client_id, query.keys, no_lease, now)
+        return resp
+
+    # -------------------------------------------------------------- removal
+    @_rpc
+    def Remove(self, request, context):
+        self.state.remove(request.key, self.clock(), request.force)
+        return master_pb2.RemoveResponse()
+
+    @_rpc
+    def BatchRemove(self, request, context):
+        remove = self.state.remove
+        now, force = self.clock(), request.force
+        resp = master_pb2.BatchRemoveResponse()
+        add = resp.results.add
+        for key in request.keys:
+            try:
+                remove(key, now, force)
+            except CxlkvError as err:
+                add(code=err.code, message=err.message)
+                continue
+            add()
+        return resp
+
+    @_rpc
+    def RemoveAll(self, request, context):
+        removed, skipped = self.state.remove_all(self.clock(), request.force)
+        return master_pb2.RemoveAllResponse(removed=removed, skipped_leased=skipped)
+
+    @_rpc
+    def RemoveByRegex(self, request, context):
+        removed, skipped = self.state.remove_all(self.clock(), request.force, pattern=request.pattern)
+        return master_pb2.RemoveAllResponse(removed=removed, skipped_leased=skipped)
+
+    # ----------------------------------------------------------- inspection
+    @_rpc
+    def ListKeys(self, request, context):
+        objs, last = self.state.list_keys(request.prefix, request.page_size, _after_key(request.page_token))
+        resp = master_pb2.ListKeysResponse(next_page_token=_page_token(last) if last is not None else "")
+        segment = self.state.segment
+        add = resp.entries.add
+        for obj in objs:
+            add(
+                key=obj.key, value_size_bytes=obj.size_bytes, version=obj.version,
+                replica_count=len(obj.extents),
+                tiers=[segment(e[0]).tier for e in obj.extents],  # type: ignore[union-attr]
+                hard_pinned=obj.hard_pin, soft_pinned=obj.soft_pin_until > self.clock(),
+                lease_count=obj.leases,
+            )
+        return resp
+
+    @_rpc
+    def Stat(self, request, context):
+        st = self.state
+        now = self.clock()
+        mounted = st.segments()
+        resp = master_pb2.StatResponse(
+            master_id=st.master_id, version=__version__,
+            key_count=st.key_count, processing_count=st.processing_count, lease_count=len(st.leases),
+            capacity_bytes=sum(s.capacity_bytes for s in mounted),
+            used_bytes=sum(s.used_bytes for s in mounted),
+            counters=st.counters,
+            high_watermark=st.config.high_watermark, low_watermark=st.config.low_watermark,
+            allocation_strategy=st.strategy.name, eviction_policy=st.policy.name,
+            uptime_s=now - self.started_at, metrics_url=self.metrics_url,
+        )
+        for seg in st.segments(include_unmounted=True):
+            segment_info(seg, resp.segments.add())
+        for c in st.clients():
+            resp.clients.add(
+                client_id=c.client_id, hostname=c.hostname, name=c.name, epoch=c.epoch,
+                alive=c.alive, last_heartbeat_age_s=now - c.last_heartbeat, metrics_url=c.metrics_url,
+            )
+        if request.check_invariants:
+            resp.invariant_violation = st.invariant_violation()
+        return resp

@@ -1,0 +1,1034 @@
+"""MasterState: the master's metadata state machine — no gRPC, no asyncio, no clock.
+
+Every method that depends on time takes ``now`` (seconds on the master's
+monotonic clock), so tests advance time instead of sleeping. Per-key work is
+constant-time dictionary work plus the O(log n)-or-better allocator; nothing on
+the hot path is proportional to the number of keys (RemoveAll, RemoveByRegex and
+UnmountSegment are O(n) by nature). Batch methods process their items one by one
+and answer one result per position: a failing item never fails the others.
+
+Object lifecycle (DESIGN.md, master.proto)::
+
+    put_start ──► PROCESSING ──put_end──► COMPLETE ──remove/evict/upsert──► REMOVED
+                      │                                                  (freed when
+                      └─put_revoke / timeout / writer expiry──► FAILED    unleased)
+
+Space accounting is exact: an extent is live from ``put_start`` until it is
+freed; a REMOVED version that is still leased keeps its extents live (deferred
+free) until its last lease ends. :meth:`MasterState.check_invariants` verifies
+``used == sum of live extents``, no overlap, ``free + used == capacity`` and
+``key count == committed objects`` from scratch.
+
+Not thread-safe: the service calls it from its event-loop thread only.
+Counters live in one dict (:attr:`MasterState.counters`) so metrics can wrap
+the state without touching it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import OrderedDict, deque
+from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
+
+from sortedcontainers import SortedList
+
+from cxlkv.config import MasterConfig, format_size
+from cxlkv.errors import (
+    AlreadyExists, CxlkvError, InvalidArgument, InvalidKey, NoSpace, NotFound, NotReady,
+    StaleToken, TooLarge, Unavailable, UnknownClient, HasLease,
+)
+from cxlkv.keys import key_error
+from cxlkv.master.eviction import EvictionPolicy, load_policy
+from cxlkv.master.leases import Lease, LeaseTable
+from cxlkv.master.objects import ClientRecord, Extent, ObjectVersion, ObjState
+from cxlkv.master.segments import Segment, Tier, tier_from_name
+from cxlkv.master.strategies import AllocationStrategy, PlacementRequest, load_strategy
+from cxlkv.region import REGION_HEADER_BYTES
+
+__all__ = ["MasterState", "PutSpec", "RegionReport", "COUNTERS", "Lease"]
+
+#: Names of :attr:`MasterState.counters` (all start at 0 and only grow).
+COUNTERS = (
+    "puts_started", "puts_committed", "puts_revoked", "puts_reclaimed", "upserts",
+    "lease_grants", "lease_releases", "lease_expiries", "get_misses",
+    "removes", "evictions", "evicted_bytes", "deferred_frees",
+    "no_space", "too_large", "clients_registered", "clients_expired",
+    "segments_mounted", "segments_unmounted", "replicas_lost", "objects_lost",
+)
+
+_MAX_LIST_PAGE = 10000
+_DEFAULT_LIST_PAGE = 1000
+_REVOKE_REASONS_KEPT = 4096
+_EXPIRED_CLIENTS_KEPT = 256
+
+
+class RegionReport(Protocol):
+    """A region a clientd maps (duck-typed: ``cxlkv.v1.RegionIdentity`` fits)."""
+
+    segment_name: str
+    region_uuid: str
+    size_bytes: int
+    device_path: str
+
+
+class PutSpec(NamedTuple):
+    """One item of :meth:`MasterState.put_start_batch`."""
+
+    key: str
+    value_size_bytes: int
+    replica_num: int = 1
+    upsert: bool = False
+    soft_pin: bool = False
+    hard_pin: bool = False
+    preferred_segment: str = ""
+
+
+def _short(key: str) -> str:
+    return repr(key if len(key) <= 80 else key[:80] + "…")
+
+
+class MasterState:
+    """The master's metadata: segments, objects, leases, clients, counters.
+
+    Args:
+        config: validated master configuration.
+        strategy: allocation strategy (default: loaded from ``config``).
+        policy: eviction policy (default: loaded from ``config``).
+        master_id: identifies this master run (changes on restart).
+        id_base: first value of the version/token, epoch and lease-id counters;
+            the server passes wall-clock microseconds so that they keep growing
+            across master restarts.
+        work_clock: measures the eviction time budget only (seconds); never
+            used for lease, put or client times, which always come in as ``now``.
+
+    Raises:
+        ConfigError: unknown strategy/policy or an invalid segment in ``config``.
+    """
+
+    def __init__(
+        self,
+        config: MasterConfig,
+        *,
+        strategy: AllocationStrategy | None = None,
+        policy: EvictionPolicy | None = None,
+        master_id: str = "master",
+        id_base: int = 1,
+        work_clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.config = config
+        self.master_id = master_id
+        self.strategy = strategy if strategy is not None else load_strategy(config.allocation_strategy, config)
+        self.policy = policy if policy is not None else load_policy(config.eviction_policy, config)
+        self._work_clock = work_clock
+        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self._align = config.alignment_bytes
+        self._seq = id_base  # versions (= put tokens) and epochs
+        self._lease_ttl_s = config.lease_ttl_s
+        self.leases = LeaseTable(config.lease_ttl_s, self._on_last_release, id_base)
+        # segments
+        self._segments: dict[int, Segment] = {}
+        self._by_name: dict[str, Segment] = {}
+        self._mounted: list[Segment] = []
+        self._max_capacity = 0
+        self._min_capacity = 0
+        self._configured = {s.name: s for s in config.segments}
+        self._next_segment_id = 1
+        #: Changes whenever a segment is mounted or unmounted.
+        self.segments_version = 0
+        # objects
+        self._objects: dict[str, ObjectVersion] = {}
+        self._keys = SortedList()
+        self._pending: dict[str, ObjectVersion] = {}
+        self._puts: dict[int, ObjectVersion] = {}
+        self._put_deadlines: deque[tuple[float, int]] = deque()
+        self._retired: dict[int, ObjectVersion] = {}
+        self._revoked: OrderedDict[int, str] = OrderedDict()
+        # clients
+        self._clients: dict[str, ClientRecord] = {}
+        self._expired_clients: OrderedDict[str, ClientRecord] = OrderedDict()
+        self._client_seq = 0
+        for sc in config.segments:
+            try:
+                tier = tier_from_name(sc.tier)
+            except ValueError as exc:
+                raise InvalidArgument(f"segments[{sc.name}].tier: {exc}") from None
+            self._mount(sc.name, tier, sc.size_bytes, sc.region_uuid, sc.path, "")
+
+    # ------------------------------------------------------------------ ids
+    def _next_seq(self) -> int:
+        n = self._seq
+        self._seq = n + 1
+        return n
+
+    # ------------------------------------------------------------- segments
+    def _mount(self, name: str, tier: int, size_bytes: int, region_uuid: str, device_path: str,
+               owner: str) -> Segment:
+        seg = Segment(
+            self._next_segment_id, name, tier, size_bytes, alignment_bytes=self._align,
+            region_uuid=region_uuid, device_path=device_path, owner_client_id=owner,
+        )
+        self._next_segment_id += 1
+        self._segments[seg.segment_id] = seg
+        self._by_name[name] = seg
+        self.counters["segments_mounted"] += 1
+        self._refresh_mounted()
+        return seg
+
+    def _refresh_mounted(self) -> None:
+        self._mounted = [s for s in self._segments.values() if s.mounted]
+        caps = [s.capacity_bytes for s in self._mounted]
+        self._max_capacity = max(caps, default=0)
+        self._min_capacity = min(caps, default=0)
+        self.segments_version += 1
+
+    def segments(self, include_unmounted: bool = False) -> list[Segment]:
+        """Segments in id order (mounted only, unless ``include_unmounted``)."""
+        if include_unmounted:
+            return [s for s in self._by_name.values()]
+        return list(self._mounted)
+
+    def segment(self, segment_id: int) -> Segment | None:
+        """The segment with this id (mounted or not), or ``None``."""
+        return self._segments.get(segment_id)
+
+    def mount_segment(
+        self, client_id: str, epoch: int, name: str, tier: int, size_bytes: int,
+        region_uuid: str, device_path: str, now: float,
+    ) -> Segment:
+        """Mount a segment at run time (idempotent for an identical mounted segment).
+
+        Host-local tiers (DRAM, SSD) are owned by the calling client and are
+        unmounted when it expires.
+
+        Raises:
+            UnknownClient, StaleToken: the caller's registration is not current.
+            InvalidArgument: bad name, tier or size, or a mounted segment of that
+                name with another identity (the message names both).
+        """
+        client = self.writer(client_id, epoch, now)
+        if not name:
+            raise InvalidArgument("segment name is empty")
+        if tier not in (Tier.CXL, Tier.DRAM, Tier.SSD):
+            raise InvalidArgument(f"segment {name!r}: tier must be CXL, DRAM or SSD, got {tier}")
+        if size_bytes <= REGION_HEADER_BYTES:
+            raise InvalidArgument(
+                f"segment {name!r}: size_bytes {size_bytes} must exceed the {REGION_HEADER_BYTES}-byte region header"
+            )
+        seg = self._by_name.get(name)
+        expected_size = self._configured[name].size_bytes if name in self._configured else None
+        if seg is not None and seg.mounted:
+            self._check_identity(seg, region_uuid, size_bytes, device_path)
+            if not seg.region_uuid:
+                seg.region_uuid = region_uuid
+            return seg
+        if expected_size is not None and size_bytes != expected_size:
+            raise InvalidArgument(
+                f"segment {name!r}: size {size_bytes} B at {device_path or '?'} differs from the "
+                f"configured {expected_size} B"
+            )
+        uuid = region_uuid
+        if seg is not None and seg.region_uuid and region_uuid and seg.region_uuid != region_uuid:
+            raise InvalidArgument(
+                f"segment {name!r}: region_uuid {region_uuid!r} at {device_path or '?'} differs from "
+                f"the segment's {seg.region_uuid!r}"
+            )
+        owner = client.client_id if tier != Tier.CXL else ""
+        return self._mount(name, tier, size_bytes, uuid, device_path, owner)
+
+    def _check_identity(self, seg: Segment, region_uuid: str, size_bytes: int, path: str) -> None:
+        if size_bytes != seg.size_bytes:
+            raise InvalidArgument(
+                f"segment {seg.name!r}: region at {path or '?'} is {size_bytes} B "
+                f"({format_size(size_bytes)}), the master's segment is {seg.size_bytes} B "
+                f"({format_size(seg.size_bytes)})"
+            )
+        if seg.region_uuid and region_uuid != seg.region_uuid:
+            raise InvalidArgument(
+                f"segment {seg.name!r}: region at {path or '?'} has uuid {region_uuid!r}, "
+                f"the master's segment has uuid {seg.region_uuid!r}"
+            )
+
+    def unmount_segment(self, name: str, now: float) -> tuple[int, int]:
+        """Stop allocating from a segment and drop its replicas.
+
+        Objects with a replica elsewhere stay readable; objects without one are
+        removed; puts left without any replica are revoked. O(objects).
+
+        Returns:
+            ``(replicas_lost, objects_lost)``.
+
+        Raises:
+            NotFound: no mounted segment of that name.
+        """
+        seg = self._by_name.get(name)
+        if seg is None or not seg.mounted:
+            raise NotFound(f"segment {name!r} is not mounted")
+        return self._unmount(seg, now)
+
+    def _unmount(self, seg: Segment, now: float) -> tuple[int, int]:
+        sid = seg.segment_id
+        seg.mounted = False
+        replicas_lost = 0
+        objects_lost = 0
+        for obj in list(self._objects.values()):
+            kept = [e for e in obj.extents if e[0] != sid]
+            if len(kept) != len(obj.extents):
+                replicas_lost += len(obj.extents) - len(kept)
+                obj.extents = kept
+                if not kept:
+                    objects_lost += 1
+                    self._drop_committed(obj, evicted=False)
+        for obj in list(self._puts.values()):
+            kept = [e for e in obj.extents if e[0] != sid]
+            if len(kept) != len(obj.extents):
+                obj.extents = kept
+                if not kept:
+                    self._revoke(obj, f"segment {seg.name!r} was unmounted during the put")
+        for obj in list(self._retired.values()):
+            obj.extents = [e for e in obj.extents if e[0] != sid]
+        seg.object_count = 0
+        seg.allocator = type(seg.allocator)(REGION_HEADER_BYTES, seg.size_bytes, self._align)
+        self.counters["segments_unmounted"] += 1
+        self.counters["replicas_lost"] += replicas_lost
+        self.counters["objects_lost"] += objects_lost
+        self._refresh_mounted()
+        return replicas_lost, objects_lost
+
+    # -------------------------------------------------------------- clients
+    def register_client(
+        self, hostname: str, name: str, pid: int, regions: Sequence[RegionReport],
+        previous_client_id: str, metrics_url: str, now: float,
+    ) -> ClientRecord:
+        """Register a clientd; returns its record (``client_id``, new ``epoch``).
+
+        Each reported region is checked against the mounted segment of that
+        name: the size must equal ``size_bytes`` and the uuid the segment's (a
+        segment with no uuid adopts the first one reported). With
+        ``previous_client_id`` the client keeps its id under a new epoch, and
+        the old registration's in-flight puts are revoked (fenced).
+
+        Raises:
+            InvalidArgument: an unknown segment, a size or uuid mismatch (the
+                message names the segment, both values and the path); nothing
+                changes then.
+        """
+        adopt: dict[str, str] = {}
+        for r in regions:
+            seg = self._by_name.get(r.segment_name)
+            if seg is None or not seg.mounted:
+                known = ", ".join(s.name for s in self._mounted) or "(none)"
+                raise InvalidArgument(
+                    f"region at {r.device_path or '?'}: segment {r.segment_name!r} is not mounted "
+                    f"on the master (mounted: {known})"
+                )
+            self._check_identity(seg, r.region_uuid, r.size_bytes, r.device_path)
+            if not seg.region_uuid and adopt.setdefault(seg.name, r.region_uuid) != r.region_uuid:
+                raise InvalidArgument(
+                    f"segment {seg.name!r}: two regions reported with uuids "
+                    f"{adopt[seg.name]!r} and {r.region_uuid!r} ({r.device_path or '?'})"
+                )
+        for seg_name, uuid in adopt.items():
+            self._by_name[seg_name].region_uuid = uuid
+        old = self._clients.get(previous_client_id) if previous_client_id else None
+        if old is not None:
+            self._end_registration(old, f"client {old.client_id} re-registered (epoch {old.epoch} fenced)")
+        if previous_client_id:
+            client_id = previous_client_id
+            self._expired_clients.pop(client_id, None)
+        else:
+            self._client_seq += 1
+            client_id = f"{self.master_id}-{self._client_seq}"
+        client = ClientRecord(client_id, self._next_seq(), hostname, name, pid, metrics_url, now)
+        self._clients[client_id] = client
+        self.counters["clients_registered"] += 1
+        return client
+
+    def heartbeat(self, client_id: str, epoch: int, now: float) -> ClientRecord:
+        """Record a heartbeat.
+
+        Raises:
+            UnknownClient: unknown or expired (register again).
+            StaleToken: ``epoch`` is not the current registration's.
+        """
+        client = self.writer(client_id, epoch, now)
+        client.last_heartbeat = now
+        return client
+
+    def writer(self, client_id: str, epoch: int, now: float) -> ClientRecord:
+        """The live registration ``(client_id, epoch)``; expires it first if overdue.
+
+        Raises:
+            UnknownClient: unknown or expired client id.
+            StaleToken: the client re-registered since (``epoch`` is fenced).
+        """
+        client = self._clients.get(client_id)
+        if client is None:
+            raise UnknownClient(f"client {client_id!r} is unknown or expired: register again")
+        if now - client.last_heartbeat > self.config.client_ttl_s:
+            self._expire_client(client, now)
+            raise UnknownClient(f"client {client_id!r} expired (no heartbeat for "
+                                f"{now - client.last_heartbeat:.1f} s): register again")
+        if epoch != client.epoch:
+            raise StaleToken(f"client {client_id!r} epoch {epoch} is fenced (current epoch {client.epoch})")
+        return client
+
+    def _expire_client(self, client: ClientRecord, now: float) -> None:
+        self._end_registration(client, f"writer client {client.client_id} expired")
+        del self._clients[client.client_id]
+        self._expired_clients[client.client_id] = client
+        while len(self._expired_clients) > _EXPIRED_CLIENTS_KEPT:
+            self._expired_clients.popitem(last=False)
+        self.counters["clients_expired"] += 1
+        for seg in list(self._mounted):
+            if seg.owner_client_id == client.client_id:
+                self._unmount(seg, now)
+
+    def _end_registration(self, client: ClientRecord, why: str) -> None:
+        client.alive = False
+        for obj in list(client.puts.values()):
+            self._revoke(obj, why)
+            self.counters["puts_reclaimed"] += 1
+        client.puts.clear()
+
+    def clients(self) -> list[ClientRecord]:
+        """Live clients, then recently expired ones."""
+        return list(self._clients.values()) + list(self._expired_clients.values())
+
+    # ----------------------------------------------------------------- puts
+    def extent_bytes(self, value_size_bytes: int) -> int:
+        """Extent length for a value (aligned; an empty value takes one alignment unit)."""
+        a = self._align
+        return (value_size_bytes + a - 1) & ~(a - 1) or a
+
+    def put_start(
+        self, client_id: str, epoch: int, key: str, value_size_bytes: int, now: float, *,
+        replica_num: int = 1, upsert: bool = False, soft_pin: bool = False,
+        hard_pin: bool = False, preferred_segment: str = "",
+    ) -> ObjectVersion:
+        """Reserve space for a new object (or, with ``upsert``, a new version).
+
+        The version stays invisible until :meth:`put_end`. Replicas go on
+        distinct segments in the strategy's order, best effort (at least one).
+        When nothing fits, committed objects are evicted until the value fits
+        (not limited by the eviction budget) and the allocation is retried once.
+
+        Raises:
+            UnknownClient, StaleToken: the writer's registration is not current.
+            InvalidKey: bad key. InvalidArgument: bad size, unknown preferred segment.
+            AlreadyExists: committed key without ``upsert``.
+            NotReady: another live put of the key is in flight.
+            TooLarge: larger than every mounted segment (nothing evicted).
+            NoSpace: no room even after eviction (the message says why).
+            Unavailable: no segment is mounted.
+        """
+        client = self.writer(client_id, epoch, now)
+        bad = key_error(key)
+        if bad is not None:
+            raise InvalidKey(bad, key=key[:64] if isinstance(key, str) else None)
+        if value_size_bytes < 0:
+            raise InvalidArgument(f"value_size_bytes must be >= 0, got {value_size_bytes}", key=key)
+        if not upsert and key in self._objects:
+            raise AlreadyExists(f"key {_short(key)} is already committed (use upsert to replace it)", key=key)
+        pend = self._pending.get(key)
+        if pend is not None:
+            why = self._abandoned(pend, now)
+            if why is None:
+                raise NotReady(f"key {_short(key)}: put {pend.version} by client {pend.client_id} "
+                               "is in flight", key=key)
+            if self._puts.get(pend.version) is pend:  # not already revoked by a client expiry
+                self._revoke(pend, why)
+                self.counters["puts_reclaimed"] += 1
+        need = self.extent_bytes(value_size_bytes)
+        if need > self._max_capacity:
+            if not self._mounted:
+                raise Unavailable("no segment is mounted", key=key)
+            self.counters["too_large"] += 1
+            raise TooLarge(
+                f"key {_short(key)}: value of {value_size_bytes} B is larger than every segment "
+                f"(largest capacity {self._max_capacity} B); nothing was evicted",
+                key=key, requested_bytes=value_size_bytes,
+            )
+        if preferred_segment and preferred_segment not in self._by_name:
+            raise InvalidArgument(f"preferred_segment {preferred_segment!r} is not a known segment", key=key)
+        if replica_num < 1:
+            replica_num = 1
+        fitting = self._mounted if need <= self._min_capacity else [
+            s for s in self._mounted if s.capacity_bytes >= need
+        ]
+        candidates = self.strategy.select(fitting, PlacementRequest(need, replica_num, preferred_segment, 0))
+        extents = self._place(candidates, need, replica_num)
+        if not extents:
+            self._evict_until_fits(candidates, need, now)
+            extents = self._place(candidates, need, replica_num)
+            if not extents:
+                self.counters["no_space"] += 1
+                raise self._no_space(key, value_size_bytes, need, candidates, now)
+        version = self._seq
+        self._seq = version + 1
+        obj = ObjectVersion(
+            key, value_size_bytes, version, extents, client_id, epoch, now, hard_pin,
+            now + self.config.soft_pin_ttl_s if soft_pin and not hard_pin else 0.0, replica_num,
+        )
+        self._pending[key] = obj
+        self._puts[version] = obj
+        client.puts[version] = obj
+        self._put_deadlines.append((now + self.config.put_timeout_s, version))
+        self.counters["puts_started"] += 1
+        return obj
+
+    def _place(self, candidates: Sequence[Segment], need: int, replica_num: int) -> list[Extent]:
+        extents: list[Extent] = []
+        for seg in candidates:
+            off = seg.allocator.alloc(need)
+            if off >= 0:
+                seg.object_count += 1
+                extents.append((seg.segment_id, off, need))
+                if len(extents) >= replica_num:
+                    break
+        return extents
+
+    def _no_space(self, key: str, size: int, need: int, candidates: Sequence[Segment],
+                  now: float) -> NoSpace:
+        if not candidates:
+            return NoSpace(f"key {_short(key)}: the allocation strategy offered no segment for "
+                           f"{need} B", key=key, requested_bytes=size, free_bytes=0)
+        best = max(candidates, key=lambda s: s.largest_free_bytes)
+        held = sum(
+            e[2] for o in self._objects.values() if o.leases or o.hard_pin
+            for e in o.extents if e[0] == best.segment_id
+        )
+        inflight = sum(e[2] for o in self._puts.values() for e in o.extents if e[0] == best.segment_id)
+        deferred = sum(e[2] for o in self._retired.values() for e in o.extents if e[0] == best.segment_id)
+        return NoSpace(
+            f"key {_short(key)}: no free extent of {need} B even after eviction; segment "
+            f"{best.name!r} has {best.free_bytes} B free, largest free extent "
+            f"{best.largest_free_bytes} B; {held} B are leased or hard-pinned, {inflight} B "
+            f"in in-flight puts, {deferred} B awaiting the end of leases",
+            key=key, requested_bytes=size, free_bytes=best.free_bytes,
+        )
+
+    def _abandoned(self, obj: ObjectVersion, now: float) -> str | None:
+        """Why an in-flight put may be revoked now, or ``None`` if it is live."""
+        if now - obj.started_at >= self.config.put_timeout_s:
+            return f"put timed out after {self.config.put_timeout_s:g} s"
+        client = self._clients.get(obj.client_id)
+        if client is None or client.epoch != obj.epoch:
+            return f"writer client {obj.client_id} is gone"
+        if now - client.last_heartbeat > self.config.client_ttl_s:
+            self._expire_client(client, now)
+            return f"writer client {obj.client_id} expired"
+        return None
+
+    def _live_put(self, client_id: str, epoch: int, key: str, token: int, now: float) -> ObjectVersion:
+        obj = self._puts.get(token)
+        if obj is None or obj.key != key:
+            why = self._revoked.get(token)
+            raise StaleToken(
+                f"key {_short(key)}: put token {token} is not the key's current attempt"
+                + (f" ({why})" if why and obj is None else ""), key=key,
+            )
+        if obj.client_id != client_id:
+            raise StaleToken(f"key {_short(key)}: put token {token} belongs to client {obj.client_id}",
+                             key=key)
+        try:
+            self.writer(client_id, epoch, now)
+        except UnknownClient as exc:  # it expired just now, which revoked the put
+            raise StaleToken(f"key {_short(key)}: put token {token} was revoked ({exc})", key=key) from None
+        if obj.epoch != epoch:  # pragma: no cover - re-registration revokes old-epoch puts
+            raise StaleToken(f"key {_short(key)}: put token {token} is from epoch {obj.epoch}", key=key)
+        return obj
+
+    def put_end(self, client_id: str, epoch: int, key: str, put_token: int, now: float,
+                checksum: int = 0) -> ObjectVersion:
+        """Commit a put: the version becomes visible, replacing any older one.
+
+        Raises:
+            StaleToken: the token is not the key's current attempt (revoked,
+                timed out, superseded, another key's or client's), or the
+                writer's epoch is fenced. A put whose writer expired was revoked,
+                so its late PutEnd gets StaleToken too.
+            UnknownClient: the token is live but the writer just expired.
+        """
+        obj = self._live_put(client_id, epoch, key, put_token, now)
+        del self._puts[put_token]
+        del self._pending[key]
+        client = self._clients[client_id]
+        client.puts.pop(put_token, None)
+        client.last_heartbeat = now
+        old = self._objects.get(key)
+        if old is not None:
+            self._retire(old, evicted=False)
+            self.counters["upserts"] += 1
+        else:
+            self._keys.add(key)
+        obj.state = ObjState.COMPLETE
+        obj.checksum = checksum
+        self._objects[key] = obj
+        if not obj.hard_pin:
+            self.policy.on_put(key)
+        self.counters["puts_committed"] += 1
+        return obj
+
+    def put_revoke(self, client_id: str, epoch: int, key: str, put_token: int, now: float) -> None:
+        """Abandon a put: its space returns to the free pool at once.
+
+        Raises:
+            StaleToken, UnknownClient: as for :meth:`put_end`.
+        """
+        obj = self._live_put(client_id, epoch, key, put_token, now)
+        self._revoke(obj, "revoked by its writer")
+
+    def _revoke(self, obj: ObjectVersion, why: str) -> None:
+        token = obj.version
+        del self._puts[token]
+        if self._pending.get(obj.key) is obj:
+            del self._pending[obj.key]
+        client = self._clients.get(obj.client_id)
+        if client is not None:
+            client.puts.pop(token, None)
+        obj.state = ObjState.FAILED
+        self._free_extents(obj)
+        self._revoked[token] = why
+        if len(self._revoked) > _REVOKE_REASONS_KEPT:
+            self._revoked.popitem(last=False)
+        self.counters["puts_revoked"] += 1
+
+    def put_start_batch(self, client_id: str, epoch: int, specs: Iterable[PutSpec],
+                        now: float) -> list[ObjectVersion | CxlkvError]:
+        """:meth:`put_start` per item; one result (version or error) per position."""
+        out: list[ObjectVersion | CxlkvError] = []
+        for s in specs:
+            try:
+                out.append(self.put_start(
+                    client_id, epoch, s.key, s.value_size_bytes, now, replica_num=s.replica_num,
+                    upsert=s.upsert, soft_pin=s.soft_pin, hard_pin=s.hard_pin,
+                    preferred_segment=s.preferred_segment,
+                ))
+            except CxlkvError as err:
+                out.append(err)
+        return out
+
+    def put_end_batch(self, client_id: str, epoch: int, items: Iterable[tuple[str, int, int]],
+                      now: float) -> list[CxlkvError | None]:
+        """:meth:`put_end` per ``(key, put_token, checksum)``; ``None`` for success."""
+        out: list[CxlkvError | None] = []
+        for key, token, checksum in items:
+            try:
+                self.put_end(client_id, epoch, key, token, now, checksum)
+                out.append(None)
+            except CxlkvError as err:
+                out.append(err)
+        return out
+
+    # ---------------------------------------------------------------- reads
+    def get(self, client_id: str, key: str, now: float, no_lease: bool = False) -> tuple[ObjectVersion, Lease | None]:
+        """Locate a committed object and (unless ``no_lease``) lease this version.
+
+        Raises:
+            InvalidKey: bad key. NotFound: absent or not yet committed.
+        """
+        obj = self._objects.get(key)
+        if obj is None:
+            self.counters["get_misses"] += 1
+            raise self._missing(key)
+        lease = None
+        if not no_lease:
+            lease = self.leases.grant(obj, client_id, now)
+            self.counters["lease_grants"] += 1
+        if not obj.hard_pin:
+            self.policy.on_hit(key)
+        return obj, lease
+
+    def _missing(self, key: str) -> CxlkvError:
+        why = key_error(key)
+        if why is not None:
+            return InvalidKey(why, key=key[:64] if isinstance(key, str) else None)
+        if key in self._pending:
+            return NotFound(f"key {_short(key)} is not committed yet (put in flight)", key=key)
+        return NotFound(f"key {_short(key)} not found", key=key)
+
+    def get_batch(self, client_id: str, keys: Iterable[str], now: float, no_lease: bool = False,
+                  release_lease_ids: Iterable[int] = ()) -> list[tuple[ObjectVersion, Lease | None] | CxlkvError]:
+        """Release ``release_lease_ids``, then :meth:`get` per key (one result per position)."""
+        self.release_leases(client_id, release_lease_ids)
+        out: list[tuple[ObjectVersion, Lease | None] | CxlkvError] = []
+        for key in keys:
+            try:
+                out.append(self.get(client_id, key, now, no_lease))
+            except CxlkvError as err:
+                out.append(err)
+        return out
+
+    def match_prefix(self, client_id: str, keys: Sequence[str], now: float, no_lease: bool = False,
+                     release_lease_ids: Iterable[int] = ()) -> list[tuple[ObjectVersion, Lease | None]]:
+        """The longest committed prefix of ``keys``, each leased (unless ``no_lease``).
+
+        Stops at the first key that is absent, uncommitted or invalid.
+        """
+        self.release_leases(client_id, release_lease_ids)
+        out: list[tuple[ObjectVersion, Lease | None]] = []
+        objects = self._objects
+        for key in keys:
+            if key not in objects:
+                break
+            out.append(self.get(client_id, key, now, no_lease))
+        return out
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` is committed (no lease).
+
+        Raises:
+            InvalidKey: bad key.
+        """
+        if key in self._objects:
+            return True
+        why = key_error(key)
+        if why is not None:
+            raise InvalidKey(why, key=key[:64] if isinstance(key, str) else None)
+        return False
+
+    def release_leases(self, client_id: str, lease_ids: Iterable[int]) -> int:
+        """End leases early; unknown, expired or other clients' ids are ignored.
+
+        Returns:
+            Number released.
+        """
+        n = 0
+        release = self.leases.release
+        for lease_id in lease_ids:
+            if release(lease_id, client_id):
+                n += 1
+        self.counters["lease_releases"] += n
+        return n
+
+    # -------------------------------------------------------------- removal
+    def remove(self, key: str, now: float, force: bool = False) -> None:
+        """Remove a committed object (its bytes stay until its last lease ends).
+
+        Raises:
+            InvalidKey: bad key. NotFound: absent. HasLease: leased and not ``force``.
+        """
+        obj = self._objects.get(key)
+        if obj is None:
+            raise self._missing(key)
+        if obj.leases and not force:
+            raise HasLease(f"key {_short(key)} has {obj.leases} live lease(s); use force", key=key)
+        self._drop_committed(obj, evicted=False)
+        self.counters["removes"] += 1
+
+    def remove_batch(self, keys: Iterable[str], now: float, force: bool = False) -> list[CxlkvError | None]:
+        """:meth:`remove` per key; ``None`` for success."""
+        out: list[CxlkvError | None] = []
+        for key in keys:
+            try:
+                self.remove(key, now, force)
+                out.append(None)
+            except CxlkvError as err:
+                out.append(err)
+        return out
+
+    def remove_all(self, now: float, force: bool = False, pattern: str | None = None) -> tuple[int, int]:
+        """Remove every committed object (whose key matches ``pattern``, a Python
+        ``re`` searched in the key, when given). In-flight puts are untouched.
+
+        Returns:
+            ``(removed, skipped_leased)``.
+
+        Raises:
+            InvalidArgument: ``pattern`` does not compile.
+        """
+        rx = None
+        if pattern is not None:
+            try:
+                rx = re.compile(pattern)
+            except re.error as exc:
+                raise InvalidArgument(f"bad regular expression {pattern!r}: {exc}") from None
+        removed = skipped = 0
+        for obj in list(self._objects.values()):
+            if rx is not None and rx.search(obj.key) is None:
+                continue
+            if obj.leases and not force:
+                skipped += 1
+                continue
+            self._drop_committed(obj, evicted=False)
+            removed += 1
+        self.counters["removes"] += removed
+        return removed, skipped
+
+    def _drop_committed(self, obj: ObjectVersion, evicted: bool) -> None:
+        """Take a committed version out of the key space and retire it."""
+        del self._objects[obj.key]
+        self._keys.remove(obj.key)
+        self._retire(obj, evicted)
+
+    def _retire(self, obj: ObjectVersion, evicted: bool) -> None:
+        """Mark a committed version REMOVED: free now, or when its last lease ends."""
+        if not obj.hard_pin:
+            self.policy.on_remove(obj.key, evicted)
+        obj.state = ObjState.REMOVED
+        if obj.leases:
+            self._retired[obj.version] = obj
+        else:
+            self._free_extents(obj)
+
+    def _free_extents(self, obj: ObjectVersion) -> None:
+        segments = self._segments
+        for sid, off, _ in obj.extents:
+            seg = segments[sid]
+            if seg.mounted:
+                seg.allocator.free(off)
+                seg.object_count -= 1
+        obj.extents = []
+
+    def _on_last_release(self, obj: ObjectVersion) -> None:
+        if obj.state == ObjState.REMOVED and self._retired.pop(obj.version, None) is not None:
+            self._free_extents(obj)
+            self.counters["deferred_frees"] += 1
+
+    # ------------------------------------------------------------- eviction
+    def _evictable(self, obj: ObjectVersion, now: float, soft_ok: bool,
+                   segment_ids: frozenset[int] | None) -> bool:
+        if obj.leases or obj.hard_pin:
+            return False
+        if not soft_ok and obj.soft_pin_until > now:
+            return False
+        return segment_ids is None or any(e[0] in segment_ids for e in obj.extents)
+
+    def _evict(self, now: float, done: Callable[[], bool], segment_ids: frozenset[int] | None,
+               deadline: float | None) -> int:
+        """Evict policy candidates until ``done()`` or the deadline (work clock).
+
+        Unpinned objects go first; soft-pinned ones only in a second pass.
+        Never leased, PROCESSING or hard-pinned objects.
+
+        Returns:
+            Objects evicted.
+        """
+        evicted = 0
+        policy = self.policy
+        objects = self._objects
+        for soft_ok in (False, True):
+            n = 32
+            while not done():
+                cands = policy.candidates(n)
+                skipped = 0
+                progressed = False
+                for key in cands:
+                    obj = objects.get(key)
+                    if obj is None or not self._evictable(obj, now, soft_ok, segment_ids):
+                        skipped += 1
+                        continue
+                    self.counters["evicted_bytes"] += sum(e[2] for e in obj.extents)
+                    self._drop_committed(obj, evicted=True)
+                    self.counters["evictions"] += 1
+                    evicted += 1
+                    progressed = True
+                    if done():
+                        return evicted
+                    if deadline is not None and evicted % 16 == 0 and self._work_clock() > deadline:
+                        return evicted
+                if deadline is not None and self._work_clock() > deadline:
+                    return evicted
+                if progressed:
+                    n = skipped + 32  # the skipped ones stay at the front: look past them
+                elif len(cands) < n:
+                    break  # the policy has nothing more to offer in this pass
+                else:
+                    n *= 2
+        return evicted
+
+    def _evict_until_fits(self, candidates: Sequence[Segment], need: int, now: float) -> int:
+        if not candidates:
+            return 0
+        ids = frozenset(s.segment_id for s in candidates)
+        return self._evict(
+            now, lambda: any(s.allocator.largest_free_bytes >= need for s in candidates), ids, None
+        )
+
+    def evict_to_watermark(self, now: float, budget_s: float | None = None) -> int:
+        """Evict in each segment above ``high_watermark`` down to ``low_watermark``.
+
+        Args:
+            now: master clock, seconds.
+            budget_s: most work-clock time to spend (default ``evict_budget_s``).
+
+        Returns:
+            Objects evicted.
+        """
+        budget = self.config.evict_budget_s if budget_s is None else budget_s
+        deadline = self._work_clock() + budget
+        high, low = self.config.high_watermark, self.config.low_watermark
+        evicted = 0
+        for seg in list(self._mounted):
+            cap = seg.capacity_bytes
+            if not cap or seg.used_bytes <= high * cap:
+                continue
+            alloc = seg.allocator
+            evicted += self._evict(now, lambda: alloc.used_bytes <= low * cap,
+                                   frozenset((seg.segment_id,)), deadline)
+            if self._work_clock() > deadline:
+                break
+        return evicted
+
+    # ---------------------------------------------------------------- sweep
+    def sweep(self, now: float, budget_s: float | None = None) -> dict[str, int]:
+        """Periodic work: client expiry, put timeouts, lease expiry (deferred
+        frees), watermark eviction under the time budget.
+
+        Returns:
+            What this sweep did: ``clients_expired``, ``puts_reclaimed``,
+            ``leases_expired``, ``evicted``.
+        """
+        ttl = self.config.client_ttl_s
+        expired_clients = 0
+        for client in list(self._clients.values()):
+            if now - client.last_heartbeat > ttl:
+                self._expire_client(client, now)
+                expired_clients += 1
+        reclaimed = 0
+        deadlines = self._put_deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, token = deadlines.popleft()
+            obj = self._puts.get(token)
+            if obj is not None:
+                self._revoke(obj, f"put timed out after {self.config.put_timeout_s:g} s")
+                reclaimed += 1
+        self.counters["puts_reclaimed"] += reclaimed
+        leases_expired = self.leases.expire(now)
+        self.counters["lease_expiries"] += leases_expired
+        evicted = self.evict_to_watermark(now, budget_s)
+        return {"clients_expired": expired_clients, "puts_reclaimed": reclaimed,
+                "leases_expired": leases_expired, "evicted": evicted}
+
+    # ----------------------------------------------------------- inspection
+    def list_keys(self, prefix: str = "", page_size: int = 0,
+                  after: str | None = None) -> tuple[list[ObjectVersion], str | None]:
+        """Committed objects in key order, starting after ``after``, with ``prefix``.
+
+        Args:
+            prefix: only keys starting with it.
+            page_size: 0 means 1000; capped at 10000.
+            after: the last key of the previous page, or ``None``.
+
+        Returns:
+            ``(objects, last_key)``; ``last_key`` is ``None`` on the last page.
+        """
+        size = _DEFAULT_LIST_PAGE if page_size <= 0 else min(page_size, _MAX_LIST_PAGE)
+        if after is not None and after >= prefix:
+            it = self._keys.irange(minimum=after, inclusive=(False, True))
+        else:
+            it = self._keys.irange(minimum=prefix)
+        out: list[ObjectVersion] = []
+        for key in it:
+            if not key.startswith(prefix):
+                return out, None
+            if len(out) == size:
+                return out, out[-1].key
+            out.append(self._objects[key])
+        return out, None
+
+    def get_object(self, key: str) -> ObjectVersion | None:
+        """The committed version of ``key`` (no lease, no policy hit), or ``None``."""
+        return self._objects.get(key)
+
+    @property
+    def key_count(self) -> int:
+        """Committed objects."""
+        return len(self._objects)
+
+    @property
+    def processing_count(self) -> int:
+        """Puts in flight."""
+        return len(self._puts)
+
+    @property
+    def deferred_count(self) -> int:
+        """Removed versions whose extents wait for their last lease."""
+        return len(self._retired)
+
+    def check_invariants(self) -> None:
+        """Verify all accounting invariants from scratch; O(n log n).
+
+        Raises:
+            AssertionError: naming the first violation.
+        """
+        live: dict[tuple[int, int], int] = {}
+        per_seg: dict[int, int] = {}
+
+        def add(obj: ObjectVersion, where: str) -> None:
+            seen: set[int] = set()
+            for sid, off, n in obj.extents:
+                if sid in seen:
+                    raise AssertionError(f"{where} {obj!r}: two replicas in segment {sid}")
+                seen.add(sid)
+                if (sid, off) in live:
+                    raise AssertionError(f"{where} {obj!r}: extent ({sid}, {off}) owned twice")
+                if n != self.extent_bytes(obj.size_bytes):
+                    raise AssertionError(f"{where} {obj!r}: extent length {n} for {obj.size_bytes} B")
+                live[(sid, off)] = n
+                per_seg[sid] = per_seg.get(sid, 0) + 1
+
+        for key, obj in self._objects.items():
+            if obj.key != key or obj.state != ObjState.COMPLETE:
+                raise AssertionError(f"committed {obj!r} filed under {key!r}")
+            if not obj.extents:
+                raise AssertionError(f"committed {obj!r} has no replica")
+            add(obj, "committed")
+        for token, obj in self._puts.items():
+            if obj.version != token or obj.state != ObjState.PROCESSING or self._pending.get(obj.key) is not obj:
+                raise AssertionError(f"in-flight put {token} inconsistent: {obj!r}")
+            add(obj, "in-flight")
+        if len(self._pending) != len(self._puts):
+            raise AssertionError("pending keys and put tokens disagree")
+        for version, obj in self._retired.items():
+            if obj.state != ObjState.REMOVED or obj.leases <= 0 or obj.version != version:
+                raise AssertionError(f"deferred {obj!r} should have been freed")
+            add(obj, "deferred")
+        for seg in self._segments.values():
+            if not seg.mounted:
+                if seg.used_bytes or seg.object_count:
+                    raise AssertionError(f"unmounted {seg!r} still holds extents")
+                continue
+            seg.allocator.check()
+            mine = {off: n for (sid, off), n in live.items() if sid == seg.segment_id}
+            alloc = dict(seg.allocator.extents())
+            if mine != alloc:
+                leaked = sorted(set(alloc) - set(mine))[:5]
+                dangling = sorted(set(mine) - set(alloc))[:5]
+                raise AssertionError(
+                    f"{seg!r}: allocator and objects disagree (leaked {leaked}, dangling {dangling})"
+                )
+            if seg.used_bytes != sum(mine.values()):
+                raise AssertionError(f"{seg!r}: used {seg.used_bytes} != sum of live extents")
+            if seg.object_count != per_seg.get(seg.segment_id, 0):
+                raise AssertionError(f"{seg!r}: object_count {seg.object_count} != "
+                                     f"{per_seg.get(seg.segment_id, 0)} live extents")
+            if seg.used_bytes + seg.free_bytes != seg.capacity_bytes:
+                raise AssertionError(f"{seg!r}: used + free != capacity")
+        for sid in per_seg:
+            if not self._segments[sid].mounted:
+                raise AssertionError(f"an object still has a replica in unmounted segment {sid}")
+        if len(self._keys) != len(self._objects) or any(k not in self._objects for k in self._keys):
+            raise AssertionError("key index and committed objects disagree")
+        counts: dict[int, int] = {}
+        for lease in self.leases.leases():
+            counts[id(lease.obj)] = counts.get(id(lease.obj), 0) + 1
+        for obj in list(self._objects.values()) + list(self._retired.values()):
+            if obj.leases != counts.get(id(obj), 0):
+                raise AssertionError(f"{obj!r}: lease count {obj.leases} != {counts.get(id(obj), 0)} leases")
+        evictable = sum(1 for o in self._objects.values() if not o.hard_pin)
+        if len(self.policy) != evictable:
+            raise AssertionError(f"eviction policy tracks {len(self.policy)} keys, {evictable} are evictable")
+        for client in self._clients.values():
+            for token, obj in client.puts.items():
+                if self._puts.get(token) is not obj:
+                    raise AssertionError(f"client {client.client_id} lists dead put {token}")
+
+    def invariant_violation(self) -> str:
+        """"" when :meth:`check_invariants` passes, else its one-line message."""
+        try:
+            self.check_invariants()
+        except AssertionError as exc:
+            return str(exc) or "invariant violated"
+        return ""
