@@ -21,12 +21,15 @@ import xxhash
 from cxlkv.errors import InvalidArgument, OutOfRange, RegionError
 from cxlkv.transport import (
     CACHE_LINE_BYTES,
+    COPY_KERNEL,
     DAX_ALIGN_BYTES,
     FLUSH_INSTRUCTION,
     INVALIDATE_INSTRUCTION,
     PAGE_BYTES,
     Region,
     checksum_buffer,
+    cxlkv_set_stream_threshold_bytes,
+    cxlkv_stream_threshold_bytes,
 )
 
 MiB = 1 << 20
@@ -266,6 +269,49 @@ def test_non_contiguous_and_non_buffers_refused(region):
         region.copy_in_many([0], [42])
     with pytest.raises(InvalidArgument, match="offset must be an int"):
         region.copy_in(1.5, b"x")  # type: ignore[arg-type]
+
+
+# -- copy kernels ------------------------------------------------------------------
+
+@pytest.fixture
+def small_stream_threshold():
+    """Route copies of >= 4 KiB through the streaming kernel, restoring it after."""
+    old = cxlkv_stream_threshold_bytes()
+    cxlkv_set_stream_threshold_bytes(4096)
+    yield cxlkv_stream_threshold_bytes()
+    cxlkv_set_stream_threshold_bytes(old)
+
+
+def test_copy_kernel_reported():
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert COPY_KERNEL in ("avx2-nt", "sse2-nt")
+        assert cxlkv_stream_threshold_bytes() == 16 * MiB
+    else:
+        assert COPY_KERNEL == "memmove" and cxlkv_stream_threshold_bytes() == 0
+
+
+def test_streaming_kernel_exact_at_every_alignment(region, small_stream_threshold):
+    rng = np.random.default_rng(7)
+    data = rng.integers(0, 256, 3 * 65536, dtype=np.uint8)
+    for src_mis, dst_mis, n in [(0, 0, 65536), (1, 0, 65537), (0, 63, 4096 + 5), (17, 33, 100_003), (63, 1, 130_000)]:
+        region.copy_in(0, bytes(256 * 1024))
+        src = data[src_mis : src_mis + n]
+        region.copy_in(4096 + dst_mis, src)
+        assert region.read(4096 + dst_mis - 1, 1) == b"\0"  # no byte before
+        assert region.read(4096 + dst_mis + n, 1) == b"\0"  # no byte after
+        out = np.zeros(n + 128, np.uint8)
+        region.copy_out(4096 + dst_mis, out[src_mis : src_mis + n])
+        assert np.array_equal(out[src_mis : src_mis + n], src)
+        assert not out[:src_mis].any() and not out[src_mis + n :].any()
+
+
+def test_overlapping_copy_is_memmove(region, small_stream_threshold):
+    pattern = np.arange(65536, dtype=np.uint32).tobytes()  # 256 KiB
+    region.copy_in(0, pattern)
+    region.copy_in(100, region.view(0, len(pattern)))  # source overlaps destination
+    assert region.read(100, len(pattern)) == pattern
+    region.copy_out(100, region.view(92, len(pattern)))  # destination overlaps source
+    assert region.read(92, len(pattern)) == pattern
 
 
 # -- batched copies --------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 The C core (``_transport``, built by cffi from ``cxlkv_transport.h`` /
 ``cxlkv_transport.c``) maps a DAX device or a file ``MAP_SHARED`` and does
-bounds-checked copies (single and batched, GIL released), cache-line flush and
+bounds-checked copies (single and batched, GIL released; large copies use
+non-temporal stores), cache-line flush and
 invalidate (CLWB / CLFLUSHOPT / CLFLUSH chosen at run time) and prefaulting.
 :mod:`cxlkv.transport.bindings` wraps each C function thinly;
 :class:`Region` is the API the daemon and tools use::
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from cxlkv.transport.bindings import (
     CACHE_LINE_BYTES,
+    COPY_KERNEL,
     DAX_ALIGN_BYTES,
     FLUSH_INSTRUCTION,
     INVALIDATE_INSTRUCTION,
@@ -38,6 +40,8 @@ from cxlkv.transport.bindings import (
     cxlkv_map,
     cxlkv_prefault,
     cxlkv_retire,
+    cxlkv_set_stream_threshold_bytes,
+    cxlkv_stream_threshold_bytes,
     cxlkv_unmap,
 )
 from cxlkv.transport.region import CHECKSUM_ALGORITHM, Region, checksum_buffer
@@ -51,6 +55,9 @@ __all__ = [
     "DAX_ALIGN_BYTES",
     "FLUSH_INSTRUCTION",
     "INVALIDATE_INSTRUCTION",
+    "COPY_KERNEL",
+    "cxlkv_stream_threshold_bytes",
+    "cxlkv_set_stream_threshold_bytes",
     "cxlkv_map",
     "cxlkv_unmap",
     "cxlkv_retire",

@@ -36,6 +36,9 @@ __all__ = [
     "DAX_ALIGN_BYTES",
     "FLUSH_INSTRUCTION",
     "INVALIDATE_INSTRUCTION",
+    "COPY_KERNEL",
+    "cxlkv_stream_threshold_bytes",
+    "cxlkv_set_stream_threshold_bytes",
     "cxlkv_map",
     "cxlkv_unmap",
     "cxlkv_retire",
@@ -71,6 +74,9 @@ DAX_ALIGN_BYTES: int = int(lib.CXLKV_DAX_ALIGN_BYTES)
 FLUSH_INSTRUCTION: str = ffi.string(lib.cxlkv_flush_instruction()).decode()
 #: Invalidate instruction chosen at load: "clflushopt", "clflush", "dc civac" or "none".
 INVALIDATE_INSTRUCTION: str = ffi.string(lib.cxlkv_invalidate_instruction()).decode()
+#: Kernel for large copies chosen at load: "avx2-nt" / "sse2-nt" (non-temporal
+#: stores, x86-64) or "memmove".
+COPY_KERNEL: str = ffi.string(lib.cxlkv_copy_kernel()).decode()
 
 # Cached attribute lookups for the per-call fast path.
 _from_buffer = ffi.from_buffer
@@ -157,6 +163,24 @@ def _raise_many(r: Handle, rc: int, op: str, bad: int, n: int) -> NoReturn:
             "or its buffer; nothing was copied"
         )
     raise InvalidArgument(f"{op}: invalid argument at extent #{bad} (status {rc})")
+
+
+def cxlkv_stream_threshold_bytes() -> int:
+    """Copies of at least this many bytes use :data:`COPY_KERNEL` (non-temporal
+    stores, bypassing the cache); 0 when no such kernel is in use. Default 16 MiB."""
+    return int(lib.cxlkv_stream_threshold_bytes())
+
+
+def cxlkv_set_stream_threshold_bytes(size_bytes: int) -> None:
+    """Set the streaming-copy threshold in bytes, process-wide (0 disables it;
+    values under 4096 become 4096). Set it before copies start.
+
+    Raises:
+        InvalidArgument: ``size_bytes`` negative or over 2**64 - 1.
+    """
+    if not 0 <= size_bytes < 1 << 64:
+        raise InvalidArgument(f"stream threshold must be in [0, 2**64) bytes, got {size_bytes}")
+    lib.cxlkv_set_stream_threshold_bytes(size_bytes)
 
 
 # -- mapping -------------------------------------------------------------------

@@ -17,7 +17,10 @@
  *   - functions return a cxlkv_status value (0 = success); none of them
  *     aborts or raises a signal on bad arguments;
  *   - functions never take a lock: callers serialise cxlkv_unmap() against
- *     the other calls on the same region.
+ *     the other calls on the same region;
+ *   - copies have memmove semantics (a source overlapping its destination,
+ *     e.g. a view of the region itself, is copied correctly) and their stores
+ *     are globally visible, in order, when the function returns.
  */
 #ifndef CXLKV_TRANSPORT_H
 #define CXLKV_TRANSPORT_H
@@ -142,6 +145,18 @@ void cxlkv_fence(void);
  */
 int cxlkv_prefault(const cxlkv_region_t *r, uint64_t offset, uint64_t length,
                    int *err_errno);
+
+/*
+ * Copies of at least this many bytes use the streaming kernel (non-temporal
+ * stores that bypass the cache, then SFENCE) where the CPU has one; smaller
+ * copies use memmove. Default 16 MiB on x86-64; 0 disables the kernel.
+ * Process-wide; set it before copies start.
+ */
+uint64_t cxlkv_stream_threshold_bytes(void);
+void cxlkv_set_stream_threshold_bytes(uint64_t bytes);
+
+/* Name of the large-copy kernel chosen at run time ("avx2-nt", "sse2-nt", "memmove"). */
+const char *cxlkv_copy_kernel(void);
 
 /* Cache line size in bytes used by flush/invalidate. */
 uint64_t cxlkv_cache_line_bytes(void);
