@@ -1,0 +1,327 @@
+"""ClientService as coroutines over protobuf messages, shared by both front-ends.
+
+Each method of :class:`ClientApi` is named like its RPC in client.proto, takes the
+request message and returns the response message; a failed single-item call
+raises the :class:`~cxlkv.errors.CxlkvError` it stands for, a batch call answers
+per position. The gRPC servicer and the lean server only move these messages
+on and off their sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from cxlkv import __version__
+from cxlkv.clientd.buffers import BufferRegistry, SharedBuffer
+from cxlkv.clientd.core import ClientdCore, PutSpec, ReadTarget
+from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument, TooLarge, error_for
+from cxlkv.keys import validate_key
+from cxlkv.v1 import client_pb2, common_pb2
+
+if TYPE_CHECKING:
+    from cxlkv.config import ClientdConfig
+
+__all__ = ["ClientApi", "MAX_LIST_PAGE"]
+
+log = logging.getLogger(__name__)
+
+#: Largest List page, in entries.
+MAX_LIST_PAGE = 10_000
+
+_Status = common_pb2.Status
+_PutResult = client_pb2.PutResult
+_GetResult = client_pb2.GetResult
+_GetIntoResult = client_pb2.GetIntoResult
+
+
+def _raise_put(result: client_pb2.PutResult, key: str) -> None:
+    if result.status.code:
+        raise error_for(result.status.code, result.status.message, key=key)
+
+
+class ClientApi:
+    """The ClientService methods.
+
+    Args:
+        cfg: daemon configuration.
+        core: the protocols.
+        buffers: the shared-buffer registry.
+        metrics_url: reported by Stat.
+
+    Thread-safety: event-loop confined.
+    """
+
+    def __init__(self, cfg: "ClientdConfig", core: ClientdCore, buffers: BufferRegistry, *, metrics_url: str = "") -> None:
+        self.cfg = cfg
+        self.core = core
+        self.buffers = buffers
+        self.metrics_url = metrics_url
+        self.started = time.monotonic()
+        self.max_inline_bytes = cfg.max_inline_bytes
+        self._hostname = socket.gethostname()
+
+    # -- inline values ------------------------------------------------------
+    def _inline_spec(self, req: client_pb2.PutRequest, upsert: bool) -> PutSpec | client_pb2.PutResult:
+        value = req.value
+        if len(value) > self.max_inline_bytes:
+            return _PutResult(status=_Status(code=int(ErrorCode.TOO_LARGE), message=(
+                f"inline value of {len(value)} bytes is over the limit of {self.max_inline_bytes} "
+                "bytes: use PutFrom with a shared buffer")))
+        opts = req.options if req.HasField("options") else None
+        if upsert:
+            opts = _with_upsert(opts)
+        return PutSpec(req.key, len(value), opts, value, 0)
+
+    async def _put_specs(self, items: list[PutSpec | client_pb2.PutResult]) -> list[client_pb2.PutResult]:
+        specs = [s for s in items if isinstance(s, PutSpec)]
+        done = await self.core.put(specs) if specs else []
+        if len(specs) == len(items):
+            return done
+        out: list[client_pb2.PutResult] = []
+        it = iter(done)
+        for s in items:
+            out.append(next(it) if isinstance(s, PutSpec) else s)
+        return out
+
+    async def _put_one(self, req: client_pb2.PutRequest, upsert: bool) -> client_pb2.PutResponse:
+        spec = self._inline_spec(req, upsert)
+        if not isinstance(spec, PutSpec):
+            raise TooLarge(spec.status.message, key=req.key, requested_bytes=len(req.value))
+        (r,) = await self.core.put([spec])
+        _raise_put(r, req.key)
+        return client_pb2.PutResponse(version=r.version, replicas_placed=r.replicas_placed)
+
+    async def Put(self, req: client_pb2.PutRequest) -> client_pb2.PutResponse:
+        """Put an inline value. Raises ALREADY_EXISTS, TOO_LARGE, NO_SPACE, INVALID_KEY, …"""
+        return await self._put_one(req, upsert=False)
+
+    async def Upsert(self, req: client_pb2.PutRequest) -> client_pb2.PutResponse:
+        """Put with ``options.upsert = true``."""
+        return await self._put_one(req, upsert=True)
+
+    async def BatchPut(self, req: client_pb2.BatchPutRequest) -> client_pb2.BatchPutResponse:
+        """Put inline values; one result per item."""
+        results = await self._put_specs([self._inline_spec(it, False) for it in req.items])
+        return client_pb2.BatchPutResponse(results=results)
+
+    async def Get(self, req: client_pb2.GetRequest) -> client_pb2.GetResponse:
+        """Read a value inline. Raises NOT_FOUND, TOO_LARGE (``requested_bytes`` = value size), …"""
+        (o,) = await self.core.get([req.key], [None])
+        if o.code:
+            raise o.error(req.key)
+        return client_pb2.GetResponse(value=o.value or b"", version=o.version)
+
+    async def BatchGet(self, req: client_pb2.BatchGetRequest) -> client_pb2.BatchGetResponse:
+        """Read values inline; one result per key."""
+        keys = list(req.keys)
+        outs = await self.core.get(keys, [None] * len(keys))
+        return client_pb2.BatchGetResponse(results=[
+            _GetResult(status=_Status(code=o.code, message=o.message)) if o.code
+            else _GetResult(value=o.value or b"", version=o.version)
+            for o in outs
+        ])
+
+    # -- existence and removal ----------------------------------------------
+    async def Exist(self, req: client_pb2.ExistRequest) -> client_pb2.ExistResponse:
+        """Whether a key is committed. Raises INVALID_KEY."""
+        validate_key(req.key)
+        ((exists, st),) = await self.core.exist([req.key])
+        if st.code:
+            raise error_for(st.code, st.message, key=req.key)
+        return client_pb2.ExistResponse(exists=exists)
+
+    async def BatchExist(self, req: client_pb2.BatchExistRequest) -> client_pb2.BatchExistResponse:
+        """Existence of each key; invalid keys answer false with INVALID_KEY."""
+        res = await self.core.exist(list(req.keys))
+        return client_pb2.BatchExistResponse(exists=[e for e, _ in res], results=[s for _, s in res])
+
+    async def Remove(self, req: client_pb2.ClientRemoveRequest) -> client_pb2.ClientRemoveResponse:
+        """Remove a key. Raises NOT_FOUND, HAS_LEASE (without force), INVALID_KEY."""
+        validate_key(req.key)
+        (st,) = await self.core.remove([req.key], req.force)
+        if st.code:
+            raise error_for(st.code, st.message, key=req.key)
+        return client_pb2.ClientRemoveResponse()
+
+    async def BatchRemove(self, req: client_pb2.ClientBatchRemoveRequest) -> client_pb2.ClientBatchRemoveResponse:
+        """Remove keys; one status per key."""
+        return client_pb2.ClientBatchRemoveResponse(results=await self.core.remove(list(req.keys), req.force))
+
+    async def RemoveAll(self, req: client_pb2.ClientRemoveAllRequest) -> client_pb2.ClientRemoveAllResponse:
+        """Remove every committed object (or those matching ``regex``)."""
+        r = await self.core.remove_all(req.force, req.regex)
+        return client_pb2.ClientRemoveAllResponse(removed=r.removed, skipped_leased=r.skipped_leased)
+
+    # -- shared buffers -----------------------------------------------------
+    async def RegisterBuffer(self, req: client_pb2.RegisterBufferRequest) -> client_pb2.RegisterBufferResponse:
+        """Map a caller's /dev/shm file. Raises INVALID_ARGUMENT with the reason."""
+        buf = self.buffers.register(req.path, req.size_bytes, req.pid)
+        return client_pb2.RegisterBufferResponse(buffer_id=buf.buffer_id)
+
+    async def UnregisterBuffer(self, req: client_pb2.UnregisterBufferRequest) -> client_pb2.UnregisterBufferResponse:
+        """Drop a buffer. Raises UNKNOWN_BUFFER."""
+        self.buffers.unregister(req.buffer_id)
+        return client_pb2.UnregisterBufferResponse()
+
+    async def PutFrom(self, req: client_pb2.PutFromRequest) -> client_pb2.PutFromResponse:
+        """Put ``source`` bytes of a shared buffer. Raises UNKNOWN_BUFFER, OUT_OF_RANGE, …"""
+        src = req.source
+        buf = self.buffers.acquire(src.buffer_id, src.offset_bytes, src.length_bytes)
+        try:
+            opts = req.options if req.HasField("options") else None
+            (r,) = await self.core.put([PutSpec(req.key, src.length_bytes, opts, buf.view, src.offset_bytes)])
+        finally:
+            self.buffers.release(buf)
+        _raise_put(r, req.key)
+        return client_pb2.PutFromResponse(version=r.version, replicas_placed=r.replicas_placed)
+
+    async def BatchPutFrom(self, req: client_pb2.BatchPutFromRequest) -> client_pb2.BatchPutFromResponse:
+        """Put many buffer ranges; one result per item (bad ranges fail only their item)."""
+        held: list[SharedBuffer] = []
+        items: list[PutSpec | client_pb2.PutResult] = []
+        try:
+            for it in req.items:
+                src = it.source
+                try:
+                    buf = self.buffers.acquire(src.buffer_id, src.offset_bytes, src.length_bytes)
+                except CxlkvError as exc:
+                    items.append(_PutResult(status=exc.to_status()))
+                    continue
+                held.append(buf)
+                opts = it.options if it.HasField("options") else None
+                items.append(PutSpec(it.key, src.length_bytes, opts, buf.view, src.offset_bytes))
+            results = await self._put_specs(items)
+        finally:
+            for buf in held:
+                self.buffers.release(buf)
+        return client_pb2.BatchPutFromResponse(results=results)
+
+    async def GetInto(self, req: client_pb2.GetIntoRequest) -> client_pb2.GetIntoResponse:
+        """Copy a value into a buffer range. Raises NOT_FOUND, OUT_OF_RANGE (value larger
+        than the range; ``requested_bytes`` = value size), UNKNOWN_BUFFER, …"""
+        t = req.target
+        buf = self.buffers.acquire(t.buffer_id, t.offset_bytes, t.length_bytes)
+        try:
+            (o,) = await self.core.get([req.key], [ReadTarget(buf.view, t.offset_bytes, t.length_bytes)])
+        finally:
+            self.buffers.release(buf)
+        if o.code:
+            raise o.error(req.key)
+        return client_pb2.GetIntoResponse(value_size_bytes=o.size, version=o.version)
+
+    async def BatchGetInto(self, req: client_pb2.BatchGetIntoRequest) -> client_pb2.BatchGetIntoResponse:
+        """Copy many values into buffer ranges; one result per item."""
+        held: list[SharedBuffer] = []
+        n = len(req.items)
+        results: list[client_pb2.GetIntoResult | None] = [None] * n
+        keys: list[str] = []
+        targets: list[ReadTarget | None] = []
+        positions: list[int] = []
+        try:
+            for i, it in enumerate(req.items):
+                t = it.target
+                try:
+                    buf = self.buffers.acquire(t.buffer_id, t.offset_bytes, t.length_bytes)
+                except CxlkvError as exc:
+                    results[i] = _GetIntoResult(status=exc.to_status())
+                    continue
+                held.append(buf)
+                keys.append(it.key)
+                targets.append(ReadTarget(buf.view, t.offset_bytes, t.length_bytes))
+                positions.append(i)
+            outs = await self.core.get(keys, targets) if keys else []
+        finally:
+            for buf in held:
+                self.buffers.release(buf)
+        for i, o in zip(positions, outs):
+            results[i] = (_GetIntoResult(status=_Status(code=o.code, message=o.message)) if o.code
+                          else _GetIntoResult(value_size_bytes=o.size, version=o.version))
+        return client_pb2.BatchGetIntoResponse(results=results)
+
+    async def GetPrefixInto(self, req: client_pb2.GetPrefixIntoRequest) -> client_pb2.GetPrefixIntoResponse:
+        """Longest cached prefix of the items' keys, copied into their targets.
+
+        Raises:
+            UNKNOWN_BUFFER / OUT_OF_RANGE: a target is not a valid buffer range
+                (checked for every item before anything is read).
+            INVALID_KEY: a key is invalid.
+            OUT_OF_RANGE: a matched value is larger than its target.
+        """
+        held: list[SharedBuffer] = []
+        try:
+            keys: list[str] = []
+            targets: list[ReadTarget] = []
+            for it in req.items:
+                t = it.target
+                buf = self.buffers.acquire(t.buffer_id, t.offset_bytes, t.length_bytes)
+                held.append(buf)
+                keys.append(it.key)
+                targets.append(ReadTarget(buf.view, t.offset_bytes, t.length_bytes))
+            matched, outs = await self.core.get_prefix(keys, targets)
+        finally:
+            for buf in held:
+                self.buffers.release(buf)
+        return client_pb2.GetPrefixIntoResponse(matched=matched, results=[
+            _GetIntoResult(value_size_bytes=o.size, version=o.version) for o in outs
+        ])
+
+    # -- inspection ---------------------------------------------------------
+    async def Stat(self, req: client_pb2.ClientStatRequest) -> client_pb2.ClientStatResponse:
+        """The daemon's state, with the master's key count and space when reachable."""
+        link = self.core.link
+        n_buffers, buffer_bytes = self.buffers.stats()
+        counters = dict(self.core.counters)
+        for c in link.coalescers():
+            counters[f"master_calls.{c.name}"] = c.calls
+            counters[f"master_items.{c.name}"] = c.items
+        resp = client_pb2.ClientStatResponse(
+            client_id=link.client_id,
+            epoch=link.epoch,
+            hostname=self._hostname,
+            name=self.cfg.name,
+            master_connected=link.connected,
+            master_address=link.address,
+            segments=link.segments,
+            buffers_registered=n_buffers,
+            buffer_bytes=buffer_bytes,
+            counters={k: int(v) for k, v in counters.items()},
+            version=__version__,
+            metrics_url=self.metrics_url,
+            uptime_s=time.monotonic() - self.started,
+        )
+        try:
+            ms = await self.core.master_stat()
+        except CxlkvError as exc:
+            log.debug("Stat: master unreachable: %s", exc.message)
+            resp.master_connected = False
+            return resp
+        resp.master_connected = True
+        resp.key_count = ms.key_count
+        resp.capacity_bytes = ms.capacity_bytes
+        resp.used_bytes = ms.used_bytes
+        del resp.segments[:]
+        resp.segments.extend(ms.segments)
+        return resp
+
+    async def List(self, req: client_pb2.ListRequest) -> client_pb2.ListResponse:
+        """One page of committed keys in key order. Raises INVALID_ARGUMENT (page size, token)."""
+        if req.page_size > MAX_LIST_PAGE:
+            raise InvalidArgument(f"page_size {req.page_size} is over the limit of {MAX_LIST_PAGE}")
+        r = await self.core.list_keys(req.prefix, req.page_size, req.page_token)
+        return client_pb2.ListResponse(
+            entries=[client_pb2.ListEntry(key=e.key, value_size_bytes=e.value_size_bytes,
+                                          version=e.version, replica_count=e.replica_count)
+                     for e in r.entries],
+            next_page_token=r.next_page_token,
+        )
+
+
+def _with_upsert(opts: common_pb2.PutOptions | None) -> common_pb2.PutOptions:
+    out = common_pb2.PutOptions()
+    if opts is not None:
+        out.CopyFrom(opts)
+    out.upsert = True
+    return out

@@ -1,0 +1,170 @@
+"""Group commit for master calls: coalesce concurrent callers into one batch call.
+
+The master's cost per gRPC call (hundreds of microseconds in Python) dwarfs its
+cost per key, so clientd gathers the items of every concurrent caller into one
+batch call per kind (BatchPutStart, BatchPutEnd, BatchGetReplicaList, …), the way
+a database groups commits:
+
+* an idle :class:`Coalescer` sends at once (on the next turn of the event loop,
+  so callers that arrive in the same turn share the call) — a lone caller pays
+  no added latency;
+* while ``max_in_flight`` calls of its kind are outstanding, new items queue;
+  when one returns, everything queued goes out in the next call (up to
+  ``max_items`` per call).
+
+Each :meth:`Coalescer.submit` carries a list of items and gets back the list of
+their results, in order; a caller's items are never split across calls, so one
+caller's batch keeps its atomicity with respect to the master's ordering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Awaitable, Callable, Generic, Sequence, TypeVar
+
+__all__ = ["Coalescer"]
+
+log = logging.getLogger(__name__)
+
+I = TypeVar("I")
+R = TypeVar("R")
+
+
+class Coalescer(Generic[I, R]):
+    """Coalesces concurrent :meth:`submit` calls into batched ``send`` calls.
+
+    Args:
+        name: the kind of call, for logs and stats (e.g. ``"BatchPutStart"``).
+        send: ``async send(items) -> results``, one result per item in order. An
+            exception fails every submitter of that call.
+        max_items: most items in one ``send`` (a single larger submission still
+            goes out whole, alone).
+        max_in_flight: most concurrent ``send`` calls of this kind.
+
+    Thread-safety: event-loop confined (call from the loop's thread only).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        send: Callable[[list[I]], Awaitable[Sequence[R]]],
+        *,
+        max_items: int = 4096,
+        max_in_flight: int = 1,
+    ) -> None:
+        if max_items < 1 or max_in_flight < 1:
+            raise ValueError("max_items and max_in_flight must be >= 1")
+        self.name = name
+        self._send = send
+        self._max_items = max_items
+        self._max_in_flight = max_in_flight
+        self._queue: deque[tuple[list[I], asyncio.Future[Sequence[R]]]] = deque()
+        self._in_flight = 0
+        self._scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Calls sent so far.
+        self.calls = 0
+        #: Items sent so far (``items / calls`` is the mean batch size).
+        self.items = 0
+
+    @property
+    def in_flight(self) -> int:
+        """``send`` calls outstanding now."""
+        return self._in_flight
+
+    @property
+    def queued(self) -> int:
+        """Submissions waiting for the next call."""
+        return len(self._queue)
+
+    async def submit(self, items: list[I]) -> Sequence[R]:
+        """Queue ``items`` for the next call of this kind and wait for their results.
+
+        Returns:
+            One result per item, in order.
+
+        Raises:
+            Exception: whatever ``send`` raised for the call carrying these items.
+        """
+        if not items:
+            return []
+        fut: asyncio.Future[Sequence[R]] = asyncio.get_running_loop().create_future()
+        self._queue.append((items, fut))
+        self._kick()
+        return await fut
+
+    def _kick(self) -> None:
+        if not self._scheduled and self._queue and self._in_flight < self._max_in_flight:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._launch)
+
+    def _launch(self) -> None:
+        self._scheduled = False
+        while self._queue and self._in_flight < self._max_in_flight:
+            entries: list[tuple[list[I], asyncio.Future[Sequence[R]]]] = []
+            n = 0
+            while self._queue:
+                items, fut = self._queue[0]
+                if fut.done():  # the submitter was cancelled before we sent
+                    self._queue.popleft()
+                    continue
+                if entries and n + len(items) > self._max_items:
+                    break
+                self._queue.popleft()
+                entries.append((items, fut))
+                n += len(items)
+            if not entries:
+                return
+            self._in_flight += 1
+            task = asyncio.get_running_loop().create_task(self._run(entries, n))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, entries: list[tuple[list[I], asyncio.Future[Sequence[R]]]], n: int) -> None:
+        try:
+            if len(entries) == 1:
+                flat = entries[0][0]
+            else:
+                flat = [item for items, _ in entries for item in items]
+            self.calls += 1
+            self.items += n
+            try:
+                results = await self._send(flat)
+            except BaseException as exc:  # noqa: BLE001 - handed to every submitter
+                for _, fut in entries:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                return
+            if len(results) != n:
+                err = RuntimeError(f"{self.name}: {len(results)} results for {n} items")
+                for _, fut in entries:
+                    if not fut.done():
+                        fut.set_exception(err)
+                return
+            if len(entries) == 1:
+                fut = entries[0][1]
+                if not fut.done():
+                    fut.set_result(results)
+                return
+            pos = 0
+            for items, fut in entries:
+                k = len(items)
+                if not fut.done():
+                    fut.set_result(results[pos:pos + k])
+                pos += k
+        finally:
+            self._in_flight -= 1
+            self._kick()
+
+    async def drain(self) -> None:
+        """Wait until nothing is queued or in flight (used at shutdown)."""
+        while self._queue or self._in_flight or self._tasks:
+            tasks = list(self._tasks)
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            else:
+                await asyncio.sleep(0)

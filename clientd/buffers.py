@@ -1,0 +1,295 @@
+"""Shared buffers: application memory the daemon maps for zero-copy puts and gets.
+
+An SDK creates a file under ``/dev/shm``, sizes it, maps it, and names it in
+RegisterBuffer (path, size, pid). The daemon checks the file and maps it
+``MAP_SHARED``; the SDK then unlinks the file, so nothing is left behind even if
+either process crashes (the memory lives as long as one mapping does). A buffer
+is dropped on UnregisterBuffer or once its owning process has exited (checked
+periodically with the process start time, so a recycled pid is not mistaken
+for the owner).
+
+Why a ``/dev/shm`` file rather than a memfd passed over ``SCM_RIGHTS``: gRPC
+cannot carry file descriptors, and the API must be the same on both framings
+and in every language; a path is a plain string field. docs/clientd.md has the
+full discussion.
+
+Every access names ``(buffer_id, offset_bytes, length_bytes)`` and is checked
+here before any byte moves: unknown ids → :class:`UnknownBuffer`, ranges outside
+the buffer → :class:`OutOfRange`. Buffers in use by a copy are reference-counted,
+so an UnregisterBuffer during a copy unmaps only when the copy is done.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import os
+import secrets
+import stat
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cxlkv.errors import InvalidArgument, OutOfRange, UnknownBuffer
+
+__all__ = ["SHM_DIR", "SharedBuffer", "BufferRegistry", "process_start_time"]
+
+log = logging.getLogger(__name__)
+
+#: The only directory shared buffers may live in.
+SHM_DIR = Path("/dev/shm")
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot, or ``None`` if it is gone.
+
+    Read from ``/proc/<pid>/stat`` (field 22); together with the pid it names a
+    process uniquely across pid reuse.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may contain spaces.
+    rest = data[data.rfind(b")") + 2:].split()
+    try:
+        return int(rest[19])  # field 22 overall; rest starts at field 3
+    except (IndexError, ValueError):
+        return None
+
+
+def _shared_read_write(mode: int) -> bool:
+    """Whether a file's owner shared it read-write with its group or with everyone."""
+    group = stat.S_IRGRP | stat.S_IWGRP
+    other = stat.S_IROTH | stat.S_IWOTH
+    return (mode & group) == group or (mode & other) == other
+
+
+@dataclass(eq=False)
+class SharedBuffer:
+    """One mapped shared buffer.
+
+    Attributes:
+        buffer_id: the id handed to the application (random, not guessable).
+        path: the file it was registered from (it is usually unlinked since).
+        size_bytes: mapped length.
+        pid: owning process (0: never reaped automatically).
+        pid_start_time: the owner's start time (clock ticks), to detect pid reuse.
+        view: writable memoryview over the whole mapping.
+    """
+
+    buffer_id: int
+    path: str
+    size_bytes: int
+    pid: int
+    pid_start_time: int | None
+    view: memoryview
+    _mm: mmap.mmap | None = field(repr=False, default=None)
+    _refs: int = 0
+    _dead: bool = False
+
+    def check_range(self, offset_bytes: int, length_bytes: int) -> None:
+        """Check that ``[offset, offset + length)`` lies inside the buffer.
+
+        Raises:
+            OutOfRange: it does not (the message gives the buffer size).
+        """
+        if offset_bytes < 0 or length_bytes < 0 or offset_bytes > self.size_bytes \
+                or length_bytes > self.size_bytes - offset_bytes:
+            raise OutOfRange(
+                f"range [{offset_bytes}, {offset_bytes}+{length_bytes}) is outside buffer "
+                f"{self.buffer_id} of {self.size_bytes} bytes"
+            )
+
+    def _unmap(self) -> None:
+        self.view.release()
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:  # a stray export; the mapping goes with the object
+                log.warning("buffer %d still exported at unmap; left to the GC", self.buffer_id)
+            self._mm = None
+
+
+class BufferRegistry:
+    """The registered shared buffers of one daemon.
+
+    Args:
+        max_buffers: most buffers registered at once (a runaway client cannot
+            exhaust the daemon's address space or file descriptors).
+        shm_dir: the directory buffers must live in (tests may point elsewhere).
+
+    Thread-safety: every method may be called from any thread (one lock); copies
+    hold a reference (:meth:`acquire` / :meth:`release`) while they run in the
+    copy thread pool.
+    """
+
+    def __init__(self, *, max_buffers: int = 4096, shm_dir: Path = SHM_DIR) -> None:
+        self._buffers: dict[int, SharedBuffer] = {}
+        self._lock = threading.Lock()
+        self._max_buffers = max_buffers
+        self._shm_dir = Path(os.path.realpath(shm_dir))
+        self._uid = os.geteuid()
+
+    # -- registration -------------------------------------------------------
+    def register(self, path: str, size_bytes: int, pid: int) -> SharedBuffer:
+        """Map the shared-memory file ``path`` of ``size_bytes`` bytes owned by ``pid``.
+
+        Args:
+            path: absolute path of a regular file under ``/dev/shm``.
+            size_bytes: the file's size; must match exactly and be > 0.
+            pid: the owning process (0: kept until UnregisterBuffer).
+
+        Returns:
+            The new buffer (its id is what the application passes in later calls).
+
+        Raises:
+            InvalidArgument: bad path (not absolute, outside /dev/shm, a symlink, not
+                a regular file, missing, not accessible), size mismatch or 0,
+                owner pid not running, or too many buffers.
+        """
+        if not isinstance(path, str) or not path or "\x00" in path:
+            raise InvalidArgument("buffer path must be a non-empty string without NUL")
+        if not os.path.isabs(path):
+            raise InvalidArgument(f"buffer path {path!r} must be absolute")
+        if size_bytes <= 0:
+            raise InvalidArgument(f"buffer size must be > 0 bytes, got {size_bytes}")
+        parent = Path(os.path.realpath(os.path.dirname(path)))
+        if parent != self._shm_dir:
+            raise InvalidArgument(f"buffer path {path!r} must name a file directly under {self._shm_dir}")
+        start_time = None
+        if pid:
+            start_time = process_start_time(pid)
+            if start_time is None:
+                raise InvalidArgument(f"buffer owner pid {pid} is not running")
+        with self._lock:
+            if len(self._buffers) >= self._max_buffers:
+                raise InvalidArgument(f"too many shared buffers registered (limit {self._max_buffers})")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise InvalidArgument(f"buffer file {path} does not exist") from None
+        except PermissionError:
+            raise InvalidArgument(f"buffer file {path}: permission denied (the daemon needs read and write)") from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise InvalidArgument(f"buffer file {path} is a symbolic link") from None
+            raise InvalidArgument(f"buffer file {path}: {exc.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise InvalidArgument(f"buffer file {path} is not a regular file")
+            if st.st_uid != self._uid and not _shared_read_write(st.st_mode):
+                raise InvalidArgument(
+                    f"buffer file {path} is owned by uid {st.st_uid} and not shared read-write with the daemon"
+                )
+            if st.st_size != size_bytes:
+                raise InvalidArgument(
+                    f"buffer file {path} is {st.st_size} bytes, RegisterBuffer said {size_bytes}"
+                )
+            try:
+                mm = mmap.mmap(fd, size_bytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            except (OSError, ValueError, OverflowError) as exc:
+                raise InvalidArgument(f"cannot map buffer file {path}: {exc}") from None
+        finally:
+            os.close(fd)
+        with self._lock:
+            if len(self._buffers) >= self._max_buffers:
+                mm.close()
+                raise InvalidArgument(f"too many shared buffers registered (limit {self._max_buffers})")
+            buffer_id = secrets.randbits(63) or 1
+            while buffer_id in self._buffers:
+                buffer_id = secrets.randbits(63) or 1
+            buf = SharedBuffer(buffer_id, path, size_bytes, pid, start_time, memoryview(mm), mm)
+            self._buffers[buffer_id] = buf
+        log.debug("registered buffer %d: %s (%d bytes, pid %d)", buffer_id, path, size_bytes, pid)
+        return buf
+
+    def unregister(self, buffer_id: int) -> None:
+        """Drop a buffer; it is unmapped once no copy uses it.
+
+        Raises:
+            UnknownBuffer: never registered or already dropped.
+        """
+        with self._lock:
+            buf = self._buffers.pop(buffer_id, None)
+            if buf is None:
+                raise UnknownBuffer(f"unknown buffer id {buffer_id}")
+            buf._dead = True
+            unmap = buf._refs == 0
+        if unmap:
+            buf._unmap()
+        log.debug("unregistered buffer %d", buffer_id)
+
+    # -- use ----------------------------------------------------------------
+    def acquire(self, buffer_id: int, offset_bytes: int, length_bytes: int) -> SharedBuffer:
+        """Look up a buffer, check a range of it and hold it mapped for a copy.
+
+        Every successful call must be paired with :meth:`release`.
+
+        Raises:
+            UnknownBuffer: the id is not registered.
+            OutOfRange: the range is not inside the buffer.
+        """
+        with self._lock:
+            buf = self._buffers.get(buffer_id)
+            if buf is None:
+                raise UnknownBuffer(f"unknown buffer id {buffer_id} (never registered, or unregistered)")
+            buf.check_range(offset_bytes, length_bytes)
+            buf._refs += 1
+            return buf
+
+    def release(self, buf: SharedBuffer) -> None:
+        """End one :meth:`acquire`; unmaps a buffer unregistered meanwhile."""
+        with self._lock:
+            buf._refs -= 1
+            unmap = buf._dead and buf._refs == 0
+        if unmap:
+            buf._unmap()
+
+    # -- housekeeping -------------------------------------------------------
+    def reap_dead_owners(self) -> list[int]:
+        """Drop every buffer whose owning process has exited.
+
+        Returns:
+            The ids dropped.
+        """
+        with self._lock:
+            owned = [(b.buffer_id, b.pid, b.pid_start_time) for b in self._buffers.values() if b.pid]
+        gone: list[int] = []
+        starts: dict[int, int | None] = {}
+        for buffer_id, pid, start in owned:
+            if pid not in starts:
+                starts[pid] = process_start_time(pid)
+            if starts[pid] != start:
+                gone.append(buffer_id)
+        for buffer_id in gone:
+            try:
+                self.unregister(buffer_id)
+            except UnknownBuffer:
+                continue
+            log.info("dropped buffer %d: its owner process has exited", buffer_id)
+        return gone
+
+    def stats(self) -> tuple[int, int]:
+        """(buffers registered, bytes mapped)."""
+        with self._lock:
+            return len(self._buffers), sum(b.size_bytes for b in self._buffers.values())
+
+    def close(self) -> None:
+        """Drop every buffer (daemon shutdown)."""
+        with self._lock:
+            ids = list(self._buffers)
+        for buffer_id in ids:
+            try:
+                self.unregister(buffer_id)
+            except UnknownBuffer:
+                continue
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._buffers)

@@ -1,0 +1,191 @@
+"""The clientd process: wires regions, master link, core and front-ends together.
+
+Start-up order:
+
+1. map every configured region and check its identity (a wrong, unformatted or
+   resized region stops the daemon: exit code 2, one line);
+2. bind the gRPC and lean sockets (a socket another live daemon serves is an
+   error; a stale one left by a crash is removed) — calls answer NOT_READY
+   until step 3 is done;
+3. register with the master (waiting for it if it is not up yet; a refusal is
+   fatal, exit code 2); then report SERVING on grpc.health and write
+   ``ready_file``.
+
+SIGTERM or SIGINT stops it: no new calls, running calls get
+:data:`SHUTDOWN_GRACE_S` to finish, pending lease releases are sent, buffers and
+regions are unmapped, sockets and the ready file removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from cxlkv.clientd.api import ClientApi
+from cxlkv.clientd.buffers import BufferRegistry
+from cxlkv.clientd.core import ClientdCore
+from cxlkv.clientd.grpc_service import GrpcFrontEnd
+from cxlkv.clientd.lean import LeanServer
+from cxlkv.clientd.master_link import MasterLink
+from cxlkv.clientd.regions import RegionSet, StartupError
+from cxlkv.config import ClientdConfig
+
+__all__ = ["Daemon", "SHUTDOWN_GRACE_S", "BUFFER_REAP_INTERVAL_S", "EXIT_STARTUP"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds running calls get to finish at shutdown.
+SHUTDOWN_GRACE_S = 5.0
+#: Period of the check for buffers whose owner process exited, in seconds.
+BUFFER_REAP_INTERVAL_S = 1.0
+#: Exit code of a start-up failure (wrong region, socket in use, master refusal).
+EXIT_STARTUP = 2
+
+
+def _prepare_socket_path(path: str) -> None:
+    """Make ``path`` free for a new socket: remove a stale socket, refuse a live one.
+
+    Raises:
+        StartupError: another process serves the socket, or the path is not a socket.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        st = p.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise StartupError(f"socket path {path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(0.5)
+        probe.connect(path)
+    except OSError:
+        p.unlink(missing_ok=True)  # stale: left by a daemon that died
+        return
+    finally:
+        probe.close()
+    raise StartupError(f"socket {path} is in use by another running daemon")
+
+
+class Daemon:
+    """One clientd.
+
+    Args:
+        cfg: the validated configuration.
+    """
+
+    def __init__(self, cfg: ClientdConfig) -> None:
+        self.cfg = cfg
+        self.socket_path = cfg.resolved_socket_path()
+        self.lean_socket_path = cfg.resolved_lean_socket_path()
+        self._stop = asyncio.Event()
+        self._sockets_owned: list[str] = []
+
+    def request_stop(self) -> None:
+        """Ask the daemon to shut down (signal handlers call this)."""
+        self._stop.set()
+
+    async def run(self) -> int:
+        """Run until stopped.
+
+        Returns:
+            The process exit code: 0 after a clean stop, :data:`EXIT_STARTUP` when
+            start-up failed (the reason has been logged as one line).
+        """
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        cfg = self.cfg
+        regions: RegionSet | None = None
+        executor = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
+                                      thread_name_prefix="clientd-copy")
+        buffers = BufferRegistry()
+        link: MasterLink | None = None
+        grpc_fe: GrpcFrontEnd | None = None
+        lean: LeanServer | None = None
+        metrics = None
+        try:
+            try:
+                if not cfg.regions:
+                    raise StartupError("no regions configured ([[regions]] with segment and path)")
+                regions = RegionSet.open(cfg.regions, prefault=cfg.prefault)
+                for path in (self.socket_path, self.lean_socket_path):
+                    _prepare_socket_path(path)
+                metrics_url = ""
+                link = MasterLink(cfg, regions)
+                core = ClientdCore(cfg, regions, link, executor)
+                api = ClientApi(cfg, core, buffers)
+                if cfg.metrics_address:
+                    from cxlkv.clientd.metrics import start_metrics
+
+                    metrics, metrics_url = start_metrics(cfg.metrics_address, core, buffers)
+                    link.metrics_url = api.metrics_url = metrics_url
+                grpc_fe = GrpcFrontEnd(api, self.socket_path, cfg.socket_mode)
+                await grpc_fe.start()
+                self._sockets_owned.append(self.socket_path)
+                lean = LeanServer(api, self.lean_socket_path, cfg.socket_mode)
+                await lean.start()
+                self._sockets_owned.append(self.lean_socket_path)
+                log.info("serving gRPC on %s and lean frames on %s", self.socket_path, self.lean_socket_path)
+                start = asyncio.ensure_future(link.start())
+                stop = asyncio.ensure_future(self._stop.wait())
+                await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if not start.done():
+                    start.cancel()
+                    stop.cancel()
+                    return 0
+                stop.cancel()
+                start.result()  # raises StartupError
+            except StartupError as exc:
+                log.error("%s", exc)
+                return EXIT_STARTUP
+            except OSError as exc:
+                log.error("cannot start: %s", exc)
+                return EXIT_STARTUP
+            await grpc_fe.set_serving(True)
+            if cfg.ready_file:
+                Path(cfg.ready_file).write_text(f"{os.getpid()}\n")
+            log.info("clientd %s ready", cfg.name)
+            reaper = asyncio.ensure_future(self._reap_buffers(buffers))
+            await self._stop.wait()
+            reaper.cancel()
+            log.info("shutting down")
+            return 0
+        finally:
+            await self._shutdown(grpc_fe, lean, link, buffers, regions, executor, metrics)
+
+    async def _reap_buffers(self, buffers: BufferRegistry) -> None:
+        while True:
+            await asyncio.sleep(BUFFER_REAP_INTERVAL_S)
+            try:
+                buffers.reap_dead_owners()
+            except Exception:  # a bug; keep the daemon up
+                log.exception("buffer reaper failed")
+
+    async def _shutdown(self, grpc_fe, lean, link, buffers, regions, executor, metrics) -> None:
+        if self.cfg.ready_file:
+            Path(self.cfg.ready_file).unlink(missing_ok=True)
+        if grpc_fe is not None:
+            try:
+                await grpc_fe.stop(SHUTDOWN_GRACE_S)
+            except Exception:
+                log.exception("gRPC server stop failed")
+        if lean is not None:
+            await lean.stop(SHUTDOWN_GRACE_S)
+        if link is not None:
+            await link.close()
+        executor.shutdown(wait=True)
+        buffers.close()
+        if regions is not None:
+            regions.close()
+        if metrics is not None:
+            metrics.shutdown()
+        for path in self._sockets_owned:
+            Path(path).unlink(missing_ok=True)

@@ -1,0 +1,416 @@
+"""clientd's connection to the master: registration, heartbeats, coalesced calls.
+
+:class:`MasterLink` owns the gRPC channel to the master and the daemon's
+identity there (client id, fencing epoch). It
+
+* registers at start with the identities of the mapped regions, and registers
+  again by itself when the master answers UNKNOWN_CLIENT (the registration
+  expired) or reports another ``master_id`` (the master restarted);
+* heartbeats every ``heartbeat_interval_s`` the master asked for;
+* funnels the master work of all concurrent callers through one
+  :class:`~cxlkv.clientd.batcher.Coalescer` per kind (group commit);
+* releases read leases as soon as a copy is done: the ids ride on the next
+  BatchGetReplicaList / BatchMatchPrefix call, or go out in a ReleaseLeases call
+  within :data:`RELEASE_DELAY_S` if none comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from typing import Any, Awaitable, Callable, Sequence
+
+import grpc
+
+from cxlkv.clientd.batcher import Coalescer
+from cxlkv.clientd.regions import RegionSet, StartupError
+from cxlkv.config import ClientdConfig
+from cxlkv.errors import CxlkvError, ErrorCode, NotReady, Unavailable, UnknownClient, from_rpc_error
+from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
+
+__all__ = ["MasterLink", "RELEASE_DELAY_S", "MAX_BATCH_ITEMS"]
+
+log = logging.getLogger(__name__)
+
+#: Longest a finished read's lease waits for a master call to ride on, in seconds.
+RELEASE_DELAY_S = 0.002
+#: Most items in one coalesced master call.
+MAX_BATCH_ITEMS = 1024
+#: gRPC message size limit towards the master, in bytes (keys may be 4 KiB each).
+MAX_MESSAGE_BYTES = 64 << 20
+
+Location = tuple[master_pb2.ObjectLocation, float]
+
+
+class MasterLink:
+    """The daemon's session with the master.
+
+    Args:
+        cfg: the daemon's configuration (``master_address``, ``master_timeout_s``, ``name``).
+        regions: the mapped regions (their identities are registered; segment ids bound).
+        metrics_url: where this daemon's /metrics is served ("" if none).
+        clock: monotonic clock in seconds (tests may pass their own).
+
+    Thread-safety: event-loop confined.
+    """
+
+    def __init__(
+        self,
+        cfg: ClientdConfig,
+        regions: RegionSet,
+        *,
+        metrics_url: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.regions = regions
+        self.metrics_url = metrics_url
+        self.clock = clock
+        self.address = cfg.master_address
+        self.client_id = ""
+        self.epoch = 0
+        self.master_id = ""
+        self.segments: list[common_pb2.SegmentInfo] = []
+        self.segments_version = 0
+        self.heartbeat_interval_s = 1.0
+        self.client_ttl_s = 10.0
+        self.lease_ttl_s = 5.0
+        #: Grows by one on every successful registration.
+        self.generation = 0
+        #: Whether the last call to the master got through.
+        self.connected = False
+        self._registered = asyncio.Event()
+        self._register_lock = asyncio.Lock()
+        self._closed = False
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: Any = None
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._pending_releases: list[int] = []
+        self._release_handle: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._warned_unavailable = False
+
+        self.put_start: Coalescer[master_pb2.PutStartItem, master_pb2.PutStartResult] = Coalescer(
+            "BatchPutStart", self._send_put_start, max_items=MAX_BATCH_ITEMS)
+        self.put_end: Coalescer[master_pb2.PutEndItem, common_pb2.Status] = Coalescer(
+            "BatchPutEnd", self._send_put_end, max_items=MAX_BATCH_ITEMS)
+        self.put_revoke: Coalescer[master_pb2.PutEndItem, common_pb2.Status] = Coalescer(
+            "BatchPutRevoke", self._send_put_revoke, max_items=MAX_BATCH_ITEMS)
+        self.locate: Coalescer[str, Location] = Coalescer(
+            "BatchGetReplicaList", self._send_locate, max_items=MAX_BATCH_ITEMS)
+        self.exist: Coalescer[str, tuple[bool, common_pb2.Status]] = Coalescer(
+            "BatchExistKey", self._send_exist, max_items=MAX_BATCH_ITEMS)
+        self.match_prefix: Coalescer[list[str], tuple[master_pb2.MatchPrefixResponse, float]] = Coalescer(
+            "BatchMatchPrefix", self._send_match_prefix, max_items=64)
+        self.remove = {
+            force: Coalescer(f"BatchRemove(force={force})",
+                             lambda keys, f=force: self._send_remove(keys, f), max_items=MAX_BATCH_ITEMS)
+            for force in (False, True)
+        }
+
+    # -- lifecycle ----------------------------------------------------------
+    @property
+    def registered(self) -> bool:
+        """Whether the daemon holds a registration (it may have expired unnoticed)."""
+        return self._registered.is_set()
+
+    def coalescers(self) -> list[Coalescer[Any, Any]]:
+        """Every coalescer, for stats."""
+        return [self.put_start, self.put_end, self.put_revoke, self.locate, self.exist,
+                self.match_prefix, *self.remove.values()]
+
+    async def start(self) -> None:
+        """Open the channel and register, waiting for the master as long as it takes.
+
+        Raises:
+            StartupError: the master refused the registration for a reason other
+                than being unreachable (e.g. a region that is not the master's segment).
+        """
+        self._channel = grpc.aio.insecure_channel(
+            self.address,
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.enable_http_proxy", 0),
+                ("grpc.keepalive_time_ms", 10_000),
+            ],
+        )
+        self._stub = master_pb2_grpc.MasterServiceStub(self._channel)
+        delay = 0.05
+        while not self._closed:
+            try:
+                await self._register(first=True)
+                break
+            except Unavailable as exc:
+                if not self._warned_unavailable:
+                    log.warning("waiting for the master at %s: %s", self.address, exc.message)
+                    self._warned_unavailable = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except CxlkvError as exc:
+                raise StartupError(f"the master at {self.address} refused registration: {exc.message}") from None
+        self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+
+    async def close(self) -> None:
+        """Release pending leases, stop heartbeats and close the channel."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            try:
+                await self._heartbeat_task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for c in self.coalescers():
+            await c.drain()
+        if self._release_handle is not None:
+            self._release_handle.cancel()
+            self._release_handle = None
+        if self._pending_releases and self.registered:
+            try:
+                await self._flush_releases()
+            except CxlkvError:
+                pass
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._channel is not None:
+            await self._channel.close()
+
+    # -- registration -------------------------------------------------------
+    async def _register(self, *, first: bool = False) -> None:
+        req = master_pb2.RegisterClientRequest(
+            hostname=socket.gethostname(),
+            name=self.cfg.name,
+            pid=os.getpid(),
+            regions=self.regions.identities(),
+            previous_client_id=self.client_id,
+            metrics_url=self.metrics_url,
+        )
+        resp = await self._raw("RegisterClient", req)
+        problems = self.regions.bind(resp.segments)
+        if problems:
+            if first:
+                raise StartupError(problems[0])
+            for p in problems:
+                log.error("after re-registration: %s; reads and writes there fail", p)
+        was = self.master_id
+        self.client_id = resp.client_id
+        self.epoch = resp.epoch
+        self.master_id = resp.master_id
+        self.segments = list(resp.segments)
+        self.heartbeat_interval_s = resp.heartbeat_interval_s or 1.0
+        self.client_ttl_s = resp.client_ttl_s or 10.0
+        self.lease_ttl_s = resp.lease_ttl_s or 5.0
+        self.generation += 1
+        self._registered.set()
+        self._warned_unavailable = False
+        if first:
+            log.info(
+                "registered with master %s (%s) as %s, epoch %d; %d segment(s), %d mapped here",
+                self.address, resp.master_id, resp.client_id, resp.epoch, len(resp.segments),
+                sum(1 for s in resp.segments if self.regions.by_segment_id(s.segment_id)),
+            )
+        else:
+            log.info(
+                "re-registered with master %s as %s, epoch %d%s", self.address, resp.client_id,
+                resp.epoch, " (master restarted)" if was and was != resp.master_id else "",
+            )
+
+    async def reregister(self, seen_generation: int) -> None:
+        """Register again unless another caller already did since ``seen_generation``.
+
+        Raises:
+            Unavailable: the master is unreachable.
+            CxlkvError: the master refused.
+        """
+        async with self._register_lock:
+            if self.generation != seen_generation or self._closed:
+                return
+            self._registered.clear()
+            await self._register()
+
+    async def _heartbeat_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            gen = self.generation
+            try:
+                if not self.registered:
+                    await self.reregister(gen)
+                    continue
+                resp = await self._raw(
+                    "Heartbeat",
+                    master_pb2.HeartbeatRequest(client_id=self.client_id, epoch=self.epoch),
+                    timeout=max(2 * self.heartbeat_interval_s, 0.5),
+                )
+                if resp.master_id and self.master_id and resp.master_id != self.master_id:
+                    log.warning("master %s restarted (id %s → %s); registering again",
+                                self.address, self.master_id, resp.master_id)
+                    await self.reregister(gen)
+                elif resp.segments_version != self.segments_version:
+                    await self._refresh_segments(resp.segments_version)
+            except UnknownClient:
+                log.warning("the master no longer knows this clientd (expired); registering again")
+                try:
+                    await self.reregister(gen)
+                except CxlkvError as exc:
+                    log.warning("re-registration failed: %s", exc.message)
+            except Unavailable as exc:
+                if not self._warned_unavailable:
+                    log.warning("master %s unreachable: %s", self.address, exc.message)
+                    self._warned_unavailable = True
+            except CxlkvError as exc:
+                log.warning("heartbeat failed: %s", exc.message)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug; keep heartbeating
+                log.exception("heartbeat loop error")
+
+    async def _refresh_segments(self, version: int) -> None:
+        resp = await self._raw("ListSegments", master_pb2.ListSegmentsRequest())
+        for p in self.regions.bind(resp.segments):
+            log.error("%s; reads and writes there fail", p)
+        self.segments = list(resp.segments)
+        self.segments_version = version
+
+    # -- raw calls ----------------------------------------------------------
+    async def _raw(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
+        """One call, errors translated (no re-registration)."""
+        if self._stub is None:
+            raise NotReady("clientd is starting (not connected to the master yet)")
+        try:
+            resp = await getattr(self._stub, method)(request, timeout=timeout or self.cfg.master_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            err = from_rpc_error(exc, target=f"master {self.address}")
+            if err.code == ErrorCode.UNAVAILABLE:
+                self.connected = False
+            raise err from None
+        self.connected = True
+        return resp
+
+    async def call(self, method: str, build: Callable[[], Any], *, timeout: float | None = None) -> Any:
+        """Call the master, re-registering once if it says UNKNOWN_CLIENT.
+
+        Args:
+            method: MasterService RPC name.
+            build: makes the request from the current identity (called again after
+                a re-registration, so ``client_id`` / ``epoch`` are fresh).
+            timeout: deadline in seconds (default ``master_timeout_s``).
+
+        Raises:
+            NotReady: not registered yet.
+            Unavailable: the master is unreachable.
+            CxlkvError: the master's error.
+        """
+        if not self.registered:
+            if self.generation == 0:
+                raise NotReady("clientd is not registered with the master yet")
+            try:
+                await self.reregister(self.generation)
+            except Unavailable:
+                raise
+        gen = self.generation
+        try:
+            return await self._raw(method, build(), timeout=timeout)
+        except UnknownClient:
+            await self.reregister(gen)
+            return await self._raw(method, build(), timeout=timeout)
+
+    # -- coalesced sends ----------------------------------------------------
+    async def _send_put_start(self, items: list[master_pb2.PutStartItem]) -> Sequence[master_pb2.PutStartResult]:
+        resp = await self.call("BatchPutStart", lambda: master_pb2.BatchPutStartRequest(
+            client_id=self.client_id, epoch=self.epoch, items=items))
+        return resp.results
+
+    async def _send_put_end(self, items: list[master_pb2.PutEndItem]) -> Sequence[common_pb2.Status]:
+        resp = await self.call("BatchPutEnd", lambda: master_pb2.BatchPutEndRequest(
+            client_id=self.client_id, epoch=self.epoch, items=items))
+        return resp.results
+
+    async def _send_put_revoke(self, items: list[master_pb2.PutEndItem]) -> Sequence[common_pb2.Status]:
+        resp = await self.call("BatchPutRevoke", lambda: master_pb2.BatchPutEndRequest(
+            client_id=self.client_id, epoch=self.epoch, items=items))
+        return resp.results
+
+    async def _send_locate(self, keys: list[str]) -> list[Location]:
+        releases = self._take_releases()
+        t0 = self.clock()
+        try:
+            resp = await self.call("BatchGetReplicaList", lambda: master_pb2.BatchGetReplicaListRequest(
+                client_id=self.client_id, keys=keys, release_lease_ids=releases))
+        except BaseException:
+            self._return_releases(releases)
+            raise
+        return [(loc, t0) for loc in resp.locations]
+
+    async def _send_match_prefix(
+        self, queries: list[list[str]]
+    ) -> list[tuple[master_pb2.MatchPrefixResponse, float]]:
+        releases = self._take_releases()
+        t0 = self.clock()
+        try:
+            resp = await self.call("BatchMatchPrefix", lambda: master_pb2.BatchMatchPrefixRequest(
+                client_id=self.client_id,
+                queries=[master_pb2.PrefixQuery(keys=q) for q in queries],
+                release_lease_ids=releases))
+        except BaseException:
+            self._return_releases(releases)
+            raise
+        return [(r, t0) for r in resp.results]
+
+    async def _send_exist(self, keys: list[str]) -> list[tuple[bool, common_pb2.Status]]:
+        resp = await self.call("BatchExistKey", lambda: master_pb2.BatchExistKeyRequest(keys=keys))
+        if len(resp.results) == len(keys):
+            return list(zip(resp.exists, resp.results))
+        ok = common_pb2.Status()
+        return [(e, ok) for e in resp.exists]
+
+    async def _send_remove(self, keys: list[str], force: bool) -> Sequence[common_pb2.Status]:
+        resp = await self.call("BatchRemove", lambda: master_pb2.BatchRemoveRequest(keys=keys, force=force))
+        return resp.results
+
+    # -- leases -------------------------------------------------------------
+    def release_leases(self, lease_ids: list[int]) -> None:
+        """End leases whose copy is done (0 ids are ignored); sent within a few ms."""
+        ids = [i for i in lease_ids if i]
+        if not ids:
+            return
+        self._pending_releases.extend(ids)
+        if self._release_handle is None and not self._closed:
+            self._release_handle = asyncio.get_running_loop().call_later(RELEASE_DELAY_S, self._release_timer)
+
+    def _take_releases(self) -> list[int]:
+        ids = self._pending_releases
+        self._pending_releases = []
+        return ids
+
+    def _return_releases(self, ids: list[int]) -> None:
+        if ids:
+            self._pending_releases.extend(ids)
+
+    def _release_timer(self) -> None:
+        self._release_handle = None
+        if not self._pending_releases:
+            return
+        task = asyncio.get_running_loop().create_task(self._flush_releases())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _flush_releases(self) -> None:
+        ids = self._take_releases()
+        if not ids:
+            return
+        try:
+            await self.call("ReleaseLeases", lambda: master_pb2.ReleaseLeasesRequest(
+                client_id=self.client_id, lease_ids=ids))
+        except CxlkvError as exc:
+            # The leases end by themselves after lease_ttl; nothing is lost.
+            log.debug("ReleaseLeases of %d lease(s) failed: %s", len(ids), exc.message)
+
+    @property
+    def pending_releases(self) -> int:
+        """Leases waiting to be released."""
+        return len(self._pending_releases)

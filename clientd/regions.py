@@ -1,0 +1,183 @@
+"""The regions a clientd maps, checked against their identity and the master's segments.
+
+At start every configured region is mapped through :class:`cxlkv.transport.Region`
+and its identity header read (:func:`cxlkv.region.read_identity`). A region that
+is missing, unformatted, resized since formatting, or formatted for another
+segment stops the daemon with one clear line (:class:`StartupError`, exit 2).
+After RegisterClient the master's segment list binds segment ids to mapped
+regions; a region whose uuid or size differs from the master's segment is the
+wrong device and is equally fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable
+
+from cxlkv.config import RegionConfig
+from cxlkv.errors import CxlkvError
+from cxlkv.v1 import common_pb2, master_pb2
+
+if TYPE_CHECKING:
+    from cxlkv.region import RegionIdentity
+    from cxlkv.transport import Region
+
+__all__ = ["StartupError", "MappedRegion", "RegionSet"]
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message is the one line shown to the operator."""
+
+
+@dataclass(eq=False)
+class MappedRegion:
+    """One mapped region.
+
+    Attributes:
+        segment: the segment name it is configured as.
+        path: the local device or file.
+        region: the transport mapping.
+        identity: its identity header.
+        segment_id: the master's id for it (0 until bound).
+    """
+
+    segment: str
+    path: str
+    region: "Region"
+    identity: "RegionIdentity"
+    segment_id: int = 0
+    info: common_pb2.SegmentInfo | None = field(default=None, repr=False)
+
+    @property
+    def size_bytes(self) -> int:
+        """Mapped size in bytes."""
+        return self.region.size_bytes
+
+
+class RegionSet:
+    """The regions of one daemon, by segment name and (once bound) by segment id.
+
+    Thread-safety: read-only after :meth:`bind`, which runs on the event loop; the
+    mappings may be used from copy threads.
+    """
+
+    def __init__(self, regions: list[MappedRegion]) -> None:
+        self._by_name = {r.segment: r for r in regions}
+        self._by_id: dict[int, MappedRegion] = {}
+
+    @classmethod
+    def open(cls, configs: Iterable[RegionConfig], *, prefault: bool = False) -> "RegionSet":
+        """Map and identify every configured region.
+
+        Args:
+            configs: the ``[[regions]]`` of the clientd config.
+            prefault: fault in every page for writing now (no first-touch faults later).
+
+        Raises:
+            StartupError: a region is missing, unmappable, unformatted, resized,
+                formatted for another segment, or configured twice.
+        """
+        from cxlkv.region import read_identity
+        from cxlkv.transport import Region
+
+        mapped: list[MappedRegion] = []
+        try:
+            for rc in configs:
+                if any(m.segment == rc.segment for m in mapped):
+                    raise StartupError(f"regions: segment {rc.segment!r} is configured twice")
+                try:
+                    region = Region.open(rc.path)
+                except CxlkvError as exc:
+                    raise StartupError(f"region {rc.path} (segment {rc.segment}): {exc.message}") from None
+                try:
+                    identity = read_identity(region)
+                except CxlkvError as exc:
+                    region.close()
+                    raise StartupError(f"region {rc.path} (segment {rc.segment}): {exc.message}") from None
+                if identity.segment_name != rc.segment:
+                    region.close()
+                    raise StartupError(
+                        f"region {rc.path} is formatted as segment {identity.segment_name!r}, "
+                        f"but the config maps it as segment {rc.segment!r} (wrong file?)"
+                    )
+                mapped.append(MappedRegion(rc.segment, rc.path, region, identity))
+                if prefault:
+                    try:
+                        region.prefault()
+                    except CxlkvError as exc:
+                        raise StartupError(f"region {rc.path}: prefault failed: {exc.message}") from None
+                log.info(
+                    "mapped region %s as segment %s (%d bytes, uuid %s%s)",
+                    rc.path, rc.segment, region.size_bytes, identity.region_uuid,
+                    ", prefaulted" if prefault else "",
+                )
+        except BaseException:
+            for m in mapped:
+                m.region.close()
+            raise
+        return cls(mapped)
+
+    def identities(self) -> list[master_pb2.RegionIdentity]:
+        """The RegionIdentity messages RegisterClient carries."""
+        return [
+            master_pb2.RegionIdentity(
+                segment_name=m.segment,
+                region_uuid=str(m.identity.region_uuid),
+                size_bytes=m.size_bytes,
+                device_path=m.path,
+            )
+            for m in self._by_name.values()
+        ]
+
+    def bind(self, segments: Iterable[common_pb2.SegmentInfo]) -> list[str]:
+        """Bind the master's segment ids to the mapped regions.
+
+        Args:
+            segments: every segment the master reports.
+
+        Returns:
+            Problems that make a region unusable (uuid or size differing from the
+            master's segment of the same name); empty when all is well. Segments
+            the master has and this host does not map are simply not readable here.
+        """
+        problems: list[str] = []
+        by_id: dict[int, MappedRegion] = {}
+        for seg in segments:
+            m = self._by_name.get(seg.name)
+            if m is None:
+                continue
+            if seg.region_uuid and seg.region_uuid != str(m.identity.region_uuid):
+                problems.append(
+                    f"region {m.path} has uuid {m.identity.region_uuid} but the master's segment "
+                    f"{seg.name} has uuid {seg.region_uuid} (wrong device or re-formatted)"
+                )
+                continue
+            if seg.size_bytes and seg.size_bytes != m.size_bytes:
+                problems.append(
+                    f"region {m.path} is {m.size_bytes} bytes but the master's segment "
+                    f"{seg.name} is {seg.size_bytes} bytes"
+                )
+                continue
+            m.segment_id = seg.segment_id
+            m.info = seg
+            by_id[seg.segment_id] = m
+        self._by_id = by_id
+        return problems
+
+    def by_segment_id(self, segment_id: int) -> MappedRegion | None:
+        """The mapped region of a master segment id, or ``None`` if not mapped here."""
+        return self._by_id.get(segment_id)
+
+    def __iter__(self):
+        return iter(self._by_name.values())
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def close(self) -> None:
+        """Unmap every region (shutdown; no copy may still be running)."""
+        for m in self._by_name.values():
+            m.region.close()

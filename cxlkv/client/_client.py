@@ -1,0 +1,742 @@
+"""``cxlkv.Client``: the synchronous SDK an inference process imports.
+
+See docs/sdk.md for the guide; the docstrings here are the reference.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cxlkv.client._conn import GrpcConnection, LeanConnection
+from cxlkv.client._memory import address_of, dst_array, nbytes_of, src_array
+from cxlkv.client._pool import BufferPool, Segment
+from cxlkv.client.framing import METHODS_BY_NAME
+from cxlkv.errors import CxlkvError, InvalidArgument, OutOfRange, TooLarge, Unavailable, error_for
+from cxlkv.v1 import client_pb2, common_pb2
+
+__all__ = ["Client", "Result", "KeyInfo", "DEFAULT_POOL_BYTES", "default_socket_path"]
+
+MiB = 1 << 20
+#: Default size of the managed shared-buffer pool, in bytes.
+DEFAULT_POOL_BYTES = 64 * MiB
+#: Values up to this size travel inside the message by default, in bytes; larger
+#: ones are staged through the shared-buffer pool.
+DEFAULT_INLINE_BYTES = 64 << 10
+#: Most items in one batch request.
+BATCH_ITEMS = 1024
+#: Most inline value bytes in one batch request.
+BATCH_INLINE_BYTES = 16 * MiB
+
+_M = METHODS_BY_NAME
+_PutRequest = client_pb2.PutRequest
+_GetRequest = client_pb2.GetRequest
+_BufferRange = client_pb2.BufferRange
+_GetIntoRequest = client_pb2.GetIntoRequest
+_PutFromRequest = client_pb2.PutFromRequest
+
+
+def default_socket_path() -> str:
+    """``$CXLKV_SOCKET``, else ``<runtime dir>/clientd.sock`` (the daemon's default)."""
+    env = os.environ.get("CXLKV_SOCKET")
+    if env:
+        return env
+    from cxlkv.config import default_runtime_dir
+
+    return str(default_runtime_dir() / "clientd.sock")
+
+
+@dataclass
+class Result:
+    """The outcome of one position of a batch call.
+
+    Attributes:
+        ok: whether this item succeeded.
+        value: the bytes (``get_many``), the byte count (``get_into_many``), else ``None``.
+        version: the object's version (puts and gets), else 0.
+        error: the item's error when not ``ok`` (a :class:`~cxlkv.errors.CxlkvError`).
+    """
+
+    ok: bool
+    value: Any = None
+    version: int = 0
+    error: CxlkvError | None = None
+
+    def unwrap(self) -> Any:
+        """``value`` if ok, else raise ``error``."""
+        if not self.ok:
+            assert self.error is not None
+            raise self.error
+        return self.value
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """One committed key, as :meth:`Client.list` yields it.
+
+    Attributes:
+        key: the key.
+        size_bytes: value size.
+        version: current version.
+        replica_count: replicas placed.
+    """
+
+    key: str
+    size_bytes: int
+    version: int
+    replica_count: int
+
+
+def _status_error(st: common_pb2.Status, key: str | None) -> CxlkvError:
+    return error_for(st.code, st.message, key=key)
+
+
+def _options(upsert: bool, replica_num: int, soft_pin: bool, hard_pin: bool) -> common_pb2.PutOptions | None:
+    if replica_num < 0:
+        raise InvalidArgument(f"replica_num must be >= 1, got {replica_num}")
+    if not upsert and replica_num <= 1 and not soft_pin and not hard_pin:
+        return None
+    return common_pb2.PutOptions(upsert=upsert, replica_num=max(replica_num, 0),
+                                 soft_pin=soft_pin, hard_pin=hard_pin)
+
+
+def _chunks(n: int, size: int) -> Iterator[range]:
+    for start in range(0, n, size):
+        yield range(start, min(start + size, n))
+
+
+class _Staged:
+    """Pool ranges borrowed for one call; freed on exit."""
+
+    __slots__ = ("pool", "ranges")
+
+    def __init__(self, pool: BufferPool) -> None:
+        self.pool = pool
+        self.ranges: list[tuple[Segment, int]] = []
+
+    def take(self, nbytes: int) -> tuple[Segment, int]:
+        seg, off = self.pool.alloc(nbytes)
+        self.ranges.append((seg, off))
+        return seg, off
+
+    def __enter__(self) -> "_Staged":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for seg, off in self.ranges:
+            self.pool.free(seg, off)
+        self.ranges.clear()
+
+
+class Client:
+    """A connection to the clientd of this host.
+
+    Args:
+        socket_path: the daemon's gRPC socket; default ``$CXLKV_SOCKET``, else
+            ``<runtime dir>/clientd.sock``. The lean socket is this path plus
+            ``".lean"`` unless ``lean_socket_path`` is given.
+        timeout_s: longest wait for one answer, in seconds.
+        buffer_pool_bytes: size of the managed shared-buffer pool (and of each
+            further pool segment), in bytes. Memory is only created when first needed.
+        protocol: ``"lean"`` (default; the fast framing) or ``"grpc"``.
+        lean_socket_path: the daemon's lean socket, when not ``socket_path + ".lean"``.
+        inline_threshold_bytes: values up to this size travel inside the message;
+            larger ones are staged through the pool (daemon limit permitting).
+
+    Raises:
+        Unavailable: the daemon is not running (the message names the socket).
+        InvalidArgument: a bad argument.
+
+    Values (``src``/``dst`` arguments) may be ``bytes``, ``bytearray``,
+    ``memoryview``, numpy arrays or CPU torch tensors. Memory obtained from
+    :meth:`buffer` is inside a registered shared buffer: ``put_from`` /
+    ``get_into`` on it are zero-copy (the daemon copies between it and the CXL
+    region). Any other memory is staged through the pool: one extra memcpy.
+
+    Thread-safety: a ``Client`` may be shared by threads. With the lean protocol
+    each thread gets its own connection (so threads run calls in parallel); the
+    pool is guarded by a lock; the gRPC channel is thread-safe. After ``fork`` the
+    child must create its own ``Client`` (the parent's connections and buffers
+    belong to the parent; the child's copy refuses to be used).
+    """
+
+    def __init__(
+        self,
+        socket_path: str | os.PathLike[str] | None = None,
+        *,
+        timeout_s: float = 30.0,
+        buffer_pool_bytes: int = DEFAULT_POOL_BYTES,
+        protocol: str = "lean",
+        lean_socket_path: str | os.PathLike[str] | None = None,
+        inline_threshold_bytes: int = DEFAULT_INLINE_BYTES,
+    ) -> None:
+        if protocol not in ("lean", "grpc"):
+            raise InvalidArgument(f"protocol must be \"lean\" or \"grpc\", got {protocol!r}")
+        if timeout_s <= 0:
+            raise InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
+        self.socket_path = os.fspath(socket_path) if socket_path is not None else default_socket_path()
+        self.lean_socket_path = (os.fspath(lean_socket_path) if lean_socket_path is not None
+                                 else self.socket_path + ".lean")
+        self.protocol = protocol
+        self.timeout_s = float(timeout_s)
+        self.inline_threshold_bytes = int(inline_threshold_bytes)
+        self._pid = os.getpid()
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._conns: list[Any] = []
+        self._grpc: GrpcConnection | None = None
+        self._closed = False
+        share = _daemon_uid(self.socket_path) not in (None, os.geteuid())
+        self._pool = BufferPool(self._register_buffer, self._unregister_buffer, int(buffer_pool_bytes),
+                                share_with_group=share)
+        self._conn()  # fail fast when the daemon is not running
+
+    # ================================================================ plumbing
+    def _conn(self) -> Any:
+        if self._pid != os.getpid():
+            raise InvalidArgument("this Client was created in the parent process; create a new one after fork")
+        if self._closed:
+            raise InvalidArgument("this Client is closed")
+        if self.protocol == "grpc":
+            if self._grpc is None:
+                with self._lock:
+                    if self._grpc is None:
+                        self._grpc = GrpcConnection(self.socket_path, self.timeout_s)
+            return self._grpc
+        c = getattr(self._local, "conn", None)
+        if c is None or c.closed:
+            c = LeanConnection(self.lean_socket_path, self.timeout_s)
+            self._local.conn = c
+            with self._lock:
+                self._conns = [x for x in self._conns if not x.closed]
+                self._conns.append(c)
+        return c
+
+    def _call(self, name: str, request: Any) -> Any:
+        return self._conn().call(_M[name], request)
+
+    def _call_many(self, name: str, requests: list[Any]) -> list[Any]:
+        m = _M[name]
+        return self._conn().call_many([(m, r) for r in requests])
+
+    def _register_buffer(self, path: str, size_bytes: int, pid: int) -> int:
+        r = self._call("RegisterBuffer", client_pb2.RegisterBufferRequest(path=path, size_bytes=size_bytes, pid=pid))
+        return r.buffer_id
+
+    def _unregister_buffer(self, buffer_id: int) -> None:
+        if self._pid != os.getpid():
+            return
+        self._call("UnregisterBuffer", client_pb2.UnregisterBufferRequest(buffer_id=buffer_id))
+
+    def close(self) -> None:
+        """Unregister the pool's buffers and close every connection (idempotent).
+
+        Memory views from :meth:`buffer` must not be used afterwards.
+        """
+        if self._closed:
+            return
+        if self._pid == os.getpid():
+            try:
+                self._pool.close()
+            except CxlkvError:
+                pass
+        self._closed = True
+        with self._lock:
+            conns, self._conns = self._conns, []
+            g, self._grpc = self._grpc, None
+        for c in conns:
+            c.close()
+        if g is not None:
+            g.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed and self._pid == os.getpid():
+                self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        return f"<cxlkv.Client {self.protocol} {self.socket_path}{' closed' if self._closed else ''}>"
+
+    # ========================================================= shared memory
+    def buffer(self, size_bytes: int) -> memoryview:
+        """Shared memory for zero-copy ``put_from`` / ``get_into``.
+
+        The memory lies inside a buffer registered with the daemon, so calls on
+        it (or on any slice of it) move no bytes through the socket and copy
+        once, between this memory and the CXL region. It is returned to the pool
+        when the last reference to it (or to a view of it) is gone.
+
+        Args:
+            size_bytes: size in bytes (>= 0).
+
+        Returns:
+            A writable ``memoryview`` (format ``"B"``); ``numpy.frombuffer`` and
+            ``torch.frombuffer`` wrap it without copying.
+
+        Raises:
+            InvalidArgument: negative size.
+            NoSpace: /dev/shm cannot hold more shared memory.
+        """
+        if size_bytes < 0:
+            raise InvalidArgument(f"size_bytes must be >= 0, got {size_bytes}")
+        self._conn()
+        seg, off = self._pool.alloc(size_bytes)
+        arr = seg.array[off:off + size_bytes]
+        weakref.finalize(arr, self._pool.free, seg, off)
+        return memoryview(arr)
+
+    def _locate(self, a: np.ndarray) -> tuple[int, int] | None:
+        return self._pool.locate(address_of(a), a.nbytes) if a.nbytes else None
+
+    # ===================================================== single-key values
+    def put(self, key: str, value: Any, *, upsert: bool = False, replica_num: int = 1,
+            soft_pin: bool = False, hard_pin: bool = False) -> int:
+        """Store ``value`` under ``key``.
+
+        Small values travel inline; larger ones through the shared-buffer pool
+        (or zero-copy when ``value`` lives in :meth:`buffer` memory).
+
+        Args:
+            key: 1-4096 UTF-8 bytes, no NUL.
+            value: bytes-like, numpy array or CPU tensor (0 bytes is a value).
+            upsert: replace a committed key with a new version.
+            replica_num: replicas on distinct segments (best effort).
+            soft_pin: evicted last (the pin expires).
+            hard_pin: never evicted.
+
+        Returns:
+            The new object's version.
+
+        Raises:
+            AlreadyExists: ``key`` is committed and ``upsert`` is false.
+            NotReady: another put of ``key`` is in flight.
+            NoSpace, TooLarge, InvalidKey, InvalidArgument, Unavailable: see docs/sdk.md.
+        """
+        opts = _options(upsert, replica_num, soft_pin, hard_pin)
+        if isinstance(value, bytes) and len(value) <= self.inline_threshold_bytes:
+            return self._put_inline(key, value, opts)
+        return self._put_from(key, value, opts)
+
+    def _put_inline(self, key: str, value: bytes, opts: common_pb2.PutOptions | None) -> int:
+        try:
+            return self._call("Put", _PutRequest(key=key, value=value, options=opts)).version
+        except TooLarge as exc:
+            if exc.requested_bytes is None:  # larger than every segment
+                raise
+            return self._put_staged(key, src_array(value), opts)
+
+    def upsert(self, key: str, value: Any, **options: Any) -> int:
+        """``put(key, value, upsert=True, ...)``: replace atomically; returns the new version."""
+        return self.put(key, value, upsert=True, **options)
+
+    def get(self, key: str) -> bytes:
+        """The value of ``key``.
+
+        Raises:
+            NotFound: absent, not committed yet, or removed (also a ``KeyError``).
+            LeaseExpired: the read could not finish within its lease (retry).
+            ChecksumMismatch, InvalidKey, Unavailable: see docs/sdk.md.
+        """
+        try:
+            return self._call("Get", _GetRequest(key=key)).value
+        except TooLarge as exc:
+            if not exc.requested_bytes:
+                raise
+            size = exc.requested_bytes
+        for _ in range(3):  # the value may be replaced by a larger one meanwhile
+            with _Staged(self._pool) as st:
+                seg, off = st.take(size)
+                try:
+                    r = self._call("GetInto", _GetIntoRequest(key=key, target=_BufferRange(
+                        buffer_id=seg.buffer_id, offset_bytes=off, length_bytes=size)))
+                except OutOfRange as exc:
+                    if not exc.requested_bytes:
+                        raise
+                    size = exc.requested_bytes
+                    continue
+                return seg.array[off:off + r.value_size_bytes].tobytes()
+        raise OutOfRange(f"value of key {key!r} kept growing while being read", key=key)
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` is committed (grants no lease).
+
+        Raises:
+            InvalidKey, Unavailable.
+        """
+        return self._call("Exist", client_pb2.ExistRequest(key=key)).exists
+
+    def remove(self, key: str, force: bool = False) -> None:
+        """Remove ``key``.
+
+        Args:
+            force: remove even while readers hold a lease (their bytes stay until it ends).
+
+        Raises:
+            NotFound: absent.
+            HasLease: leased and not ``force``.
+            InvalidKey, Unavailable.
+        """
+        self._call("Remove", client_pb2.ClientRemoveRequest(key=key, force=force))
+
+    def remove_all(self, force: bool = False, regex: str = "") -> int:
+        """Remove every committed object, or those whose key matches ``regex`` (``re.search``).
+
+        Returns:
+            Objects removed (leased ones are skipped unless ``force``).
+
+        Raises:
+            InvalidArgument: ``regex`` does not compile.
+            Unavailable.
+        """
+        return self._call("RemoveAll", client_pb2.ClientRemoveAllRequest(force=force, regex=regex)).removed
+
+    # ========================================================= zero-copy forms
+    def put_from(self, key: str, src: Any, *, upsert: bool = False, replica_num: int = 1,
+                 soft_pin: bool = False, hard_pin: bool = False) -> int:
+        """Store the bytes of ``src`` (zero-copy when ``src`` is :meth:`buffer` memory).
+
+        Returns:
+            The new object's version.
+
+        Raises:
+            As :meth:`put`.
+        """
+        return self._put_from(key, src, _options(upsert, replica_num, soft_pin, hard_pin))
+
+    def _put_from(self, key: str, src: Any, opts: common_pb2.PutOptions | None) -> int:
+        a = src_array(src)
+        loc = self._locate(a)
+        if loc is not None:
+            return self._call("PutFrom", _PutFromRequest(key=key, options=opts, source=_BufferRange(
+                buffer_id=loc[0], offset_bytes=loc[1], length_bytes=a.nbytes))).version
+        if a.nbytes <= self.inline_threshold_bytes:
+            return self._put_inline(key, a.tobytes(), opts)
+        return self._put_staged(key, a, opts)
+
+    def _put_staged(self, key: str, a: np.ndarray, opts: common_pb2.PutOptions | None) -> int:
+        with _Staged(self._pool) as st:
+            seg, off = st.take(a.nbytes)
+            seg.array[off:off + a.nbytes] = a
+            return self._call("PutFrom", _PutFromRequest(key=key, options=opts, source=_BufferRange(
+                buffer_id=seg.buffer_id, offset_bytes=off, length_bytes=a.nbytes))).version
+
+    def get_into(self, key: str, dst: Any) -> int:
+        """Copy the value of ``key`` into the start of ``dst``.
+
+        Zero-copy when ``dst`` is :meth:`buffer` memory; other memory is staged.
+
+        Returns:
+            The value's size in bytes (``dst[nbytes:]`` is untouched).
+
+        Raises:
+            NotFound: absent.
+            OutOfRange: the value is larger than ``dst`` (``requested_bytes`` = its size).
+            InvalidArgument: ``dst`` is read-only or not contiguous.
+            LeaseExpired, ChecksumMismatch, InvalidKey, Unavailable.
+        """
+        a = dst_array(dst)
+        loc = self._locate(a)
+        if loc is not None:
+            return self._call("GetInto", _GetIntoRequest(key=key, target=_BufferRange(
+                buffer_id=loc[0], offset_bytes=loc[1], length_bytes=a.nbytes))).value_size_bytes
+        with _Staged(self._pool) as st:
+            seg, off = st.take(a.nbytes)
+            r = self._call("GetInto", _GetIntoRequest(key=key, target=_BufferRange(
+                buffer_id=seg.buffer_id, offset_bytes=off, length_bytes=a.nbytes)))
+            n = r.value_size_bytes
+            a[:n] = seg.array[off:off + n]
+            return n
+
+    # ================================================================ batches
+    def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]], *, upsert: bool = False,
+                 replica_num: int = 1, soft_pin: bool = False, hard_pin: bool = False) -> list[Result]:
+        """Store many values; one :class:`Result` per item, in order (``version`` set when ok).
+
+        Small ``bytes`` values travel inline, others through the pool (zero-copy
+        for :meth:`buffer` memory). One failing item never fails the others.
+
+        Raises:
+            Unavailable: the daemon cannot be reached.
+            InvalidArgument: a value is not bytes-like.
+        """
+        pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
+        keys = [k for k, _ in pairs]
+        values = [v for _, v in pairs]
+        return self._put_values(keys, values, _options(upsert, replica_num, soft_pin, hard_pin))
+
+    def put_from_many(self, keys: Sequence[str], srcs: Sequence[Any], *, upsert: bool = False,
+                      replica_num: int = 1, soft_pin: bool = False, hard_pin: bool = False) -> list[Result]:
+        """Store ``srcs[i]`` under ``keys[i]``; one :class:`Result` per key.
+
+        Raises:
+            InvalidArgument: ``keys`` and ``srcs`` differ in length; a value is not bytes-like.
+            Unavailable: the daemon cannot be reached.
+        """
+        if len(keys) != len(srcs):
+            raise InvalidArgument(f"{len(keys)} keys but {len(srcs)} sources")
+        return self._put_values(list(keys), list(srcs), _options(upsert, replica_num, soft_pin, hard_pin))
+
+    def _put_values(self, keys: list[str], values: list[Any], opts: common_pb2.PutOptions | None) -> list[Result]:
+        n = len(keys)
+        results: list[Result | None] = [None] * n
+        inline: list[int] = []
+        by_buffer: list[tuple[int, int, int, int]] = []  # (pos, buffer_id, offset, length)
+        staged: list[tuple[int, np.ndarray]] = []
+        for i, v in enumerate(values):
+            if isinstance(v, bytes) and len(v) <= self.inline_threshold_bytes:
+                inline.append(i)
+                continue
+            a = src_array(v)
+            loc = self._locate(a)
+            if loc is not None:
+                by_buffer.append((i, loc[0], loc[1], a.nbytes))
+            elif a.nbytes <= self.inline_threshold_bytes:
+                values[i] = a.tobytes()
+                inline.append(i)
+            else:
+                staged.append((i, a))
+        if inline:
+            reqs: list[client_pb2.BatchPutRequest] = []
+            groups: list[list[int]] = []
+            cur: list[int] = []
+            size = 0
+            for i in inline:
+                if cur and (len(cur) >= BATCH_ITEMS or size + len(values[i]) > BATCH_INLINE_BYTES):
+                    groups.append(cur)
+                    cur, size = [], 0
+                cur.append(i)
+                size += len(values[i])
+            groups.append(cur)
+            for g in groups:
+                reqs.append(client_pb2.BatchPutRequest(items=[
+                    _PutRequest(key=keys[i], value=values[i], options=opts) for i in g]))
+            for g, resp in zip(groups, self._call_many("BatchPut", reqs)):
+                self._fill_put(results, g, keys, resp)
+            # Inline items refused as too large for this daemon go through the pool.
+            for i in inline:
+                r = results[i]
+                if r is not None and isinstance(r.error, TooLarge) and r.error.requested_bytes is None \
+                        and "inline" in r.error.message:
+                    staged.append((i, src_array(values[i])))
+        with _Staged(self._pool) as st:
+            for i, a in staged:
+                seg, off = st.take(a.nbytes)
+                seg.array[off:off + a.nbytes] = a
+                by_buffer.append((i, seg.buffer_id, off, a.nbytes))
+            for chunk in _chunks(len(by_buffer), BATCH_ITEMS):
+                part = [by_buffer[j] for j in chunk]
+                req = client_pb2.BatchPutFromRequest(items=[
+                    _PutFromRequest(key=keys[i], options=opts, source=_BufferRange(
+                        buffer_id=b, offset_bytes=o, length_bytes=ln)) for i, b, o, ln in part])
+                (resp,) = self._call_many("BatchPutFrom", [req])
+                self._fill_put(results, [p[0] for p in part], keys, resp)
+        return results  # type: ignore[return-value]
+
+    @staticmethod
+    def _fill_put(results: list[Result | None], positions: list[int], keys: list[str], resp: Any) -> None:
+        if isinstance(resp, CxlkvError):
+            for i in positions:
+                results[i] = Result(False, error=resp)
+            return
+        for i, r in zip(positions, resp.results):
+            if r.status.code:
+                results[i] = Result(False, error=_status_error(r.status, keys[i]))
+            else:
+                results[i] = Result(True, version=r.version)
+
+    def get_many(self, keys: Sequence[str]) -> list[Result]:
+        """Read many values; one :class:`Result` per key (``value`` = bytes when ok).
+
+        Values over the daemon's inline limit are fetched through the pool.
+
+        Raises:
+            Unavailable: the daemon cannot be reached.
+        """
+        keys = list(keys)
+        n = len(keys)
+        results: list[Result | None] = [None] * n
+        chunks = list(_chunks(n, 128))
+        resps = self._call_many("BatchGet", [client_pb2.BatchGetRequest(keys=keys[c.start:c.stop]) for c in chunks])
+        for c, resp in zip(chunks, resps):
+            if isinstance(resp, CxlkvError):
+                for i in c:
+                    results[i] = Result(False, error=resp)
+                continue
+            for i, r in zip(c, resp.results):
+                if not r.status.code:
+                    results[i] = Result(True, value=r.value, version=r.version)
+                elif r.status.code == int(TooLarge.code):
+                    try:
+                        results[i] = Result(True, value=self.get(keys[i]))
+                    except CxlkvError as exc:
+                        results[i] = Result(False, error=exc)
+                else:
+                    results[i] = Result(False, error=_status_error(r.status, keys[i]))
+        return results  # type: ignore[return-value]
+
+    def get_into_many(self, keys: Sequence[str], dsts: Sequence[Any]) -> list[Result]:
+        """Copy the value of ``keys[i]`` into ``dsts[i]``; one :class:`Result` per key
+        (``value`` = bytes copied when ok).
+
+        Raises:
+            InvalidArgument: lengths differ; a destination is read-only or not contiguous.
+            Unavailable: the daemon cannot be reached.
+        """
+        if len(keys) != len(dsts):
+            raise InvalidArgument(f"{len(keys)} keys but {len(dsts)} destinations")
+        n = len(keys)
+        arrays = [dst_array(d) for d in dsts]
+        results: list[Result | None] = [None] * n
+        with _Staged(self._pool) as st:
+            targets: list[tuple[int, int, int]] = []
+            copy_back: list[tuple[int, Segment, int]] = []
+            for i, a in enumerate(arrays):
+                loc = self._locate(a)
+                if loc is None:
+                    seg, off = st.take(a.nbytes)
+                    copy_back.append((i, seg, off))
+                    loc = (seg.buffer_id, off)
+                targets.append((loc[0], loc[1], a.nbytes))
+            chunks = list(_chunks(n, BATCH_ITEMS))
+            reqs = [client_pb2.BatchGetIntoRequest(items=[
+                _GetIntoRequest(key=keys[i], target=_BufferRange(
+                    buffer_id=targets[i][0], offset_bytes=targets[i][1], length_bytes=targets[i][2]))
+                for i in c]) for c in chunks]
+            for c, resp in zip(chunks, self._call_many("BatchGetInto", reqs)):
+                if isinstance(resp, CxlkvError):
+                    for i in c:
+                        results[i] = Result(False, error=resp)
+                    continue
+                for i, r in zip(c, resp.results):
+                    if r.status.code:
+                        results[i] = Result(False, error=_status_error(r.status, keys[i]))
+                    else:
+                        results[i] = Result(True, value=r.value_size_bytes, version=r.version)
+            for i, seg, off in copy_back:
+                r = results[i]
+                if r is not None and r.ok:
+                    arrays[i][:r.value] = seg.array[off:off + r.value]
+        return results  # type: ignore[return-value]
+
+    def get_prefix_into(self, keys: Sequence[str], dsts: Sequence[Any]) -> int:
+        """The longest cached prefix of ``keys``, copied into ``dsts`` in one call.
+
+        ``keys`` are the blocks of one prompt, in order. The daemon finds how many
+        leading keys are committed, leases them, copies each into its destination
+        and releases the leases.
+
+        Returns:
+            ``matched``: ``dsts[:matched]`` now hold the values of ``keys[:matched]``.
+
+        Raises:
+            InvalidArgument: lengths differ; a destination is read-only or not contiguous.
+            InvalidKey: a key is invalid.
+            OutOfRange: a matched value is larger than its destination.
+            Unavailable: the daemon cannot be reached.
+        """
+        if len(keys) != len(dsts):
+            raise InvalidArgument(f"{len(keys)} keys but {len(dsts)} destinations")
+        if not keys:
+            return 0
+        arrays = [dst_array(d) for d in dsts]
+        with _Staged(self._pool) as st:
+            items = []
+            copy_back: list[tuple[int, Segment, int]] = []
+            for i, (k, a) in enumerate(zip(keys, arrays)):
+                loc = self._locate(a)
+                if loc is None:
+                    seg, off = st.take(a.nbytes)
+                    copy_back.append((i, seg, off))
+                    loc = (seg.buffer_id, off)
+                items.append(_GetIntoRequest(key=k, target=_BufferRange(
+                    buffer_id=loc[0], offset_bytes=loc[1], length_bytes=a.nbytes)))
+            r = self._call("GetPrefixInto", client_pb2.GetPrefixIntoRequest(items=items))
+            matched = r.matched
+            for i, seg, off in copy_back:
+                if i < matched:
+                    n = r.results[i].value_size_bytes
+                    arrays[i][:n] = seg.array[off:off + n]
+            return matched
+
+    def exists_many(self, keys: Sequence[str]) -> list[bool]:
+        """Whether each key is committed (invalid keys answer ``False``).
+
+        Raises:
+            Unavailable: the daemon cannot be reached.
+        """
+        keys = list(keys)
+        chunks = list(_chunks(len(keys), BATCH_ITEMS))
+        out: list[bool] = []
+        for resp in self._call_many("BatchExist", [client_pb2.BatchExistRequest(keys=keys[c.start:c.stop])
+                                                    for c in chunks]):
+            if isinstance(resp, CxlkvError):
+                raise resp
+            out.extend(resp.exists)
+        return out
+
+    def remove_many(self, keys: Sequence[str], force: bool = False) -> list[Result]:
+        """Remove many keys; one :class:`Result` per key.
+
+        Raises:
+            Unavailable: the daemon cannot be reached.
+        """
+        keys = list(keys)
+        results: list[Result] = []
+        chunks = list(_chunks(len(keys), BATCH_ITEMS))
+        reqs = [client_pb2.ClientBatchRemoveRequest(keys=keys[c.start:c.stop], force=force) for c in chunks]
+        for c, resp in zip(chunks, self._call_many("BatchRemove", reqs)):
+            if isinstance(resp, CxlkvError):
+                results.extend(Result(False, error=resp) for _ in c)
+                continue
+            for i, st in zip(c, resp.results):
+                results.append(Result(True) if not st.code else Result(False, error=_status_error(st, keys[i])))
+        return results
+
+    # ============================================================ inspection
+    def stat(self) -> dict[str, Any]:
+        """The daemon's state: identity, master connection, segments, key count,
+        space, buffers, counters (ClientStatResponse as a dict, proto field names).
+
+        Raises:
+            Unavailable: the daemon cannot be reached.
+        """
+        from google.protobuf.json_format import MessageToDict
+
+        r = self._call("Stat", client_pb2.ClientStatRequest())
+        return MessageToDict(r, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+    def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[KeyInfo]:
+        """Committed keys starting with ``prefix``, in key order (fetched page by page).
+
+        Raises:
+            Unavailable: the daemon cannot be reached.
+        """
+        token = ""
+        while True:
+            r = self._call("List", client_pb2.ListRequest(prefix=prefix, page_size=page_size, page_token=token))
+            for e in r.entries:
+                yield KeyInfo(e.key, e.value_size_bytes, e.version, e.replica_count)
+            token = r.next_page_token
+            if not token:
+                return
+
+
+def _daemon_uid(socket_path: str) -> int | None:
+    try:
+        return os.stat(socket_path).st_uid
+    except OSError:
+        return None

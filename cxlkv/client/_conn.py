@@ -1,0 +1,368 @@
+"""Connections from the SDK to its clientd: lean frames or gRPC, both blocking.
+
+:class:`LeanConnection` speaks the lean framing (:mod:`cxlkv.client.framing`) on
+a plain blocking Unix socket: one request at a time (``call``), or several
+pipelined (``call_many``: sends and receives interleaved with ``poll`` so a
+large pipeline can never deadlock on full socket buffers). One connection
+belongs to one thread.
+
+:class:`GrpcConnection` calls the same RPCs through a gRPC channel on the
+daemon's gRPC socket; it is thread-safe.
+
+Both raise :class:`~cxlkv.errors.CxlkvError` subclasses: the daemon's error for a
+failed call, :class:`~cxlkv.errors.Unavailable` (naming the socket) when the
+daemon cannot be reached or does not answer within the timeout.
+"""
+
+from __future__ import annotations
+
+import errno
+import select
+import socket
+from typing import Any, Sequence
+
+from google.protobuf.message import DecodeError
+
+from cxlkv.client.framing import HEADER, HEADER_BYTES, LENGTH_BYTES, MIN_LENGTH, Method
+from cxlkv.errors import CxlkvError, Internal, Unavailable, error_for
+from cxlkv.v1 import common_pb2
+
+__all__ = ["LeanConnection", "GrpcConnection"]
+
+_pack = HEADER.pack
+_unpack_from = HEADER.unpack_from
+_ErrorDetail = common_pb2.ErrorDetail
+_RECV_BYTES = 256 << 10
+_JOIN_BYTES = 64 << 10
+
+
+def _error_from_detail(code: int, body: Any) -> CxlkvError:
+    try:
+        d = _ErrorDetail.FromString(body)
+    except DecodeError:
+        return error_for(code, "(malformed error detail from clientd)")
+    return error_for(code, d.message, key=d.key or None,
+                     requested_bytes=d.requested_bytes or None, free_bytes=d.free_bytes or None)
+
+
+class LeanConnection:
+    """One lean-framing connection (blocking; use from one thread at a time).
+
+    Args:
+        path: the daemon's lean socket.
+        timeout_s: longest wait for an answer, in seconds.
+
+    Raises:
+        Unavailable: the socket does not exist or nobody listens on it.
+    """
+
+    def __init__(self, path: str, timeout_s: float) -> None:
+        self.path = path
+        self.timeout_s = timeout_s
+        self._next_id = 1
+        self._rb = bytearray(_RECV_BYTES)
+        self._rmv = memoryview(self._rb)
+        self._rstart = 0
+        self._rend = 0
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(timeout_s)
+            sock.connect(path)
+        except OSError as exc:
+            sock.close()
+            raise Unavailable(_unreachable(path, exc)) from None
+        self._sock: socket.socket | None = sock
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection was closed (after an error or :meth:`close`)."""
+        return self._sock is None
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+
+    # -- one call -----------------------------------------------------------
+    def call(self, method: Method, request: Any) -> Any:
+        """Send one request and wait for its answer.
+
+        Raises:
+            CxlkvError: the daemon's error for this call.
+            Unavailable: connection lost or no answer within ``timeout_s``
+                (the connection is closed then).
+        """
+        sock = self._sock
+        if sock is None:
+            raise Unavailable(f"connection to clientd at {self.path} is closed")
+        rid = self._next_id
+        self._next_id = rid + 1
+        payload = request.SerializeToString()
+        header = _pack(MIN_LENGTH + len(payload), method.number, 0, rid)
+        try:
+            if len(payload) <= _JOIN_BYTES:
+                sock.sendall(header + payload)
+            else:
+                sock.sendall(header)
+                sock.sendall(payload)
+            while True:
+                code, got, body = self._read_frame()
+                if got == rid:
+                    break  # answers to abandoned requests (none in practice) are skipped
+        except socket.timeout:
+            self.close()
+            raise Unavailable(f"clientd at {self.path} did not answer {method.name} within {self.timeout_s:g} s") from None
+        except OSError as exc:
+            self.close()
+            raise Unavailable(f"connection to clientd at {self.path} lost during {method.name}: {exc}") from None
+        if code:
+            raise _error_from_detail(code, body)
+        try:
+            return method.response_type.FromString(body)
+        except DecodeError as exc:
+            raise Internal(f"{method.name}: malformed answer from clientd: {exc}") from None
+
+    def _read_frame(self) -> tuple[int, int, Any]:
+        """Read one whole frame: (code, request id, body)."""
+        rb = self._rb
+        while True:
+            avail = self._rend - self._rstart
+            if avail >= HEADER_BYTES:
+                length, code, _flags, rid = _unpack_from(rb, self._rstart)
+                if length < MIN_LENGTH:
+                    raise ConnectionError(f"bad frame length {length} from clientd")
+                total = LENGTH_BYTES + length
+                if avail >= total:
+                    s = self._rstart
+                    body = rb[s + HEADER_BYTES:s + total]
+                    self._rstart = s + total
+                    if self._rstart == self._rend:
+                        self._rstart = self._rend = 0
+                    return code, rid, body
+                if total > len(rb):
+                    return code, rid, self._read_large(length - MIN_LENGTH, avail - HEADER_BYTES)
+            if self._rstart and len(rb) - self._rend < (len(rb) >> 2):
+                rest = self._rend - self._rstart
+                rb[:rest] = rb[self._rstart:self._rend]
+                self._rstart, self._rend = 0, rest
+            n = self._sock.recv_into(self._rmv[self._rend:])  # type: ignore[union-attr]
+            if not n:
+                raise ConnectionError("clientd closed the connection")
+            self._rend += n
+
+    def _read_large(self, body_len: int, have: int) -> bytearray:
+        body = bytearray(body_len)
+        s = self._rstart + HEADER_BYTES
+        body[:have] = self._rb[s:s + have]
+        self._rstart = self._rend = 0
+        mv = memoryview(body)
+        pos = have
+        while pos < body_len:
+            n = self._sock.recv_into(mv[pos:])  # type: ignore[union-attr]
+            if not n:
+                raise ConnectionError("clientd closed the connection")
+            pos += n
+        return body
+
+    # -- pipelined calls ----------------------------------------------------
+    def call_many(self, calls: Sequence[tuple[Method, Any]]) -> list[Any]:
+        """Send several requests pipelined; answers may come in any order.
+
+        Returns:
+            Per call, its response message or the :class:`CxlkvError` it failed with.
+
+        Raises:
+            Unavailable: connection lost or no progress within ``timeout_s``.
+        """
+        if len(calls) == 1:
+            m, req = calls[0]
+            try:
+                return [self.call(m, req)]
+            except Unavailable:
+                raise
+            except CxlkvError as exc:
+                return [exc]
+        sock = self._sock
+        if sock is None:
+            raise Unavailable(f"connection to clientd at {self.path} is closed")
+        pending: dict[int, int] = {}
+        parts: list[bytes] = []
+        for i, (m, req) in enumerate(calls):
+            rid = self._next_id
+            self._next_id = rid + 1
+            pending[rid] = i
+            payload = req.SerializeToString()
+            parts.append(_pack(MIN_LENGTH + len(payload), m.number, 0, rid))
+            parts.append(payload)
+        out_buf = memoryview(b"".join(parts))
+        del parts
+        sent = 0
+        results: list[Any] = [None] * len(calls)
+        poller = select.poll()
+        timeout_ms = int(self.timeout_s * 1000)
+        sock.setblocking(False)
+        try:
+            while pending:
+                # Drain every frame already buffered before waiting.
+                while pending and (state := self._frame_buffered()):
+                    if state == 2:  # larger than the receive buffer: read it to its end
+                        sock.settimeout(self.timeout_s)
+                        code, rid, body = self._read_frame()
+                        sock.setblocking(False)
+                    else:
+                        code, rid, body = self._read_frame()
+                    i = pending.pop(rid, None)
+                    if i is not None:
+                        results[i] = self._decode(calls[i][0], code, body)
+                if not pending:
+                    break
+                want = select.POLLIN | (select.POLLOUT if sent < len(out_buf) else 0)
+                poller.register(sock, want)
+                events = poller.poll(timeout_ms)
+                poller.unregister(sock)
+                if not events:
+                    raise socket.timeout()
+                ev = events[0][1]
+                if ev & select.POLLOUT and sent < len(out_buf):
+                    try:
+                        sent += sock.send(out_buf[sent:sent + (1 << 20)])
+                    except BlockingIOError:
+                        pass
+                if ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                    self._fill()
+        except socket.timeout:
+            self.close()
+            raise Unavailable(f"clientd at {self.path} did not answer within {self.timeout_s:g} s") from None
+        except OSError as exc:
+            self.close()
+            raise Unavailable(f"connection to clientd at {self.path} lost: {exc}") from None
+        finally:
+            if self._sock is not None:
+                self._sock.settimeout(self.timeout_s)
+        return results
+
+    def _frame_buffered(self) -> int:
+        """0: no whole header buffered; 1: a whole frame buffered; 2: a frame too
+        large for the receive buffer has begun."""
+        avail = self._rend - self._rstart
+        if avail < HEADER_BYTES:
+            return 0
+        total = LENGTH_BYTES + HEADER.unpack_from(self._rb, self._rstart)[0]
+        if avail >= total:
+            return 1
+        return 2 if total > len(self._rb) else 0
+
+    def _fill(self) -> None:
+        if self._rstart and len(self._rb) - self._rend < (len(self._rb) >> 2):
+            rest = self._rend - self._rstart
+            self._rb[:rest] = self._rb[self._rstart:self._rend]
+            self._rstart, self._rend = 0, rest
+        try:
+            n = self._sock.recv_into(self._rmv[self._rend:])  # type: ignore[union-attr]
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                return
+            raise
+        if not n:
+            raise ConnectionError("clientd closed the connection")
+        self._rend += n
+
+    @staticmethod
+    def _decode(method: Method, code: int, body: Any) -> Any:
+        if code:
+            return _error_from_detail(code, body)
+        try:
+            return method.response_type.FromString(body)
+        except DecodeError as exc:
+            return Internal(f"{method.name}: malformed answer from clientd: {exc}")
+
+
+class GrpcConnection:
+    """The daemon's gRPC API on its Unix socket (thread-safe).
+
+    Args:
+        path: the daemon's gRPC socket.
+        timeout_s: deadline of each call, in seconds.
+
+    Raises:
+        Unavailable: the socket does not exist or nobody listens on it.
+    """
+
+    def __init__(self, path: str, timeout_s: float) -> None:
+        import grpc
+
+        from cxlkv.v1 import client_pb2_grpc
+
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(timeout_s)
+            probe.connect(path)
+        except OSError as exc:
+            raise Unavailable(_unreachable(path, exc)) from None
+        finally:
+            probe.close()
+        self._grpc = grpc
+        self.path = path
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(f"unix:{path}", options=[
+            ("grpc.max_receive_message_length", 256 << 20),
+            ("grpc.max_send_message_length", 256 << 20),
+        ])
+        self._stub = client_pb2_grpc.ClientServiceStub(self._channel)
+        self.closed = False
+
+    def close(self) -> None:
+        """Close the channel (idempotent)."""
+        if not self.closed:
+            self.closed = True
+            self._channel.close()
+
+    def call(self, method: Method, request: Any) -> Any:
+        """One call.
+
+        Raises:
+            CxlkvError: the daemon's error, or Unavailable.
+        """
+        from cxlkv.errors import from_rpc_error
+
+        try:
+            return getattr(self._stub, method.name)(request, timeout=self.timeout_s)
+        except self._grpc.RpcError as exc:
+            raise from_rpc_error(exc, target=f"clientd at {self.path}") from None
+
+    def call_many(self, calls: Sequence[tuple[Method, Any]]) -> list[Any]:
+        """Several calls in flight at once; per call its response or its error.
+
+        Raises:
+            Unavailable: the daemon cannot be reached.
+        """
+        from cxlkv.errors import from_rpc_error
+
+        futures = [getattr(self._stub, m.name).future(req, timeout=self.timeout_s) for m, req in calls]
+        out: list[Any] = []
+        for f in futures:
+            try:
+                out.append(f.result())
+            except self._grpc.RpcError as exc:
+                err = from_rpc_error(exc, target=f"clientd at {self.path}")
+                if isinstance(err, Unavailable):
+                    raise err from None
+                out.append(err)
+        return out
+
+
+def _unreachable(path: str, exc: OSError) -> str:
+    if isinstance(exc, FileNotFoundError):
+        why = "no such socket (is clientd running? set CXLKV_SOCKET or pass socket_path)"
+    elif isinstance(exc, ConnectionRefusedError):
+        why = "connection refused (clientd is not running)"
+    elif isinstance(exc, PermissionError):
+        why = "permission denied (socket_mode, or run as a member of the daemon's group)"
+    else:
+        why = exc.strerror or str(exc)
+    return f"cannot connect to clientd at {path}: {why}"

@@ -1,0 +1,240 @@
+"""The SDK's managed pool of shared buffers.
+
+A *segment* is one ``/dev/shm`` file the SDK creates, maps, registers with the
+daemon (RegisterBuffer) and unlinks at once — so no file is left behind even if
+the process is killed; the memory lives while a mapping does. The pool carves
+segments into ranges:
+
+* :meth:`BufferPool.alloc` / :meth:`free` for staging (values that do not live in
+  shared memory are copied through a staging range) and for
+  :meth:`cxlkv.Client.buffer`;
+* :meth:`BufferPool.locate` recognises an address range inside a segment, so a
+  value already in pool memory travels as ``(buffer_id, offset)`` — zero-copy.
+
+The first segment holds ``pool_bytes``; an allocation that does not fit gets a
+new segment (at least ``pool_bytes``, or exactly the request for one larger than
+that, released again when freed).
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from cxlkv.client._memory import address_of
+from cxlkv.errors import InvalidArgument, NoSpace
+
+__all__ = ["Segment", "BufferPool", "SHM_DIR"]
+
+SHM_DIR = "/dev/shm"
+_SMALL_ALIGN = 64          # cache line
+_LARGE_ALIGN = 4096        # page, for ranges of at least _LARGE_FROM bytes
+_LARGE_FROM = 64 << 10
+
+
+def _round_up(n: int, a: int) -> int:
+    return (n + a - 1) & ~(a - 1)
+
+
+@dataclass(eq=False)
+class Segment:
+    """One registered shared-memory mapping.
+
+    Attributes:
+        buffer_id: the daemon's id for it.
+        size_bytes: mapped size.
+        array: the whole mapping as a uint8 array.
+        base: address of its first byte.
+        dedicated: created for one large allocation; unregistered when it is freed.
+    """
+
+    buffer_id: int
+    size_bytes: int
+    mm: mmap.mmap = field(repr=False)
+    array: np.ndarray = field(repr=False)
+    base: int
+    dedicated: bool = False
+    # free ranges: parallel sorted lists of offsets and lengths
+    free_offsets: list[int] = field(default_factory=list)
+    free_lengths: list[int] = field(default_factory=list)
+    used: dict[int, int] = field(default_factory=dict)
+
+    def alloc(self, n: int) -> int | None:
+        """First-fit allocation of ``n`` bytes (aligned); the offset or ``None``."""
+        align = _LARGE_ALIGN if n >= _LARGE_FROM else _SMALL_ALIGN
+        size = _round_up(max(n, 1), _SMALL_ALIGN)
+        for k, (off, length) in enumerate(zip(self.free_offsets, self.free_lengths)):
+            start = _round_up(off, align)
+            pad = start - off
+            if length - pad < size:
+                continue
+            # split: [off, start) stays free, [start, start+size) used, rest free
+            del self.free_offsets[k], self.free_lengths[k]
+            if pad:
+                self._insert_free(off, pad)
+            rest = length - pad - size
+            if rest:
+                self._insert_free(start + size, rest)
+            self.used[start] = size
+            return start
+        return None
+
+    def free(self, offset: int) -> None:
+        """Return a range; adjacent free ranges merge."""
+        size = self.used.pop(offset)
+        self._insert_free(offset, size)
+
+    def _insert_free(self, off: int, length: int) -> None:
+        k = bisect.bisect_left(self.free_offsets, off)
+        # merge with the next range
+        if k < len(self.free_offsets) and off + length == self.free_offsets[k]:
+            length += self.free_lengths[k]
+            del self.free_offsets[k], self.free_lengths[k]
+        # merge with the previous range
+        if k > 0 and self.free_offsets[k - 1] + self.free_lengths[k - 1] == off:
+            self.free_lengths[k - 1] += length
+            return
+        self.free_offsets.insert(k, off)
+        self.free_lengths.insert(k, length)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing allocated."""
+        return not self.used
+
+
+class BufferPool:
+    """Shared-memory segments registered with one daemon, carved into ranges.
+
+    Args:
+        register: ``register(path, size_bytes, pid) -> buffer_id`` (a RegisterBuffer call).
+        unregister: ``unregister(buffer_id)`` (an UnregisterBuffer call; errors ignored).
+        pool_bytes: size of the first and of every further regular segment.
+        share_with_group: create files group-readable/writable (a daemon running
+            under another uid must be able to open them).
+
+    Thread-safety: all methods may be called from any thread (one lock).
+    """
+
+    def __init__(
+        self,
+        register: Callable[[str, int, int], int],
+        unregister: Callable[[int], None],
+        pool_bytes: int,
+        *,
+        share_with_group: bool = False,
+    ) -> None:
+        if pool_bytes <= 0:
+            raise InvalidArgument(f"buffer_pool_bytes must be > 0, got {pool_bytes}")
+        self._register = register
+        self._unregister = unregister
+        self.pool_bytes = _round_up(pool_bytes, _LARGE_ALIGN)
+        self._mode = 0o660 if share_with_group else 0o600
+        self._segments: list[Segment] = []
+        self._lock = threading.Lock()
+
+    # -- segments -----------------------------------------------------------
+    def _new_segment(self, size: int, dedicated: bool) -> Segment:
+        path = os.path.join(SHM_DIR, f"cxlkv-buf-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, self._mode)
+        except OSError as exc:
+            raise NoSpace(f"cannot create shared buffer {path}: {exc.strerror}") from None
+        try:
+            os.fchmod(fd, self._mode)
+            try:
+                os.ftruncate(fd, size)
+                mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                               prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            except OSError as exc:
+                raise NoSpace(f"cannot size or map a {size}-byte shared buffer in {SHM_DIR}: {exc.strerror}") from None
+            try:
+                buffer_id = self._register(path, size, os.getpid())
+            except BaseException:
+                mm.close()
+                raise
+        finally:
+            os.close(fd)
+            try:
+                os.unlink(path)  # the mappings keep the memory; nothing is left on disk
+            except FileNotFoundError:
+                pass
+        arr = np.frombuffer(mm, dtype=np.uint8)
+        seg = Segment(buffer_id, size, mm, arr, address_of(arr), dedicated)
+        seg.free_offsets.append(0)
+        seg.free_lengths.append(size)
+        return seg
+
+    # -- ranges -------------------------------------------------------------
+    def alloc(self, nbytes: int) -> tuple[Segment, int]:
+        """Reserve ``nbytes`` of shared memory.
+
+        Returns:
+            (segment, offset); release with :meth:`free`.
+
+        Raises:
+            NoSpace: /dev/shm cannot hold a new segment.
+            CxlkvError: the daemon refused to register it.
+        """
+        with self._lock:
+            for seg in self._segments:
+                if not seg.dedicated:
+                    off = seg.alloc(nbytes)
+                    if off is not None:
+                        return seg, off
+            dedicated = nbytes > self.pool_bytes
+            size = _round_up(max(nbytes, 1), _LARGE_ALIGN) if dedicated else self.pool_bytes
+            seg = self._new_segment(size, dedicated)
+            self._segments.append(seg)
+            off = seg.alloc(nbytes)
+            assert off is not None
+            return seg, off
+
+    def free(self, seg: Segment, offset: int) -> None:
+        """Release a range from :meth:`alloc`; a dedicated segment goes back to the daemon."""
+        with self._lock:
+            seg.free(offset)
+            if not (seg.dedicated and seg.idle):
+                return
+            self._segments.remove(seg)
+        self._release_segment(seg)
+
+    def _release_segment(self, seg: Segment) -> None:
+        try:
+            self._unregister(seg.buffer_id)
+        except Exception:  # daemon gone: its reaper drops the buffer when we exit
+            pass
+        seg.array = np.empty(0, dtype=np.uint8)
+        try:
+            seg.mm.close()
+        except BufferError:  # a user still holds a view; the GC unmaps it later
+            pass
+
+    def locate(self, addr: int, nbytes: int) -> tuple[int, int] | None:
+        """``(buffer_id, offset)`` if ``[addr, addr + nbytes)`` lies in one segment, else ``None``."""
+        for seg in self._segments:  # list reads are atomic; segments are few
+            off = addr - seg.base
+            if 0 <= off and off + nbytes <= seg.size_bytes:
+                return seg.buffer_id, off
+        return None
+
+    @property
+    def segments(self) -> list[Segment]:
+        """The live segments (a copy)."""
+        with self._lock:
+            return list(self._segments)
+
+    def close(self) -> None:
+        """Unregister and unmap every segment (memory views into them read garbage-free
+        until collected; do not use them afterwards)."""
+        with self._lock:
+            segs, self._segments = self._segments, []
+        for seg in segs:
+            self._release_segment(seg)

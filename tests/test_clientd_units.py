@@ -1,0 +1,225 @@
+"""Unit tests of clientd parts that need no cluster: framing, coalescing, buffers."""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cxlkv.client import framing
+from cxlkv.clientd.batcher import Coalescer
+from cxlkv.clientd.buffers import BufferRegistry, process_start_time
+from cxlkv.errors import InvalidArgument, OutOfRange, UnknownBuffer
+from cxlkv.v1 import client_pb2
+
+
+# ------------------------------------------------------------------ framing
+def test_method_table_follows_service_declaration_order() -> None:
+    service = client_pb2.DESCRIPTOR.services_by_name["ClientService"]
+    assert [m.name for m in framing.METHODS] == [m.name for m in service.methods]
+    assert [m.number for m in framing.METHODS] == list(range(1, len(service.methods) + 1))
+    put = framing.METHODS_BY_NAME["Put"]
+    assert put.number == 1 and put.request_type is client_pb2.PutRequest
+    assert framing.METHODS_BY_NAME["GetPrefixInto"].response_type is client_pb2.GetPrefixIntoResponse
+
+
+def test_frame_layout_is_little_endian_with_length_of_the_rest() -> None:
+    payload = client_pb2.GetRequest(key="k").SerializeToString()
+    frame = framing.encode_request(2, 0x0102030405060708, payload)
+    assert len(frame) == framing.HEADER_BYTES + len(payload)
+    assert int.from_bytes(frame[0:4], "little") == 12 + len(payload)
+    assert int.from_bytes(frame[4:6], "little") == 2
+    assert int.from_bytes(frame[6:8], "little") == 0
+    assert int.from_bytes(frame[8:16], "little") == 0x0102030405060708
+    assert frame[16:] == payload
+    resp = framing.encode_response(1, 7, b"x")
+    assert framing.HEADER.unpack_from(resp) == (13, 1, 0, 7)
+
+
+# --------------------------------------------------------------- coalescing
+def test_idle_coalescer_sends_at_once_and_busy_one_batches() -> None:
+    calls: list[list[int]] = []
+
+    async def send(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        await asyncio.sleep(0.01)
+        return [x * 10 for x in items]
+
+    async def main() -> None:
+        c: Coalescer[int, int] = Coalescer("t", send)
+        assert list(await c.submit([1])) == [10]
+        assert calls == [[1]]
+        calls.clear()
+        first = asyncio.ensure_future(c.submit([1, 2]))
+        await asyncio.sleep(0.001)  # first call now in flight
+        rest = [asyncio.ensure_future(c.submit([i])) for i in range(3, 8)]
+        assert list(await first) == [10, 20]
+        assert [list(await r) for r in rest] == [[30], [40], [50], [60], [70]]
+        assert calls == [[1, 2], [3, 4, 5, 6, 7]]
+        assert c.calls == 3 and c.items == 8
+
+    asyncio.run(main())
+
+
+def test_coalescer_splits_at_max_items_and_keeps_submissions_whole() -> None:
+    calls: list[list[int]] = []
+
+    async def send(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        await asyncio.sleep(0)
+        return items
+
+    async def main() -> None:
+        c: Coalescer[int, int] = Coalescer("t", send, max_items=4)
+        subs = [asyncio.ensure_future(c.submit([i, i])) for i in range(5)]
+        big = asyncio.ensure_future(c.submit(list(range(9))))
+        await asyncio.gather(*subs, big)
+        assert list(big.result()) == list(range(9))
+        assert all(len(x) <= 4 or x == list(range(9)) for x in calls)
+        assert sorted(sum(calls, [])) == sorted(sum(([i, i] for i in range(5)), []) + list(range(9)))
+
+    asyncio.run(main())
+
+
+def test_coalescer_error_fails_every_submitter_of_that_call_only() -> None:
+    async def send(items: list[int]) -> list[int]:
+        await asyncio.sleep(0)
+        if 13 in items:
+            raise RuntimeError("boom")
+        return items
+
+    async def main() -> None:
+        c: Coalescer[int, int] = Coalescer("t", send)
+        a = asyncio.ensure_future(c.submit([13]))
+        b = asyncio.ensure_future(c.submit([1]))
+        res = await asyncio.gather(a, b, return_exceptions=True)
+        # a and b travel in the same (first) call: both fail
+        assert all(isinstance(r, RuntimeError) for r in res)
+        assert list(await c.submit([2])) == [2]
+
+    asyncio.run(main())
+
+
+def test_coalescer_skips_cancelled_submitters() -> None:
+    sent: list[list[int]] = []
+    gate = asyncio.Event
+
+    async def main() -> None:
+        release = gate()
+
+        async def send(items: list[int]) -> list[int]:
+            sent.append(list(items))
+            await release.wait()
+            return items
+
+        c: Coalescer[int, int] = Coalescer("t", send)
+        first = asyncio.ensure_future(c.submit([1]))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        gone = asyncio.ensure_future(c.submit([2]))
+        keep = asyncio.ensure_future(c.submit([3]))
+        await asyncio.sleep(0)
+        gone.cancel()
+        release.set()
+        assert list(await first) == [1]
+        assert list(await keep) == [3]
+        assert sent == [[1], [3]]
+
+    asyncio.run(main())
+
+
+# ------------------------------------------------------------------ buffers
+def _shm_file(tmp_name: str, size: int, mode: int = 0o600) -> str:
+    path = f"/dev/shm/{tmp_name}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
+    os.ftruncate(fd, size)
+    os.close(fd)
+    return path
+
+
+@pytest.fixture()
+def shm_path(request):
+    name = f"cxlkv-test-{os.getpid()}-{request.node.name[:40]}"
+    path = _shm_file(name, 1 << 16)
+    yield path
+    Path(path).unlink(missing_ok=True)
+
+
+def test_register_acquire_release_unregister(shm_path: str) -> None:
+    reg = BufferRegistry()
+    buf = reg.register(shm_path, 1 << 16, os.getpid())
+    os.unlink(shm_path)  # the SDK unlinks at once; the mapping stays
+    assert buf.buffer_id > 0 and len(reg) == 1
+    held = reg.acquire(buf.buffer_id, 100, 200)
+    held.view[100:103] = b"abc"
+    reg.unregister(buf.buffer_id)  # while held: unmapped only at release
+    assert held.view[100:103] == b"abc"
+    reg.release(held)
+    with pytest.raises(UnknownBuffer):
+        reg.acquire(buf.buffer_id, 0, 1)
+    with pytest.raises(UnknownBuffer):
+        reg.unregister(buf.buffer_id)
+    assert reg.stats() == (0, 0)
+
+
+@pytest.mark.parametrize("offset,length", [
+    (0, (1 << 16) + 1), ((1 << 16) + 1, 0), (1 << 15, 1 << 15 + 1), (2**64 - 1, 2), (10, 2**64 - 5),
+])
+def test_acquire_out_of_range(shm_path: str, offset: int, length: int) -> None:
+    reg = BufferRegistry()
+    buf = reg.register(shm_path, 1 << 16, 0)
+    with pytest.raises(OutOfRange):
+        reg.acquire(buf.buffer_id, offset, length)
+    reg.acquire(buf.buffer_id, 1 << 16, 0)  # empty range at the end is fine
+    reg.close()
+
+
+def test_register_refusals(shm_path: str, tmp_path: Path) -> None:
+    reg = BufferRegistry()
+    with pytest.raises(InvalidArgument, match="exists|does not exist"):
+        reg.register("/dev/shm/cxlkv-test-no-such-file", 4096, 0)
+    with pytest.raises(InvalidArgument, match="absolute"):
+        reg.register("relative/path", 4096, 0)
+    outside = tmp_path / "buf"
+    outside.write_bytes(b"\0" * 4096)
+    with pytest.raises(InvalidArgument, match="/dev/shm"):
+        reg.register(str(outside), 4096, 0)
+    with pytest.raises(InvalidArgument, match="bytes"):
+        reg.register(shm_path, 4096, 0)  # size mismatch
+    with pytest.raises(InvalidArgument, match="> 0"):
+        reg.register(shm_path, 0, 0)
+    link = f"/dev/shm/cxlkv-test-link-{os.getpid()}"
+    os.symlink(shm_path, link)
+    try:
+        with pytest.raises(InvalidArgument, match="symbolic link"):
+            reg.register(link, 1 << 16, 0)
+    finally:
+        os.unlink(link)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with pytest.raises(InvalidArgument, match="not running"):
+        reg.register(shm_path, 1 << 16, dead.pid)
+    with pytest.raises(InvalidArgument, match="NUL"):
+        reg.register("/dev/shm/a\x00b", 1 << 16, 0)
+    assert len(reg) == 0
+
+
+def test_reaper_drops_buffers_of_exited_owners(shm_path: str) -> None:
+    reg = BufferRegistry()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        mine = reg.register(shm_path, 1 << 16, os.getpid())
+        theirs = reg.register(shm_path, 1 << 16, child.pid)
+        assert reg.reap_dead_owners() == []
+    finally:
+        child.kill()
+        child.wait()
+    assert reg.reap_dead_owners() == [theirs.buffer_id]
+    reg.acquire(mine.buffer_id, 0, 1)
+    assert process_start_time(os.getpid()) is not None
+    assert process_start_time(child.pid) is None

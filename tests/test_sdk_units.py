@@ -1,0 +1,89 @@
+"""Unit tests of SDK parts that need no daemon: memory conversion and the buffer pool."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from cxlkv.client._memory import address_of, dst_array, nbytes_of, src_array
+from cxlkv.client._pool import BufferPool
+from cxlkv.errors import InvalidArgument
+
+
+def test_src_array_is_zero_copy_for_contiguous_memory() -> None:
+    b = bytearray(b"hello world")
+    a = src_array(b)
+    assert a.dtype == np.uint8 and a.nbytes == 11
+    b[0:1] = b"J"
+    assert bytes(a[:1]) == b"J"  # same memory
+    f = np.arange(6, dtype=np.float32).reshape(2, 3)
+    af = src_array(f)
+    assert af.nbytes == 24 and address_of(af) == f.__array_interface__["data"][0]
+    assert src_array(memoryview(b)[2:5]).tobytes() == b"llo"
+    assert src_array(b"").nbytes == 0
+
+
+def test_src_array_copies_non_contiguous_and_dst_refuses_it() -> None:
+    f = np.arange(12, dtype=np.int64).reshape(3, 4)[:, ::2]
+    assert src_array(f).nbytes == f.nbytes
+    assert np.array_equal(src_array(f).view(np.int64), f.ravel())
+    with pytest.raises(InvalidArgument, match="contiguous"):
+        dst_array(f)
+    with pytest.raises(InvalidArgument, match="read-only"):
+        dst_array(b"immutable")
+    with pytest.raises(InvalidArgument, match="expected"):
+        src_array(12345)
+
+
+def test_nbytes_of() -> None:
+    assert nbytes_of(b"abc") == 3
+    assert nbytes_of(np.zeros(5, dtype=np.float64)) == 40
+    assert nbytes_of(memoryview(bytearray(7))) == 7
+    with pytest.raises(InvalidArgument):
+        nbytes_of(object())
+
+
+class _FakeDaemon:
+    def __init__(self) -> None:
+        self.registered: dict[int, tuple[str, int, int]] = {}
+        self.next_id = 1
+
+    def register(self, path: str, size: int, pid: int) -> int:
+        assert os.path.exists(path) and os.path.getsize(path) == size and pid == os.getpid()
+        self.registered[self.next_id] = (path, size, pid)
+        self.next_id += 1
+        return self.next_id - 1
+
+    def unregister(self, buffer_id: int) -> None:
+        del self.registered[buffer_id]
+
+
+def test_pool_allocates_locates_merges_and_leaves_no_files() -> None:
+    d = _FakeDaemon()
+    pool = BufferPool(d.register, d.unregister, 1 << 20)
+    seg, a = pool.alloc(100)
+    _, b = pool.alloc(100 << 10)
+    _, c = pool.alloc(10)
+    assert a % 64 == 0 and b % 4096 == 0 and c % 64 == 0
+    assert len({a, b, c}) == 3
+    path = d.registered[seg.buffer_id][0]
+    assert not os.path.exists(path)  # unlinked right after registration
+    assert pool.locate(seg.base + b, 100 << 10) == (seg.buffer_id, b)
+    assert pool.locate(seg.base + seg.size_bytes - 1, 2) is None
+    assert pool.locate(12345, 1) is None
+    for off in (a, b, c):
+        pool.free(seg, off)
+    assert seg.free_offsets == [0] and seg.free_lengths == [seg.size_bytes]
+    # a request larger than the pool gets its own segment, returned when freed
+    big, off = pool.alloc(3 << 20)
+    assert big.dedicated and big.size_bytes >= 3 << 20 and len(d.registered) == 2
+    pool.free(big, off)
+    assert len(d.registered) == 1
+    # a full regular segment makes the pool grow by another one
+    s1, o1 = pool.alloc(1 << 20)
+    s2, o2 = pool.alloc(1)
+    assert s1 is seg and s2 is not seg and len(d.registered) == 2
+    pool.close()
+    assert d.registered == {}
