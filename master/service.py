@@ -89,7 +89,8 @@ def _after_key(token: str) -> str | None:
     if not token:
         return None
     try:
-        return base64.urlsafe_b64decode(token.encode("ascii")).decode("utf-8", "surrogatepass")
+        raw = base64.b64decode(token.encode("ascii"), altchars=b"-_", validate=True)
+        return raw.decode("utf-8", "surrogatepass")
     except (binascii.Error, UnicodeError, ValueError):
         raise InvalidArgument(f"page_token {token[:40]!r} is not one this master returned") from None
 

@@ -1,0 +1,236 @@
+"""Test harness for the master: a real ``cxlkv master`` subprocess over real gRPC.
+
+``MasterProcess`` writes a TOML config, starts ``python -m cxlkv.cli master
+--listen 127.0.0.1:0 --address-file …``, waits for the address file, and stops
+with SIGTERM → SIGKILL (a master that had to be killed fails the test).
+``assert_invariant`` checks the space accounting from outside (Stat, ListKeys,
+BatchGetReplicaList) and asks the master to verify it from scratch too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import grpc
+import tomli_w
+
+from cxlkv.errors import CxlkvError, from_rpc_error
+from cxlkv.region import REGION_HEADER_BYTES
+from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
+
+MiB = 1 << 20
+KiB = 1 << 10
+
+
+class MasterProcess:
+    """One master subprocess.
+
+    Args:
+        tmp_path: directory for the config, address file and log.
+        config: MasterConfig keys (TOML top level); ``segments`` defaults to one
+            64 MiB segment ``cxl0``.
+        env: extra environment variables.
+    """
+
+    def __init__(self, tmp_path: Path, config: dict[str, Any] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.dir = tmp_path
+        cfg = {"segments": [{"name": "cxl0", "size_bytes": 64 * MiB}], "sweep_interval_s": 0.05}
+        cfg.update(config or {})
+        self.config = cfg
+        self.config_path = tmp_path / "master.toml"
+        self.address_file = tmp_path / "master.address"
+        self.log_path = tmp_path / "master.log"
+        self.env = dict(env or {})
+        self.proc: subprocess.Popen | None = None
+        self.address = ""
+        self.channel: grpc.Channel | None = None
+        self.stub: master_pb2_grpc.MasterServiceStub | None = None
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "cxlkv.cli", "master", "--config", str(self.config_path),
+                "--listen", "127.0.0.1:0", "--address-file", str(self.address_file)]
+
+    def start(self, timeout_s: float = 30.0) -> "MasterProcess":
+        """Start and wait until serving.
+
+        Raises:
+            AssertionError: the master exited or did not write its address in time.
+        """
+        self.config_path.write_text(tomli_w.dumps(self.config))
+        self.address_file.unlink(missing_ok=True)
+        env = dict(os.environ)
+        env.update(self.env)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env)
+        deadline = time.monotonic() + timeout_s
+        while not self.address_file.exists():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"master exited with {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"master not serving after {timeout_s} s:\n{self.log()}")
+            time.sleep(0.02)
+        self.address = self.address_file.read_text().strip()
+        self.channel = grpc.insecure_channel(self.address)
+        self.stub = master_pb2_grpc.MasterServiceStub(self.channel)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout_s: float = 10.0) -> int:
+        """SIGTERM, then SIGKILL after ``timeout_s``.
+
+        Returns:
+            The exit code.
+
+        Raises:
+            AssertionError: the master had to be killed.
+        """
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+                raise AssertionError(f"master ignored SIGTERM and was killed:\n{self.log()}")
+        return self.proc.returncode
+
+    def __enter__(self) -> "MasterProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        rc = self.stop()
+        if exc[0] is None:
+            assert rc == 0, f"master exited with {rc}:\n{self.log()}"
+
+
+def rpc_error(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> CxlkvError:
+    """Call a stub method that must fail; return the cxlkv error it carried."""
+    try:
+        fn(*args, **kwargs)
+    except grpc.RpcError as exc:
+        return from_rpc_error(exc)
+    raise AssertionError(f"{getattr(fn, '_method', fn)!r} succeeded, expected an error")
+
+
+class Writer:
+    """A registered clientd stand-in: puts through the master."""
+
+    def __init__(self, stub: master_pb2_grpc.MasterServiceStub, name: str = "w",
+                 previous_client_id: str = "") -> None:
+        self.stub = stub
+        resp = stub.RegisterClient(master_pb2.RegisterClientRequest(
+            hostname="test", name=name, pid=os.getpid(), previous_client_id=previous_client_id))
+        self.client_id = resp.client_id
+        self.epoch = resp.epoch
+        self.segments = {s.name: s for s in resp.segments}
+
+    def heartbeat(self) -> None:
+        self.stub.Heartbeat(master_pb2.HeartbeatRequest(client_id=self.client_id, epoch=self.epoch))
+
+    def start(self, key: str, size: int, **options: Any) -> master_pb2.PutStartResult:
+        return self.stub.PutStart(master_pb2.PutStartRequest(
+            client_id=self.client_id, epoch=self.epoch,
+            item=master_pb2.PutStartItem(key=key, value_size_bytes=size,
+                                         options=common_pb2.PutOptions(**options)))).result
+
+    def end(self, key: str, token: int, checksum: int = 0) -> None:
+        self.stub.PutEnd(master_pb2.PutEndRequest(
+            client_id=self.client_id, epoch=self.epoch,
+            item=master_pb2.PutEndItem(key=key, put_token=token, checksum=checksum)))
+
+    def put(self, key: str, size: int, **options: Any) -> master_pb2.PutStartResult:
+        res = self.start(key, size, **options)
+        self.end(key, res.put_token)
+        return res
+
+    def batch_put(self, keys: list[str], size: int, **options: Any) -> list[common_pb2.Status]:
+        """BatchPutStart + BatchPutEnd of the successful ones; the start statuses."""
+        opts = common_pb2.PutOptions(**options)
+        started = self.stub.BatchPutStart(master_pb2.BatchPutStartRequest(
+            client_id=self.client_id, epoch=self.epoch,
+            items=[master_pb2.PutStartItem(key=k, value_size_bytes=size, options=opts) for k in keys]))
+        ends = [master_pb2.PutEndItem(key=k, put_token=r.put_token)
+                for k, r in zip(keys, started.results) if r.status.code == 0]
+        if ends:
+            done = self.stub.BatchPutEnd(master_pb2.BatchPutEndRequest(
+                client_id=self.client_id, epoch=self.epoch, items=ends))
+            assert all(s.code == 0 for s in done.results), done
+        return [r.status for r in started.results]
+
+
+def stat(stub: master_pb2_grpc.MasterServiceStub, check: bool = False) -> master_pb2.StatResponse:
+    return stub.Stat(master_pb2.StatRequest(check_invariants=check))
+
+
+def all_keys(stub: master_pb2_grpc.MasterServiceStub, prefix: str = "") -> list[master_pb2.KeyEntry]:
+    out: list[master_pb2.KeyEntry] = []
+    token = ""
+    while True:
+        page = stub.ListKeys(master_pb2.ListKeysRequest(prefix=prefix, page_size=5000, page_token=token))
+        out.extend(page.entries)
+        token = page.next_page_token
+        if not token:
+            return out
+
+
+def assert_invariant(stub: master_pb2_grpc.MasterServiceStub) -> master_pb2.StatResponse:
+    """The space-accounting invariant, checked from outside and by the master itself.
+
+    * the master's own from-scratch check passes;
+    * used == sum over mounted segments, used + free == capacity per segment
+      (capacity = size − region header), used <= capacity;
+    * key count == committed objects listed by ListKeys;
+    * no two live extents of committed objects overlap, all inside
+      ``[REGION_HEADER_BYTES, size_bytes)``;
+    * used == sum of committed extents when no put is in flight and no lease
+      lives (so no deferred free is pending); otherwise used >= that sum.
+    """
+    st = stat(stub, check=True)
+    assert st.invariant_violation == "", st.invariant_violation
+    mounted = {s.segment_id: s for s in st.segments if s.mounted}
+    assert st.used_bytes == sum(s.used_bytes for s in mounted.values())
+    assert st.capacity_bytes == sum(s.capacity_bytes for s in mounted.values())
+    for s in mounted.values():
+        assert s.capacity_bytes <= s.size_bytes - REGION_HEADER_BYTES
+        assert 0 <= s.used_bytes <= s.capacity_bytes
+    entries = all_keys(stub)
+    assert len(entries) == st.key_count
+    keys = [e.key for e in entries]
+    assert keys == sorted(keys)
+    extents: dict[int, list[tuple[int, int]]] = {sid: [] for sid in mounted}
+    for i in range(0, len(keys), 2000):
+        locs = stub.BatchGetReplicaList(master_pb2.BatchGetReplicaListRequest(
+            keys=keys[i:i + 2000], no_lease=True)).locations
+        for loc in locs:
+            assert loc.status.code == 0, loc.status
+            for r in loc.replicas:
+                extents[r.extent.segment_id].append((r.extent.offset_bytes, r.extent.length_bytes))
+    for sid, exts in extents.items():
+        exts.sort()
+        seg = mounted[sid]
+        for (o1, n1), (o2, _) in zip(exts, exts[1:]):
+            assert o1 + n1 <= o2, f"segment {seg.name}: extents ({o1},{n1}) and ({o2},..) overlap"
+        for o, n in exts:
+            assert REGION_HEADER_BYTES <= o and o + n <= seg.size_bytes
+        committed = sum(n for _, n in exts)
+        if st.processing_count == 0 and st.lease_count == 0:
+            assert seg.used_bytes == committed, (seg.name, seg.used_bytes, committed)
+        else:
+            assert seg.used_bytes >= committed
+        assert seg.object_count >= len(exts)
+    return st
