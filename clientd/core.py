@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 #: the event loop keeps serving; smaller ones run inline (a C call with the GIL
 #: released costs ~2 µs, a hop to a thread ~50 µs).
 LARGE_COPY_BYTES = 256 << 10
+#: A Remove (without force) that meets a lease retries for up to this long, in
+#: seconds: reads hold their lease only while they copy.
+REMOVE_LEASE_WAIT_S = 0.05
+REMOVE_RETRY_FIRST_S = 0.002
 
 _OK = int(ErrorCode.OK)
 _NOT_FOUND = int(ErrorCode.NOT_FOUND)
@@ -54,6 +58,7 @@ _UNKNOWN_CLIENT = int(ErrorCode.UNKNOWN_CLIENT)
 _LEASE_EXPIRED = int(ErrorCode.LEASE_EXPIRED)
 _CHECKSUM_MISMATCH = int(ErrorCode.CHECKSUM_MISMATCH)
 _TOO_LARGE = int(ErrorCode.TOO_LARGE)
+_HAS_LEASE = int(ErrorCode.HAS_LEASE)
 _OUT_OF_RANGE = int(ErrorCode.OUT_OF_RANGE)
 _UNAVAILABLE = int(ErrorCode.UNAVAILABLE)
 _INTERNAL = int(ErrorCode.INTERNAL)
@@ -586,10 +591,21 @@ class ClientdCore:
             else:
                 todo.append(i)
         self.counters["remove_items"] += len(keys)
-        if todo:
+        delay = REMOVE_RETRY_FIRST_S
+        waited = 0.0
+        while todo:
             res = await self.link.remove[bool(force)].submit([keys[i] for i in todo])
+            again: list[int] = []
             for i, r in zip(todo, res):
                 out[i] = r
+                if r.code == _HAS_LEASE and waited < REMOVE_LEASE_WAIT_S:
+                    again.append(i)
+            if again:
+                # Reads hold their lease only while they copy; give them a moment.
+                await asyncio.sleep(delay)
+                waited += delay
+                delay *= 2
+            todo = again
         return out  # type: ignore[return-value]
 
     async def remove_all(self, force: bool, regex: str) -> master_pb2.RemoveAllResponse:

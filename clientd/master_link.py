@@ -36,7 +36,7 @@ __all__ = ["MasterLink", "RELEASE_DELAY_S", "MAX_BATCH_ITEMS"]
 log = logging.getLogger(__name__)
 
 #: Longest a finished read's lease waits for a master call to ride on, in seconds.
-RELEASE_DELAY_S = 0.002
+RELEASE_DELAY_S = 0.001
 #: Most items in one coalesced master call.
 MAX_BATCH_ITEMS = 1024
 #: gRPC message size limit towards the master, in bytes (keys may be 4 KiB each).
