@@ -273,27 +273,30 @@ def test_non_contiguous_and_non_buffers_refused(region):
 
 # -- copy kernels ------------------------------------------------------------------
 
-@pytest.fixture
-def small_stream_threshold():
-    """Route copies of >= 4 KiB through the streaming kernel, restoring it after."""
+@pytest.fixture(params=["vector", "stream"])
+def small_stream_threshold(request):
+    """Run with the default kernels, then with copies of >= 4 KiB streamed."""
     old = cxlkv_stream_threshold_bytes()
-    cxlkv_set_stream_threshold_bytes(4096)
-    yield cxlkv_stream_threshold_bytes()
+    if request.param == "stream":
+        cxlkv_set_stream_threshold_bytes(4096)
+    yield request.param
     cxlkv_set_stream_threshold_bytes(old)
 
 
 def test_copy_kernel_reported():
     if platform.machine() in ("x86_64", "AMD64"):
-        assert COPY_KERNEL in ("avx2-nt", "sse2-nt")
+        assert COPY_KERNEL in ("avx2", "sse2")
         assert cxlkv_stream_threshold_bytes() == 16 * MiB
     else:
         assert COPY_KERNEL == "memmove" and cxlkv_stream_threshold_bytes() == 0
 
 
-def test_streaming_kernel_exact_at_every_alignment(region, small_stream_threshold):
+def test_copy_kernels_exact_at_every_alignment(region, small_stream_threshold):
     rng = np.random.default_rng(7)
     data = rng.integers(0, 256, 3 * 65536, dtype=np.uint8)
-    for src_mis, dst_mis, n in [(0, 0, 65536), (1, 0, 65537), (0, 63, 4096 + 5), (17, 33, 100_003), (63, 1, 130_000)]:
+    cases = [(0, 0, 512), (5, 3, 513), (31, 1, 543), (0, 0, 65536), (1, 0, 65537), (0, 63, 4096 + 5),
+             (17, 33, 100_003), (63, 1, 130_000), (16, 0, 3)]
+    for src_mis, dst_mis, n in cases:
         region.copy_in(0, bytes(256 * 1024))
         src = data[src_mis : src_mis + n]
         region.copy_in(4096 + dst_mis, src)

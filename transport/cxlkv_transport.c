@@ -53,10 +53,13 @@ static volatile int g_ready;
 typedef void (*cxlkv_copy_fn)(char *dst, const char *src, size_t n);
 
 static void copy_memmove(char *dst, const char *src, size_t n);
-static cxlkv_copy_fn g_stream_fn = copy_memmove;
+static cxlkv_copy_fn g_vector_fn = copy_memmove;  /* cached stores, [VECTOR_MIN, stream) */
+static cxlkv_copy_fn g_stream_fn = copy_memmove;  /* non-temporal stores, >= stream */
 static const char *g_copy_kernel = "memmove";
-static size_t g_stream_threshold = SIZE_MAX; /* set by cpu_init where a kernel exists */
+static size_t g_vector_min = SIZE_MAX;      /* set by cpu_init where kernels exist */
+static size_t g_stream_threshold = SIZE_MAX;
 
+#define CXLKV_VECTOR_MIN_BYTES ((size_t)512)
 #define CXLKV_STREAM_DEFAULT_BYTES ((size_t)16 << 20)
 
 static void
@@ -104,6 +107,66 @@ invalidate_clflush(char *p, const char *end, uint64_t line)
     for (; p < end; p += line)
         _mm_clflush(p);
     _mm_mfence();
+}
+
+/*
+ * Vector copy with cached stores, for n >= CXLKV_VECTOR_MIN_BYTES: one
+ * unaligned vector for the head, unaligned loads + aligned stores, one
+ * unaligned vector for the tail. glibc 2.36's memmove switches to REP MOVSB
+ * from a few KiB, which AMD Zen runs at 2.5 GB/s when source and destination
+ * are not mutually aligned (a page-aligned region offset against a malloc'ed
+ * buffer at 16 mod 64: every copy_out into a numpy array); this loop runs at
+ * 40-90 GB/s there, and as fast as glibc otherwise (measured 1 KiB .. 16 MiB).
+ */
+__attribute__((target("avx2"))) static void
+vector_avx2(char *dst, const char *src, size_t n)
+{
+    size_t head = (32 - ((uintptr_t)dst & 31)) & 31, i;
+
+    _mm256_storeu_si256((__m256i *)dst, _mm256_loadu_si256((const __m256i *)src));
+    dst += head;
+    src += head;
+    n -= head;
+    for (i = 0; i + 128 <= n; i += 128) {
+        __m256i v0 = _mm256_loadu_si256((const __m256i *)(src + i));
+        __m256i v1 = _mm256_loadu_si256((const __m256i *)(src + i + 32));
+        __m256i v2 = _mm256_loadu_si256((const __m256i *)(src + i + 64));
+        __m256i v3 = _mm256_loadu_si256((const __m256i *)(src + i + 96));
+        _mm256_store_si256((__m256i *)(dst + i), v0);
+        _mm256_store_si256((__m256i *)(dst + i + 32), v1);
+        _mm256_store_si256((__m256i *)(dst + i + 64), v2);
+        _mm256_store_si256((__m256i *)(dst + i + 96), v3);
+    }
+    for (; i + 32 <= n; i += 32)
+        _mm256_store_si256((__m256i *)(dst + i), _mm256_loadu_si256((const __m256i *)(src + i)));
+    if (i < n)
+        _mm256_storeu_si256((__m256i *)(dst + n - 32),
+                            _mm256_loadu_si256((const __m256i *)(src + n - 32)));
+}
+
+static void
+vector_sse2(char *dst, const char *src, size_t n)
+{
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15, i;
+
+    _mm_storeu_si128((__m128i *)dst, _mm_loadu_si128((const __m128i *)src));
+    dst += head;
+    src += head;
+    n -= head;
+    for (i = 0; i + 64 <= n; i += 64) {
+        __m128i v0 = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i v1 = _mm_loadu_si128((const __m128i *)(src + i + 16));
+        __m128i v2 = _mm_loadu_si128((const __m128i *)(src + i + 32));
+        __m128i v3 = _mm_loadu_si128((const __m128i *)(src + i + 48));
+        _mm_store_si128((__m128i *)(dst + i), v0);
+        _mm_store_si128((__m128i *)(dst + i + 16), v1);
+        _mm_store_si128((__m128i *)(dst + i + 32), v2);
+        _mm_store_si128((__m128i *)(dst + i + 48), v3);
+    }
+    for (; i + 16 <= n; i += 16)
+        _mm_store_si128((__m128i *)(dst + i), _mm_loadu_si128((const __m128i *)(src + i)));
+    if (i < n)
+        _mm_storeu_si128((__m128i *)(dst + n - 16), _mm_loadu_si128((const __m128i *)(src + n - 16)));
 }
 
 /*
@@ -189,12 +252,15 @@ cpu_init(void)
     }
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2")) { /* also checks the OS saves YMM state */
+        g_vector_fn = vector_avx2;
         g_stream_fn = stream_avx2;
-        g_copy_kernel = "avx2-nt";
+        g_copy_kernel = "avx2";
     } else {
-        g_stream_fn = stream_sse2; /* SSE2: every x86-64 CPU */
-        g_copy_kernel = "sse2-nt";
+        g_vector_fn = vector_sse2; /* SSE2: every x86-64 CPU */
+        g_stream_fn = stream_sse2;
+        g_copy_kernel = "sse2";
     }
+    g_vector_min = CXLKV_VECTOR_MIN_BYTES;
     g_stream_threshold = CXLKV_STREAM_DEFAULT_BYTES;
     if (has_clflushopt) {
         g_invalidate_fn = invalidate_clflushopt;
@@ -340,14 +406,20 @@ cxlkv_copy_kernel(void)
     return g_copy_kernel;
 }
 
-/* memmove semantics; large non-overlapping copies take the streaming kernel. */
+/*
+ * memmove semantics. Non-overlapping copies of >= g_vector_min bytes take the
+ * vector kernel, of >= g_stream_threshold bytes the streaming kernel.
+ */
 static inline void
 copy_bytes(void *dst, const void *src, size_t n)
 {
-    if (n >= g_stream_threshold) {
+    if (n >= g_vector_min) {
         uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
         if (d + n <= s || s + n <= d) {
-            g_stream_fn((char *)dst, (const char *)src, n);
+            if (n >= g_stream_threshold)
+                g_stream_fn((char *)dst, (const char *)src, n);
+            else
+                g_vector_fn((char *)dst, (const char *)src, n);
             return;
         }
     }

@@ -147,15 +147,19 @@ int cxlkv_prefault(const cxlkv_region_t *r, uint64_t offset, uint64_t length,
                    int *err_errno);
 
 /*
- * Copies of at least this many bytes use the streaming kernel (non-temporal
- * stores that bypass the cache, then SFENCE) where the CPU has one; smaller
- * copies use memmove. Default 16 MiB on x86-64; 0 disables the kernel.
- * Process-wide; set it before copies start.
+ * Copies of at least this many bytes use non-temporal stores that bypass the
+ * cache (then SFENCE) where the CPU has them; smaller ones use cached stores.
+ * Default 16 MiB on x86-64; 0 disables streaming. Process-wide; set it before
+ * copies start.
  */
 uint64_t cxlkv_stream_threshold_bytes(void);
 void cxlkv_set_stream_threshold_bytes(uint64_t bytes);
 
-/* Name of the large-copy kernel chosen at run time ("avx2-nt", "sse2-nt", "memmove"). */
+/*
+ * Copy kernel chosen at run time for copies of 512 bytes and more: "avx2" or
+ * "sse2" (x86-64 vector loops, streaming from the threshold above), or
+ * "memmove" (glibc, other architectures).
+ */
 const char *cxlkv_copy_kernel(void);
 
 /* Cache line size in bytes used by flush/invalidate. */
