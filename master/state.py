@@ -144,6 +144,7 @@ class MasterState:
         self._put_deadlines: deque[tuple[float, int]] = deque()
         self._retired: dict[int, ObjectVersion] = {}
         self._revoked: OrderedDict[int, str] = OrderedDict()
+        self._draining: set[int] = set()  # segment ids evicting down to the low watermark
         # clients
         self._clients: dict[str, ClientRecord] = {}
         self._expired_clients: OrderedDict[str, ClientRecord] = OrderedDict()
@@ -351,12 +352,12 @@ class MasterState:
             UnknownClient: unknown or expired (register again).
             StaleToken: ``epoch`` is not the current registration's.
         """
-        client = self.writer(client_id, epoch, now)
-        client.last_heartbeat = now
-        return client
+        return self.writer(client_id, epoch, now)
 
     def writer(self, client_id: str, epoch: int, now: float) -> ClientRecord:
         """The live registration ``(client_id, epoch)``; expires it first if overdue.
+
+        Any successful call of a client counts as a heartbeat.
 
         Raises:
             UnknownClient: unknown or expired client id.
@@ -371,6 +372,7 @@ class MasterState:
                                 f"{now - client.last_heartbeat:.1f} s): register again")
         if epoch != client.epoch:
             raise StaleToken(f"client {client_id!r} epoch {epoch} is fenced (current epoch {client.epoch})")
+        client.last_heartbeat = now
         return client
 
     def _expire_client(self, client: ClientRecord, now: float) -> None:
@@ -555,7 +557,6 @@ class MasterState:
         del self._pending[key]
         client = self._clients[client_id]
         client.puts.pop(put_token, None)
-        client.last_heartbeat = now
         old = self._objects.get(key)
         if old is not None:
             self._retire(old, evicted=False)
@@ -849,6 +850,10 @@ class MasterState:
     def evict_to_watermark(self, now: float, budget_s: float | None = None) -> int:
         """Evict in each segment above ``high_watermark`` down to ``low_watermark``.
 
+        A segment that crossed the high watermark keeps draining in later
+        calls (when the budget cut a pass short) until it is at or below the
+        low watermark, or nothing in it is evictable.
+
         Args:
             now: master clock, seconds.
             budget_s: most work-clock time to spend (default ``evict_budget_s``).
@@ -860,15 +865,21 @@ class MasterState:
         deadline = self._work_clock() + budget
         high, low = self.config.high_watermark, self.config.low_watermark
         evicted = 0
+        draining = self._draining
         for seg in list(self._mounted):
             cap = seg.capacity_bytes
-            if not cap or seg.used_bytes <= high * cap:
-                continue
+            sid = seg.segment_id
+            if sid not in draining:
+                if not cap or seg.used_bytes <= high * cap:
+                    continue
+                draining.add(sid)  # above high: drain down to low, over several passes if needed
             alloc = seg.allocator
-            evicted += self._evict(now, lambda: alloc.used_bytes <= low * cap,
-                                   frozenset((seg.segment_id,)), deadline)
+            evicted += self._evict(now, lambda: alloc.used_bytes <= low * cap, frozenset((sid,)), deadline)
+            if alloc.used_bytes <= low * cap:
+                draining.discard(sid)
             if self._work_clock() > deadline:
                 break
+        draining.intersection_update(s.segment_id for s in self._mounted)
         return evicted
 
     # ---------------------------------------------------------------- sweep
@@ -877,24 +888,26 @@ class MasterState:
         frees), watermark eviction under the time budget.
 
         Returns:
-            What this sweep did: ``clients_expired``, ``puts_reclaimed``,
-            ``leases_expired``, ``evicted``.
+            What this sweep did: ``clients_expired``, ``puts_reclaimed`` (of
+            expired writers and timed out), ``leases_expired``, ``evicted``.
         """
         ttl = self.config.client_ttl_s
+        reclaimed_before = self.counters["puts_reclaimed"]
         expired_clients = 0
         for client in list(self._clients.values()):
             if now - client.last_heartbeat > ttl:
                 self._expire_client(client, now)
                 expired_clients += 1
-        reclaimed = 0
+        timed_out = 0
         deadlines = self._put_deadlines
         while deadlines and deadlines[0][0] <= now:
             _, token = deadlines.popleft()
             obj = self._puts.get(token)
             if obj is not None:
                 self._revoke(obj, f"put timed out after {self.config.put_timeout_s:g} s")
-                reclaimed += 1
-        self.counters["puts_reclaimed"] += reclaimed
+                timed_out += 1
+        self.counters["puts_reclaimed"] += timed_out
+        reclaimed = self.counters["puts_reclaimed"] - reclaimed_before
         leases_expired = self.leases.expire(now)
         self.counters["lease_expiries"] += leases_expired
         evicted = self.evict_to_watermark(now, budget_s)
