@@ -591,6 +591,8 @@ class ClientdCore:
             else:
                 todo.append(i)
         self.counters["remove_items"] += len(keys)
+        if todo:
+            await self.link.flush_releases()
         delay = REMOVE_RETRY_FIRST_S
         waited = 0.0
         while todo:
@@ -624,9 +626,24 @@ class ClientdCore:
                 re.compile(regex)
             except re.error as exc:
                 raise InvalidArgument(f"regex {regex!r} does not compile: {exc}") from None
-            return await self.link.call(
-                "RemoveByRegex", lambda: master_pb2.RemoveByRegexRequest(pattern=regex, force=force))
-        return await self.link.call("RemoveAll", lambda: master_pb2.RemoveAllRequest(force=force))
+        await self.link.flush_releases()
+        total = master_pb2.RemoveAllResponse()
+        delay = REMOVE_RETRY_FIRST_S
+        waited = 0.0
+        while True:
+            if regex:
+                r = await self.link.call(
+                    "RemoveByRegex", lambda: master_pb2.RemoveByRegexRequest(pattern=regex, force=force))
+            else:
+                r = await self.link.call("RemoveAll", lambda: master_pb2.RemoveAllRequest(force=force))
+            total.removed += r.removed
+            total.skipped_leased = r.skipped_leased
+            if not r.skipped_leased or waited >= REMOVE_LEASE_WAIT_S:
+                return total
+            # Reads hold their lease only while they copy; give them a moment.
+            await asyncio.sleep(delay)
+            waited += delay
+            delay *= 2
 
     # ============================================================ inspection
     async def list_keys(self, prefix: str, page_size: int, page_token: str) -> master_pb2.ListKeysResponse:

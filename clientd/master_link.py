@@ -399,6 +399,12 @@ class MasterLink:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def flush_releases(self) -> None:
+        """Send the pending lease releases now (before a Remove, so this daemon's own
+        finished reads do not stand in its way)."""
+        if self._pending_releases and self.registered:
+            await self._flush_releases()
+
     async def _flush_releases(self) -> None:
         ids = self._take_releases()
         if not ids:

@@ -1,0 +1,357 @@
+"""Hostile input, through raw gRPC and raw lean frames (where the SDK would refuse first).
+
+Every case gets a clear error from the ErrorCode enum, the daemon stays up, and
+afterwards the master's accounting is exact (its own check, Stat, ListKeys).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import socket
+import struct
+import time
+
+import grpc
+import pytest
+
+from cxlkv.client import framing
+from cxlkv.errors import ErrorCode, from_rpc_error
+from cxlkv.v1 import client_pb2, client_pb2_grpc, common_pb2
+
+MiB = 1 << 20
+CODE = ErrorCode
+
+
+# ------------------------------------------------------------------ helpers
+class Raw:
+    """A raw lean connection: send any bytes, read frames."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(path)
+        self.rid = 0
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def frame(self, method: int, payload: bytes, rid: int | None = None) -> int:
+        if rid is None:
+            self.rid += 1
+            rid = self.rid
+        self.send(framing.encode_request(method, rid, payload))
+        return rid
+
+    def read(self) -> tuple[int, int, bytes]:
+        head = self._exact(framing.HEADER_BYTES)
+        length, code, _flags, rid = framing.HEADER.unpack(head)
+        return code, rid, self._exact(length - framing.MIN_LENGTH)
+
+    def _exact(self, n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("closed")
+            out += chunk
+        return bytes(out)
+
+    def call(self, name: str, request) -> tuple[int, object]:
+        m = framing.METHODS_BY_NAME[name]
+        rid = self.frame(m.number, request.SerializeToString())
+        code, got, body = self.read()
+        assert got == rid
+        if code:
+            return code, common_pb2.ErrorDetail.FromString(body)
+        return 0, m.response_type.FromString(body)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture()
+def raw(module_cluster):
+    r = Raw(module_cluster.lean_socket_path(0))
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def stub(module_cluster):
+    ch = grpc.insecure_channel(f"unix:{module_cluster.socket_path(0)}")
+    yield client_pb2_grpc.ClientServiceStub(ch)
+    ch.close()
+
+
+def grpc_code(fn, *args) -> int:
+    try:
+        fn(*args, timeout=10)
+    except grpc.RpcError as exc:
+        return int(from_rpc_error(exc).code)
+    return 0
+
+
+def shm_buffer(size: int) -> tuple[str, mmap.mmap]:
+    path = f"/dev/shm/cxlkv-buf-{os.getpid()}-hostile-{time.monotonic_ns()}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.ftruncate(fd, size)
+    mm = mmap.mmap(fd, size)
+    os.close(fd)
+    return path, mm
+
+
+@pytest.fixture()
+def registered(raw):
+    path, mm = shm_buffer(1 * MiB)
+    try:
+        code, resp = raw.call("RegisterBuffer", client_pb2.RegisterBufferRequest(
+            path=path, size_bytes=1 * MiB, pid=os.getpid()))
+        assert code == 0, resp
+    finally:
+        os.unlink(path)
+    yield resp.buffer_id, mm
+    raw.call("UnregisterBuffer", client_pb2.UnregisterBufferRequest(buffer_id=resp.buffer_id))
+    mm.close()
+
+
+@pytest.fixture(autouse=True)
+def daemon_survives(module_cluster):
+    yield
+    for p in module_cluster.clientds:
+        assert p.alive(), f"{p.name} died"
+    with module_cluster.client(0) as c:
+        c.put(f"alive/{time.monotonic_ns()}", b"ok")
+    module_cluster.assert_invariants()
+
+
+def BR(buffer_id: int, offset: int, length: int) -> client_pb2.BufferRange:
+    return client_pb2.BufferRange(buffer_id=buffer_id, offset_bytes=offset, length_bytes=length)
+
+
+# -------------------------------------------------------------------- buffers
+def test_unknown_buffer_ids(raw) -> None:
+    for bid in (0, 1, 2**63 + 5, 2**64 - 1):
+        code, err = raw.call("PutFrom", client_pb2.PutFromRequest(key="h/unk", source=BR(bid, 0, 10)))
+        assert code == CODE.UNKNOWN_BUFFER and "unknown buffer" in err.message
+        code, _ = raw.call("GetInto", client_pb2.GetIntoRequest(key="h/unk", target=BR(bid, 0, 10)))
+        assert code == CODE.UNKNOWN_BUFFER
+        code, _ = raw.call("UnregisterBuffer", client_pb2.UnregisterBufferRequest(buffer_id=bid))
+        assert code == CODE.UNKNOWN_BUFFER
+    code, resp = raw.call("BatchPutFrom", client_pb2.BatchPutFromRequest(items=[
+        client_pb2.PutFromRequest(key="h/unk1", source=BR(7, 0, 1)),
+        client_pb2.PutFromRequest(key="h/unk2", source=BR(8, 0, 1)),
+    ]))
+    assert code == 0 and [r.status.code for r in resp.results] == [CODE.UNKNOWN_BUFFER] * 2
+    code, err = raw.call("GetPrefixInto", client_pb2.GetPrefixIntoRequest(items=[
+        client_pb2.GetIntoRequest(key="h/unk1", target=BR(7, 0, 1))]))
+    assert code == CODE.UNKNOWN_BUFFER
+
+
+def test_buffer_used_after_unregister(raw) -> None:
+    path, mm = shm_buffer(4096)
+    try:
+        _, resp = raw.call("RegisterBuffer", client_pb2.RegisterBufferRequest(path=path, size_bytes=4096, pid=os.getpid()))
+    finally:
+        os.unlink(path)
+    bid = resp.buffer_id
+    assert raw.call("UnregisterBuffer", client_pb2.UnregisterBufferRequest(buffer_id=bid))[0] == 0
+    code, _ = raw.call("PutFrom", client_pb2.PutFromRequest(key="h/after", source=BR(bid, 0, 16)))
+    assert code == CODE.UNKNOWN_BUFFER
+    code, _ = raw.call("GetInto", client_pb2.GetIntoRequest(key="h/after", target=BR(bid, 0, 16)))
+    assert code == CODE.UNKNOWN_BUFFER
+    mm.close()
+
+
+def test_ranges_beyond_a_buffer_and_huge_or_negative_sizes(raw, registered) -> None:
+    bid, mm = registered
+    bad = [(MiB, 1), (MiB - 10, 11), (0, MiB + 1), (2**64 - 1, 1), (1, 2**64 - 1)]
+    for off, ln in bad:
+        code, err = raw.call("PutFrom", client_pb2.PutFromRequest(key="h/range", source=BR(bid, off, ln)))
+        assert code == CODE.OUT_OF_RANGE, (off, ln, err)
+        code, _ = raw.call("GetInto", client_pb2.GetIntoRequest(key="h/range", target=BR(bid, off, ln)))
+        assert code == CODE.OUT_OF_RANGE
+    # "negative" numbers (int64 varints) decode as huge uint64 values
+    req = client_pb2.PutFromRequest(key="h/neg")
+    req.source.buffer_id = bid
+    req.source.offset_bytes = (-4096) & (2**64 - 1)
+    req.source.length_bytes = 16
+    assert raw.call("PutFrom", req)[0] == CODE.OUT_OF_RANGE
+    # a get into a range smaller than the value: OUT_OF_RANGE, requested_bytes = value size
+    mm[:100] = b"v" * 100
+    assert raw.call("PutFrom", client_pb2.PutFromRequest(key="h/small", source=BR(bid, 0, 100)))[0] == 0
+    code, err = raw.call("GetInto", client_pb2.GetIntoRequest(key="h/small", target=BR(bid, 0, 50)))
+    assert code == CODE.OUT_OF_RANGE and err.requested_bytes == 100
+    # batches: a bad range fails only its own item
+    code, resp = raw.call("BatchGetInto", client_pb2.BatchGetIntoRequest(items=[
+        client_pb2.GetIntoRequest(key="h/small", target=BR(bid, 200, 100)),
+        client_pb2.GetIntoRequest(key="h/small", target=BR(bid, MiB, 100)),
+    ]))
+    assert [r.status.code for r in resp.results] == [0, CODE.OUT_OF_RANGE]
+    assert bytes(mm[200:300]) == b"v" * 100
+    raw.call("Remove", client_pb2.ClientRemoveRequest(key="h/small"))
+
+
+def test_register_buffer_refusals(raw, tmp_path) -> None:
+    cases = [
+        client_pb2.RegisterBufferRequest(path="/etc/passwd", size_bytes=4096, pid=os.getpid()),
+        client_pb2.RegisterBufferRequest(path="/dev/shm/../../etc/passwd", size_bytes=4096),
+        client_pb2.RegisterBufferRequest(path="relative", size_bytes=4096),
+        client_pb2.RegisterBufferRequest(path="/dev/shm/cxlkv-no-such", size_bytes=4096),
+        client_pb2.RegisterBufferRequest(path="", size_bytes=4096),
+    ]
+    for req in cases:
+        code, err = raw.call("RegisterBuffer", req)
+        assert code == CODE.INVALID_ARGUMENT and err.message, req
+    path, mm = shm_buffer(8192)
+    try:
+        code, err = raw.call("RegisterBuffer", client_pb2.RegisterBufferRequest(path=path, size_bytes=4096))
+        assert code == CODE.INVALID_ARGUMENT and "8192" in err.message
+        code, err = raw.call("RegisterBuffer", client_pb2.RegisterBufferRequest(path=path, size_bytes=0))
+        assert code == CODE.INVALID_ARGUMENT
+    finally:
+        os.unlink(path)
+        mm.close()
+
+
+# ---------------------------------------------------------------------- keys
+@pytest.mark.parametrize("key", ["", "k" * 4097, "a\x00b"])
+def test_bad_keys_over_grpc(stub, key: str) -> None:
+    assert grpc_code(stub.Put, client_pb2.PutRequest(key=key, value=b"v")) == CODE.INVALID_KEY
+    assert grpc_code(stub.Get, client_pb2.GetRequest(key=key)) == CODE.INVALID_KEY
+    assert grpc_code(stub.Exist, client_pb2.ExistRequest(key=key)) == CODE.INVALID_KEY
+    assert grpc_code(stub.Remove, client_pb2.ClientRemoveRequest(key=key)) == CODE.INVALID_KEY
+    resp = stub.BatchExist(client_pb2.BatchExistRequest(keys=[key, "fine"]), timeout=10)
+    assert list(resp.exists) == [False, False]
+    assert resp.results[0].code == CODE.INVALID_KEY and resp.results[1].code == 0
+
+
+def test_key_with_invalid_utf8_in_a_lean_frame(raw) -> None:
+    # field 1 (key), wire type 2, length 2, bytes 0xff 0xfe: not UTF-8
+    payload = b"\x0a\x02\xff\xfe"
+    m = framing.METHODS_BY_NAME["Get"]
+    rid = raw.frame(m.number, payload)
+    code, got, body = raw.read()
+    assert got == rid and code == CODE.INVALID_ARGUMENT
+    assert "malformed" in common_pb2.ErrorDetail.FromString(body).message
+
+
+def test_oversized_inline_values(stub, raw, module_cluster) -> None:
+    big = b"x" * (MiB + 1)  # max_inline_bytes defaults to 1 MiB
+    assert grpc_code(stub.Put, client_pb2.PutRequest(key="h/big", value=big)) == CODE.TOO_LARGE
+    code, err = raw.call("Put", client_pb2.PutRequest(key="h/big", value=big))
+    assert code == CODE.TOO_LARGE and "inline" in err.message
+    code, resp = raw.call("BatchPut", client_pb2.BatchPutRequest(items=[
+        client_pb2.PutRequest(key="h/big", value=big), client_pb2.PutRequest(key="h/ok", value=b"ok")]))
+    assert [r.status.code for r in resp.results] == [CODE.TOO_LARGE, 0]
+    # a value over the inline limit put zero-copy is refused inline on Get, with its size
+    with module_cluster.client(0) as c:
+        c.put("h/large", b"y" * (2 * MiB))
+        assert c.get("h/large") == b"y" * (2 * MiB)  # the SDK falls back to GetInto
+    code, err = raw.call("Get", client_pb2.GetRequest(key="h/large"))
+    assert code == CODE.TOO_LARGE and err.requested_bytes == 2 * MiB
+    # a value larger than every segment (the 64 MiB region): TOO_LARGE, nothing placed
+    path, mm = shm_buffer(80 * MiB)  # sparse: no memory is touched
+    try:
+        _, resp = raw.call("RegisterBuffer", client_pb2.RegisterBufferRequest(
+            path=path, size_bytes=80 * MiB, pid=os.getpid()))
+    finally:
+        os.unlink(path)
+    code, err = raw.call("PutFrom", client_pb2.PutFromRequest(key="h/huge", source=BR(resp.buffer_id, 0, 80 * MiB)))
+    assert code == CODE.TOO_LARGE, err
+    raw.call("UnregisterBuffer", client_pb2.UnregisterBufferRequest(buffer_id=resp.buffer_id))
+    mm.close()
+    raw.call("BatchRemove", client_pb2.ClientBatchRemoveRequest(keys=["h/ok", "h/large"]))
+
+
+# -------------------------------------------------------------------- frames
+def test_unknown_method_and_garbage_payload_keep_the_connection(raw) -> None:
+    rid = raw.frame(999, b"")
+    code, got, body = raw.read()
+    assert got == rid and code == CODE.INVALID_ARGUMENT
+    assert "unknown method" in common_pb2.ErrorDetail.FromString(body).message
+    rid = raw.frame(framing.METHODS_BY_NAME["Put"].number, b"\xff\xff\xff\xff\xff garbage")
+    code, got, _ = raw.read()
+    assert got == rid and code == CODE.INVALID_ARGUMENT
+    rid = raw.frame(0, b"")
+    assert raw.read()[0] == CODE.INVALID_ARGUMENT
+    # the connection still works
+    code, resp = raw.call("Exist", client_pb2.ExistRequest(key="h/nothing"))
+    assert code == 0 and resp.exists is False
+
+
+@pytest.mark.parametrize("length", [0xFFFFFFFF, 0x10000000 + 1, 3, 0])
+def test_impossible_frame_lengths_close_only_that_connection(module_cluster, length: int) -> None:
+    r = Raw(module_cluster.lean_socket_path(0))
+    r.send(struct.pack("<IHHQ", length, 1, 0, 42))
+    code, rid, body = r.read()
+    assert code == CODE.INVALID_ARGUMENT and rid == 42
+    assert "frame" in common_pb2.ErrorDetail.FromString(body).message
+    with pytest.raises((ConnectionError, OSError)):
+        r.read()
+    r.close()
+
+
+def test_disconnect_mid_frame_and_mid_call(module_cluster) -> None:
+    # half a header, half a payload, then gone
+    for data in (b"\x10\x00", framing.encode_request(1, 1, client_pb2.PutRequest(
+            key="h/half", value=b"z" * 1000).SerializeToString())[:500]):
+        r = Raw(module_cluster.lean_socket_path(0))
+        r.send(data)
+        r.close()
+    # puts sent, connection closed before the answers: every put the daemon started
+    # completes (none is left PROCESSING), the rest were never received
+    r = Raw(module_cluster.lean_socket_path(0))
+    for i in range(20):
+        r.frame(1, client_pb2.PutRequest(key=f"h/gone/{i}", value=b"q" * 300_000).SerializeToString())
+    r.sock.shutdown(socket.SHUT_RDWR)
+    r.close()
+    module_cluster.wait_until(lambda: module_cluster.master_stat(False).processing_count == 0,
+                              what="no put left PROCESSING")
+    with module_cluster.client(1) as c:
+        present = [k for k, e in zip([f"h/gone/{i}" for i in range(20)],
+                                     c.exists_many([f"h/gone/{i}" for i in range(20)])) if e]
+        assert present, "the daemon had received at least the first put"
+        for k in present:
+            assert c.get(k) == b"q" * 300_000
+        assert c.remove_all(regex="^h/gone/") == len(present)
+    # the same over gRPC: a call cancelled by its client
+    ch = grpc.insecure_channel(f"unix:{module_cluster.socket_path(0)}")
+    stub = client_pb2_grpc.ClientServiceStub(ch)
+    fut = stub.Put.future(client_pb2.PutRequest(key="h/cancelled", value=b"c" * 500_000))
+    fut.cancel()
+    ch.close()
+    module_cluster.wait_until(lambda: module_cluster.master_stat(False).processing_count == 0,
+                              what="no put left PROCESSING")
+
+
+def test_garbage_stream_then_eof(module_cluster) -> None:
+    r = Raw(module_cluster.lean_socket_path(0))
+    r.send(os.urandom(64 * 1024))
+    r.sock.shutdown(socket.SHUT_WR)
+    # the daemon answers whatever frames it could parse and then closes
+    try:
+        while True:
+            code, _, _ = r.read()
+            assert code != 0
+    except (ConnectionError, OSError):
+        pass
+    r.close()
+
+
+def test_pipelined_requests_answer_by_request_id(raw) -> None:
+    ids = [raw.frame(1, client_pb2.PutRequest(key=f"h/pipe/{i}", value=bytes([i]) * 10).SerializeToString())
+           for i in range(50)]
+    got = {}
+    for _ in ids:
+        code, rid, _ = raw.read()
+        got[rid] = code
+    assert sorted(got) == sorted(ids) and set(got.values()) == {0}
+    code, resp = raw.call("BatchGet", client_pb2.BatchGetRequest(keys=[f"h/pipe/{i}" for i in range(50)]))
+    assert [r.value for r in resp.results] == [bytes([i]) * 10 for i in range(50)]
+    code, resp = raw.call("RemoveAll", client_pb2.ClientRemoveAllRequest(regex="^h/pipe/"))
+    assert resp.removed == 50
+    code, err = raw.call("RemoveAll", client_pb2.ClientRemoveAllRequest(regex="(unclosed"))
+    assert code == CODE.INVALID_ARGUMENT
+    code, err = raw.call("List", client_pb2.ListRequest(page_token="not-a-token"))
+    assert code == CODE.INVALID_ARGUMENT
