@@ -1,0 +1,207 @@
+"""Faults with real processes: a host (clientd) killed mid-load, a master restart,
+and daemons pointed at the wrong region.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from cxlkv.errors import CxlkvError, Unavailable
+from cxlkv.region import format_region
+from cxlkv.transport import Region
+
+MiB = 1 << 20
+FAST_FAULTS = {"client_ttl_s": 1.5, "heartbeat_interval_s": 0.25, "put_timeout_s": 30}
+
+
+def _value(i: int, size: int) -> bytes:
+    return (i.to_bytes(8, "little") * (size // 8 + 1))[:size]
+
+
+def test_host_killed_mid_load_loses_only_unfinished_puts(make_cluster) -> None:
+    cl = make_cluster(master_options=FAST_FAULTS)
+    committed: list[tuple[str, int]] = []
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def writer(t: int) -> None:
+        from cxlkv import Client
+
+        size = 256 << 10  # large enough that copies are often in flight
+        try:
+            with Client(cl.socket_path(0), timeout_s=5) as a:
+                i = 0
+                while not stop.is_set():
+                    key = f"kill/{t}/{i}"
+                    try:
+                        a.put(key, _value(i, size))
+                    except Unavailable:
+                        return  # the host died
+                    with lock:
+                        committed.append((key, i))
+                    i += 1
+        except CxlkvError:
+            return
+
+    threads = [threading.Thread(target=writer, args=(t,), daemon=True) for t in range(4)]
+    for t in threads:
+        t.start()
+    cl.wait_until(lambda: len(committed) >= 40, what="some puts to commit")
+    cl.kill_clientd(0)
+    stop.set()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    with lock:
+        done = list(committed)
+    assert done
+
+    # B reads every object A committed, byte for byte, and never blocks.
+    with cl.client(1, timeout_s=5) as b:
+        t0 = time.monotonic()
+        res = b.get_many([k for k, _ in done])
+        assert time.monotonic() - t0 < 5
+        for (key, i), r in zip(done, res):
+            assert r.ok, (key, r.error)
+            assert r.value == _value(i, 256 << 10), key
+        # A's unfinished puts are reclaimed once its registration expires; B keeps working meanwhile.
+        deadline = time.monotonic() + 15
+        while cl.master_stat(False).processing_count:
+            t1 = time.monotonic()
+            b.put(f"kill/b/{t1}", b"alive")
+            assert time.monotonic() - t1 < 2
+            assert time.monotonic() < deadline, "A's PROCESSING puts were never reclaimed"
+            time.sleep(0.1)
+    st = cl.assert_invariants()
+    assert st.counters["clients_expired"] >= 1
+    assert not [c for c in st.clients if c.name == "clientd-0" and c.alive]
+    # every committed key is still listed, nothing else of A's is
+    listed = {e.key for e in cl.list_master_keys()}
+    assert {k for k, _ in done} <= listed
+
+
+def test_clientd_reregisters_after_master_restart(make_cluster) -> None:
+    cl = make_cluster(master_options={"heartbeat_interval_s": 0.2, "client_ttl_s": 2})
+    with cl.client(0) as a, cl.client(1) as b:
+        a.put("restart/before", b"x")
+        old_id = cl.master_stat(False).master_id
+        cl.restart_master()
+        assert cl.master_stat(False).master_id != old_id
+
+        def works() -> bool:
+            try:
+                a.put(f"restart/after/{time.monotonic_ns()}", b"y")
+                return True
+            except CxlkvError:
+                return False
+
+        cl.wait_until(works, timeout_s=15, what="clientd-0 to re-register")
+        a.put("restart/new", b"new value")
+        cl.wait_until(lambda: _safe_get(b, "restart/new") == b"new value", timeout_s=15,
+                      what="clientd-1 to re-register")
+        st = cl.master_stat()
+        assert sorted(c.name for c in st.clients if c.alive) == ["clientd-0", "clientd-1"]
+        assert b.stat()["master_connected"] is True
+    cl.assert_invariants()
+
+
+def _safe_get(client, key: str) -> bytes | None:
+    try:
+        return client.get(key)
+    except CxlkvError:
+        return None
+
+
+def test_clientd_waits_for_a_late_master_then_serves(make_cluster) -> None:
+    cl = make_cluster(clientds=1, master_options={"heartbeat_interval_s": 0.2})
+    assert cl.master is not None
+    cl.master.stop()
+    with cl.client(0, timeout_s=5) as a:
+        with pytest.raises(CxlkvError) as exc:
+            a.put("late/x", b"x")
+        assert exc.value.code.name in ("UNAVAILABLE", "NOT_READY")
+        cl.restart_master()
+        cl.wait_until(lambda: _try_put(a, "late/y"), timeout_s=15, what="the daemon to register again")
+        assert a.get("late/y") == b"v"
+
+
+def _try_put(client, key: str) -> bool:
+    try:
+        client.put(key, b"v")
+        return True
+    except CxlkvError:
+        return False
+
+
+# ------------------------------------------------------- wrong region at start
+def _run_clientd(tmp_path: Path, master: str, region_path: str, segment: str = "cxl0") -> subprocess.CompletedProcess:
+    conf = tmp_path / "bad-clientd.toml"
+    conf.write_text(tomli_w.dumps({
+        "name": "bad", "master_address": master,
+        "socket_path": str(tmp_path / "bad.sock"),
+        "regions": [{"segment": segment, "path": region_path}],
+    }))
+    return subprocess.run([sys.executable, "-m", "cxlkv.cli", "clientd", "--config", str(conf)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_daemon_refuses_wrong_regions_at_start(make_cluster, tmp_path: Path) -> None:
+    cl = make_cluster(clientds=1)
+    bad: list[tuple[str, str, str]] = []
+    # 1. a missing file
+    bad.append((str(tmp_path / "missing"), "cxl0", "missing"))
+    # 2. an unformatted file of the right size
+    unformatted = f"/dev/shm/cxlkv-test-{os.getpid()}-unformatted"
+    with Region.open(unformatted, size=64 * MiB, create=True):
+        pass
+    bad.append((unformatted, "cxl0", "not formatted"))
+    # 3. a formatted region of another size (the master's cxl0 is 64 MiB)
+    other_size = f"/dev/shm/cxlkv-test-{os.getpid()}-othersize"
+    with Region.open(other_size, size=32 * MiB, create=True) as r:
+        format_region(r, "cxl0")
+    bad.append((other_size, "cxl0", "33554432"))
+    # 4. the right size, formatted for cxl0, but another device (another uuid)
+    other_uuid = f"/dev/shm/cxlkv-test-{os.getpid()}-otheruuid"
+    with Region.open(other_uuid, size=64 * MiB, create=True) as r:
+        format_region(r, "cxl0")
+    bad.append((other_uuid, "cxl0", "uuid"))
+    # 5. the cluster's region, but mapped as another segment
+    bad.append((cl.region_paths[0], "cxl7", "cxl0"))
+    try:
+        for path, segment, needle in bad:
+            p = _run_clientd(tmp_path, cl.master_address, path, segment)
+            assert p.returncode == 2, (path, p.returncode, p.stderr)
+            errors = [ln for ln in p.stderr.splitlines() if "ERROR" in ln or ln.startswith("error")]
+            assert len(errors) == 1, p.stderr
+            assert needle in errors[0], errors[0]
+            assert "Traceback" not in p.stderr
+            assert not (tmp_path / "bad.sock").exists()
+    finally:
+        for path in (unformatted, other_size, other_uuid):
+            Path(path).unlink(missing_ok=True)
+    # the cluster is unharmed
+    with cl.client(0) as a:
+        a.put("wrong/ok", b"ok")
+    cl.assert_invariants()
+
+
+def test_daemon_refuses_a_socket_in_use(make_cluster, tmp_path: Path) -> None:
+    cl = make_cluster(clientds=1)
+    conf = tmp_path / "dup.toml"
+    conf.write_text(tomli_w.dumps({
+        "name": "dup", "master_address": cl.master_address, "socket_path": cl.socket_path(0),
+        "regions": [{"segment": "cxl0", "path": cl.region_paths[0]}],
+    }))
+    p = subprocess.run([sys.executable, "-m", "cxlkv.cli", "clientd", "--config", str(conf)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "in use" in p.stderr and "Traceback" not in p.stderr
+    with cl.client(0) as a:
+        a.put("dup/ok", b"ok")  # the first daemon still serves
