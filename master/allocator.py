@@ -251,7 +251,9 @@ class ExtentAllocator:
     def _insert_free(self, off: int, length: int) -> None:
         self._free_by_offset[off] = length
         self._free_by_end[off + length] = off
-        cls = _size_class(length >> self._shift)
+        units = length >> self._shift
+        fl = units.bit_length() - 1  # _size_class, inlined: this is the hot path
+        cls = units if fl < _SL_BITS else ((fl - _SL_BITS + 1) << _SL_BITS) | ((units >> (fl - _SL_BITS)) & _SL_MASK)
         self._classes[cls][off] = length
         self._bitmap |= 1 << cls
 

@@ -7,14 +7,15 @@ REMOVED, and the master frees its extents when the last lease ends (the
 ``on_last_release`` callback). A lease ends at :meth:`LeaseTable.release` or at
 its expiry, whichever is first.
 
-The TTL is the same for every lease, so expiry times are granted in increasing
-order: expiry is a pop from the front of a deque (lazy deletion for released
-leases), O(1) amortised per lease and never a scan of all leases.
+The TTL is the same for every lease and ``now`` never goes back, so leases
+expire in the order they were granted: the lease dict's insertion order is the
+expiry order, and :meth:`LeaseTable.expire` walks it from the front and stops at
+the first live lease — O(expired leases) amortised, never a scan of all leases,
+and no second index to keep per lease.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Callable
 
 from cxlkv.master.objects import ObjectVersion
@@ -58,8 +59,7 @@ class LeaseTable:
         self.ttl_s = ttl_s
         self._on_last_release = on_last_release
         self._next_id = id_base
-        self._leases: dict[int, Lease] = {}
-        self._expiry: deque[tuple[float, int]] = deque()
+        self._leases: dict[int, Lease] = {}  # insertion order == expiry order
 
     def __len__(self) -> int:
         return len(self._leases)
@@ -78,7 +78,6 @@ class LeaseTable:
         expires_at = now + self.ttl_s
         lease = Lease(lease_id, obj, expires_at, client_id)
         self._leases[lease_id] = lease
-        self._expiry.append((expires_at, lease_id))
         obj.leases += 1
         return lease
 
@@ -106,16 +105,16 @@ class LeaseTable:
         Returns:
             Number of leases that expired.
         """
-        expiry = self._expiry
         leases = self._leases
-        n = 0
-        while expiry and expiry[0][0] <= now:
-            _, lease_id = expiry.popleft()
-            lease = leases.pop(lease_id, None)
-            if lease is not None:
-                n += 1
-                self._end(lease.obj)
-        return n
+        expired = []
+        for lease in leases.values():
+            if lease.expires_at > now:
+                break
+            expired.append(lease)
+        for lease in expired:
+            del leases[lease.lease_id]
+            self._end(lease.obj)
+        return len(expired)
 
     def _end(self, obj: ObjectVersion) -> None:
         obj.leases -= 1

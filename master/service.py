@@ -381,7 +381,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     # ----------------------------------------------------------- inspection
     @_rpc
     def ListKeys(self, request, context):
-        objs, last = self.state.list_keys(request.prefix, request.page_size, _after_key(request.page_token))
+        now = self.clock()
+        objs, last = self.state.list_keys(request.prefix, request.page_size, _after_key(request.page_token), now)
         resp = master_pb2.ListKeysResponse(next_page_token=_page_token(last) if last is not None else "")
         segment = self.state.segment
         add = resp.entries.add
@@ -390,7 +391,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
                 key=obj.key, value_size_bytes=obj.size_bytes, version=obj.version,
                 replica_count=len(obj.extents),
                 tiers=[segment(e[0]).tier for e in obj.extents],  # type: ignore[union-attr]
-                hard_pinned=obj.hard_pin, soft_pinned=obj.soft_pin_until > self.clock(),
+                hard_pinned=obj.hard_pin, soft_pinned=obj.soft_pin_until > now,
                 lease_count=obj.leases,
             )
         return resp

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
 
 from sortedcontainers import SortedList
@@ -61,6 +61,7 @@ _MAX_LIST_PAGE = 10000
 _DEFAULT_LIST_PAGE = 1000
 _REVOKE_REASONS_KEPT = 4096
 _EXPIRED_CLIENTS_KEPT = 256
+_INDEX_IDLE_S = 60.0  # drop the ListKeys index after this long without ListKeys
 
 
 class RegionReport(Protocol):
@@ -138,10 +139,13 @@ class MasterState:
         self.segments_version = 0
         # objects
         self._objects: dict[str, ObjectVersion] = {}
-        self._keys = SortedList()
+        # Sorted index of committed keys for ListKeys: built on first use and
+        # dropped after _INDEX_IDLE_S without ListKeys, so puts and removes pay
+        # for it (O(log n) string compares) only while someone is listing.
+        self._keys: SortedList | None = None
+        self._keys_used_at = 0.0
         self._pending: dict[str, ObjectVersion] = {}
-        self._puts: dict[int, ObjectVersion] = {}
-        self._put_deadlines: deque[tuple[float, int]] = deque()
+        self._puts: dict[int, ObjectVersion] = {}  # insertion order == start order == timeout order
         self._retired: dict[int, ObjectVersion] = {}
         self._revoked: OrderedDict[int, str] = OrderedDict()
         self._draining: set[int] = set()  # segment ids evicting down to the low watermark
@@ -441,7 +445,8 @@ class MasterState:
             if self._puts.get(pend.version) is pend:  # not already revoked by a client expiry
                 self._revoke(pend, why)
                 self.counters["puts_reclaimed"] += 1
-        need = self.extent_bytes(value_size_bytes)
+        a = self._align
+        need = (value_size_bytes + a - 1) & ~(a - 1) or a
         if need > self._max_capacity:
             if not self._mounted:
                 raise Unavailable("no segment is mounted", key=key)
@@ -475,7 +480,6 @@ class MasterState:
         self._pending[key] = obj
         self._puts[version] = obj
         client.puts[version] = obj
-        self._put_deadlines.append((now + self.config.put_timeout_s, version))
         self.counters["puts_started"] += 1
         return obj
 
@@ -562,7 +566,8 @@ class MasterState:
             self._retire(old, evicted=False)
             self.counters["upserts"] += 1
         else:
-            self._keys.add(key)
+            if self._keys is not None:
+                self._keys.add(key)
         obj.state = ObjState.COMPLETE
         obj.checksum = checksum
         self._objects[key] = obj
@@ -760,7 +765,8 @@ class MasterState:
     def _drop_committed(self, obj: ObjectVersion, evicted: bool) -> None:
         """Take a committed version out of the key space and retire it."""
         del self._objects[obj.key]
-        self._keys.remove(obj.key)
+        if self._keys is not None:
+            self._keys.remove(obj.key)
         self._retire(obj, evicted)
 
     def _retire(self, obj: ObjectVersion, evicted: bool) -> None:
@@ -898,36 +904,46 @@ class MasterState:
             if now - client.last_heartbeat > ttl:
                 self._expire_client(client, now)
                 expired_clients += 1
-        timed_out = 0
-        deadlines = self._put_deadlines
-        while deadlines and deadlines[0][0] <= now:
-            _, token = deadlines.popleft()
-            obj = self._puts.get(token)
-            if obj is not None:
-                self._revoke(obj, f"put timed out after {self.config.put_timeout_s:g} s")
-                timed_out += 1
+        timeout = self.config.put_timeout_s
+        stale = []
+        for obj in self._puts.values():  # oldest first: stop at the first live put
+            if now - obj.started_at < timeout:
+                break
+            stale.append(obj)
+        for obj in stale:
+            self._revoke(obj, f"put timed out after {timeout:g} s")
+        timed_out = len(stale)
         self.counters["puts_reclaimed"] += timed_out
         reclaimed = self.counters["puts_reclaimed"] - reclaimed_before
         leases_expired = self.leases.expire(now)
         self.counters["lease_expiries"] += leases_expired
         evicted = self.evict_to_watermark(now, budget_s)
+        if self._keys is not None and now - self._keys_used_at > _INDEX_IDLE_S:
+            self._keys = None
         return {"clients_expired": expired_clients, "puts_reclaimed": reclaimed,
                 "leases_expired": leases_expired, "evicted": evicted}
 
     # ----------------------------------------------------------- inspection
-    def list_keys(self, prefix: str = "", page_size: int = 0,
-                  after: str | None = None) -> tuple[list[ObjectVersion], str | None]:
+    def list_keys(self, prefix: str = "", page_size: int = 0, after: str | None = None,
+                  now: float = 0.0) -> tuple[list[ObjectVersion], str | None]:
         """Committed objects in key order, starting after ``after``, with ``prefix``.
+
+        The first call after the index was dropped (idle for ``_INDEX_IDLE_S``)
+        sorts every key once, O(n log n); later pages are O(log n + page).
 
         Args:
             prefix: only keys starting with it.
             page_size: 0 means 1000; capped at 10000.
             after: the last key of the previous page, or ``None``.
+            now: master clock, seconds (keeps the index alive).
 
         Returns:
             ``(objects, last_key)``; ``last_key`` is ``None`` on the last page.
         """
         size = _DEFAULT_LIST_PAGE if page_size <= 0 else min(page_size, _MAX_LIST_PAGE)
+        if self._keys is None:
+            self._keys = SortedList(self._objects)
+        self._keys_used_at = now
         if after is not None and after >= prefix:
             it = self._keys.irange(minimum=after, inclusive=(False, True))
         else:
@@ -1022,7 +1038,9 @@ class MasterState:
         for sid in per_seg:
             if not self._segments[sid].mounted:
                 raise AssertionError(f"an object still has a replica in unmounted segment {sid}")
-        if len(self._keys) != len(self._objects) or any(k not in self._objects for k in self._keys):
+        if self._keys is not None and (
+            len(self._keys) != len(self._objects) or any(k not in self._objects for k in self._keys)
+        ):
             raise AssertionError("key index and committed objects disagree")
         counts: dict[int, int] = {}
         for lease in self.leases.leases():

@@ -334,6 +334,17 @@ def test_list_keys_pages_in_order_with_prefix() -> None:
             break
     assert seen == sorted(k for k in keys if k.startswith("p/"))
     assert [o.key for o in st.list_keys("", 0)[0]] == sorted(keys)
+    # The index follows puts and removes while it lives, and is dropped when idle.
+    put(st, c, "p/0005a", 1)
+    st.remove("p/000", 0.0)
+    assert [o.key for o in st.list_keys("p/", 3)[0]] == ["p/0005a", "p/001", "p/002"]
+    assert [o.key for o in st.list_keys("p/", 3, "p/005")[0]] == ["p/006", "p/007", "p/008"]
+    st.check_invariants()
+    st.sweep(1000.0)
+    assert st._keys is None
+    c = client(st, 1000.0)  # the old registration expired during the idle time
+    put(st, c, "a0", 1, now=1000.0)
+    assert [o.key for o in st.list_keys("a", 0, None, 1000.0)[0]] == ["a", "a0"]
 
 
 # ---------------------------------------------------------------- random property
@@ -392,6 +403,8 @@ def test_random_operations_keep_the_invariants(seed: int) -> None:
                 clients.append(client(st, now, previous=rng.choice(["", c[0]])))
             elif op < 0.98 and len(st.segments()) == 2:
                 st.unmount_segment(rng.choice(["cxl0", "cxl1"]), now)
+            elif op < 0.985:
+                st.list_keys("k", 7, rng.choice([None, "k1", "k3"]), now)
             elif op < 0.99:
                 st.mount_segment(*c, rng.choice(["cxl0", "cxl1"]), 1,
                                  REGION_HEADER_BYTES + 2 * MiB, "", "", now)
