@@ -22,6 +22,12 @@ SUBCOMMANDS: dict[str, str] = {
     "region": "cxlkv.transport.cli:region_group",
     "cluster": "cxlkv.clustercli:cluster_group",
     "replay": "cxlkv.replay:replay_cmd",
+    "put": "cxlkv.kvcli:put_cmd",
+    "get": "cxlkv.kvcli:get_cmd",
+    "exists": "cxlkv.kvcli:exists_cmd",
+    "rm": "cxlkv.kvcli:rm_cmd",
+    "ls": "cxlkv.kvcli:ls_cmd",
+    "stat": "cxlkv.kvcli:stat_cmd",
 }
 
 

@@ -1,0 +1,205 @@
+"""Key-value commands of the ``cxlkv`` CLI: put, get, exists, rm, ls, stat.
+
+They talk to the local clientd through the SDK (lean framing), on the socket
+given by ``--socket`` or ``$CXLKV_SOCKET`` (else the daemon's default path).
+
+Exit status: 0 on success; ``exists`` exits 1 when the key is absent; 2 for a
+usage error; a cxlkv error exits ``10 + its ErrorCode`` (e.g. 11 NOT_FOUND,
+12 ALREADY_EXISTS, 13 NO_SPACE, 17 INVALID_KEY, 22 UNAVAILABLE) after printing
+one line ``error: CODE: message`` on stderr — never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import mmap
+import os
+import sys
+from typing import Any, Callable
+
+import click
+
+__all__ = ["put_cmd", "get_cmd", "exists_cmd", "rm_cmd", "ls_cmd", "stat_cmd", "EXIT_ERROR_BASE", "exit_code_for"]
+
+#: A cxlkv error exits with ``EXIT_ERROR_BASE + ErrorCode``.
+EXIT_ERROR_BASE = 10
+
+
+def exit_code_for(err: Any) -> int:
+    """The exit status of a failed command: ``10 + ErrorCode`` (NOT_FOUND → 11, …)."""
+    return EXIT_ERROR_BASE + int(err.code)
+
+
+_socket_option = click.option(
+    "--socket", "socket_path", envvar="CXLKV_SOCKET", default=None, metavar="PATH",
+    help="clientd's gRPC socket (its lean socket is PATH.lean). Default: $CXLKV_SOCKET, "
+         "else <runtime dir>/clientd.sock.")
+
+
+def _kv_command(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Open a Client for the command; turn cxlkv errors into one line and an exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(socket_path: str | None, **kwargs: Any) -> None:
+        from cxlkv.client import Client
+        from cxlkv.errors import CxlkvError
+
+        try:
+            with Client(socket_path) as client:
+                fn(client, **kwargs)
+        except CxlkvError as err:
+            click.echo(f"error: {err.code.name}: {err.message}", err=True)
+            sys.exit(exit_code_for(err))
+        except BrokenPipeError:  # `cxlkv get k | head`
+            sys.exit(0)
+
+    return _socket_option(wrapper)
+
+
+def _put_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed([
+        click.option("--upsert", is_flag=True, help="Replace a committed key (new version)."),
+        click.option("--replicas", "replica_num", type=click.IntRange(1, 64), default=1, show_default=True,
+                     help="Replicas on distinct segments (best effort)."),
+        click.option("--soft-pin", is_flag=True, help="Evict last (the pin expires)."),
+        click.option("--hard-pin", is_flag=True, help="Never evict."),
+        click.option("--json", "as_json", is_flag=True, help="Print a JSON object."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+@click.command("put")
+@click.argument("key")
+@click.argument("source", metavar="FILE|-")
+@_put_options
+@_kv_command
+def put_cmd(client: Any, key: str, source: str, upsert: bool, replica_num: int, soft_pin: bool,
+            hard_pin: bool, as_json: bool) -> None:
+    """Store the bytes of FILE (or of standard input with -) under KEY."""
+    opts = dict(upsert=upsert, replica_num=replica_num, soft_pin=soft_pin, hard_pin=hard_pin)
+    if source == "-":
+        data: Any = sys.stdin.buffer.read()
+        size = len(data)
+        version = client.put(key, data, **opts)
+    else:
+        try:
+            f = open(source, "rb")
+        except OSError as exc:
+            raise click.BadParameter(f"{source}: {exc.strerror}", param_hint="FILE") from None
+        with f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                version = client.put(key, b"", **opts)
+            else:
+                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                    version = client.put_from(key, mm, **opts)
+    if as_json:
+        click.echo(json.dumps({"key": key, "version": version, "size_bytes": size}))
+    else:
+        click.echo(f"{key}: version {version}, {size} bytes")
+
+
+@click.command("get")
+@click.argument("key")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the value to this file (default: standard output).")
+@_kv_command
+def get_cmd(client: Any, key: str, output: str | None) -> None:
+    """Write the value of KEY to standard output or to a file."""
+    value = client.get(key)
+    if output is None or output == "-":
+        sys.stdout.buffer.write(value)
+        sys.stdout.buffer.flush()
+    else:
+        with open(output, "wb") as f:
+            f.write(value)
+
+
+@click.command("exists")
+@click.argument("key")
+@_kv_command
+def exists_cmd(client: Any, key: str) -> None:
+    """Print true or false; exit 0 if KEY is committed, 1 if not."""
+    found = client.exists(key)
+    click.echo("true" if found else "false")
+    if not found:
+        sys.exit(1)
+
+
+@click.command("rm")
+@click.argument("keys", nargs=-1, required=True, metavar="KEY...")
+@click.option("--force", is_flag=True, help="Remove even while readers hold a lease.")
+@_kv_command
+def rm_cmd(client: Any, keys: tuple[str, ...], force: bool) -> None:
+    """Remove KEY(s). With several keys, each failure is printed and the first one sets the exit status."""
+    if len(keys) == 1:
+        client.remove(keys[0], force=force)
+        return
+    first = None
+    for key, res in zip(keys, client.remove_many(list(keys), force=force)):
+        if not res.ok:
+            click.echo(f"error: {res.error.code.name}: {res.error.message}", err=True)
+            first = first or res.error
+    if first is not None:
+        sys.exit(exit_code_for(first))
+
+
+@click.command("ls")
+@click.option("--prefix", default="", help="Only keys starting with this.")
+@click.option("--limit", type=click.IntRange(min=0), default=0, help="Show at most this many keys (0: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
+@_kv_command
+def ls_cmd(client: Any, prefix: str, limit: int, as_json: bool) -> None:
+    """List committed keys in key order: size, version, replicas."""
+    from tabulate import tabulate
+
+    rows = []
+    for i, e in enumerate(client.list(prefix)):
+        if limit and i >= limit:
+            break
+        if as_json:
+            click.echo(json.dumps({"key": e.key, "size_bytes": e.size_bytes, "version": e.version,
+                                   "replica_count": e.replica_count}, ensure_ascii=False))
+        else:
+            rows.append((e.key, e.size_bytes, e.version, e.replica_count))
+    if not as_json:
+        click.echo(tabulate(rows, headers=["key", "size_bytes", "version", "replicas"]))
+
+
+@click.command("stat")
+@click.option("--json", "as_json", is_flag=True, help="Print the full state as JSON.")
+@_kv_command
+def stat_cmd(client: Any, as_json: bool) -> None:
+    """Show the local clientd: identity, master connection, space, segments, buffers."""
+    from tabulate import tabulate
+
+    from cxlkv.config import format_size
+
+    st = client.stat()
+    if as_json:
+        click.echo(json.dumps(st, indent=2, sort_keys=True))
+        return
+    cap = int(st.get("capacity_bytes", 0))
+    used = int(st.get("used_bytes", 0))
+    summary = [
+        ("name", st.get("name", "")),
+        ("hostname", st.get("hostname", "")),
+        ("client id", f"{st.get('client_id', '')} (epoch {st.get('epoch', 0)})"),
+        ("master", f"{st.get('master_address', '')} ({'connected' if st.get('master_connected') else 'NOT connected'})"),
+        ("keys", st.get("key_count", 0)),
+        ("space", f"{format_size(used)} used of {format_size(cap)}" + (f" ({used / cap:.1%})" if cap else "")),
+        ("shared buffers", f"{st.get('buffers_registered', 0)} ({format_size(int(st.get('buffer_bytes', 0)))})"),
+        ("version", st.get("version", "")),
+        ("uptime", f"{float(st.get('uptime_s', 0)):.0f} s"),
+    ]
+    click.echo(tabulate(summary, tablefmt="plain"))
+    segs = st.get("segments", [])
+    if segs:
+        click.echo()
+        click.echo(tabulate(
+            [(s.get("name"), s.get("segment_id", 0), s.get("tier"), format_size(int(s.get("used_bytes", 0))),
+              format_size(int(s.get("capacity_bytes", 0))), s.get("object_count", 0), s.get("mounted"))
+             for s in segs],
+            headers=["segment", "id", "tier", "used", "capacity", "objects", "mounted"]))
