@@ -139,6 +139,7 @@ class BufferPool:
         self._mode = 0o660 if share_with_group else 0o600
         self._segments: list[Segment] = []
         self._lock = threading.Lock()
+        self._closed = False
 
     # -- segments -----------------------------------------------------------
     def _new_segment(self, size: int, dedicated: bool) -> Segment:
@@ -184,6 +185,8 @@ class BufferPool:
             CxlkvError: the daemon refused to register it.
         """
         with self._lock:
+            if self._closed:
+                raise InvalidArgument("the client's buffer pool is closed")
             for seg in self._segments:
                 if not seg.dedicated:
                     off = seg.alloc(nbytes)
@@ -198,8 +201,13 @@ class BufferPool:
             return seg, off
 
     def free(self, seg: Segment, offset: int) -> None:
-        """Release a range from :meth:`alloc`; a dedicated segment goes back to the daemon."""
+        """Release a range from :meth:`alloc`; a dedicated segment goes back to the daemon.
+
+        A no-op once the pool is closed (views may outlive their client).
+        """
         with self._lock:
+            if self._closed:
+                return
             seg.free(offset)
             if not (seg.dedicated and seg.idle):
                 return
@@ -236,5 +244,6 @@ class BufferPool:
         until collected; do not use them afterwards)."""
         with self._lock:
             segs, self._segments = self._segments, []
+            self._closed = True
         for seg in segs:
             self._release_segment(seg)
