@@ -285,27 +285,39 @@ def small_stream_threshold(request):
 
 def test_copy_kernel_reported():
     if platform.machine() in ("x86_64", "AMD64"):
-        assert COPY_KERNEL in ("avx2", "sse2")
+        flags = open("/proc/cpuinfo").read().split()
+        assert COPY_KERNEL == ("avx2" if "avx2" in flags else "memmove")
+    if COPY_KERNEL == "avx2":
         assert cxlkv_stream_threshold_bytes() == 16 * MiB
     else:
         assert COPY_KERNEL == "memmove" and cxlkv_stream_threshold_bytes() == 0
 
 
 def test_copy_kernels_exact_at_every_alignment(region, small_stream_threshold):
+    # Page-aligned buffers, so (destination - source) mod 4096 is chosen
+    # exactly: the kernels copy backwards for 1..2047 and forwards otherwise.
     rng = np.random.default_rng(7)
-    data = rng.integers(0, 256, 3 * 65536, dtype=np.uint8)
-    cases = [(0, 0, 512), (5, 3, 513), (31, 1, 543), (0, 0, 65536), (1, 0, 65537), (0, 63, 4096 + 5),
-             (17, 33, 100_003), (63, 1, 130_000), (16, 0, 3)]
-    for src_mis, dst_mis, n in cases:
+    m_src, m_dst = mmap.mmap(-1, 512 * 1024), mmap.mmap(-1, 512 * 1024)
+    data = np.frombuffer(m_src, np.uint8)
+    data[:] = rng.integers(0, 256, len(data), dtype=np.uint8)
+    out = np.frombuffer(m_dst, np.uint8)
+    cases = [  # (source offset, region offset, bytes)
+        (0, 4096, 512), (5, 4096 + 8, 513), (31, 4096 + 1, 543), (0, 4096, 65536), (16, 4096, 65537),
+        (0, 4096 + 16, 100_003), (0, 4096 + 2047, 70_000), (0, 4096 + 2048, 70_001), (4095, 4096, 130_000),
+        (63, 4096 + 1, 4096 + 5), (16, 4096, 3),
+    ]
+    for src_off, reg_off, n in cases:
         region.copy_in(0, bytes(256 * 1024))
-        src = data[src_mis : src_mis + n]
-        region.copy_in(4096 + dst_mis, src)
-        assert region.read(4096 + dst_mis - 1, 1) == b"\0"  # no byte before
-        assert region.read(4096 + dst_mis + n, 1) == b"\0"  # no byte after
-        out = np.zeros(n + 128, np.uint8)
-        region.copy_out(4096 + dst_mis, out[src_mis : src_mis + n])
-        assert np.array_equal(out[src_mis : src_mis + n], src)
-        assert not out[:src_mis].any() and not out[src_mis + n :].any()
+        src = data[src_off : src_off + n]
+        region.copy_in(reg_off, src)
+        assert region.read(reg_off - 1, 1) == b"\0"  # no byte before
+        assert region.read(reg_off + n, 1) == b"\0"  # no byte after
+        assert region.read(reg_off, n) == src.tobytes(), (src_off, reg_off, n)
+        for dst_off in (src_off, (reg_off + 16) % 4096, (reg_off - 16) % 4096):  # both directions out
+            out[:] = 0
+            region.copy_out(reg_off, out[dst_off : dst_off + n])
+            assert np.array_equal(out[dst_off : dst_off + n], src), (src_off, reg_off, n, dst_off)
+            assert not out[:dst_off].any() and not out[dst_off + n :].any()
 
 
 def test_overlapping_copy_is_memmove(region, small_stream_threshold):

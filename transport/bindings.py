@@ -74,9 +74,9 @@ DAX_ALIGN_BYTES: int = int(lib.CXLKV_DAX_ALIGN_BYTES)
 FLUSH_INSTRUCTION: str = ffi.string(lib.cxlkv_flush_instruction()).decode()
 #: Invalidate instruction chosen at load: "clflushopt", "clflush", "dc civac" or "none".
 INVALIDATE_INSTRUCTION: str = ffi.string(lib.cxlkv_invalidate_instruction()).decode()
-#: Copy kernel for copies of >= 512 bytes chosen at load: "avx2" / "sse2"
-#: (x86-64 vector loops; non-temporal stores from the stream threshold on) or
-#: "memmove" (glibc).
+#: Copy kernel for copies of >= 512 bytes chosen at load: "avx2" (x86-64
+#: vector loops; non-temporal stores from the stream threshold on) or
+#: "memmove" (glibc: CPUs without AVX2, other architectures).
 COPY_KERNEL: str = ffi.string(lib.cxlkv_copy_kernel()).decode()
 
 # Cached attribute lookups for the per-call fast path.

@@ -148,17 +148,17 @@ int cxlkv_prefault(const cxlkv_region_t *r, uint64_t offset, uint64_t length,
 
 /*
  * Copies of at least this many bytes use non-temporal stores that bypass the
- * cache (then SFENCE) where the CPU has them; smaller ones use cached stores.
- * Default 16 MiB on x86-64; 0 disables streaming. Process-wide; set it before
- * copies start.
+ * cache (then SFENCE) when the "avx2" kernel is in use; smaller ones use cached
+ * stores. Default 16 MiB; 0 (also the value without the kernel) disables
+ * streaming. Process-wide; set it before copies start.
  */
 uint64_t cxlkv_stream_threshold_bytes(void);
 void cxlkv_set_stream_threshold_bytes(uint64_t bytes);
 
 /*
- * Copy kernel chosen at run time for copies of 512 bytes and more: "avx2" or
- * "sse2" (x86-64 vector loops, streaming from the threshold above), or
- * "memmove" (glibc, other architectures).
+ * Copy kernel chosen at run time for copies of 512 bytes and more: "avx2"
+ * (x86-64 vector loops, streaming from the threshold above) or "memmove"
+ * (glibc: CPUs without AVX2, other architectures).
  */
 const char *cxlkv_copy_kernel(void);
 
