@@ -8,8 +8,9 @@ Design:
 
 * Every extent is a multiple of ``alignment_bytes`` long and starts at a multiple
   of it (absolute offsets from the region's start, so the region header before
-  ``base_bytes`` is never handed out). A request is split off the front of a
-  free block exactly: no internal fragmentation beyond the alignment.
+  ``base_bytes`` is never handed out). A request is split off the end of a free
+  block exactly (no internal fragmentation beyond the alignment); the remainder
+  keeps the block's offset, so it usually stays where it is in the indexes.
 * Free space is a set of maximal free blocks: a freed extent is merged at once
   with a free neighbour on either side (coalescing), so no two free blocks touch.
 * Free blocks are indexed by size class: for a block of ``u`` alignment units,
@@ -17,7 +18,9 @@ Design:
   two into 32 linear sub-ranges (sizes under 32 units have a class each). Classes
   only *index* free blocks; a block of any size serves a request of any size, so
   space never calcifies into classes that no longer match the workload.
-* Lookup is O(1): one integer bitmap says which classes hold a block; a request
+* Lookup is O(1): two levels of bitmaps (one bit per row = power of two, one
+  32-bit map per row — all machine-sized ints, so each bit operation is cheap
+  even for a segment of many TiB) say which classes hold a block; a request
   takes a block from the first non-empty class whose every block is large enough
   ("good fit": at most 1/32 larger than best fit). If there is none, the
   request's own class is searched (bounded) for a block that fits, so a request
@@ -73,7 +76,7 @@ class ExtentAllocator:
 
     __slots__ = (
         "base_bytes", "end_bytes", "alignment_bytes", "capacity_bytes", "used_bytes",
-        "_shift", "_free_by_offset", "_free_by_end", "_classes", "_bitmap", "_used",
+        "_shift", "_free_by_offset", "_free_by_end", "_classes", "_row_map", "_class_maps", "_used",
     )
 
     def __init__(self, base_bytes: int, end_bytes: int, alignment_bytes: int = 64) -> None:
@@ -94,8 +97,11 @@ class ExtentAllocator:
         n_classes = _size_class(max(1, self.capacity_bytes >> self._shift)) + 1
         #: class index → {offset: length} of the free blocks in that class.
         self._classes: list[dict[int, int]] = [{} for _ in range(n_classes)]
-        #: bit i set <=> class i holds at least one free block.
-        self._bitmap = 0
+        #: Class ``c`` lives in row ``c >> 5`` at bit ``c & 31`` of ``_class_maps[row]``;
+        #: a bit is set <=> that class holds a free block. Bit ``r`` of
+        #: ``_row_map`` is set <=> ``_class_maps[r]`` is not 0.
+        self._row_map = 0
+        self._class_maps = [0] * ((n_classes >> _SL_BITS) + 2)
         self._used: dict[int, int] = {}
         if self.capacity_bytes:
             self._insert_free(self.base_bytes, self.capacity_bytes)
@@ -112,9 +118,11 @@ class ExtentAllocator:
 
         O(blocks in the top class), which is a handful in practice.
         """
-        if not self._bitmap:
+        if not self._row_map:
             return 0
-        return max(self._classes[self._bitmap.bit_length() - 1].values())
+        row = self._row_map.bit_length() - 1
+        cls = (row << _SL_BITS) | (self._class_maps[row].bit_length() - 1)
+        return max(self._classes[cls].values())
 
     @property
     def live_extents(self) -> int:
@@ -174,28 +182,58 @@ class ExtentAllocator:
             cls = ((fl - _SL_BITS + 1) << _SL_BITS) | ((units >> (fl - _SL_BITS)) & _SL_MASK)
             if units & ((1 << (fl - _SL_BITS)) - 1):
                 cls += 1
-        m = self._bitmap >> cls
+        row = cls >> _SL_BITS
+        maps = self._class_maps
+        m = maps[row] & -(1 << (cls & _SL_MASK))  # classes >= cls in this row
+        if not m:
+            rows = self._row_map & -(2 << row)  # rows above
+            if rows:
+                row = (rows & -rows).bit_length() - 1
+                m = maps[row]
         if m:
-            cls += (m & -m).bit_length() - 1
+            cls = (row << _SL_BITS) | ((m & -m).bit_length() - 1)
             blocks = self._classes[cls]
-            off, block = blocks.popitem()
-            if not blocks:
-                self._bitmap &= ~(1 << cls)
+            off, block = next(reversed(blocks.items()))  # the most recently freed block
         else:
             off, block, cls = self._search_own_class(units, need)
             if off < 0:
                 return -1
             blocks = self._classes[cls]
+            row = cls >> _SL_BITS
+        rest = block - need
+        free_by_end = self._free_by_end
+        del free_by_end[off + block]
+        if rest:
+            # Take the extent from the block's end: the remainder keeps the
+            # block's offset, so it usually stays in place in its class.
+            self._free_by_offset[off] = rest
+            free_by_end[off + rest] = off
+            units = rest >> shift
+            fl = units.bit_length() - 1
+            rest_cls = units if fl < _SL_BITS else (
+                ((fl - _SL_BITS + 1) << _SL_BITS) | ((units >> (fl - _SL_BITS)) & _SL_MASK))
+            if rest_cls == cls:
+                blocks[off] = rest
+                self._used[off + rest] = need
+                self.used_bytes += need
+                return off + rest
             del blocks[off]
-            if not blocks:
-                self._bitmap &= ~(1 << cls)
-        del self._free_by_offset[off]
-        del self._free_by_end[off + block]
-        if block > need:
-            self._insert_free(off + need, block - need)
-        self._used[off] = need
+            self._classes[rest_cls][off] = rest
+            rest_row = rest_cls >> _SL_BITS
+            maps[rest_row] |= 1 << (rest_cls & _SL_MASK)
+            self._row_map |= 1 << rest_row
+            result = off + rest
+        else:
+            del blocks[off]
+            del self._free_by_offset[off]
+            result = off
+        if not blocks:
+            maps[row] &= ~(1 << (cls & _SL_MASK))
+            if not maps[row]:
+                self._row_map &= ~(1 << row)
+        self._used[result] = need
         self.used_bytes += need
-        return off
+        return result
 
     def _search_own_class(self, units: int, need: int) -> tuple[int, int, int]:
         """Slow path: a block of the request's own class that is large enough.
@@ -205,7 +243,7 @@ class ExtentAllocator:
             among the first ``_OWN_CLASS_PROBES`` blocks of the class.
         """
         cls = _size_class(units)
-        if cls >= len(self._classes) or not (self._bitmap >> cls) & 1:
+        if cls >= len(self._classes) or not self._classes[cls]:
             return -1, 0, 0
         for probes, (off, block) in enumerate(self._classes[cls].items()):
             if block >= need:
@@ -246,7 +284,11 @@ class ExtentAllocator:
         blocks = self._classes[cls]
         del blocks[off]
         if not blocks:
-            self._bitmap &= ~(1 << cls)
+            row = cls >> _SL_BITS
+            maps = self._class_maps
+            maps[row] &= ~(1 << (cls & _SL_MASK))
+            if not maps[row]:
+                self._row_map &= ~(1 << row)
 
     def _insert_free(self, off: int, length: int) -> None:
         self._free_by_offset[off] = length
@@ -255,7 +297,9 @@ class ExtentAllocator:
         fl = units.bit_length() - 1  # _size_class, inlined: this is the hot path
         cls = units if fl < _SL_BITS else ((fl - _SL_BITS + 1) << _SL_BITS) | ((units >> (fl - _SL_BITS)) & _SL_MASK)
         self._classes[cls][off] = length
-        self._bitmap |= 1 << cls
+        row = cls >> _SL_BITS
+        self._class_maps[row] |= 1 << (cls & _SL_MASK)
+        self._row_map |= 1 << row
 
     # -- verification ---------------------------------------------------------------
     def check(self) -> None:
@@ -292,8 +336,11 @@ class ExtentAllocator:
             raise AssertionError(f"used {used} + free {free} != capacity {self.capacity_bytes}")
         indexed = 0
         for cls, members in enumerate(self._classes):
-            if bool(members) != bool((self._bitmap >> cls) & 1):
+            row = cls >> _SL_BITS
+            if bool(members) != bool((self._class_maps[row] >> (cls & _SL_MASK)) & 1):
                 raise AssertionError(f"bitmap bit {cls} disagrees with its class")
+            if bool(self._class_maps[row]) != bool((self._row_map >> row) & 1):
+                raise AssertionError(f"row bit {row} disagrees with its class map")
             for off, n in members.items():
                 if self._free_by_offset.get(off) != n or _size_class(n >> self._shift) != cls:
                     raise AssertionError(f"free block ({off}, {n}) misfiled in class {cls}")

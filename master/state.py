@@ -85,6 +85,9 @@ class PutSpec(NamedTuple):
     preferred_segment: str = ""
 
 
+_new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
+
+
 def _short(key: str) -> str:
     return repr(key if len(key) <= 80 else key[:80] + "…")
 
@@ -463,7 +466,8 @@ class MasterState:
         fitting = self._mounted if need <= self._min_capacity else [
             s for s in self._mounted if s.capacity_bytes >= need
         ]
-        candidates = self.strategy.select(fitting, PlacementRequest(need, replica_num, preferred_segment, 0))
+        request = _new_tuple(PlacementRequest, (need, replica_num, preferred_segment, 0))
+        candidates = self.strategy.select(fitting, request)
         extents = self._place(candidates, need, replica_num)
         if not extents:
             self._evict_until_fits(candidates, need, now)

@@ -44,6 +44,8 @@ class CxlFirstStrategy(AllocationStrategy):
 
     def select(self, segments: Sequence[Segment], request: PlacementRequest) -> list[Segment]:
         """See :meth:`AllocationStrategy.select`."""
+        if len(segments) == 1 and not request.tier:
+            return [segments[0]]  # the common single-region case, on every put
         pool = _tier_filter(segments, request.tier)
         if len(pool) > 1:
             pool.sort(key=lambda s: (_TIER_RANK.get(s.tier, 9), -s.largest_free_bytes, s.segment_id))
