@@ -16,6 +16,7 @@ __all__ = ["BENCHMARKS", "bench_group"]
 #: benchmark name → "module:attribute" of its click command.
 BENCHMARKS: dict[str, str] = {
     "transport": "cxlkv.bench.transport:transport_cmd",
+    "master": "cxlkv.bench.master:master_cmd",
 }
 
 

@@ -1,0 +1,360 @@
+"""``cxlkv bench master``: the master's metadata path and its allocator.
+
+Measured over a real master subprocess and real gRPC (one client process, sync
+stubs, ``inflight`` batches in flight at once for the batched forms):
+
+* ``put``: PutStart + PutEnd per key, one key per call pair;
+* ``put_batch``: BatchPutStart + BatchPutEnd of ``batch`` (128) keys;
+* ``get``: GetReplicaList (with a lease) per key;
+* ``get_batch``: BatchGetReplicaList of 128 keys, releasing the previous
+  batch's leases piggy-backed (what clientd does);
+
+and in-process (the allocator never touches bytes, so a huge virtual segment is
+fine):
+
+* ``alloc`` / ``free``: the allocator at about 1,000,000 live extents of mixed
+  sizes (log-uniform 4 KiB–64 MiB), churning at full: free a random extent,
+  allocate a new random size; when an allocation fails, free random extents
+  until it fits. ``utilisation`` is used/capacity at the moments allocations
+  failed (mean; ``utilisation_min`` the worst), i.e. how full the segment gets
+  before the mix stops fitting.
+
+For the gRPC records ``ops_per_s`` counts keys, ``gbps`` is 0 (no bytes move
+through the master) and ``limit_gbps`` is None; the limit is
+``limit_ops_per_s``, the same state operations called in-process without gRPC,
+and ``ratio_to_limit`` = ops_per_s / limit_ops_per_s. Latencies are per call
+(per batch for the batched forms). ``target_*`` fields carry the issue's
+targets and ``meets_target`` whether this run met them.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+import numpy as np
+import tomli_w
+
+from cxlkv.bench.common import Record, Timing, emit, output_options
+
+__all__ = ["master_cmd", "run"]
+
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+
+#: The issue's targets.
+TARGET_BATCH_PUT_KEYS_PER_S = 50_000
+TARGET_ALLOC_P99_US = 20.0
+TARGET_UTILISATION = 0.95
+
+_VALUE_BYTES = 64 * KiB
+_SEGMENT_BYTES = 64 * TiB  # virtual: the master never touches bytes
+
+
+# ----------------------------------------------------------------- master process
+
+class _Master:
+    """A master subprocess with a huge virtual segment, and a sync stub on it."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from cxlkv.cluster import ManagedProcess, wait_for_file
+
+        address_file = run_dir / "master.address"
+        conf = run_dir / "master.toml"
+        conf.write_text(tomli_w.dumps({
+            "listen_address": "127.0.0.1:0", "address_file": str(address_file),
+            "log_level": "warning", "lease_ttl_s": 30.0,
+            "segments": [{"name": "cxl0", "size_bytes": _SEGMENT_BYTES}],
+        }))
+        self.proc = ManagedProcess("master", [sys.executable, "-m", "cxlkv.cli", "master", "--config", str(conf)],
+                                   run_dir / "master.log")
+        self.proc.start()
+        wait_for_file(address_file, 60.0, self.proc)
+        import grpc
+
+        from cxlkv.v1 import master_pb2, master_pb2_grpc
+
+        self.channel = grpc.insecure_channel(address_file.read_text().strip())
+        self.stub = master_pb2_grpc.MasterServiceStub(self.channel)
+        reg = self.stub.RegisterClient(master_pb2.RegisterClientRequest(hostname="bench", name="bench"))
+        self.client_id, self.epoch = reg.client_id, reg.epoch
+        self._heartbeat_at = time.monotonic()
+
+    def heartbeat(self) -> None:
+        from cxlkv.v1 import master_pb2
+
+        if time.monotonic() - self._heartbeat_at > 1.0:
+            self.stub.Heartbeat(master_pb2.HeartbeatRequest(client_id=self.client_id, epoch=self.epoch))
+            self._heartbeat_at = time.monotonic()
+
+    def close(self) -> None:
+        self.channel.close()
+        self.proc.stop()
+
+
+def _timing(runs: list[tuple[float, int, np.ndarray]]) -> Timing:
+    """Combine ``(wall_s, ops, per-call latency ns)`` runs: median rate, pooled percentiles."""
+    rates = tuple(n / wall for wall, n, _ in runs)
+    lat_us = np.concatenate([lat for _, _, lat in runs]) / 1e3
+    p50, p99 = np.percentile(lat_us, [50, 99])
+    return Timing(ops_per_s=statistics.median(rates), p50_us=float(p50), p99_us=float(p99),
+                  run_ops_per_s=rates, ops_per_run=runs[0][1])
+
+
+def _threaded(jobs: list[Any], work: Callable[[Any], None], threads: int) -> tuple[float, np.ndarray]:
+    """Run ``work(job)`` for every job on ``threads`` threads (each job one timed
+    unit, e.g. one batch); returns (wall seconds, per-job latency ns)."""
+    lat = np.empty(len(jobs), dtype=np.int64)
+    clock = time.perf_counter_ns
+
+    def worker(idx: range) -> None:
+        for i in idx:
+            t = clock()
+            work(jobs[i])
+            lat[i] = clock() - t
+
+    t0 = clock()
+    if threads == 1:
+        worker(range(len(jobs)))
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            for f in [pool.submit(worker, range(k, len(jobs), threads)) for k in range(threads)]:
+                f.result()
+    return (clock() - t0) / 1e9, lat
+
+
+def _put_work(m: _Master, batch: int) -> Callable[[list[str]], None]:
+    from cxlkv.v1 import master_pb2
+
+    stub, cid, epoch = m.stub, m.client_id, m.epoch
+    if batch == 1:
+        def put_one(keys: list[str]) -> None:
+            (key,) = keys
+            res = stub.PutStart(master_pb2.PutStartRequest(
+                client_id=cid, epoch=epoch,
+                item=master_pb2.PutStartItem(key=key, value_size_bytes=_VALUE_BYTES))).result
+            stub.PutEnd(master_pb2.PutEndRequest(
+                client_id=cid, epoch=epoch, item=master_pb2.PutEndItem(key=key, put_token=res.put_token)))
+        return put_one
+
+    Item, EndItem = master_pb2.PutStartItem, master_pb2.PutEndItem
+
+    def put_batch(keys: list[str]) -> None:
+        started = stub.BatchPutStart(master_pb2.BatchPutStartRequest(
+            client_id=cid, epoch=epoch, items=[Item(key=k, value_size_bytes=_VALUE_BYTES) for k in keys]))
+        ends = []
+        for k, r in zip(keys, started.results):
+            if r.status.code:
+                raise RuntimeError(f"BatchPutStart {k}: {r.status.message}")
+            ends.append(EndItem(key=k, put_token=r.put_token))
+        done = stub.BatchPutEnd(master_pb2.BatchPutEndRequest(client_id=cid, epoch=epoch, items=ends))
+        for st in done.results:
+            if st.code:
+                raise RuntimeError(f"BatchPutEnd: {st.message}")
+    return put_batch
+
+
+def _get_work(m: _Master, batch: int) -> Callable[[list[str]], None]:
+    from cxlkv.v1 import master_pb2
+
+    stub, cid = m.stub, m.client_id
+    if batch == 1:
+        def get_one(keys: list[str]) -> None:
+            loc = stub.GetReplicaList(master_pb2.GetReplicaListRequest(client_id=cid, key=keys[0])).location
+            stub_release.append(loc.lease_id)
+        stub_release: list[int] = []
+        return get_one
+
+    held: list[int] = []
+
+    def get_batch(keys: list[str]) -> None:
+        resp = stub.BatchGetReplicaList(master_pb2.BatchGetReplicaListRequest(
+            client_id=cid, keys=keys, release_lease_ids=held[:]))
+        held.clear()
+        for loc in resp.locations:
+            if loc.status.code:
+                raise RuntimeError(f"BatchGetReplicaList: {loc.status.message}")
+            held.append(loc.lease_id)
+    return get_batch
+
+
+def _grpc_records(quick: bool) -> list[Record]:
+    n_single = 1000 if quick else 4000
+    n_batched = 128 * (40 if quick else 400)
+    runs = 2 if quick else 3
+    limits = _state_limits(n_batched)
+    out: list[Record] = []
+    with tempfile.TemporaryDirectory(prefix="cxlkv-bench-master-") as tmp:
+        m = _Master(Path(tmp))
+        try:
+            for op, batch, threads, n in (("put", 1, 1, n_single), ("put_batch", 128, 1, n_batched),
+                                          ("put_batch", 128, 2, n_batched)):
+                res = []
+                for r in range(runs):
+                    m.heartbeat()
+                    keys = [f"{op}/{threads}/{r}/{i}" for i in range(n)]
+                    jobs = [keys[i:i + batch] for i in range(0, n, batch)]
+                    wall, lat = _threaded(jobs, _put_work(m, batch), threads)
+                    res.append((wall, n, lat))
+                out.append(_record(op, _timing(res), batch, threads, limits["put"],
+                                   TARGET_BATCH_PUT_KEYS_PER_S if batch > 1 else None))
+            keys = [f"put_batch/1/0/{i}" for i in range(n_batched)]
+            for op, batch, threads, n in (("get", 1, 1, n_single), ("get_batch", 128, 1, n_batched),
+                                          ("get_batch", 128, 2, n_batched)):
+                res = []
+                for _ in range(runs):
+                    m.heartbeat()
+                    jobs = [keys[i:i + batch] for i in range(0, n, batch)]
+                    wall, lat = _threaded(jobs, _get_work(m, batch), threads)
+                    res.append((wall, n, lat))
+                out.append(_record(op, _timing(res), batch, threads, limits["get"], None))
+        finally:
+            m.close()
+    return out
+
+
+def _record(op: str, timing: Timing, batch: int, threads: int, limit: float,
+            target: float | None) -> Record:
+    rec = Record(
+        bench="master", op=op, size_bytes=_VALUE_BYTES, ops_per_s=timing.ops_per_s, gbps=0.0,
+        p50_us=timing.p50_us, p99_us=timing.p99_us, limit_gbps=None,
+        ratio_to_limit=timing.ops_per_s / limit if limit else None,
+        extra={"batch": batch, "inflight": threads, "unit": "keys", "limit_ops_per_s": limit,
+               "latency_per": "batch" if batch > 1 else "key"},
+    )
+    if target is not None:
+        rec.extra["target_ops_per_s"] = target
+        rec.extra["meets_target"] = timing.ops_per_s >= target
+    return rec
+
+
+# -------------------------------------------------------------- in-process limits
+
+def _state_limits(n: int) -> dict[str, float]:
+    """Keys per second of the same state operations without gRPC (best of 3)."""
+    from cxlkv.config import MasterConfig, SegmentConfig
+    from cxlkv.master.state import MasterState
+
+    st = MasterState(MasterConfig(segments=[SegmentConfig(name="cxl0", size_bytes=_SEGMENT_BYTES)],
+                                  lease_ttl_s=30.0))
+    c = st.register_client("bench", "bench", os.getpid(), [], "", "", 0.0)
+    cid, epoch = c.client_id, c.epoch
+    put_rates, get_rates = [], []
+    for r in range(3):
+        keys = [f"k/{r}/{i}" for i in range(n)]
+        t0 = time.perf_counter()
+        for k in keys:
+            obj = st.put_start(cid, epoch, k, _VALUE_BYTES, 0.0)
+            st.put_end(cid, epoch, k, obj.version, 0.0)
+        put_rates.append(n / (time.perf_counter() - t0))
+        t0 = time.perf_counter()
+        held: list[int] = []
+        for k in keys:
+            _, lease = st.get(cid, k, 0.0)
+            held.append(lease.lease_id)
+        st.release_leases(cid, held)
+        get_rates.append(n / (time.perf_counter() - t0))
+    return {"put": max(put_rates), "get": max(get_rates)}
+
+
+# ---------------------------------------------------------------------- allocator
+
+def _bench_allocator(live_target: int, churn_ops: int, seed: int = 1) -> list[Record]:
+    """Allocator at ``live_target`` live extents (see the module docstring)."""
+    from cxlkv.master.allocator import ExtentAllocator
+    from cxlkv.region import REGION_HEADER_BYTES
+
+    rng = random.Random(seed)
+    lo, hi = math.log(4 * KiB), math.log(64 * MiB)
+    draw = [int(math.exp(rng.uniform(lo, hi))) for _ in range(live_target + churn_ops * 2)]
+    capacity = sum(draw[:live_target])
+    alloc = ExtentAllocator(REGION_HEADER_BYTES, REGION_HEADER_BYTES + capacity, 64)
+    live: list[int] = []
+    it = iter(draw)
+    for size in it:  # fill until the first failure: about live_target extents
+        off = alloc.alloc(size)
+        if off < 0:
+            break
+        live.append(off)
+    clock = time.perf_counter_ns
+    a_lat = np.empty(churn_ops * 2, dtype=np.int64)
+    f_lat = np.empty(churn_ops * 2, dtype=np.int64)
+    na = nf = 0
+    utils: list[float] = []
+    churn = rng.randrange
+    t_alloc = t_free = 0
+    for _ in range(churn_ops):
+        size = next(it)
+        j = churn(len(live))
+        off = live[j]
+        live[j] = live[-1]
+        live.pop()
+        t = clock()
+        alloc.free(off)
+        d = clock() - t
+        f_lat[nf] = d
+        nf += 1
+        t_free += d
+        while True:
+            t = clock()
+            off = alloc.alloc(size)
+            d = clock() - t
+            a_lat[na] = d
+            na += 1
+            t_alloc += d
+            if off >= 0:
+                break
+            utils.append(alloc.used_bytes / alloc.capacity_bytes)
+            j = churn(len(live))
+            victim = live[j]
+            live[j] = live[-1]
+            live.pop()
+            t = clock()
+            alloc.free(victim)
+            d = clock() - t
+            if nf < len(f_lat):
+                f_lat[nf] = d
+                nf += 1
+                t_free += d
+        live.append(off)
+    util = statistics.mean(utils) if utils else alloc.used_bytes / alloc.capacity_bytes
+    util_min = min(utils) if utils else util
+    mean_size = int(statistics.mean(draw[:live_target]))
+    out = []
+    for op, lat, n, total in (("alloc", a_lat[:na], na, t_alloc), ("free", f_lat[:nf], nf, t_free)):
+        p50, p99 = np.percentile(lat / 1e3, [50, 99])
+        rec = Record(bench="master", op=op, size_bytes=mean_size, ops_per_s=n / (total / 1e9), gbps=0.0,
+                     p50_us=float(p50), p99_us=float(p99), limit_gbps=None, ratio_to_limit=None,
+                     extra={"live_objects": len(live), "sizes": "4KiB-64MiB log-uniform",
+                            "utilisation": round(util, 4), "utilisation_min": round(util_min, 4),
+                            "alloc_failures": len(utils), "free_blocks": alloc.free_blocks})
+        if op == "alloc":
+            rec.extra["target_p99_us"] = TARGET_ALLOC_P99_US
+            rec.extra["target_utilisation"] = TARGET_UTILISATION
+            rec.extra["meets_target"] = bool(p99 <= TARGET_ALLOC_P99_US and util >= TARGET_UTILISATION)
+        out.append(rec)
+    return out
+
+
+def run(quick: bool = False) -> list[Record]:
+    """Every master measurement; ``quick`` shrinks them to a smoke run."""
+    records = _grpc_records(quick)
+    gc.collect()
+    records += _bench_allocator(100_000 if quick else 1_000_000, 20_000 if quick else 200_000)
+    return records
+
+
+@click.command("master")
+@output_options
+def master_cmd(as_json: bool, out: str | None, quick: bool) -> None:
+    """Master metadata ops over gRPC (single and batched) and the allocator at 1M objects."""
+    emit(run(quick), as_json=as_json, out=out)
