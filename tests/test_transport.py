@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import errno
+import json
 import mmap
 import os
 import platform
@@ -500,3 +501,53 @@ def test_gil_released_during_copy(shm_path):
     assert len(during) > 100, (len(during), copy_s)
     gaps = np.diff([t0, *during, t1])
     assert gaps.max() < copy_s / 2, (gaps.max(), copy_s)
+
+
+# -- benchmark helpers (bench/common.py, bench/transport.py) ---------------------------------
+
+def test_bench_records_and_output(tmp_path, capsys):
+    from cxlkv.bench.common import Record, emit, human_size, ops_for, time_op, write_json
+    from cxlkv.bench.transport import must_show_failures
+
+    calls = []
+    timing = time_op(lambda: calls.append(1), ops=50, runs=3, warmup=2)
+    assert len(calls) == 50 * 3 + 2 and timing.ops_per_run == 50 and len(timing.run_ops_per_s) == 3
+    assert 0 < timing.p50_us <= timing.p99_us and timing.ops_per_s > 0
+    rec = Record.from_timing("transport", "copy_in", 4096, timing, limit_gbps=10.0, batch=1, concurrency=1, buffer="shm")
+    assert rec.gbps == pytest.approx(4096 * timing.ops_per_s / 1e9)
+    assert rec.ratio_to_limit == pytest.approx(rec.gbps / 10.0)
+    d = rec.to_dict()
+    assert list(d)[:9] == ["bench", "op", "size_bytes", "ops_per_s", "gbps", "p50_us", "p99_us", "limit_gbps", "ratio_to_limit"]
+    assert d["batch"] == 1 and d["buffer"] == "shm"
+    with pytest.raises(ValueError):
+        Record("b", "op", 1, 1.0, 1.0, 1.0, 1.0, extra={"gbps": 2}).to_dict()
+
+    out = tmp_path / "sub" / "r.json"
+    emit([rec], as_json=True, out=str(out))
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out.read_text()) == [json.loads(json.dumps(d))]
+    emit([rec], as_json=False, out=None)
+    table = capsys.readouterr().out
+    assert "copy_in" in table and "4 KiB" in table and "ratio" in table
+    write_json([], out)
+    assert json.loads(out.read_text()) == []
+    assert not [p for p in out.parent.iterdir() if p.suffix == ".tmp"]
+
+    assert (human_size(4096), human_size(3 << 20), human_size(1000)) == ("4 KiB", "3 MiB", "1000 B")
+    assert ops_for(4096, bytes_per_run=1 << 20) == 256 and ops_for(1 << 30) == 3
+
+    slow = Record("transport", "copy_out", 4 << 20, 1.0, 1.0, 1.0, 1.0, 10.0, 0.1,
+                  extra={"batch": 1, "concurrency": 1, "buffer": "shm"})
+    batch = Record("transport", "copy_in_ranges", 1 << 20, 1.0, 0.5, 1.0, 1.0, 10.0, 0.05,
+                   extra={"batch": 256, "concurrency": 1, "buffer": "shm"})
+    assert len(must_show_failures([slow, batch])) == 2
+    assert must_show_failures([rec]) == []
+
+
+def test_bench_cli_is_registered():
+    from click.testing import CliRunner
+
+    from cxlkv.cli import main
+
+    res = CliRunner().invoke(main, ["bench", "transport", "--help"])
+    assert res.exit_code == 0 and "--json" in res.output and "--quick" in res.output and "--out" in res.output
