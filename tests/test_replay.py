@@ -1,0 +1,102 @@
+"""The main job: trace replay on a real local cluster, and the cluster commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cxlkv.replay import ReplayOptions, run_embedded
+
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
+needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")
+
+
+@needs_trace
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_replay_500_requests_verified_and_matches_simulation(tmp_path: Path, policy: str) -> None:
+    """First 500 requests, content verified, 0 errors; the store's block hit rate
+    equals an in-process simulation of the same policy, capacity and watermarks
+    within 1 point (one worker: the trace's order is kept exactly)."""
+    opts = ReplayOptions(trace_path=str(TRACE), limit=500, workers=1, block_bytes=16 * 1024,
+                         capacity_fraction=0.3, policy=policy)
+    report = run_embedded(opts, clientds=2, run_dir=str(tmp_path / "run"))
+    assert report.errors == 0, report.error_samples
+    assert report.requests == 500
+    assert report.verified_blocks > 0
+    assert report.verified_blocks == round(report.blocks * report.block_hit_rate)
+    assert report.block_hit_rate > 0.05
+    assert abs(report.block_hit_rate - report.policy_sim_hit_rate) <= 0.01, report
+    assert report.bound_hit_rate >= report.block_hit_rate
+    assert report.bytes_written == report.put_blocks * opts.block_bytes
+
+
+@needs_trace
+def test_replay_cli_json_concurrent_hosts(tmp_path: Path) -> None:
+    """`cxlkv replay --embedded --json` with several workers over two clientds:
+    0 errors and the documented fields; no process or region left behind."""
+    before = set(Path("/dev/shm").glob("cxlkv-*"))
+    out = subprocess.run(
+        [sys.executable, "-m", "cxlkv.cli", "replay", str(TRACE), "--embedded", "--json",
+         "--limit", "300", "--workers", "4", "--block-bytes", "8KiB"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rec = json.loads(out.stdout)
+    for field in ("errors", "block_hit_rate", "lru_sim_hit_rate", "bound_hit_rate", "requests_per_s",
+                  "p50_ms", "p99_ms", "token_hit_rate", "bytes_read", "bytes_written", "verified_blocks",
+                  "elapsed_s", "gbps"):
+        assert field in rec, field
+    assert rec["errors"] == 0 and rec["requests"] == 300
+    assert rec["clientds"] == 2 and rec["workers"] == 4
+    assert set(Path("/dev/shm").glob("cxlkv-*")) <= before
+
+
+def test_replay_cli_errors(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from cxlkv.replay import replay_cmd
+
+    r = CliRunner().invoke(replay_cmd, [str(tmp_path / "missing.jsonl"), "--embedded"])
+    assert r.exit_code != 0 and "not found" in r.output
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}\n')
+    r = CliRunner().invoke(replay_cmd, [str(trace), "--embedded", "--capacity-fraction", "2"])
+    assert r.exit_code != 0 and "capacity-fraction" in r.output
+    r = CliRunner().invoke(replay_cmd, [str(trace), "--embedded", "--block-bytes", "lots"])
+    assert r.exit_code != 0 and "block-bytes" in r.output
+    r = CliRunner(env={"CXLKV_SOCKET": ""}).invoke(replay_cmd, [str(trace)])
+    assert r.exit_code != 0 and "--embedded" in r.output
+
+
+def test_cluster_up_status_down(tmp_path: Path) -> None:
+    run_dir = tmp_path / "c"
+    cli = [sys.executable, "-m", "cxlkv.cli", "cluster"]
+    up = subprocess.run(cli + ["up", "--run-dir", str(run_dir), "--region-size", "32MiB"],
+                        capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    state = json.loads((run_dir / "cluster.json").read_text())
+    try:
+        assert len(state["clientds"]) == 2 and all(Path(p).exists() for p in state["regions"])
+        st = subprocess.run(cli + ["status", "--run-dir", str(run_dir), "--json"],
+                            capture_output=True, text=True, timeout=60)
+        procs = json.loads(st.stdout)["processes"]
+        assert [p["alive"] for p in procs] == [True, True, True]
+        again = subprocess.run(cli + ["up", "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=60)
+        assert again.returncode != 0 and "already running" in again.stderr
+        env = dict(os.environ, CXLKV_SOCKET=state["clientds"][0]["socket_path"])
+        put = subprocess.run([sys.executable, "-m", "cxlkv.cli", "put", "k", "-"], input="v",
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert put.returncode == 0, put.stderr
+    finally:
+        down = subprocess.run(cli + ["down", "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert "killed" not in down.stdout
+    for c in state["clientds"]:
+        assert not Path(f"/proc/{c['pid']}").exists() or "Z" in Path(f"/proc/{c['pid']}/stat").read_text().split(") ")[1][:1]
+    assert not any(Path(p).exists() for p in state["regions"])
+    assert subprocess.run(cli + ["status", "--run-dir", str(run_dir)], capture_output=True, timeout=60).returncode != 0
