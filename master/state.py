@@ -487,7 +487,16 @@ class MasterState:
         self.counters["puts_started"] += 1
         return obj
 
-    def _place(self, candidates: Sequence[Segment], need: int, replica_num: int) -> list[Extent]:
+    @staticmethod
+    def _place(candidates: Sequence[Segment], need: int, replica_num: int) -> list[Extent]:
+        """Allocate up to ``replica_num`` extents on distinct candidates, in order."""
+        if replica_num == 1:
+            for seg in candidates:
+                off = seg.allocator.alloc(need)
+                if off >= 0:
+                    seg.object_count += 1
+                    return [(seg.segment_id, off, need)]
+            return []
         extents: list[Extent] = []
         for seg in candidates:
             off = seg.allocator.alloc(need)
