@@ -40,6 +40,7 @@ from cxlkv.errors import (
 )
 from cxlkv.keys import key_error
 from cxlkv.master.eviction import EvictionPolicy, load_policy
+from cxlkv.master.invariants import check_invariants
 from cxlkv.master.leases import Lease, LeaseTable
 from cxlkv.master.objects import ClientRecord, Extent, ObjectVersion, ObjState
 from cxlkv.master.segments import Segment, Tier, tier_from_name
@@ -990,84 +991,12 @@ class MasterState:
         return len(self._retired)
 
     def check_invariants(self) -> None:
-        """Verify all accounting invariants from scratch; O(n log n).
+        """Verify all accounting invariants from scratch (:mod:`cxlkv.master.invariants`).
 
         Raises:
             AssertionError: naming the first violation.
         """
-        live: dict[tuple[int, int], int] = {}
-        per_seg: dict[int, int] = {}
-
-        def add(obj: ObjectVersion, where: str) -> None:
-            seen: set[int] = set()
-            for sid, off, n in obj.extents:
-                if sid in seen:
-                    raise AssertionError(f"{where} {obj!r}: two replicas in segment {sid}")
-                seen.add(sid)
-                if (sid, off) in live:
-                    raise AssertionError(f"{where} {obj!r}: extent ({sid}, {off}) owned twice")
-                if n != self.extent_bytes(obj.size_bytes):
-                    raise AssertionError(f"{where} {obj!r}: extent length {n} for {obj.size_bytes} B")
-                live[(sid, off)] = n
-                per_seg[sid] = per_seg.get(sid, 0) + 1
-
-        for key, obj in self._objects.items():
-            if obj.key != key or obj.state != ObjState.COMPLETE:
-                raise AssertionError(f"committed {obj!r} filed under {key!r}")
-            if not obj.extents:
-                raise AssertionError(f"committed {obj!r} has no replica")
-            add(obj, "committed")
-        for token, obj in self._puts.items():
-            if obj.version != token or obj.state != ObjState.PROCESSING or self._pending.get(obj.key) is not obj:
-                raise AssertionError(f"in-flight put {token} inconsistent: {obj!r}")
-            add(obj, "in-flight")
-        if len(self._pending) != len(self._puts):
-            raise AssertionError("pending keys and put tokens disagree")
-        for version, obj in self._retired.items():
-            if obj.state != ObjState.REMOVED or obj.leases <= 0 or obj.version != version:
-                raise AssertionError(f"deferred {obj!r} should have been freed")
-            add(obj, "deferred")
-        for seg in self._segments.values():
-            if not seg.mounted:
-                if seg.used_bytes or seg.object_count:
-                    raise AssertionError(f"unmounted {seg!r} still holds extents")
-                continue
-            seg.allocator.check()
-            mine = {off: n for (sid, off), n in live.items() if sid == seg.segment_id}
-            alloc = dict(seg.allocator.extents())
-            if mine != alloc:
-                leaked = sorted(set(alloc) - set(mine))[:5]
-                dangling = sorted(set(mine) - set(alloc))[:5]
-                raise AssertionError(
-                    f"{seg!r}: allocator and objects disagree (leaked {leaked}, dangling {dangling})"
-                )
-            if seg.used_bytes != sum(mine.values()):
-                raise AssertionError(f"{seg!r}: used {seg.used_bytes} != sum of live extents")
-            if seg.object_count != per_seg.get(seg.segment_id, 0):
-                raise AssertionError(f"{seg!r}: object_count {seg.object_count} != "
-                                     f"{per_seg.get(seg.segment_id, 0)} live extents")
-            if seg.used_bytes + seg.free_bytes != seg.capacity_bytes:
-                raise AssertionError(f"{seg!r}: used + free != capacity")
-        for sid in per_seg:
-            if not self._segments[sid].mounted:
-                raise AssertionError(f"an object still has a replica in unmounted segment {sid}")
-        if self._keys is not None and (
-            len(self._keys) != len(self._objects) or any(k not in self._objects for k in self._keys)
-        ):
-            raise AssertionError("key index and committed objects disagree")
-        counts: dict[int, int] = {}
-        for lease in self.leases.leases():
-            counts[id(lease.obj)] = counts.get(id(lease.obj), 0) + 1
-        for obj in list(self._objects.values()) + list(self._retired.values()):
-            if obj.leases != counts.get(id(obj), 0):
-                raise AssertionError(f"{obj!r}: lease count {obj.leases} != {counts.get(id(obj), 0)} leases")
-        evictable = sum(1 for o in self._objects.values() if not o.hard_pin)
-        if len(self.policy) != evictable:
-            raise AssertionError(f"eviction policy tracks {len(self.policy)} keys, {evictable} are evictable")
-        for client in self._clients.values():
-            for token, obj in client.puts.items():
-                if self._puts.get(token) is not obj:
-                    raise AssertionError(f"client {client.client_id} lists dead put {token}")
+        check_invariants(self)
 
     def invariant_violation(self) -> str:
         """"" when :meth:`check_invariants` passes, else its one-line message."""

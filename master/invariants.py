@@ -1,0 +1,109 @@
+"""The master's accounting invariants, verified from scratch (tests, debugging, Stat).
+
+``check_invariants(state)`` walks every object, put, deferred version, lease and
+segment of a :class:`~cxlkv.master.state.MasterState` — O(n log n), never on the
+request path — and raises on the first violation of:
+
+* per segment: ``used == sum of live extents`` (in-flight puts, committed
+  objects, removed-but-leased versions), no two live extents overlap, the
+  allocator's own structure is sound, ``used + free == capacity``, and
+  ``object_count`` equals the live extents placed there;
+* ``key count == committed objects`` (and the ListKeys index, when built, agrees);
+* lease counts match the live leases; deferred versions are exactly the removed
+  ones still leased; the eviction policy tracks exactly the evictable objects;
+  every client's in-flight puts are live.
+
+It reads the state's private tables on purpose: it is the state's auditor.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cxlkv.master.objects import ObjectVersion, ObjState
+
+if TYPE_CHECKING:
+    from cxlkv.master.state import MasterState
+
+__all__ = ["check_invariants"]
+
+
+def check_invariants(state: "MasterState") -> None:
+    """Verify all accounting invariants of ``state``; O(n log n).
+
+    Raises:
+        AssertionError: naming the first violation.
+    """
+    live: dict[tuple[int, int], int] = {}
+    per_seg: dict[int, int] = {}
+
+    def add(obj: ObjectVersion, where: str) -> None:
+        seen: set[int] = set()
+        for sid, off, n in obj.extents:
+            if sid in seen:
+                raise AssertionError(f"{where} {obj!r}: two replicas in segment {sid}")
+            seen.add(sid)
+            if (sid, off) in live:
+                raise AssertionError(f"{where} {obj!r}: extent ({sid}, {off}) owned twice")
+            if n != state.extent_bytes(obj.size_bytes):
+                raise AssertionError(f"{where} {obj!r}: extent length {n} for {obj.size_bytes} B")
+            live[(sid, off)] = n
+            per_seg[sid] = per_seg.get(sid, 0) + 1
+
+    for key, obj in state._objects.items():
+        if obj.key != key or obj.state != ObjState.COMPLETE:
+            raise AssertionError(f"committed {obj!r} filed under {key!r}")
+        if not obj.extents:
+            raise AssertionError(f"committed {obj!r} has no replica")
+        add(obj, "committed")
+    for token, obj in state._puts.items():
+        if obj.version != token or obj.state != ObjState.PROCESSING or state._pending.get(obj.key) is not obj:
+            raise AssertionError(f"in-flight put {token} inconsistent: {obj!r}")
+        add(obj, "in-flight")
+    if len(state._pending) != len(state._puts):
+        raise AssertionError("pending keys and put tokens disagree")
+    for version, obj in state._retired.items():
+        if obj.state != ObjState.REMOVED or obj.leases <= 0 or obj.version != version:
+            raise AssertionError(f"deferred {obj!r} should have been freed")
+        add(obj, "deferred")
+    for seg in state._segments.values():
+        if not seg.mounted:
+            if seg.used_bytes or seg.object_count:
+                raise AssertionError(f"unmounted {seg!r} still holds extents")
+            continue
+        seg.allocator.check()
+        mine = {off: n for (sid, off), n in live.items() if sid == seg.segment_id}
+        alloc = dict(seg.allocator.extents())
+        if mine != alloc:
+            leaked = sorted(set(alloc) - set(mine))[:5]
+            dangling = sorted(set(mine) - set(alloc))[:5]
+            raise AssertionError(
+                f"{seg!r}: allocator and objects disagree (leaked {leaked}, dangling {dangling})"
+            )
+        if seg.used_bytes != sum(mine.values()):
+            raise AssertionError(f"{seg!r}: used {seg.used_bytes} != sum of live extents")
+        if seg.object_count != per_seg.get(seg.segment_id, 0):
+            raise AssertionError(f"{seg!r}: object_count {seg.object_count} != "
+                                 f"{per_seg.get(seg.segment_id, 0)} live extents")
+        if seg.used_bytes + seg.free_bytes != seg.capacity_bytes:
+            raise AssertionError(f"{seg!r}: used + free != capacity")
+    for sid in per_seg:
+        if not state._segments[sid].mounted:
+            raise AssertionError(f"an object still has a replica in unmounted segment {sid}")
+    if state._keys is not None and (
+        len(state._keys) != len(state._objects) or any(k not in state._objects for k in state._keys)
+    ):
+        raise AssertionError("key index and committed objects disagree")
+    counts: dict[int, int] = {}
+    for lease in state.leases.leases():
+        counts[id(lease.obj)] = counts.get(id(lease.obj), 0) + 1
+    for obj in list(state._objects.values()) + list(state._retired.values()):
+        if obj.leases != counts.get(id(obj), 0):
+            raise AssertionError(f"{obj!r}: lease count {obj.leases} != {counts.get(id(obj), 0)} leases")
+    evictable = sum(1 for o in state._objects.values() if not o.hard_pin)
+    if len(state.policy) != evictable:
+        raise AssertionError(f"eviction policy tracks {len(state.policy)} keys, {evictable} are evictable")
+    for client in state._clients.values():
+        for token, obj in client.puts.items():
+            if state._puts.get(token) is not obj:
+                raise AssertionError(f"client {client.client_id} lists dead put {token}")
