@@ -262,6 +262,25 @@ def test_batch_zero_copy_per_position(stores, prefix) -> None:
     assert a.get(keys[0]) == b"D" * block
 
 
+def test_multi_buffer_batches(stores, prefix) -> None:
+    a, b = stores
+    src = [ctypes.create_string_buffer(_payload(n, n), n) for n in (10, 70_000, 5)]
+    ptrs = [ctypes.addressof(x) for x in src]
+    keys = [f"{prefix}m0", f"{prefix}m1", f"{prefix}m2"]
+    assert a.batch_put_from_multi_buffers(keys, [ptrs, ptrs[:1], ptrs[:2]], [[10, 70_000, 5], [10], [10]]) == [
+        OK, OK, INVALID_PARAMS]
+    whole = b"".join(x.raw for x in src)
+    assert b.get(keys[0]) == whole and b.get(keys[1]) == src[0].raw
+    dst = [ctypes.create_string_buffer(n) for n in (50_000, 20_020, 100)]
+    dptrs = [ctypes.addressof(x) for x in dst]
+    got = b.batch_get_into_multi_buffers([keys[0], f"{prefix}absent", keys[1]],
+                                         [dptrs[:2], dptrs[2:], [dptrs[2]]], [[50_000, 20_020], [100], [100]])
+    assert got == [len(whole), NOT_FOUND, 10]
+    assert dst[0].raw + dst[1].raw[:20_015] == whole and dst[2].raw[:10] == src[0].raw
+    assert b.batch_get_into_multi_buffers([keys[0]], [dptrs[2:]], [[100]]) == [INVALID_PARAMS]  # too small
+    assert a.batch_put_from_multi_buffers(keys, [ptrs], [[1]]) == [INVALID_PARAMS] * 3
+
+
 def test_mem_pool_memory_is_zero_copy_and_other_memory_is_staged(stores, prefix, monkeypatch) -> None:
     a, b = stores
     size = 2 * MiB
@@ -448,9 +467,17 @@ def test_tensor_calls_with_torch(stores, prefix) -> None:
     assert torch.equal(got[0], t) and got[1] is None and torch.equal(got[2], t.float())
     assert a.put_tensor_with_tp(f"{prefix}tp", t, tp_size=2, split_dim=1) == OK
     assert torch.equal(b.get_tensor_with_tp(f"{prefix}tp", tp_rank=1, tp_size=2), t.chunk(2, 1)[1])
+    assert a.batch_put_tensor_with_tp([f"{prefix}b0", f"{prefix}b1"], [t, t * 2], tp_size=3) == [INVALID_PARAMS] * 2
+    assert a.batch_put_tensor_with_tp([f"{prefix}b0", f"{prefix}b1"], [t, t * 2], tp_size=2) == [OK, OK]
+    shards = b.batch_get_tensor_with_tp([f"{prefix}b0", f"{prefix}b1"], tp_rank=1, tp_size=2)
+    assert torch.equal(shards[0], t.chunk(2)[1]) and torch.equal(shards[1], (t * 2).chunk(2)[1])
+    assert a.upsert_tensor(f"{prefix}t", t + 1) == OK and torch.equal(b.get_tensor(f"{prefix}t"), t + 1)
     buf = ctypes.create_string_buffer(4096)
     into = b.get_tensor_into(f"{prefix}t", ctypes.addressof(buf), 4096)
-    assert torch.equal(into, t) and into.data_ptr() == ctypes.addressof(buf) + 40
+    assert torch.equal(into, t + 1) and into.data_ptr() == ctypes.addressof(buf) + 40
+    bufs = [ctypes.create_string_buffer(4096) for _ in range(2)]
+    got = b.batch_get_tensor_into([f"{prefix}y", f"{prefix}absent"], [ctypes.addressof(x) for x in bufs], [4096] * 2)
+    assert torch.equal(got[0], t.float()) and got[1] is None
 
 
 # ============================================================ concurrency

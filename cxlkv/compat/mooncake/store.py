@@ -412,6 +412,58 @@ class MooncakeDistributedStore(TensorCalls):
             codes[i] = code
         return codes
 
+    def batch_put_from_multi_buffers(self, keys: Sequence[str], all_buffer_ptrs: Sequence[Sequence[int]],
+                                     all_sizes: Sequence[Sequence[int]],
+                                     config: ReplicateConfig | None = None) -> list[int]:
+        """Store, under ``keys[i]``, the concatenation of the buffers ``all_buffer_ptrs[i]``.
+
+        Each value is gathered once into shared memory and the batch is then stored
+        from there zero-copy (one memcpy per value in all).
+
+        Returns:
+            One code per key: 0 (also for already committed keys) or negative;
+            ``INVALID_PARAMS`` (-600) at a position whose pointer and size lists
+            differ in length, and at every position when the three lists do.
+        """
+        n = len(keys) if hasattr(keys, "__len__") else 0
+        if not self._same_length(keys, all_buffer_ptrs, all_sizes):
+            return [_INVALID] * n
+        client = self._client
+        if client is None:
+            return [_INVALID] * n
+        keys = list(keys)
+        codes = [0] * n
+        values: list[Any] = [None] * n
+        try:
+            opts = put_options(config)
+            for i, (ptrs, sizes) in enumerate(zip(all_buffer_ptrs, all_sizes)):
+                if not self._same_length(ptrs, sizes):
+                    codes[i] = _INVALID
+                    continue
+                try:
+                    parts = [memoryview(view_at(p, size)).cast("B") for p, size in zip(ptrs, sizes)]
+                except InvalidArgument:
+                    codes[i] = _INVALID
+                    continue
+                buf = client.buffer(sum(v.nbytes for v in parts))
+                off = 0
+                for v in parts:
+                    buf[off:off + v.nbytes] = v
+                    off += v.nbytes
+                values[i] = buf
+            ok = [i for i in range(n) if codes[i] == 0]
+            results = client.put_from_many([keys[i] for i in ok], [values[i] for i in ok], **opts) if ok else []
+        except _ARG_ERRORS as exc:
+            return [c or mooncake_code(exc) for c in codes]
+
+        def again(j: int) -> int:
+            i = ok[j]
+            return self._status(lambda c: c.put_from(keys[i], values[i], **opts), exists_ok=True)
+
+        for i, code in zip(ok, self._put_codes([keys[i] for i in ok], results, again)):
+            codes[i] = code
+        return codes
+
     # ================================================================= reads
     def get(self, key: str) -> bytes:
         """The value of ``key``, or ``b""`` when it is missing or cannot be read.
@@ -475,6 +527,58 @@ class MooncakeDistributedStore(TensorCalls):
             return codes
         for i, r in zip(ok, results):
             codes[i] = int(r.value) if r.ok else mooncake_code(r.error) if r.error else _NOT_FOUND
+        return codes
+
+    def batch_get_into_multi_buffers(self, keys: Sequence[str], all_buffer_ptrs: Sequence[Sequence[int]],
+                                     all_sizes: Sequence[Sequence[int]],
+                                     prefer_alloc_in_same_node: bool = False) -> list[int]:
+        """Read each ``keys[i]`` and scatter its bytes, in order, over the buffers ``all_buffer_ptrs[i]``.
+
+        Each value is read by the daemon into shared memory and scattered from
+        there (one memcpy per value). ``prefer_alloc_in_same_node`` is accepted, not used.
+
+        Returns:
+            One result per key: bytes read (>= 0) or a negative code
+            (``INVALID_PARAMS`` (-600) when the value is larger than the buffers
+            together, or the lists differ in length).
+        """
+        n = len(keys) if hasattr(keys, "__len__") else 0
+        if not self._same_length(keys, all_buffer_ptrs, all_sizes):
+            return [_INVALID] * n
+        client = self._client
+        if client is None:
+            return [_INVALID] * n
+        keys = list(keys)
+        codes = [0] * n
+        targets: list[list[Any]] = [[] for _ in range(n)]
+        bufs: list[Any] = [None] * n
+        try:
+            for i, (ptrs, sizes) in enumerate(zip(all_buffer_ptrs, all_sizes)):
+                if not self._same_length(ptrs, sizes):
+                    codes[i] = _INVALID
+                    continue
+                try:
+                    targets[i] = [memoryview(view_at(p, size)).cast("B") for p, size in zip(ptrs, sizes)]
+                except InvalidArgument:
+                    codes[i] = _INVALID
+                    continue
+                bufs[i] = client.buffer(sum(v.nbytes for v in targets[i]))
+            ok = [i for i in range(n) if codes[i] == 0]
+            results = client.get_into_many([keys[i] for i in ok], [bufs[i] for i in ok]) if ok else []
+        except _ARG_ERRORS as exc:
+            return [c or mooncake_code(exc) for c in codes]
+        for i, r in zip(ok, results):
+            if not r.ok:
+                codes[i] = mooncake_code(r.error) if r.error else _NOT_FOUND
+                continue
+            got, off = int(r.value), 0
+            for v in targets[i]:
+                take = min(v.nbytes, got - off)
+                if take <= 0:
+                    break
+                v[:take] = bufs[i][off:off + take]
+                off += take
+            codes[i] = got
         return codes
 
     def get_buffer(self, key: str) -> BufferHandle | None:
