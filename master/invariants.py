@@ -66,7 +66,7 @@ def check_invariants(state: "MasterState") -> None:
         if obj.state != ObjState.REMOVED or obj.leases <= 0 or obj.version != version:
             raise AssertionError(f"deferred {obj!r} should have been freed")
         add(obj, "deferred")
-    for seg in state._segments.values():
+    for seg in state.segment_table.by_id.values():
         if not seg.mounted:
             if seg.used_bytes or seg.object_count:
                 raise AssertionError(f"unmounted {seg!r} still holds extents")
@@ -88,7 +88,7 @@ def check_invariants(state: "MasterState") -> None:
         if seg.used_bytes + seg.free_bytes != seg.capacity_bytes:
             raise AssertionError(f"{seg!r}: used + free != capacity")
     for sid in per_seg:
-        if not state._segments[sid].mounted:
+        if not state.segment_table.by_id[sid].mounted:
             raise AssertionError(f"an object still has a replica in unmounted segment {sid}")
     if state._keys is not None and (
         len(state._keys) != len(state._objects) or any(k not in state._objects for k in state._keys)

@@ -1,23 +1,31 @@
 """Segments: units of capacity the master allocates from.
 
 A :class:`Segment` is one CXL region (later a host's DRAM or SSD tier) with its
-own :class:`~cxlkv.master.allocator.ExtentAllocator`. Allocation strategies see
-segments read-only; only :class:`~cxlkv.master.state.MasterState` allocates and
-frees.
+own :class:`~cxlkv.master.allocator.ExtentAllocator`; the :class:`SegmentTable`
+knows every segment (who has space). Allocation strategies see segments
+read-only; only :class:`~cxlkv.master.state.MasterState` allocates and frees.
 """
 
 from __future__ import annotations
 
 import enum
+from typing import Sequence
 
+from cxlkv.config import SegmentConfig, format_size
+from cxlkv.errors import InvalidArgument
 from cxlkv.master.allocator import ExtentAllocator
 from cxlkv.region import REGION_HEADER_BYTES
 from cxlkv.v1 import common_pb2
 
-__all__ = ["Tier", "Segment", "tier_from_name"]
+__all__ = ["Tier", "Segment", "SegmentTable", "tier_from_name"]
 
-#: Storage tier, the ``cxlkv.v1.Tier`` enum as a Python IntEnum (one source).
-Tier = enum.IntEnum("Tier", dict(common_pb2.Tier.items()))  # type: ignore[misc]
+class Tier(enum.IntEnum):
+    """Storage tier; the values of ``cxlkv.v1.Tier``."""
+
+    TIER_UNSPECIFIED = common_pb2.TIER_UNSPECIFIED  # "strategy decides" in a placement request
+    CXL = common_pb2.CXL    # shared CXL region, mapped by every host
+    DRAM = common_pb2.DRAM  # one host's private memory
+    SSD = common_pb2.SSD    # a directory on a host's SSD, or a shared path
 
 _TIER_NAMES = {"cxl": Tier.CXL, "dram": Tier.DRAM, "ssd": Tier.SSD}
 
@@ -112,3 +120,129 @@ class Segment:
             f"Segment({self.segment_id}, {self.name!r}, tier={Tier(self.tier).name}, "
             f"used={self.used_bytes}/{self.capacity_bytes}, mounted={self.mounted})"
         )
+
+
+class SegmentTable:
+    """Every segment of the master: who has space (Mooncake's segment manager).
+
+    Keeps segments by id (ids are never reused: a remount gets a new one) and the
+    current segment of each name, the mounted ones in id order, their largest and
+    smallest capacity, and a version that changes on every mount and unmount.
+    Validates identities (size, region uuid) with messages naming both sides.
+
+    Args:
+        alignment_bytes: extent alignment of every allocator.
+        configured: ``[[segments]]`` of the master config (sizes a remount must match).
+    """
+
+    def __init__(self, alignment_bytes: int, configured: Sequence[SegmentConfig] = ()) -> None:
+        self.alignment_bytes = alignment_bytes
+        #: segment id → segment, mounted or not (extents name segments by id).
+        self.by_id: dict[int, Segment] = {}
+        self._by_name: dict[str, Segment] = {}
+        self._configured = {s.name: s for s in configured}
+        self._next_id = 1
+        #: Mounted segments in id order.
+        self.mounted: list[Segment] = []
+        #: Largest / smallest capacity among mounted segments (0 when none).
+        self.max_capacity = 0
+        self.min_capacity = 0
+        #: Changes whenever a segment is mounted or unmounted.
+        self.version = 0
+
+    def get(self, segment_id: int) -> Segment | None:
+        """The segment with this id (mounted or not), or ``None``."""
+        return self.by_id.get(segment_id)
+
+    def by_name(self, name: str) -> Segment | None:
+        """The current segment of this name (mounted or the last unmounted), or ``None``."""
+        return self._by_name.get(name)
+
+    def named(self) -> list[Segment]:
+        """The current segment of every name ever mounted, in first-mount order."""
+        return list(self._by_name.values())
+
+    def mount(self, name: str, tier: int, size_bytes: int, region_uuid: str = "",
+              device_path: str = "", owner_client_id: str = "") -> Segment:
+        """Create and mount a segment under a new id (no validation: see :meth:`check_mount`)."""
+        seg = Segment(self._next_id, name, tier, size_bytes, alignment_bytes=self.alignment_bytes,
+                      region_uuid=region_uuid, device_path=device_path, owner_client_id=owner_client_id)
+        self._next_id += 1
+        self.by_id[seg.segment_id] = seg
+        self._by_name[name] = seg
+        self._refresh()
+        return seg
+
+    def unmount(self, seg: Segment) -> None:
+        """Mark ``seg`` unmounted and empty (the caller dropped its replicas first)."""
+        seg.mounted = False
+        seg.object_count = 0
+        seg.allocator = ExtentAllocator(REGION_HEADER_BYTES, seg.size_bytes, self.alignment_bytes)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.mounted = [s for s in self.by_id.values() if s.mounted]
+        caps = [s.capacity_bytes for s in self.mounted]
+        self.max_capacity = max(caps, default=0)
+        self.min_capacity = min(caps, default=0)
+        self.version += 1
+
+    @staticmethod
+    def check_identity(seg: Segment, region_uuid: str, size_bytes: int, path: str) -> None:
+        """A region reported as ``seg`` must have its size and (if known) its uuid.
+
+        Raises:
+            InvalidArgument: naming the segment, both sizes or uuids, and the path.
+        """
+        if size_bytes != seg.size_bytes:
+            raise InvalidArgument(
+                f"segment {seg.name!r}: region at {path or '?'} is {size_bytes} B "
+                f"({format_size(size_bytes)}), the master's segment is {seg.size_bytes} B "
+                f"({format_size(seg.size_bytes)})"
+            )
+        if seg.region_uuid and region_uuid != seg.region_uuid:
+            raise InvalidArgument(
+                f"segment {seg.name!r}: region at {path or '?'} has uuid {region_uuid!r}, "
+                f"the master's segment has uuid {seg.region_uuid!r}"
+            )
+
+    def check_mount(self, name: str, tier: int, size_bytes: int, region_uuid: str,
+                    device_path: str) -> Segment | None:
+        """Validate a run-time mount.
+
+        Returns:
+            The mounted segment of that name when the identity matches (the
+            mount is then a no-op; an unknown uuid is adopted), else ``None``:
+            the caller mounts a new segment.
+
+        Raises:
+            InvalidArgument: empty name, bad tier, a size not above the region
+                header or unlike the configured one, or an identity unlike the
+                mounted (or last mounted) segment of that name.
+        """
+        if not name:
+            raise InvalidArgument("segment name is empty")
+        if tier not in (Tier.CXL, Tier.DRAM, Tier.SSD):
+            raise InvalidArgument(f"segment {name!r}: tier must be CXL, DRAM or SSD, got {tier}")
+        if size_bytes <= REGION_HEADER_BYTES:
+            raise InvalidArgument(
+                f"segment {name!r}: size_bytes {size_bytes} must exceed the {REGION_HEADER_BYTES}-byte region header"
+            )
+        seg = self._by_name.get(name)
+        if seg is not None and seg.mounted:
+            self.check_identity(seg, region_uuid, size_bytes, device_path)
+            if not seg.region_uuid:
+                seg.region_uuid = region_uuid
+            return seg
+        conf = self._configured.get(name)
+        if conf is not None and size_bytes != conf.size_bytes:
+            raise InvalidArgument(
+                f"segment {name!r}: size {size_bytes} B at {device_path or '?'} differs from the "
+                f"configured {conf.size_bytes} B"
+            )
+        if seg is not None and seg.region_uuid and region_uuid and seg.region_uuid != region_uuid:
+            raise InvalidArgument(
+                f"segment {name!r}: region_uuid {region_uuid!r} at {device_path or '?'} differs from "
+                f"the segment's {seg.region_uuid!r}"
+            )
+        return None

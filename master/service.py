@@ -59,7 +59,7 @@ def _rpc(fn: Handler) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitabl
 
 
 def _set_status(status: common_pb2.Status, err: CxlkvError) -> None:
-    status.code = err.code
+    status.code = int(err.code)  # type: ignore[assignment]
     status.message = err.message
 
 

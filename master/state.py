@@ -33,7 +33,7 @@ from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
 
 from sortedcontainers import SortedList
 
-from cxlkv.config import MasterConfig, format_size
+from cxlkv.config import MasterConfig
 from cxlkv.errors import (
     AlreadyExists, CxlkvError, InvalidArgument, InvalidKey, NoSpace, NotFound, NotReady,
     StaleToken, TooLarge, Unavailable, UnknownClient, HasLease,
@@ -43,9 +43,8 @@ from cxlkv.master.eviction import EvictionPolicy, load_policy
 from cxlkv.master.invariants import check_invariants
 from cxlkv.master.leases import Lease, LeaseTable
 from cxlkv.master.objects import ClientRecord, Extent, ObjectVersion, ObjState
-from cxlkv.master.segments import Segment, Tier, tier_from_name
+from cxlkv.master.segments import Segment, SegmentTable, Tier, tier_from_name
 from cxlkv.master.strategies import AllocationStrategy, PlacementRequest, load_strategy
-from cxlkv.region import REGION_HEADER_BYTES
 
 __all__ = ["MasterState", "PutSpec", "RegionReport", "COUNTERS", "Lease"]
 
@@ -131,16 +130,8 @@ class MasterState:
         self._seq = id_base  # versions (= put tokens) and epochs
         self._lease_ttl_s = config.lease_ttl_s
         self.leases = LeaseTable(config.lease_ttl_s, self._on_last_release, id_base)
-        # segments
-        self._segments: dict[int, Segment] = {}
-        self._by_name: dict[str, Segment] = {}
-        self._mounted: list[Segment] = []
-        self._max_capacity = 0
-        self._min_capacity = 0
-        self._configured = {s.name: s for s in config.segments}
-        self._next_segment_id = 1
-        #: Changes whenever a segment is mounted or unmounted.
-        self.segments_version = 0
+        #: Every segment (mounted ones, capacities, the segments version).
+        self.segment_table = SegmentTable(config.alignment_bytes, config.segments)
         # objects
         self._objects: dict[str, ObjectVersion] = {}
         # Sorted index of committed keys for ListKeys: built on first use and
@@ -162,7 +153,8 @@ class MasterState:
                 tier = tier_from_name(sc.tier)
             except ValueError as exc:
                 raise InvalidArgument(f"segments[{sc.name}].tier: {exc}") from None
-            self._mount(sc.name, tier, sc.size_bytes, sc.region_uuid, sc.path, "")
+            self.segment_table.mount(sc.name, tier, sc.size_bytes, sc.region_uuid, sc.path)
+            self.counters["segments_mounted"] += 1
 
     # ------------------------------------------------------------------ ids
     def _next_seq(self) -> int:
@@ -171,35 +163,21 @@ class MasterState:
         return n
 
     # ------------------------------------------------------------- segments
-    def _mount(self, name: str, tier: int, size_bytes: int, region_uuid: str, device_path: str,
-               owner: str) -> Segment:
-        seg = Segment(
-            self._next_segment_id, name, tier, size_bytes, alignment_bytes=self._align,
-            region_uuid=region_uuid, device_path=device_path, owner_client_id=owner,
-        )
-        self._next_segment_id += 1
-        self._segments[seg.segment_id] = seg
-        self._by_name[name] = seg
-        self.counters["segments_mounted"] += 1
-        self._refresh_mounted()
-        return seg
-
-    def _refresh_mounted(self) -> None:
-        self._mounted = [s for s in self._segments.values() if s.mounted]
-        caps = [s.capacity_bytes for s in self._mounted]
-        self._max_capacity = max(caps, default=0)
-        self._min_capacity = min(caps, default=0)
-        self.segments_version += 1
+    @property
+    def segments_version(self) -> int:
+        """Changes whenever a segment is mounted or unmounted."""
+        return self.segment_table.version
 
     def segments(self, include_unmounted: bool = False) -> list[Segment]:
-        """Segments in id order (mounted only, unless ``include_unmounted``)."""
+        """Mounted segments in id order; with ``include_unmounted``, the current
+        segment of every name (unmounted ones included)."""
         if include_unmounted:
-            return [s for s in self._by_name.values()]
-        return list(self._mounted)
+            return self.segment_table.named()
+        return list(self.segment_table.mounted)
 
     def segment(self, segment_id: int) -> Segment | None:
         """The segment with this id (mounted or not), or ``None``."""
-        return self._segments.get(segment_id)
+        return self.segment_table.by_id.get(segment_id)
 
     def mount_segment(
         self, client_id: str, epoch: int, name: str, tier: int, size_bytes: int,
@@ -216,47 +194,14 @@ class MasterState:
                 name with another identity (the message names both).
         """
         client = self.writer(client_id, epoch, now)
-        if not name:
-            raise InvalidArgument("segment name is empty")
-        if tier not in (Tier.CXL, Tier.DRAM, Tier.SSD):
-            raise InvalidArgument(f"segment {name!r}: tier must be CXL, DRAM or SSD, got {tier}")
-        if size_bytes <= REGION_HEADER_BYTES:
-            raise InvalidArgument(
-                f"segment {name!r}: size_bytes {size_bytes} must exceed the {REGION_HEADER_BYTES}-byte region header"
-            )
-        seg = self._by_name.get(name)
-        expected_size = self._configured[name].size_bytes if name in self._configured else None
-        if seg is not None and seg.mounted:
-            self._check_identity(seg, region_uuid, size_bytes, device_path)
-            if not seg.region_uuid:
-                seg.region_uuid = region_uuid
+        table = self.segment_table
+        seg = table.check_mount(name, tier, size_bytes, region_uuid, device_path)
+        if seg is not None:
             return seg
-        if expected_size is not None and size_bytes != expected_size:
-            raise InvalidArgument(
-                f"segment {name!r}: size {size_bytes} B at {device_path or '?'} differs from the "
-                f"configured {expected_size} B"
-            )
-        uuid = region_uuid
-        if seg is not None and seg.region_uuid and region_uuid and seg.region_uuid != region_uuid:
-            raise InvalidArgument(
-                f"segment {name!r}: region_uuid {region_uuid!r} at {device_path or '?'} differs from "
-                f"the segment's {seg.region_uuid!r}"
-            )
-        owner = client.client_id if tier != Tier.CXL else ""
-        return self._mount(name, tier, size_bytes, uuid, device_path, owner)
-
-    def _check_identity(self, seg: Segment, region_uuid: str, size_bytes: int, path: str) -> None:
-        if size_bytes != seg.size_bytes:
-            raise InvalidArgument(
-                f"segment {seg.name!r}: region at {path or '?'} is {size_bytes} B "
-                f"({format_size(size_bytes)}), the master's segment is {seg.size_bytes} B "
-                f"({format_size(seg.size_bytes)})"
-            )
-        if seg.region_uuid and region_uuid != seg.region_uuid:
-            raise InvalidArgument(
-                f"segment {seg.name!r}: region at {path or '?'} has uuid {region_uuid!r}, "
-                f"the master's segment has uuid {seg.region_uuid!r}"
-            )
+        seg = table.mount(name, tier, size_bytes, region_uuid, device_path,
+                          client.client_id if tier != Tier.CXL else "")
+        self.counters["segments_mounted"] += 1
+        return seg
 
     def unmount_segment(self, name: str, now: float) -> tuple[int, int]:
         """Stop allocating from a segment and drop its replicas.
@@ -270,14 +215,14 @@ class MasterState:
         Raises:
             NotFound: no mounted segment of that name.
         """
-        seg = self._by_name.get(name)
+        seg = self.segment_table.by_name(name)
         if seg is None or not seg.mounted:
             raise NotFound(f"segment {name!r} is not mounted")
         return self._unmount(seg, now)
 
     def _unmount(self, seg: Segment, now: float) -> tuple[int, int]:
         sid = seg.segment_id
-        seg.mounted = False
+        seg.mounted = False  # frees below must not touch its allocator
         replicas_lost = 0
         objects_lost = 0
         for obj in list(self._objects.values()):
@@ -296,12 +241,10 @@ class MasterState:
                     self._revoke(obj, f"segment {seg.name!r} was unmounted during the put")
         for obj in list(self._retired.values()):
             obj.extents = [e for e in obj.extents if e[0] != sid]
-        seg.object_count = 0
-        seg.allocator = type(seg.allocator)(REGION_HEADER_BYTES, seg.size_bytes, self._align)
+        self.segment_table.unmount(seg)
         self.counters["segments_unmounted"] += 1
         self.counters["replicas_lost"] += replicas_lost
         self.counters["objects_lost"] += objects_lost
-        self._refresh_mounted()
         return replicas_lost, objects_lost
 
     # -------------------------------------------------------------- clients
@@ -324,21 +267,21 @@ class MasterState:
         """
         adopt: dict[str, str] = {}
         for r in regions:
-            seg = self._by_name.get(r.segment_name)
+            seg = self.segment_table.by_name(r.segment_name)
             if seg is None or not seg.mounted:
-                known = ", ".join(s.name for s in self._mounted) or "(none)"
+                known = ", ".join(s.name for s in self.segment_table.mounted) or "(none)"
                 raise InvalidArgument(
                     f"region at {r.device_path or '?'}: segment {r.segment_name!r} is not mounted "
                     f"on the master (mounted: {known})"
                 )
-            self._check_identity(seg, r.region_uuid, r.size_bytes, r.device_path)
+            SegmentTable.check_identity(seg, r.region_uuid, r.size_bytes, r.device_path)
             if not seg.region_uuid and adopt.setdefault(seg.name, r.region_uuid) != r.region_uuid:
                 raise InvalidArgument(
                     f"segment {seg.name!r}: two regions reported with uuids "
                     f"{adopt[seg.name]!r} and {r.region_uuid!r} ({r.device_path or '?'})"
                 )
         for seg_name, uuid in adopt.items():
-            self._by_name[seg_name].region_uuid = uuid
+            self.segment_table.by_name(seg_name).region_uuid = uuid  # type: ignore[union-attr]
         old = self._clients.get(previous_client_id) if previous_client_id else None
         if old is not None:
             self._end_registration(old, f"client {old.client_id} re-registered (epoch {old.epoch} fenced)")
@@ -390,7 +333,7 @@ class MasterState:
         while len(self._expired_clients) > _EXPIRED_CLIENTS_KEPT:
             self._expired_clients.popitem(last=False)
         self.counters["clients_expired"] += 1
-        for seg in list(self._mounted):
+        for seg in list(self.segment_table.mounted):
             if seg.owner_client_id == client.client_id:
                 self._unmount(seg, now)
 
@@ -451,22 +394,22 @@ class MasterState:
                 self.counters["puts_reclaimed"] += 1
         a = self._align
         need = (value_size_bytes + a - 1) & ~(a - 1) or a
-        if need > self._max_capacity:
-            if not self._mounted:
+        table = self.segment_table
+        if need > table.max_capacity:
+            if not table.mounted:
                 raise Unavailable("no segment is mounted", key=key)
             self.counters["too_large"] += 1
             raise TooLarge(
                 f"key {_short(key)}: value of {value_size_bytes} B is larger than every segment "
-                f"(largest capacity {self._max_capacity} B); nothing was evicted",
+                f"(largest capacity {table.max_capacity} B); nothing was evicted",
                 key=key, requested_bytes=value_size_bytes,
             )
-        if preferred_segment and preferred_segment not in self._by_name:
+        if preferred_segment and table.by_name(preferred_segment) is None:
             raise InvalidArgument(f"preferred_segment {preferred_segment!r} is not a known segment", key=key)
         if replica_num < 1:
             replica_num = 1
-        fitting = self._mounted if need <= self._min_capacity else [
-            s for s in self._mounted if s.capacity_bytes >= need
-        ]
+        mounted = table.mounted
+        fitting = mounted if need <= table.min_capacity else [s for s in mounted if s.capacity_bytes >= need]
         request = _new_tuple(PlacementRequest, (need, replica_num, preferred_segment, 0))
         candidates = self.strategy.select(fitting, request)
         extents = self._place(candidates, need, replica_num)
@@ -600,10 +543,10 @@ class MasterState:
         self._revoke(obj, "revoked by its writer")
 
     def _revoke(self, obj: ObjectVersion, why: str) -> None:
-        token = obj.version
+        token, key = obj.version, obj.key
         del self._puts[token]
-        if self._pending.get(obj.key) is obj:
-            del self._pending[obj.key]
+        if self._pending.get(key) is obj:
+            del self._pending[key]
         client = self._clients.get(obj.client_id)
         if client is not None:
             client.puts.pop(token, None)
@@ -794,7 +737,7 @@ class MasterState:
             self._free_extents(obj)
 
     def _free_extents(self, obj: ObjectVersion) -> None:
-        segments = self._segments
+        segments = self.segment_table.by_id
         for sid, off, _ in obj.extents:
             seg = segments[sid]
             if seg.mounted:
@@ -886,7 +829,7 @@ class MasterState:
         high, low = self.config.high_watermark, self.config.low_watermark
         evicted = 0
         draining = self._draining
-        for seg in list(self._mounted):
+        for seg in list(self.segment_table.mounted):
             cap = seg.capacity_bytes
             sid = seg.segment_id
             if sid not in draining:
@@ -899,7 +842,7 @@ class MasterState:
                 draining.discard(sid)
             if self._work_clock() > deadline:
                 break
-        draining.intersection_update(s.segment_id for s in self._mounted)
+        draining.intersection_update(s.segment_id for s in self.segment_table.mounted)
         return evicted
 
     # ---------------------------------------------------------------- sweep
