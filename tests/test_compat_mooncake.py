@@ -118,6 +118,28 @@ def test_put_get_across_hosts(stores, prefix, size: int) -> None:
     assert b.get_size(f"{prefix}k") == size
 
 
+def test_values_larger_than_16_mib(stores, prefix) -> None:
+    a, b = stores                                    # both set up with a 16 MiB local buffer
+    value = _payload(20 * MiB + 3, 20)
+    assert a.put(f"{prefix}big", value) == OK
+    assert b.get(f"{prefix}big") == value
+    out = np.zeros(len(value), dtype=np.uint8)
+    assert b.get_into(f"{prefix}big", out.ctypes.data, out.nbytes) == len(value)
+    assert out.tobytes() == value
+
+
+def test_objects_outlive_their_writer(module_cluster, stores, prefix) -> None:
+    _, b = stores
+    code = ("from cxlkv.compat.mooncake import MooncakeDistributedStore as S; s = S(); "
+            "assert s.setup('w', 'm') == 0; "
+            f"assert s.put({prefix + 'w'!r}, b'written by a process that is gone') == 0")
+    env = dict(os.environ, CXLKV_SOCKET=module_cluster.socket_path(0))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=SUBPROCESS_TIMEOUT_S)
+    assert r.returncode == 0, r.stderr
+    assert b.get(f"{prefix}w") == b"written by a process that is gone"
+
+
 def test_get_missing_and_invalid_keys(stores, prefix) -> None:
     a, _ = stores
     assert a.get(f"{prefix}absent") == b""
