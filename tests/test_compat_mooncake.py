@@ -98,6 +98,27 @@ def test_setup_failures(tmp_path) -> None:
     assert s.get_hostname() == ""
 
 
+def test_calls_answer_codes_when_the_daemon_is_gone(make_cluster) -> None:
+    cl = make_cluster(clientds=1)
+    s = MooncakeDistributedStore()
+    _setup(s, cl.socket_path(0))
+    buf = ctypes.create_string_buffer(16)
+    p = ctypes.addressof(buf)
+    assert s.put("mc/gone/k", b"v") == OK
+    cl.kill_clientd(0)
+    rpc_fail = int(ErrorCode.RPC_FAIL)
+    assert s.put("mc/gone/k2", b"v") == rpc_fail
+    assert s.get("mc/gone/k") == b"" and s.get_batch(["mc/gone/k"]) == [b""]
+    assert s.is_exist("mc/gone/k") == -1 and s.batch_is_exist(["mc/gone/k"]) == [-1]
+    assert s.get_into("mc/gone/k", p, 16) == rpc_fail
+    assert s.batch_get_into(["mc/gone/k"], [p], [16]) == [rpc_fail]
+    assert s.batch_put_from(["mc/gone/k3"], [p], [16]) == [rpc_fail]
+    assert s.get_buffer("mc/gone/k") is None and s.batch_get_buffer(["mc/gone/k"]) == [None]
+    assert s.get_size("mc/gone/k") == rpc_fail and s.remove("mc/gone/k") == rpc_fail
+    assert s.remove_all() == -1 and s.batch_remove(["mc/gone/k"]) == [rpc_fail]
+    assert s.close() == OK
+
+
 def test_init_all_connects(module_cluster, monkeypatch) -> None:
     monkeypatch.setenv("CXLKV_SOCKET", module_cluster.socket_path(1))
     s = MooncakeDistributedStore()

@@ -604,7 +604,7 @@ class MooncakeDistributedStore(TensorCalls):
                     capacity = exc.requested_bytes
                     continue
                 if capacity == _PROBE_BYTES:
-                    return make_handle(bytes(buf[:n]))  # small: release the probe range
+                    return make_handle(bytearray(buf[:n]))  # small: one copy, the probe range is released
                 return make_handle(buf[:n])
         except _ARG_ERRORS:
             return None
@@ -696,7 +696,8 @@ class MooncakeDistributedStore(TensorCalls):
         return [0 if r.ok else mooncake_code(r.error) if r.error else _NOT_FOUND for r in results]
 
     def remove_by_regex(self, regex_pattern: str) -> int:
-        """Remove every object whose key matches ``regex_pattern`` (Python ``re.search``).
+        """Remove every object whose key matches ``regex_pattern`` (Python ``re.search``;
+        an empty pattern matches every key).
 
         Returns:
             Objects removed (leased ones are skipped), or a negative code
