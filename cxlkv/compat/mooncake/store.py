@@ -28,7 +28,7 @@ import ctypes
 import socket
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from cxlkv.client import DEFAULT_POOL_BYTES, Client, Result
 from cxlkv.compat.mooncake.config import ReplicateConfig, put_options
@@ -54,12 +54,11 @@ _PROBE_BYTES = 64 << 10
 #: Values up to this size are joined in Python memory for ``put_parts`` (the SDK
 #: sends them inline), in bytes; larger ones are assembled in shared memory.
 _INLINE_PARTS_BYTES = 64 << 10
-#: Exceptions a bad argument raises before anything reaches the daemon.
+#: What a call turns into a Mooncake code: the SDK's errors (the daemon's answers,
+#: arguments it refuses) and the builtins a malformed argument raises on the way.
 _ARG_ERRORS = (CxlkvError, TypeError, ValueError, OverflowError, BufferError)
 _INVALID = int(ErrorCode.INVALID_PARAMS)
 _NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
-
-T = TypeVar("T")
 
 
 class MooncakeDistributedStore(TensorCalls):
