@@ -60,8 +60,29 @@ __all__ = [
     "rpc_status_for",
 ]
 
-#: The wire enum, as a Python IntEnum built from the generated proto (one source).
-ErrorCode = enum.IntEnum("ErrorCode", dict(common_pb2.ErrorCode.items()))  # type: ignore[misc]
+class ErrorCode(enum.IntEnum):
+    """The wire enum ``cxlkv.v1.ErrorCode`` (common.proto), spelled out for type checkers.
+
+    tests/test_proto_stubs.py checks it equals the generated proto enum member by member.
+    """
+
+    OK = 0
+    NOT_FOUND = 1
+    ALREADY_EXISTS = 2
+    NO_SPACE = 3
+    TOO_LARGE = 4
+    HAS_LEASE = 5
+    LEASE_EXPIRED = 6
+    INVALID_KEY = 7
+    INVALID_ARGUMENT = 8
+    STALE_TOKEN = 9
+    NOT_READY = 10
+    CHECKSUM_MISMATCH = 11
+    UNAVAILABLE = 12
+    INTERNAL = 13
+    UNKNOWN_CLIENT = 14
+    UNKNOWN_BUFFER = 15
+    OUT_OF_RANGE = 16
 
 
 class CxlkvError(Exception):

@@ -27,6 +27,7 @@ def test_error_enum_matches_python_hierarchy() -> None:
     from cxlkv import errors
     from cxlkv.v1 import common_pb2
 
+    assert len(errors.ErrorCode) == len(common_pb2.ErrorCode.items())
     for name, value in common_pb2.ErrorCode.items():
         assert errors.ErrorCode[name] == value
         if value:
