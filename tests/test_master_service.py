@@ -60,7 +60,7 @@ _DYING_WRITER = textwrap.dedent("""
 
 
 def test_writer_killed_between_put_start_and_put_end(tmp_path: Path) -> None:
-    cfg = {"client_ttl_s": 1.0, "heartbeat_interval_s": 0.2}
+    cfg = {"client_ttl_s": 2.0, "heartbeat_interval_s": 0.5}  # slack for a loaded machine
     with MasterProcess(tmp_path, cfg) as m:
         writer = subprocess.Popen([sys.executable, "-c", _DYING_WRITER, m.address, "blk", str(4 * MiB)],
                                   stdout=subprocess.PIPE, text=True)
@@ -302,7 +302,7 @@ def test_upsert_keeps_old_extent_until_its_lease_ends(master: MasterProcess) -> 
 
 
 def test_leases_expire_and_deferred_extent_is_freed(tmp_path: Path) -> None:
-    with MasterProcess(tmp_path, {"lease_ttl_s": 0.3}) as m:
+    with MasterProcess(tmp_path, {"lease_ttl_s": 1.0}) as m:
         w = Writer(m.stub)
         w.put("k", MiB)
         m.stub.GetReplicaList(master_pb2.GetReplicaListRequest(key="k"))
