@@ -17,6 +17,7 @@ __all__ = ["BENCHMARKS", "bench_group"]
 BENCHMARKS: dict[str, str] = {
     "transport": "cxlkv.bench.transport:transport_cmd",
     "master": "cxlkv.bench.master:master_cmd",
+    "kv": "cxlkv.bench.kv:kv_cmd",
 }
 
 

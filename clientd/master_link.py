@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 RELEASE_DELAY_S = 0.001
 #: Most items in one coalesced master call.
 MAX_BATCH_ITEMS = 1024
+#: Concurrent coalesced calls of one kind (1: classic group commit).
+MAX_IN_FLIGHT = 1
 #: gRPC message size limit towards the master, in bytes (keys may be 4 KiB each).
 MAX_MESSAGE_BYTES = 64 << 20
 
@@ -94,20 +96,20 @@ class MasterLink:
         self._warned_unavailable = False
 
         self.put_start: Coalescer[master_pb2.PutStartItem, master_pb2.PutStartResult] = Coalescer(
-            "BatchPutStart", self._send_put_start, max_items=MAX_BATCH_ITEMS)
+            "BatchPutStart", self._send_put_start, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT)
         self.put_end: Coalescer[master_pb2.PutEndItem, common_pb2.Status] = Coalescer(
-            "BatchPutEnd", self._send_put_end, max_items=MAX_BATCH_ITEMS)
+            "BatchPutEnd", self._send_put_end, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT)
         self.put_revoke: Coalescer[master_pb2.PutEndItem, common_pb2.Status] = Coalescer(
-            "BatchPutRevoke", self._send_put_revoke, max_items=MAX_BATCH_ITEMS)
+            "BatchPutRevoke", self._send_put_revoke, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT)
         self.locate: Coalescer[str, Location] = Coalescer(
-            "BatchGetReplicaList", self._send_locate, max_items=MAX_BATCH_ITEMS)
+            "BatchGetReplicaList", self._send_locate, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT)
         self.exist: Coalescer[str, tuple[bool, common_pb2.Status]] = Coalescer(
-            "BatchExistKey", self._send_exist, max_items=MAX_BATCH_ITEMS)
+            "BatchExistKey", self._send_exist, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT)
         self.match_prefix: Coalescer[list[str], tuple[master_pb2.MatchPrefixResponse, float]] = Coalescer(
             "BatchMatchPrefix", self._send_match_prefix, max_items=64)
         self.remove = {
             force: Coalescer(f"BatchRemove(force={force})",
-                             lambda keys, f=force: self._send_remove(keys, f), max_items=MAX_BATCH_ITEMS)
+                             lambda keys, f=force: self._send_remove(keys, f), max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT)
             for force in (False, True)
         }
 

@@ -1,0 +1,536 @@
+"""``cxlkv bench kv``: end-to-end Put and Get through clientd, writer and reader on two hosts.
+
+One master and two clientds (a :class:`~cxlkv.cluster.LocalCluster` on one
+pre-faulted ``/dev/shm`` region). The writer process talks to clientd A, the
+reader process to clientd B (separate processes, ``multiprocessing`` spawn), so
+every byte read was written by the other "host". Measured:
+
+* Put and Get of 4 KiB, 64 KiB, 1 MiB, 16 MiB and 64 MiB values:
+  ``path = "shared_buffer"`` (zero-copy ``put_from`` / ``get_into`` on
+  :meth:`cxlkv.Client.buffer` memory) and the bytes API (``put`` / ``get``:
+  ``path = "inline"`` when the value travels inside the message — up to the
+  daemon's inline limit — else ``"staged"``, copied through the SDK's pool).
+  16 MiB and 64 MiB zero-copy are also measured with several callers in flight
+  (threads of one process; ``concurrency`` says how many);
+* 4 KiB single-key Put and Get ops/s with 1 caller and with 16 callers (16
+  separate processes), ``concurrency`` 1 / 16;
+* 4 KiB batched: 128 keys per call (``batch`` 128): ``put_many`` / ``get_many``
+  (inline) and ``put_from_many`` / ``get_into_many`` (zero-copy); ``ops_per_s``
+  counts keys.
+
+Beside each figure, ``limit_gbps`` is memcpy of the same size measured in the
+same run (:func:`cxlkv.bench.common.measure_memcpy_gbps`). ``--compare
+mooncake`` also runs ``../shared/peer/mooncake_kv_bench.py`` (Mooncake Store on
+this machine, same record shape) when its virtual environment exists, and
+prints both side by side.
+
+Must show: 16 MiB zero-copy Put and Get ``ratio_to_limit`` >= 0.6; 4 KiB with 16
+callers >= 8,000 Put/s and >= 15,000 Get/s; 4 KiB batched Get >= 100,000 keys/s.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from cxlkv.bench.common import Record, Timing, emit, measure_memcpy_gbps, ops_for, output_options
+
+__all__ = ["run_kv", "must_show_failures", "kv_cmd", "SIZES"]
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+#: Value sizes of the Put/Get sweep, bytes.
+SIZES = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB]
+#: Callers in flight for the large zero-copy figures.
+LARGE_CONCURRENCY = 3
+BATCH = 128
+BENCH = "kv"
+#: Region size of the bench cluster, bytes (holds one run of the largest size).
+REGION_BYTES = 2 * GiB
+POOL_BYTES = 512 * MiB
+
+
+def _content(size: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+# =============================================================== role processes
+class _Role:
+    """A writer or reader process: one Client, buffers, timed loops."""
+
+    def __init__(self, socket_path: str) -> None:
+        from cxlkv import Client
+
+        self.client = Client(socket_path, buffer_pool_bytes=POOL_BYTES)
+        self.buffers: dict[tuple[int, int], memoryview] = {}
+
+    def buffer(self, size: int, slot: int) -> memoryview:
+        b = self.buffers.get((size, slot))
+        if b is None:
+            b = self.client.buffer(size)
+            b[:] = _content(size, size)  # fault the pages in; the writer's content
+            self.buffers[(size, slot)] = b
+        return b
+
+    def run(self, cmd: dict[str, Any]) -> Any:
+        op = cmd["op"]
+        if op == "remove":
+            return self.client.remove_all(regex=cmd["args"]["regex"], force=True)
+        if op == "stat":
+            return self.client.stat()
+        return getattr(self, "_" + op)(**cmd["args"])
+
+    # ----------------------------------------------------------- single keys
+    def _timed(self, keys: list[str], concurrency: int, body: Callable[[int, str], None]) -> tuple[float, list[int]]:
+        """Run ``body(slot, key)`` for every key with ``concurrency`` threads; (wall s, latencies ns)."""
+        per = [keys[i::concurrency] for i in range(concurrency)]
+        lats: list[list[int]] = [[] for _ in range(concurrency)]
+        errors: list[BaseException] = []
+        start = threading.Barrier(concurrency + 1)
+
+        def worker(slot: int) -> None:
+            clock = time.perf_counter_ns
+            out = lats[slot]
+            start.wait()
+            try:
+                for k in per[slot]:
+                    t = clock()
+                    body(slot, k)
+                    out.append(clock() - t)
+            except BaseException as exc:  # reported to the driver
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(s,)) for s in range(concurrency)]
+        for t in threads:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        if errors:
+            raise errors[0]
+        return wall, [x for lat in lats for x in lat]
+
+    def _put(self, keys: list[str], size: int, path: str, concurrency: int) -> tuple[float, list[int]]:
+        c = self.client
+        if path == "shared_buffer":
+            bufs = [self.buffer(size, s) for s in range(concurrency)]
+            return self._timed(keys, concurrency, lambda s, k: c.put_from(k, bufs[s]))
+        value = _content(size, size)
+        return self._timed(keys, concurrency, lambda s, k: c.put(k, value))
+
+    def _get(self, keys: list[str], size: int, path: str, concurrency: int) -> tuple[float, list[int]]:
+        c = self.client
+        expect = _content(size, size)
+        if path == "shared_buffer":
+            bufs = [self.buffer(size, 100 + s) for s in range(concurrency)]
+
+            def body(s: int, k: str) -> None:
+                if c.get_into(k, bufs[s]) != size:
+                    raise RuntimeError(f"get_into {k}: wrong size")
+
+            res = self._timed(keys, concurrency, body)
+            if bytes(bufs[0][:64]) != expect[:64] or bytes(bufs[0][-64:]) != expect[-64:]:
+                raise RuntimeError(f"read back wrong bytes for size {size}")
+            return res
+        got: list[bytes] = []
+
+        def body_bytes(s: int, k: str) -> None:
+            v = c.get(k)
+            if len(v) != size:
+                raise RuntimeError(f"get {k}: {len(v)} bytes, expected {size}")
+            if not got:
+                got.append(v)
+
+        res = self._timed(keys, concurrency, body_bytes)
+        if got and got[0] != expect:
+            raise RuntimeError(f"read back wrong bytes for size {size}")
+        return res
+
+    # ---------------------------------------------------------------- batches
+    def _put_batch(self, keys: list[str], size: int, path: str) -> tuple[float, list[int]]:
+        c = self.client
+        value = _content(size, size)
+        if path == "shared_buffer":
+            buf = self.buffer(size * BATCH, 0)
+            srcs = [buf[i * size:(i + 1) * size] for i in range(BATCH)]
+            for s in srcs:
+                s[:] = value
+        lats: list[int] = []
+        t0 = time.perf_counter()
+        for j in range(0, len(keys), BATCH):
+            chunk = keys[j:j + BATCH]
+            t = time.perf_counter_ns()
+            if path == "shared_buffer":
+                res = c.put_from_many(chunk, srcs[:len(chunk)])
+            else:
+                res = c.put_many([(k, value) for k in chunk])
+            lats.append(time.perf_counter_ns() - t)
+            bad = [r.error for r in res if not r.ok]
+            if bad:
+                raise RuntimeError(f"batched put failed: {bad[0]!r}")
+        return time.perf_counter() - t0, lats
+
+    def _get_batch(self, keys: list[str], size: int, path: str) -> tuple[float, list[int]]:
+        c = self.client
+        if path == "shared_buffer":
+            buf = self.buffer(size * BATCH, 100)
+            dsts = [buf[i * size:(i + 1) * size] for i in range(BATCH)]
+        lats: list[int] = []
+        t0 = time.perf_counter()
+        for j in range(0, len(keys), BATCH):
+            chunk = keys[j:j + BATCH]
+            t = time.perf_counter_ns()
+            if path == "shared_buffer":
+                res = c.get_into_many(chunk, dsts[:len(chunk)])
+            else:
+                res = c.get_many(chunk)
+            lats.append(time.perf_counter_ns() - t)
+            bad = [r.error for r in res if not r.ok]
+            if bad:
+                raise RuntimeError(f"batched get failed: {bad[0]!r}")
+        return time.perf_counter() - t0, lats
+
+
+def _role_main(conn: Any, socket_path: str) -> None:
+    try:
+        role = _Role(socket_path)
+    except BaseException as exc:
+        conn.send(("err", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ok", os.getpid()))
+    while True:
+        cmd = conn.recv()
+        if cmd is None:
+            break
+        try:
+            conn.send(("ok", role.run(cmd)))
+        except BaseException as exc:  # to the driver, with the command
+            conn.send(("err", f"{cmd['op']}: {type(exc).__name__}: {exc}"))
+    role.client.close()
+
+
+def _caller_main(socket_path: str, op: str, keys: list[str], value_size: int, barrier: Any, queue: Any) -> None:
+    """One of many single-key caller processes: wait at the barrier, run, report."""
+    from cxlkv import Client
+
+    try:
+        with Client(socket_path) as c:
+            value = _content(value_size, value_size)
+            if op == "get":
+                c.get(keys[0])  # connect and warm up
+            barrier.wait()
+            lat = np.empty(len(keys), dtype=np.int64)
+            clock = time.perf_counter_ns
+            t0 = clock()
+            prev = t0
+            if op == "put":
+                for i, k in enumerate(keys):
+                    c.put(k, value)
+                    now = clock()
+                    lat[i] = now - prev
+                    prev = now
+            else:
+                for i, k in enumerate(keys):
+                    c.get(k)
+                    now = clock()
+                    lat[i] = now - prev
+                    prev = now
+            queue.put(("ok", t0, prev, lat))
+    except BaseException as exc:
+        queue.put(("err", f"{type(exc).__name__}: {exc}", 0, None))
+
+
+class _Remote:
+    """The driver's handle on one role process."""
+
+    def __init__(self, ctx: Any, socket_path: str) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_role_main, args=(child, socket_path), daemon=True)
+        self.proc.start()
+        self._reply()
+
+    def _reply(self) -> Any:
+        if not self.conn.poll(600):
+            raise RuntimeError("benchmark role process did not answer within 600 s")
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(value)
+        return value
+
+    def __call__(self, op: str, **args: Any) -> Any:
+        self.conn.send({"op": op, "args": args})
+        return self._reply()
+
+    def close(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+# ====================================================================== driver
+def _many_callers(ctx: Any, socket_path: str, op: str, keys: list[str], n: int, size: int) -> tuple[float, np.ndarray]:
+    """``n`` processes each doing its share of ``keys``; (wall s from first start to last end, latencies)."""
+    barrier = ctx.Barrier(n)
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_caller_main, args=(socket_path, op, keys[i::n], size, barrier, queue), daemon=True)
+             for i in range(n)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(30)
+    errs = [r[1] for r in results if r[0] != "ok"]
+    if errs:
+        raise RuntimeError(f"caller failed: {errs[0]}")
+    start = min(r[1] for r in results)
+    end = max(r[2] for r in results)
+    return (end - start) / 1e9, np.concatenate([r[3] for r in results])
+
+
+def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
+           run_dir: str | None = None) -> list[Record]:
+    """Run the benchmark on a fresh local cluster; returns the records.
+
+    Raises:
+        RuntimeError: a role process failed (its message says which operation).
+        cxlkv.cluster.ClusterError: the cluster did not start.
+    """
+    from cxlkv.cluster import LocalCluster
+
+    runs = 2 if quick else 3
+    bytes_per_run = (64 if quick else 256) * MiB
+    ctx = mp.get_context("spawn")
+    records: list[Record] = []
+    limits: dict[int, float] = {}
+
+    def limit(size: int) -> float:
+        if size not in limits:
+            limits[size] = measure_memcpy_gbps(size, runs=3)
+        return limits[size]
+
+    tmp = tempfile.TemporaryDirectory(prefix="cxlkv-bench-kv-") if run_dir is None else None
+    directory = run_dir or tmp.name  # type: ignore[union-attr]
+    log(f"starting a cluster (1 master, 2 clientds, {REGION_BYTES >> 20} MiB region, prefaulted)")
+    cluster = LocalCluster(directory, clientds=2, region_size_bytes=REGION_BYTES,
+                           clientd_options={"prefault": True}, start_timeout_s=120)
+    cluster.start()
+    writer = reader = None
+    try:
+        writer = _Remote(ctx, cluster.socket_path(0))
+        reader = _Remote(ctx, cluster.socket_path(1))
+
+        def record(op: str, size: int, timing: Timing, **extra: Any) -> None:
+            rec = Record.from_timing(BENCH, op, size, timing, limit(size), **extra)
+            records.append(rec)
+            log(f"  {op:<5} {size >> 10:>6} KiB {extra}: {rec.ops_per_s:,.0f} ops/s, {rec.gbps:.2f} GB/s, "
+                f"p50 {rec.p50_us:.0f} us, ratio {rec.ratio_to_limit:.2f}")
+
+        # ---- Put / Get sweep -------------------------------------------------
+        plan: list[tuple[int, str, int]] = []
+        for size in SIZES:
+            plan.append((size, "shared_buffer", 1))
+            if size >= 16 * MiB:
+                plan.append((size, "shared_buffer", LARGE_CONCURRENCY))
+            plan.append((size, "inline" if size <= MiB else "staged", 1))
+        for size, path, conc in plan:
+            n = ops_for(size, bytes_per_run=bytes_per_run, min_ops=max(4, conc * 2), max_ops=500 if quick else 2000)
+            puts: list[tuple[float, np.ndarray]] = []
+            gets: list[tuple[float, np.ndarray]] = []
+            for r in range(runs + 1):  # run 0 warms up
+                keys = [f"bench/{size}/{path}/{conc}/{r}/{i}" for i in range(n)]
+                wall, lat = writer("put", keys=keys, size=size, path=path, concurrency=conc)
+                gwall, glat = reader("get", keys=keys, size=size, path=path, concurrency=conc)
+                if r:
+                    puts.append((wall, np.asarray(lat)))
+                    gets.append((gwall, np.asarray(glat)))
+                writer("remove", regex=f"^bench/{size}/{path}/{conc}/{r}/")
+            record("put", size, Timing.from_runs(puts), path=path, concurrency=conc, batch=1)
+            record("get", size, Timing.from_runs(gets), path=path, concurrency=conc, batch=1)
+
+        # ---- 4 KiB single key, 1 and 16 callers ---------------------------
+        size = 4 * KiB
+        for callers in (1, 16):
+            per_caller = (150 if quick else 500) if callers > 1 else (1000 if quick else 3000)
+            puts, gets = [], []
+            for r in range(runs + 1):
+                keys = [f"bench/small/{callers}/{r}/{i}" for i in range(per_caller * callers)]
+                if callers == 1:
+                    wall, lat = writer("put", keys=keys, size=size, path="inline", concurrency=1)
+                    pw = (wall, np.asarray(lat))
+                    gwall, glat = reader("get", keys=keys, size=size, path="inline", concurrency=1)
+                    gw = (gwall, np.asarray(glat))
+                else:
+                    pw = _many_callers(ctx, cluster.socket_path(0), "put", keys, callers, size)
+                    gw = _many_callers(ctx, cluster.socket_path(1), "get", keys, callers, size)
+                if r:
+                    puts.append(pw)
+                    gets.append(gw)
+                writer("remove", regex=f"^bench/small/{callers}/{r}/")
+            record("put", size, Timing.from_runs(puts), path="inline", concurrency=callers, batch=1)
+            record("get", size, Timing.from_runs(gets), path="inline", concurrency=callers, batch=1)
+
+        # ---- 4 KiB batched, 128 keys per call -------------------------------
+        n_keys = BATCH * (20 if quick else 60)
+        for path in ("inline", "shared_buffer"):
+            puts, gets = [], []
+            for r in range(runs + 1):
+                keys = [f"bench/batch/{path}/{r}/{i}" for i in range(n_keys)]
+                wall, lat = writer("put_batch", keys=keys, size=size, path=path)
+                gwall, glat = reader("get_batch", keys=keys, size=size, path=path)
+                if r:
+                    # one latency per call; throughput counts keys
+                    puts.append((wall, np.repeat(np.asarray(lat) / BATCH, BATCH)))
+                    gets.append((gwall, np.repeat(np.asarray(glat) / BATCH, BATCH)))
+                writer("remove", regex=f"^bench/batch/{path}/{r}/")
+            pt, gt = Timing.from_runs(puts), Timing.from_runs(gets)
+            # latencies are per call (128 keys), not per key
+            record("put", size, _per_call(pt), path=path, concurrency=1, batch=BATCH)
+            record("get", size, _per_call(gt), path=path, concurrency=1, batch=BATCH)
+        st = reader("stat")
+        log(f"reader's clientd counters: { {k: v for k, v in st.get('counters', {}).items() if 'master_calls' in k} }")
+    finally:
+        for role in (writer, reader):
+            if role is not None:
+                role.close()
+        killed = cluster.stop()
+        if tmp is not None:
+            tmp.cleanup()
+        if killed:
+            log(f"warning: processes had to be killed at the end: {killed}")
+    return records
+
+
+def _per_call(t: Timing) -> Timing:
+    """Latencies of a batched timing were spread per key; report them per call again."""
+    return Timing(t.ops_per_s, t.p50_us * BATCH, t.p99_us * BATCH, t.run_ops_per_s, t.ops_per_run)
+
+
+def must_show_failures(records: list[Record]) -> list[str]:
+    """The issue's targets that these records miss (empty when all are met)."""
+    out: list[str] = []
+
+    def best(op: str, size: int, **match: Any) -> Record | None:
+        cands = [r for r in records if r.op == op and r.size_bytes == size
+                 and all(r.extra.get(k) == v for k, v in match.items())]
+        return max(cands, key=lambda r: r.ops_per_s) if cands else None
+
+    for op in ("put", "get"):
+        r = best(op, 16 * MiB, path="shared_buffer")
+        if r is None or (r.ratio_to_limit or 0) < 0.6:
+            out.append(f"16 MiB zero-copy {op}: ratio_to_limit {r.ratio_to_limit if r else None} < 0.6")
+    for op, target in (("put", 8_000), ("get", 15_000)):
+        r = best(op, 4 * KiB, concurrency=16, batch=1)
+        if r is None or r.ops_per_s < target:
+            out.append(f"4 KiB {op} with 16 callers: {r.ops_per_s if r else 0:,.0f}/s < {target:,}/s")
+    r = best("get", 4 * KiB, batch=BATCH)
+    if r is None or r.ops_per_s < 100_000:
+        out.append(f"4 KiB batched get: {r.ops_per_s if r else 0:,.0f} keys/s < 100,000/s")
+    return out
+
+
+# ================================================================ mooncake peer
+def _peer_paths() -> tuple[Path, Path]:
+    root = Path(__file__).resolve().parents[1]
+    return root.parent / "shared" / "peer" / "mooncake_kv_bench.py", Path("/tmp/mooncake-venv")
+
+
+def run_mooncake(log: Callable[[str], None]) -> list[dict[str, Any]] | None:
+    """Run the peer benchmark if its script and virtual environment exist; its records or ``None``."""
+    script, venv = _peer_paths()
+    python = venv / "bin" / "python"
+    if not script.exists() or not python.exists():
+        log(f"--compare mooncake: skipped ({script if not script.exists() else python} not found; "
+            "see ../shared/peer/README.md)")
+        return None
+    log("running the Mooncake peer benchmark")
+    args = [str(python), str(script)]
+    master = venv / "bin" / "mooncake_master"
+    if master.exists():
+        args += ["--master-bin", str(master)]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=1800)
+    try:
+        recs = json.loads(p.stdout[p.stdout.index("["):])
+    except ValueError:
+        log(f"--compare mooncake: no records (exit {p.returncode}): {p.stderr.strip()[-500:]}")
+        return None
+    return recs if isinstance(recs, list) else None
+
+
+def print_comparison(records: list[Record], peer: list[dict[str, Any]]) -> None:
+    """Side-by-side table: cxlkv's best single-caller figure vs Mooncake's, per op and size."""
+    from tabulate import tabulate
+
+    names = {"put": "put", "get": "get", "put_single_bytes": "put", "get_single_bytes": "get"}
+    rows = []
+    for p in peer:
+        op = names.get(p.get("op", ""), p.get("op", ""))
+        zero_copy = p.get("zero_copy", False)
+        size = int(p.get("size_bytes", 0))
+        mine = [r for r in records if r.op == op and r.size_bytes == size and r.extra.get("concurrency") == 1
+                and r.extra.get("batch") == 1
+                and (r.extra.get("path") == "shared_buffer") == bool(zero_copy)]
+        m = max(mine, key=lambda r: r.ops_per_s) if mine else None
+        rows.append([f"{op}{' zc' if zero_copy else ''}", size, f"{p.get('ops_per_s', 0):,.0f}",
+                     f"{p.get('gbps', 0):.2f}", f"{m.ops_per_s:,.0f}" if m else "-", f"{m.gbps:.2f}" if m else "-",
+                     f"{m.ops_per_s / p['ops_per_s']:.1f}x" if m and p.get("ops_per_s") else "-"])
+    print(tabulate(rows, headers=["op", "size", "mooncake ops/s", "mooncake GB/s", "cxlkv ops/s", "cxlkv GB/s",
+                                  "cxlkv/mooncake"]))
+
+
+def _peer_record(p: dict[str, Any]) -> Record:
+    base = {"bench", "op", "size_bytes", "ops_per_s", "gbps", "p50_us", "p99_us", "limit_gbps", "ratio_to_limit"}
+    return Record(
+        bench=str(p.get("bench", "mooncake")), op=str(p.get("op", "")), size_bytes=int(p.get("size_bytes", 0)),
+        ops_per_s=float(p.get("ops_per_s") or 0), gbps=float(p.get("gbps") or 0),
+        p50_us=p.get("p50_us"), p99_us=p.get("p99_us"),  # type: ignore[arg-type]
+        limit_gbps=p.get("limit_gbps"), ratio_to_limit=p.get("ratio_to_limit"),
+        extra={k: v for k, v in p.items() if k not in base},
+    )
+
+
+# ======================================================================== CLI
+@click.command("kv")
+@output_options
+@click.option("--compare", type=click.Choice(["mooncake"]), default=None,
+              help="Also run the peer benchmark (../shared/peer) and print both side by side.")
+@click.option("--check", is_flag=True, help="Exit 1 when a must-show target is missed.")
+def kv_cmd(as_json: bool, out: str | None, quick: bool, compare: str | None, check: bool) -> None:
+    """End-to-end Put/Get through two clientds (writer on A, reader on B), beside memcpy."""
+    from cxlkv.errors import CxlkvError
+
+    try:
+        records = run_kv(quick=quick, log=lambda m: click.echo(m, err=True))
+    except (CxlkvError, RuntimeError) as e:
+        raise click.ClickException(str(e)) from None
+    failures = must_show_failures(records)
+    peer = run_mooncake(lambda m: click.echo(m, err=True)) if compare == "mooncake" else None
+    # With --json the peer's records (same shape, bench "mooncake-…") join the list.
+    emit(records + [_peer_record(p) for p in peer or []] if as_json else records, as_json=as_json, out=out)
+    if peer and not as_json:
+        print()
+        print_comparison(records, peer)
+    for f in failures:
+        click.echo(f"MISSED: {f}", err=True)
+    if check and failures:
+        sys.exit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    kv_cmd()
