@@ -10,7 +10,13 @@ a database groups commits:
   no added latency;
 * while ``max_in_flight`` calls of its kind are outstanding, new items queue;
   when one returns, everything queued goes out in the next call (up to
-  ``max_items`` per call).
+  ``max_items`` per call);
+* adaptive linger: when the last call carried several items (callers are
+  concurrent) and fewer are queued now, the next call waits a little
+  (``linger_fraction`` of the last call's latency, at most ``max_linger_s``) for
+  the rest of that cohort, unless they all arrive sooner. Concurrent callers
+  otherwise split into two half-size cohorts that alternate, each paying the
+  master's per-call cost. A lone caller never lingers.
 
 Each :meth:`Coalescer.submit` carries a list of items and gets back the list of
 their results, in order; a caller's items are never split across calls, so one
@@ -42,6 +48,9 @@ class Coalescer(Generic[I, R]):
         max_items: most items in one ``send`` (a single larger submission still
             goes out whole, alone).
         max_in_flight: most concurrent ``send`` calls of this kind.
+        linger_fraction: how long a call may wait for the rest of a cohort, as a
+            fraction of the previous call's latency (0: never wait).
+        max_linger_s: upper bound of that wait, in seconds.
 
     Thread-safety: event-loop confined (call from the loop's thread only).
     """
@@ -53,6 +62,8 @@ class Coalescer(Generic[I, R]):
         *,
         max_items: int = 4096,
         max_in_flight: int = 1,
+        linger_fraction: float = 0.0,
+        max_linger_s: float = 0.0,
     ) -> None:
         if max_items < 1 or max_in_flight < 1:
             raise ValueError("max_items and max_in_flight must be >= 1")
@@ -63,6 +74,12 @@ class Coalescer(Generic[I, R]):
         self._queue: deque[tuple[list[I], asyncio.Future[Sequence[R]]]] = deque()
         self._in_flight = 0
         self._scheduled = False
+        self._linger_fraction = linger_fraction
+        self._max_linger_s = max_linger_s
+        self._linger: asyncio.TimerHandle | None = None
+        self._queued_items = 0
+        self._last_items = 0
+        self._last_latency_s = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         #: Calls sent so far.
         self.calls = 0
@@ -90,18 +107,33 @@ class Coalescer(Generic[I, R]):
         """
         if not items:
             return []
-        fut: asyncio.Future[Sequence[R]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Sequence[R]] = loop.create_future()
         self._queue.append((items, fut))
-        self._kick()
+        self._queued_items += len(items)
+        if self._linger is not None and self._queued_items >= self._last_items:
+            self._linger.cancel()  # the cohort is complete: go now
+            self._linger = None
+            loop.call_soon(self._launch)
+        else:
+            self._kick()
         return await fut
 
     def _kick(self) -> None:
-        if not self._scheduled and self._queue and self._in_flight < self._max_in_flight:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._launch)
+        if self._scheduled or not self._queue or self._in_flight >= self._max_in_flight:
+            return
+        self._scheduled = True
+        loop = asyncio.get_running_loop()
+        if self._linger_fraction and self._last_items > 1 and self._queued_items < self._last_items:
+            delay = min(self._last_latency_s * self._linger_fraction, self._max_linger_s)
+            if delay > 0:
+                self._linger = loop.call_later(delay, self._launch)
+                return
+        loop.call_soon(self._launch)
 
     def _launch(self) -> None:
         self._scheduled = False
+        self._linger = None
         while self._queue and self._in_flight < self._max_in_flight:
             entries: list[tuple[list[I], asyncio.Future[Sequence[R]]]] = []
             n = 0
@@ -109,10 +141,12 @@ class Coalescer(Generic[I, R]):
                 items, fut = self._queue[0]
                 if fut.done():  # the submitter was cancelled before we sent
                     self._queue.popleft()
+                    self._queued_items -= len(items)
                     continue
                 if entries and n + len(items) > self._max_items:
                     break
                 self._queue.popleft()
+                self._queued_items -= len(items)
                 entries.append((items, fut))
                 n += len(items)
             if not entries:
@@ -123,6 +157,8 @@ class Coalescer(Generic[I, R]):
             task.add_done_callback(self._tasks.discard)
 
     async def _run(self, entries: list[tuple[list[I], asyncio.Future[Sequence[R]]]], n: int) -> None:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
         try:
             if len(entries) == 1:
                 flat = entries[0][0]
@@ -158,6 +194,8 @@ class Coalescer(Generic[I, R]):
                 pos += k
         finally:
             self._in_flight -= 1
+            self._last_items = n
+            self._last_latency_s = loop.time() - t0
             self._kick()
 
     async def drain(self) -> None:

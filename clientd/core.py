@@ -65,8 +65,6 @@ _INTERNAL = int(ErrorCode.INTERNAL)
 
 _Status = common_pb2.Status
 _PutResult = client_pb2.PutResult
-_PutStartItem = master_pb2.PutStartItem
-_PutEndItem = master_pb2.PutEndItem
 
 
 @dataclass(slots=True)
@@ -220,8 +218,7 @@ class ClientdCore:
         gen = link.generation
         try:
             starts = await link.put_start.submit([
-                _PutStartItem(key=specs[i].key, value_size_bytes=specs[i].size, options=specs[i].options)
-                for i in todo
+                (specs[i].key, specs[i].size, specs[i].options) for i in todo
             ])
         except CxlkvError as exc:
             st = _err_status(exc)
@@ -287,12 +284,11 @@ class ClientdCore:
         end_task = revoke_task = None
         if ends:
             end_task = link.put_end.submit([
-                _PutEndItem(key=specs[i].key, put_token=r.put_token, checksum=checksums.get(i, 0))
-                for i, r in ends
+                (specs[i].key, r.put_token, checksums.get(i, 0)) for i, r in ends
             ])
         if revokes:
             revoke_task = link.put_revoke.submit([
-                _PutEndItem(key=specs[i].key, put_token=r.put_token) for i, r in revokes
+                (specs[i].key, r.put_token, 0) for i, r in revokes
             ])
         if revoke_task is not None:
             try:
@@ -419,6 +415,7 @@ class ClientdCore:
                             f"(lease_ttl {loc.lease_ttl_ms} ms); bytes discarded"))
                     continue
                 if self.flush_mode and loc.checksum and not self._checksum_ok(c, loc.checksum):
+                    self.counters["checksum_failures"] += 1
                     out[i] = ReadOutcome(_CHECKSUM_MISMATCH, (
                         f"key {keys[i]!r}: bytes read do not match the checksum (stale or torn read)"))
                     continue
@@ -527,6 +524,7 @@ class ClientdCore:
             if why is not None:
                 raise InvalidKey(why, key=k if isinstance(k, str) else None)
         self.counters["prefix_queries"] += 1
+        self.counters["prefix_keys"] += len(keys)
         if not keys:
             return 0, []
         for attempt in range(2):

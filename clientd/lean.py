@@ -77,6 +77,7 @@ class LeanProtocol(asyncio.Protocol):
     # -- asyncio callbacks --------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        self._loop = asyncio.get_running_loop()
         self._server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -137,7 +138,7 @@ class LeanProtocol(asyncio.Protocol):
             except (DecodeError, ValueError, TypeError) as exc:
                 self._answer_error(rid, InvalidArgument(f"{route.name}: malformed request message: {exc}"))
                 continue
-            task = asyncio.ensure_future(self._call(route, request, rid))
+            task = self._loop.create_task(self._call(route, request, rid))
             self._tasks.add(task)
             task.add_done_callback(self._task_done)
             if len(self._tasks) >= self._server.max_in_flight:

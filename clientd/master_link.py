@@ -41,6 +41,10 @@ RELEASE_DELAY_S = 0.001
 MAX_BATCH_ITEMS = 1024
 #: Concurrent coalesced calls of one kind (1: classic group commit).
 MAX_IN_FLIGHT = 1
+#: Adaptive linger of coalesced calls (see :class:`~cxlkv.clientd.batcher.Coalescer`):
+#: fraction of the last call's latency, and its cap in seconds.
+LINGER_FRACTION = float(os.environ.get("CXLKVEXP_LINGER", "0.5"))
+MAX_LINGER_S = 0.001
 #: gRPC message size limit towards the master, in bytes (keys may be 4 KiB each).
 MAX_MESSAGE_BYTES = 64 << 20
 
@@ -95,21 +99,28 @@ class MasterLink:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._warned_unavailable = False
 
-        self.put_start: Coalescer[master_pb2.PutStartItem, master_pb2.PutStartResult] = Coalescer(
-            "BatchPutStart", self._send_put_start, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT)
-        self.put_end: Coalescer[master_pb2.PutEndItem, common_pb2.Status] = Coalescer(
-            "BatchPutEnd", self._send_put_end, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT)
-        self.put_revoke: Coalescer[master_pb2.PutEndItem, common_pb2.Status] = Coalescer(
-            "BatchPutRevoke", self._send_put_revoke, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT)
+        # Items are plain tuples; the request is built once per call (no message copies).
+        self.put_start: Coalescer[tuple[str, int, Any], master_pb2.PutStartResult] = Coalescer(
+            "BatchPutStart", self._send_put_start, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
+            linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
+        self.put_end: Coalescer[tuple[str, int, int], common_pb2.Status] = Coalescer(
+            "BatchPutEnd", self._send_put_end, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
+            linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
+        self.put_revoke: Coalescer[tuple[str, int, int], common_pb2.Status] = Coalescer(
+            "BatchPutRevoke", self._send_put_revoke, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
+            linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.locate: Coalescer[str, Location] = Coalescer(
-            "BatchGetReplicaList", self._send_locate, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT)
+            "BatchGetReplicaList", self._send_locate, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
+            linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.exist: Coalescer[str, tuple[bool, common_pb2.Status]] = Coalescer(
-            "BatchExistKey", self._send_exist, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT)
+            "BatchExistKey", self._send_exist, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
+            linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.match_prefix: Coalescer[list[str], tuple[master_pb2.MatchPrefixResponse, float]] = Coalescer(
             "BatchMatchPrefix", self._send_match_prefix, max_items=64)
         self.remove = {
             force: Coalescer(f"BatchRemove(force={force})",
-                             lambda keys, f=force: self._send_remove(keys, f), max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT)
+                             lambda keys, f=force: self._send_remove(keys, f), max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
+            linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
             for force in (False, True)
         }
 
@@ -322,20 +333,36 @@ class MasterLink:
             return await self._raw(method, build(), timeout=timeout)
 
     # -- coalesced sends ----------------------------------------------------
-    async def _send_put_start(self, items: list[master_pb2.PutStartItem]) -> Sequence[master_pb2.PutStartResult]:
-        resp = await self.call("BatchPutStart", lambda: master_pb2.BatchPutStartRequest(
-            client_id=self.client_id, epoch=self.epoch, items=items))
-        return resp.results
+    async def _send_put_start(
+        self, items: list[tuple[str, int, common_pb2.PutOptions | None]]
+    ) -> Sequence[master_pb2.PutStartResult]:
+        def build() -> master_pb2.BatchPutStartRequest:
+            req = master_pb2.BatchPutStartRequest(client_id=self.client_id, epoch=self.epoch)
+            add = req.items.add
+            for key, size, options in items:
+                if options is None:
+                    add(key=key, value_size_bytes=size)
+                else:
+                    add(key=key, value_size_bytes=size).options.CopyFrom(options)
+            return req
 
-    async def _send_put_end(self, items: list[master_pb2.PutEndItem]) -> Sequence[common_pb2.Status]:
-        resp = await self.call("BatchPutEnd", lambda: master_pb2.BatchPutEndRequest(
-            client_id=self.client_id, epoch=self.epoch, items=items))
-        return resp.results
+        return (await self.call("BatchPutStart", build)).results
 
-    async def _send_put_revoke(self, items: list[master_pb2.PutEndItem]) -> Sequence[common_pb2.Status]:
-        resp = await self.call("BatchPutRevoke", lambda: master_pb2.BatchPutEndRequest(
-            client_id=self.client_id, epoch=self.epoch, items=items))
-        return resp.results
+    def _end_request(self, items: list[tuple[str, int, int]]) -> master_pb2.BatchPutEndRequest:
+        req = master_pb2.BatchPutEndRequest(client_id=self.client_id, epoch=self.epoch)
+        add = req.items.add
+        for key, token, checksum in items:
+            if checksum:
+                add(key=key, put_token=token, checksum=checksum)
+            else:
+                add(key=key, put_token=token)
+        return req
+
+    async def _send_put_end(self, items: list[tuple[str, int, int]]) -> Sequence[common_pb2.Status]:
+        return (await self.call("BatchPutEnd", lambda: self._end_request(items))).results
+
+    async def _send_put_revoke(self, items: list[tuple[str, int, int]]) -> Sequence[common_pb2.Status]:
+        return (await self.call("BatchPutRevoke", lambda: self._end_request(items))).results
 
     async def _send_locate(self, keys: list[str]) -> list[Location]:
         releases = self._take_releases()

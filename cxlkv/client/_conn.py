@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import select
 import socket
+import struct
 from typing import Any, Sequence
 
 from google.protobuf.message import DecodeError
@@ -68,6 +69,12 @@ class LeanConnection:
         try:
             sock.settimeout(timeout_s)
             sock.connect(path)
+            # Blocking mode with kernel timeouts: one syscall per send/recv
+            # (Python's settimeout adds a poll() before each).
+            sock.settimeout(None)
+            tv = _timeval(timeout_s)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
         except OSError as exc:
             sock.close()
             raise Unavailable(_unreachable(path, exc)) from None
@@ -112,7 +119,7 @@ class LeanConnection:
                 code, got, body = self._read_frame()
                 if got == rid:
                     break  # answers to abandoned requests (none in practice) are skipped
-        except socket.timeout:
+        except (socket.timeout, BlockingIOError):  # SO_RCVTIMEO / SO_SNDTIMEO expired
             self.close()
             raise Unavailable(f"clientd at {self.path} did not answer {method.name} within {self.timeout_s:g} s") from None
         except OSError as exc:
@@ -209,7 +216,7 @@ class LeanConnection:
                 # Drain every frame already buffered before waiting.
                 while pending and (state := self._frame_buffered()):
                     if state == 2:  # larger than the receive buffer: read it to its end
-                        sock.settimeout(self.timeout_s)
+                        sock.setblocking(True)
                         code, rid, body = self._read_frame()
                         sock.setblocking(False)
                     else:
@@ -233,7 +240,7 @@ class LeanConnection:
                         pass
                 if ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
                     self._fill()
-        except socket.timeout:
+        except (socket.timeout, BlockingIOError):
             self.close()
             raise Unavailable(f"clientd at {self.path} did not answer within {self.timeout_s:g} s") from None
         except OSError as exc:
@@ -241,7 +248,7 @@ class LeanConnection:
             raise Unavailable(f"connection to clientd at {self.path} lost: {exc}") from None
         finally:
             if self._sock is not None:
-                self._sock.settimeout(self.timeout_s)
+                self._sock.setblocking(True)
         return results
 
     def _frame_buffered(self) -> int:
@@ -354,6 +361,12 @@ class GrpcConnection:
                     raise err from None
                 out.append(err)
         return out
+
+
+def _timeval(seconds: float) -> bytes:
+    """A ``struct timeval`` for SO_RCVTIMEO / SO_SNDTIMEO."""
+    sec = int(seconds)
+    return struct.pack("@ll", sec, int((seconds - sec) * 1e6))
 
 
 def _unreachable(path: str, exc: OSError) -> str:
