@@ -21,8 +21,12 @@ __all__ = ["clientd_cmd"]
 @click.option("--region", "regions", multiple=True, metavar="SEGMENT=PATH",
               help="Region to map (repeatable); replaces the config's [[regions]].")
 @click.option("--prefault/--no-prefault", default=None, help="Fault in every region page at start.")
+@click.option("--metrics-address", default=None, metavar="HOST:PORT",
+              help="Serve Prometheus /metrics here; port 0 picks one (overrides metrics_address).")
 @click.option("--log-level", default=None, type=click.Choice(["debug", "info", "warning", "error"]))
-def clientd_cmd(config_path, name, master_address, socket_path, lean_socket_path, regions, prefault, log_level):
+@click.option("--log-json/--no-log-json", default=None, help="Log JSON lines (overrides log_json).")
+def clientd_cmd(config_path, name, master_address, socket_path, lean_socket_path, regions, prefault,
+                metrics_address, log_level, log_json):
     """Run the client daemon: map the CXL region(s), register with the master and
     serve the local KV API on Unix sockets (gRPC and lean framing).
 
@@ -37,6 +41,7 @@ def clientd_cmd(config_path, name, master_address, socket_path, lean_socket_path
     overrides = {
         "name": name, "master_address": master_address, "socket_path": socket_path,
         "lean_socket_path": lean_socket_path, "prefault": prefault, "log_level": log_level,
+        "metrics_address": metrics_address, "log_json": log_json,
     }
     if regions:
         parsed = []
@@ -55,8 +60,9 @@ def clientd_cmd(config_path, name, master_address, socket_path, lean_socket_path
         sys.exit(2)
     setup_logging(cfg.log_level, json_lines=cfg.log_json, component=cfg.name)
     from cxlkv.clientd.daemon import Daemon
+    from cxlkv.systemd import Notifier
 
     async def _main() -> int:
-        return await Daemon(cfg).run()
+        return await Daemon(cfg, notifier=Notifier.from_env(os.environ)).run()
 
     sys.exit(asyncio.run(_main()))

@@ -14,6 +14,10 @@ Start-up order:
 SIGTERM or SIGINT stops it: no new calls, running calls get
 :data:`SHUTDOWN_GRACE_S` to finish, pending lease releases are sent, buffers and
 regions are unmapped, sockets and the ready file removed.
+
+Under systemd (``Type=notify``) the daemon sends STATUS= lines through start-up,
+READY=1 after step 3, STOPPING=1 when a stop signal arrives, and watchdog
+pings from its event loop (:class:`cxlkv.systemd.Notifier`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from cxlkv.clientd.lean import LeanServer
 from cxlkv.clientd.master_link import MasterLink
 from cxlkv.clientd.regions import RegionSet, StartupError
 from cxlkv.config import ClientdConfig
+from cxlkv.systemd import Notifier
 
 __all__ = ["Daemon", "SHUTDOWN_GRACE_S", "BUFFER_REAP_INTERVAL_S", "EXIT_STARTUP"]
 
@@ -79,10 +84,12 @@ class Daemon:
 
     Args:
         cfg: the validated configuration.
+        notifier: systemd notifications (``None``: none are sent).
     """
 
-    def __init__(self, cfg: ClientdConfig) -> None:
+    def __init__(self, cfg: ClientdConfig, *, notifier: Notifier | None = None) -> None:
         self.cfg = cfg
+        self.notifier = notifier if notifier is not None else Notifier()
         self.socket_path = cfg.resolved_socket_path()
         self.lean_socket_path = cfg.resolved_lean_socket_path()
         self._stop = asyncio.Event()
@@ -111,8 +118,11 @@ class Daemon:
         grpc_fe: GrpcFrontEnd | None = None
         lean: LeanServer | None = None
         metrics = None
+        notify = self.notifier
+        watchdog = asyncio.ensure_future(notify.run_watchdog())
         try:
             try:
+                notify.status("mapping regions")
                 if not cfg.regions:
                     raise StartupError("no regions configured ([[regions]] with segment and path)")
                 regions = RegionSet.open(cfg.regions, prefault=cfg.prefault)
@@ -125,8 +135,9 @@ class Daemon:
                 if cfg.metrics_address:
                     from cxlkv.clientd.metrics import start_metrics
 
-                    metrics, metrics_url = start_metrics(cfg.metrics_address, core, buffers)
+                    metrics, metrics_url = start_metrics(cfg.metrics_address, core, buffers, api)
                     link.metrics_url = api.metrics_url = metrics_url
+                    log.info("metrics on %s", metrics_url)
                 grpc_fe = GrpcFrontEnd(api, self.socket_path, cfg.socket_mode)
                 await grpc_fe.start()
                 self._sockets_owned.append(self.socket_path)
@@ -134,10 +145,12 @@ class Daemon:
                 await lean.start()
                 self._sockets_owned.append(self.lean_socket_path)
                 log.info("serving gRPC on %s and lean frames on %s", self.socket_path, self.lean_socket_path)
+                notify.status(f"registering with the master at {cfg.master_address}")
                 start = asyncio.ensure_future(link.start())
                 stop = asyncio.ensure_future(self._stop.wait())
                 await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
                 if not start.done():
+                    notify.stopping("stopped before the master answered")
                     start.cancel()
                     stop.cancel()
                     return 0
@@ -153,12 +166,16 @@ class Daemon:
             if cfg.ready_file:
                 Path(cfg.ready_file).write_text(f"{os.getpid()}\n")
             log.info("clientd %s ready", cfg.name)
+            notify.ready(f"serving on {self.socket_path} as client {link.client_id} of {cfg.master_address}"
+                         + (f"; metrics {metrics_url}" if metrics_url else ""))
             reaper = asyncio.ensure_future(self._reap_buffers(buffers))
             await self._stop.wait()
+            notify.stopping("shutting down")
             reaper.cancel()
             log.info("shutting down")
             return 0
         finally:
+            watchdog.cancel()
             await self._shutdown(grpc_fe, lean, link, buffers, regions, executor, metrics)
 
     async def _reap_buffers(self, buffers: BufferRegistry) -> None:

@@ -3,30 +3,105 @@
 Values are read at scrape time from the daemon's counters (no instrumentation on
 the hot path): operations and bytes by kind, master calls and items per
 coalesced kind (their ratio is the mean batch size), registered buffers.
+
+Requests are counted by :func:`instrument_api`, which wraps each ClientService
+method of the :class:`~cxlkv.clientd.api.ClientApi` once at start (before the
+front-ends look them up): calls by method and result (the error code's name),
+latency and batch-size histograms (:class:`cxlkv.metrics.RequestStats`), about
+1 µs per call. Prefix-match hits and misses (``cxlkv_clientd_prefix_blocks_total``)
+give the cache hit rate; docs/operations.md lists every metric.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from bisect import bisect_left
+from time import perf_counter
+from typing import Any, Awaitable, Callable, Iterator
 
-from prometheus_client import start_http_server
+from prometheus_client import ProcessCollector
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 
 from cxlkv.clientd.buffers import BufferRegistry
 from cxlkv.clientd.core import ClientdCore
-from cxlkv.config import ConfigError
+from cxlkv.errors import CxlkvError, ErrorCode
+from cxlkv.metrics import MethodStats, RequestStats, build_info, serve_metrics
 
-__all__ = ["ClientdCollector", "start_metrics"]
+__all__ = ["ClientdCollector", "start_metrics", "instrument_api", "BATCH_FIELDS"]
+
+#: Repeated field holding the items of each batch method (its length is the batch size).
+BATCH_FIELDS: dict[str, str] = {
+    "BatchPut": "items",
+    "BatchGet": "keys",
+    "BatchExist": "keys",
+    "BatchRemove": "keys",
+    "BatchPutFrom": "items",
+    "BatchGetInto": "items",
+    "GetPrefixInto": "items",
+}
+
+_INTERNAL = int(ErrorCode.INTERNAL)
+
+
+def _observed(handler: Callable[[Any], Awaitable[Any]], st: MethodStats,
+              field: str | None) -> Callable[[Any], Awaitable[Any]]:
+    hist = st.latency
+    counts = hist.counts
+    bounds = hist.bounds
+    items = st.items
+
+    async def call(request: Any) -> Any:
+        t0 = perf_counter()
+        try:
+            response = await handler(request)
+        except CxlkvError as exc:
+            st.done(int(exc.code), perf_counter() - t0)
+            raise
+        except Exception:  # a bug: the front-end answers INTERNAL
+            st.done(_INTERNAL, perf_counter() - t0)
+            raise
+        dt = perf_counter() - t0
+        st.ok += 1
+        counts[bisect_left(bounds, dt)] += 1
+        hist.total += dt
+        if field is not None:
+            items.observe(len(getattr(request, field)))
+        return response
+
+    call.__name__ = getattr(handler, "__name__", "call")
+    call.__doc__ = getattr(handler, "__doc__", None)
+    return call
+
+
+def instrument_api(api: Any, stats: RequestStats) -> None:
+    """Wrap every ClientService method of ``api`` to feed ``stats``.
+
+    Must run before the front-ends are built (they look the methods up once).
+    Each wrapper times the call and records its result: ``OK``, or the
+    :class:`~cxlkv.errors.CxlkvError` code name it raised (``INTERNAL`` for
+    any other exception); batch methods also record their item count.
+    """
+    from cxlkv.client.framing import METHODS
+
+    for m in METHODS:
+        setattr(api, m.name, _observed(getattr(api, m.name), stats.method(m.name), BATCH_FIELDS.get(m.name)))
 
 
 class ClientdCollector:
-    """Reads one daemon's counters at scrape time."""
+    """Reads one daemon's counters at scrape time.
 
-    def __init__(self, core: ClientdCore, buffers: BufferRegistry) -> None:
+    Args:
+        core: the daemon's protocols (its ``counters``).
+        buffers: the shared-buffer registry.
+        requests: the API's request stats (``None``: not reported).
+    """
+
+    def __init__(self, core: ClientdCore, buffers: BufferRegistry, requests: RequestStats | None = None) -> None:
         self.core = core
         self.buffers = buffers
+        self.requests = requests
 
     def collect(self) -> Iterator[Any]:
+        yield build_info("clientd")
         c = self.core.counters
         items = CounterMetricFamily("cxlkv_clientd_items_total", "Items handled, by operation", labels=["op"])
         for op in ("put", "get", "exist", "remove"):
@@ -53,23 +128,56 @@ class ClientdCollector:
         yield GaugeMetricFamily("cxlkv_clientd_buffer_bytes", "Bytes of registered shared buffers", value=size)
         yield GaugeMetricFamily("cxlkv_clientd_master_connected", "1 when the last master call got through",
                                 value=1 if self.core.link.connected else 0)
+        yield from self._collect_more(c)
+
+    def _collect_more(self, c: Any) -> Iterator[Any]:
+        """Prefix hit/miss, checksum, registration and request metrics."""
+        hits = c.get("prefix_hits", 0)
+        asked = c.get("prefix_keys", 0)
+        blocks = CounterMetricFamily(
+            "cxlkv_clientd_prefix_blocks_total",
+            "keys of prefix queries (GetPrefixInto): hit = inside the longest cached prefix and copied out, "
+            "miss = the rest", labels=["result"])
+        blocks.add_metric(["hit"], hits)
+        blocks.add_metric(["miss"], max(0, asked - hits))
+        yield blocks
+        yield CounterMetricFamily("cxlkv_clientd_prefix_queries_total", "prefix queries (GetPrefixInto calls)",
+                                  value=c.get("prefix_queries", 0))
+        yield CounterMetricFamily(
+            "cxlkv_clientd_checksum_failures_total",
+            "reads whose bytes did not match the object's checksum (flush mode: stale or torn; reported as a miss)",
+            value=c.get("checksum_failures", 0))
+        yield CounterMetricFamily(
+            "cxlkv_clientd_registrations_total",
+            "registrations with the master (more than one: the master restarted or the registration expired)",
+            value=self.core.link.generation)
+        if self.requests is not None:
+            yield from self.requests.collect()
 
 
-def start_metrics(address: str, core: ClientdCore, buffers: BufferRegistry) -> tuple[Any, str]:
+def start_metrics(address: str, core: ClientdCore, buffers: BufferRegistry,
+                  api: Any = None) -> tuple[Any, str]:
     """Serve /metrics on ``host:port`` (port 0 picks one) in a daemon thread.
+
+    Args:
+        address: ``host:port`` (``metrics_address``).
+        core: the daemon's protocols.
+        buffers: the shared-buffer registry.
+        api: the :class:`~cxlkv.clientd.api.ClientApi` to instrument with
+            :func:`instrument_api` (before its front-ends are built), or ``None``.
 
     Returns:
         (the HTTP server — call ``shutdown()`` to stop it, its URL).
 
     Raises:
         ConfigError: ``address`` is not ``host:port``.
-        OSError: the port could not be bound.
+        OSError: the port could not be bound (one line naming the address).
     """
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"metrics_address: expected host:port, got {address!r}")
+    requests = None
+    if api is not None:
+        requests = RequestStats("cxlkv_clientd_request", "clientd API")
+        instrument_api(api, requests)
     registry = CollectorRegistry()
-    registry.register(ClientdCollector(core, buffers))  # type: ignore[arg-type]
-    server, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
-    bound = server.server_address[1]
-    return server, f"http://{host or '127.0.0.1'}:{bound}/metrics"
+    registry.register(ClientdCollector(core, buffers, requests))  # type: ignore[arg-type]
+    ProcessCollector(registry=registry)
+    return serve_metrics(address, registry)

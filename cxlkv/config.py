@@ -182,6 +182,8 @@ class MasterConfig:
                 raise ConfigError(f"{name}: must be > 0")
         if self.heartbeat_interval_s >= self.client_ttl_s:
             raise ConfigError("heartbeat_interval_s must be shorter than client_ttl_s")
+        _check_address("listen_address", self.listen_address)
+        _check_address("metrics_address", self.metrics_address, empty_ok=True)
         _check_level(self.log_level)
 
 
@@ -226,6 +228,7 @@ class ClientdConfig:
                 raise ConfigError("regions: every region needs `segment` and `path`")
         if self.master_timeout_s <= 0:
             raise ConfigError("master_timeout_s: must be > 0")
+        _check_address("metrics_address", self.metrics_address, empty_ok=True)
         _check_level(self.log_level)
 
     def resolved_socket_path(self) -> str:
@@ -235,6 +238,15 @@ class ClientdConfig:
     def resolved_lean_socket_path(self) -> str:
         """The lean-framing socket path, defaults filled in."""
         return self.lean_socket_path or self.resolved_socket_path() + ".lean"
+
+
+def _check_address(key: str, address: str, *, empty_ok: bool = False) -> None:
+    """``HOST:PORT`` with a port in 0..65535 (``""`` too when ``empty_ok``)."""
+    if empty_ok and not address:
+        return
+    _, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{key}: expected HOST:PORT (port 0 picks a free one), got {address!r}")
 
 
 def _check_level(level: str) -> None:

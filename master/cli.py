@@ -32,26 +32,29 @@ EXIT_CONFIG = 2
               help="gRPC listen address; port 0 picks a free port (overrides listen_address).")
 @click.option("--address-file", default=None, type=click.Path(dir_okay=False),
               help="Write the bound HOST:PORT here once serving (overrides address_file).")
+@click.option("--metrics-address", default=None, metavar="HOST:PORT",
+              help="Serve Prometheus /metrics here; port 0 picks one (overrides metrics_address).")
 @click.option("--log-level", default=None, type=click.Choice(["debug", "info", "warning", "error"]),
               help="Log level (overrides log_level).")
 @click.option("--log-json/--no-log-json", default=None, help="Log JSON lines (overrides log_json).")
 def master_cmd(config_path: str | None, listen: str | None, address_file: str | None,
-               log_level: str | None, log_json: bool | None) -> None:
+               metrics_address: str | None, log_level: str | None, log_json: bool | None) -> None:
     """Run the cxlkv master: metadata, allocation, leases, eviction, clients."""
     try:
         cfg = load_config(
             MasterConfig, config_path, env=os.environ, env_prefix="CXLKV_MASTER_",
             overrides={"listen_address": listen, "address_file": address_file,
-                       "log_level": log_level, "log_json": log_json},
+                       "metrics_address": metrics_address, "log_level": log_level, "log_json": log_json},
         )
     except ConfigError as exc:
         click.echo(f"cxlkv master: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
     setup_logging(cfg.log_level, json_lines=cfg.log_json, component="master")
     from cxlkv.master.server import run_master  # grpc import only once the config is good
+    from cxlkv.systemd import Notifier
 
     try:
-        rc = asyncio.run(run_master(cfg))
+        rc = asyncio.run(run_master(cfg, notifier=Notifier.from_env(os.environ)))
     except ConfigError as exc:
         logging.getLogger("cxlkv.master").debug("start-up failed", exc_info=True)
         click.echo(f"cxlkv master: {exc}", err=True)

@@ -10,6 +10,11 @@ Start-up writes the bound ``host:port`` to ``address_file`` (write a temporary
 file, then rename) only once the server is serving; ``cxlkv cluster`` and the
 tests wait for that file. SIGTERM/SIGINT: health NOT_SERVING, stop accepting,
 drain in-flight calls (``grace_s``), exit 0.
+
+With ``metrics_address`` set, Prometheus ``/metrics`` is served too
+(:mod:`cxlkv.master.metrics`); under systemd (``Type=notify``) the master
+reports READY=1 once both are bound, STATUS= lines, STOPPING=1 on SIGTERM and
+watchdog pings (:class:`cxlkv.systemd.Notifier`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import signal
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -30,6 +36,7 @@ from cxlkv.config import MasterConfig, format_size
 from cxlkv.errors import ConfigError
 from cxlkv.master.service import MasterServicer
 from cxlkv.master.state import MasterState
+from cxlkv.systemd import Notifier
 from cxlkv.v1 import master_pb2, master_pb2_grpc
 
 __all__ = ["MasterServer", "ListenError", "run_master", "SERVICE_NAME"]
@@ -41,6 +48,8 @@ SERVICE_NAME = master_pb2.DESCRIPTOR.services_by_name["MasterService"].full_name
 
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
 _MAX_MESSAGE_BYTES = 64 << 20
+#: Seconds between the STATUS= lines sent to systemd while serving.
+STATUS_INTERVAL_S = 10.0
 
 
 class ListenError(ConfigError):
@@ -82,6 +91,9 @@ class MasterServer:
         self.state = MasterState(config, master_id=self.master_id, id_base=time.time_ns() // 1000)
         self.servicer = MasterServicer(self.state)
         self.address = ""
+        #: ``http://host:port/metrics`` once serving with ``metrics_address`` set, else "".
+        self.metrics_url = ""
+        self._metrics: Any = None
         self._server: grpc.aio.Server | None = None
         self._health: health.aio.HealthServicer | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -94,8 +106,8 @@ class MasterServer:
             The bound ``host:port``.
 
         Raises:
-            ConfigError: malformed listen address.
-            ListenError: the address cannot be bound.
+            ConfigError: malformed listen or metrics address.
+            ListenError: the listen or metrics address cannot be bound.
         """
         cfg = self.config
         host, _ = _split_host_port(cfg.listen_address)
@@ -116,6 +128,8 @@ class MasterServer:
             raise ListenError(f"cannot listen on {cfg.listen_address}: {exc}") from None
         if not port:
             raise ListenError(f"cannot listen on {cfg.listen_address}: address in use or not local")
+        if cfg.metrics_address:
+            self._start_metrics()
         await server.start()
         self._server = server
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -128,9 +142,33 @@ class MasterServer:
             "master %s serving on %s (strategy %s, eviction %s, segments: %s)", self.master_id,
             self.address, self.state.strategy.name, self.state.policy.name, segs,
         )
+        if self.metrics_url:
+            log.info("metrics on %s", self.metrics_url)
         if cfg.address_file:
             _write_atomically(Path(cfg.address_file), self.address + "\n")
         return self.address
+
+    def _start_metrics(self) -> None:
+        from cxlkv.master.metrics import start_master_metrics
+
+        try:
+            self._metrics, url, observer = start_master_metrics(
+                self.config.metrics_address, self.state, asyncio.get_running_loop())
+        except OSError as exc:
+            raise ListenError(str(exc)) from None
+        self.metrics_url = self.servicer.metrics_url = url
+        self.servicer.observe = observer
+
+    def status_line(self) -> str:
+        """One line for systemd's STATUS=: address, keys, space, clients."""
+        st = self.state
+        mounted = st.segments()
+        cap = sum(s.capacity_bytes for s in mounted)
+        used = sum(s.used_bytes for s in mounted)
+        alive = sum(1 for c in st.clients() if c.alive)
+        pct = f" ({used / cap:.0%})" if cap else ""
+        return (f"serving on {self.address}: {st.key_count} keys, {format_size(used)} of "
+                f"{format_size(cap)} used{pct}, {alive} client(s)")
 
     async def _sweep_loop(self) -> None:
         interval = self.config.sweep_interval_s
@@ -169,6 +207,10 @@ class MasterServer:
             except asyncio.CancelledError:
                 pass
             self._sweeper = None
+        if self._metrics is not None:
+            metrics, self._metrics = self._metrics, None
+            await asyncio.to_thread(metrics.shutdown)
+            metrics.server_close()
         path = self.config.address_file
         if path:
             try:
@@ -179,20 +221,41 @@ class MasterServer:
         log.info("master %s stopped", self.master_id)
 
 
-async def run_master(config: MasterConfig) -> int:
+async def _report_status(server: MasterServer, notifier: Notifier) -> None:
+    while True:
+        await asyncio.sleep(STATUS_INTERVAL_S)
+        notifier.status(server.status_line())
+
+
+async def run_master(config: MasterConfig, *, notifier: Notifier | None = None) -> int:
     """Run a master until SIGTERM/SIGINT; returns the process exit code (0).
+
+    Args:
+        config: validated configuration.
+        notifier: systemd notifications (READY=1 once serving, STATUS= every
+            :data:`STATUS_INTERVAL_S`, STOPPING=1 on a stop signal, watchdog
+            pings); ``None`` sends none.
 
     Raises:
         ConfigError: as :class:`MasterServer` and :meth:`MasterServer.start`.
     """
+    notify = notifier if notifier is not None else Notifier()
     server = MasterServer(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.request_stop)
+    tasks = [loop.create_task(notify.run_watchdog(), name="watchdog")]
     try:
+        notify.status("starting")
         await server.start()
+        notify.ready(server.status_line())
+        if notify.enabled:
+            tasks.append(loop.create_task(_report_status(server, notify), name="status"))
         await server.wait()
+        notify.stopping("draining")
         log.info("signal received: draining")
     finally:
+        for task in tasks:
+            task.cancel()
         await server.stop()
     return 0

@@ -20,6 +20,7 @@ import binascii
 import functools
 import logging
 import time
+from time import perf_counter
 from typing import Any, Awaitable, Callable
 
 import grpc
@@ -44,15 +45,24 @@ Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Any]
 def _rpc(fn: Handler) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]:
     """Run a synchronous handler on the event loop; map errors to gRPC statuses."""
 
+    name = fn.__name__
+
     @functools.wraps(fn)
     async def handler(self: "MasterServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
+        t0 = perf_counter()
         try:
-            return fn(self, request, context)
+            response = fn(self, request, context)
         except CxlkvError as err:
             error: CxlkvError = err
         except Exception as exc:  # a bug: one line to the caller, the traceback to the log once
             log.exception("%s failed", fn.__name__)
             error = Internal(f"{fn.__name__}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+        else:
+            if self.observe is not None:
+                self.observe(name, 0, request, perf_counter() - t0)
+            return response
+        if self.observe is not None:
+            self.observe(name, int(error.code), request, perf_counter() - t0)
         await context.abort_with_status(rpc_status.to_status(rpc_status_for(error)))
 
     return handler
@@ -103,7 +113,14 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         started_at: ``time.monotonic()`` at start, for Stat's uptime.
         metrics_url: where /metrics is served ("" if not).
         clock: the master clock (seconds); ``time.monotonic`` in production.
+
+    Attributes:
+        observe: ``None``, or a callable ``(method, code, request, seconds)``
+            run after every RPC on the event-loop thread (``code`` 0 = OK) —
+            the metrics hook (:class:`cxlkv.master.metrics.RpcObserver`).
     """
+
+    observe: Callable[[str, int, Any, float], None] | None = None
 
     def __init__(self, state: MasterState, *, started_at: float | None = None, metrics_url: str = "",
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -1,0 +1,262 @@
+"""Prometheus /metrics of the master (config ``metrics_address``).
+
+Nothing here instruments the state machine: :class:`MasterCollector` reads
+:attr:`MasterState.counters`, the segments, the clients and the gauges of
+:class:`~cxlkv.master.state.MasterState` at scrape time, and
+:class:`~cxlkv.metrics.RequestStats` is fed by an observer the servicer calls
+once per RPC (method, result code, seconds, batch size).
+
+The state is confined to the event-loop thread, while prometheus-client serves
+HTTP from its own thread; so a scrape asks the loop for a snapshot
+(``call_soon_threadsafe``) and builds the metric families from that plain
+copy. A scrape therefore never races a state change, and costs the loop one
+short callback (O(segments + clients)).
+
+Metrics (docs/operations.md has the full list with meanings):
+
+* ``cxlkv_master_segment_{capacity,used,largest_free}_bytes{segment,tier}``,
+  ``cxlkv_master_segment_objects{segment,tier}``, ``cxlkv_master_segment_mounted``;
+* ``cxlkv_master_keys``, ``cxlkv_master_puts_in_flight``, ``cxlkv_master_leases``,
+  ``cxlkv_master_deferred_frees_pending``, ``cxlkv_master_clients{state}``,
+  ``cxlkv_master_{high,low}_watermark_ratio``;
+* one ``cxlkv_master_<counter>_total`` per entry of ``MasterState.counters``
+  (puts, leases, evictions, reclaims, …);
+* ``cxlkv_master_rpcs_total{method,result}``,
+  ``cxlkv_master_rpc_duration_seconds{method}``,
+  ``cxlkv_master_rpc_batch_items{method}``;
+* ``cxlkv_build_info`` and the ``process_*`` metrics of prometheus-client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any, Iterator
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from cxlkv.master.segments import Tier
+from cxlkv.master.state import MasterState
+from cxlkv.metrics import RequestStats, build_info, serve_metrics
+
+__all__ = ["MasterCollector", "RpcObserver", "COUNTER_HELP", "BATCH_FIELDS", "start_master_metrics"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a scrape waits for the event loop's snapshot.
+SNAPSHOT_TIMEOUT_S = 5.0
+
+#: Help text of each ``MasterState.counters`` entry (exported as ``cxlkv_master_<name>_total``).
+#: A counter the state gains later is exported too, with a generic help text.
+COUNTER_HELP: dict[str, str] = {
+    "puts_started": "puts started (space reserved, PROCESSING)",
+    "puts_committed": "puts committed (PutEnd accepted; the object became visible)",
+    "puts_revoked": "puts revoked: PutRevoke, timeout or writer expiry (space freed)",
+    "puts_reclaimed": "puts reclaimed by the master: writer expired or put_timeout_s passed",
+    "upserts": "committed puts that replaced an existing version",
+    "lease_grants": "read leases granted (each found key of Get/BatchGet/MatchPrefix)",
+    "lease_releases": "read leases released early by clientds",
+    "lease_expiries": "read leases that ran out (lease_ttl_s) without a release",
+    "get_misses": "Get/BatchGet lookups of a key that is absent or not committed",
+    "removes": "objects removed by Remove, BatchRemove, RemoveAll and RemoveByRegex",
+    "evictions": "objects evicted (watermark sweep or to make room for a put)",
+    "evicted_bytes": "bytes of extents freed by eviction",
+    "deferred_frees": "removed versions freed when their last lease ended",
+    "no_space": "puts refused with NO_SPACE after eviction",
+    "too_large": "puts refused with TOO_LARGE (larger than every segment)",
+    "clients_registered": "clientd registrations (including re-registrations)",
+    "clients_expired": "clientd registrations expired (no heartbeat for client_ttl_s)",
+    "segments_mounted": "segments mounted",
+    "segments_unmounted": "segments unmounted",
+    "replicas_lost": "replicas lost with an unmounted segment",
+    "objects_lost": "objects whose last replica was lost with an unmounted segment",
+}
+
+#: Repeated field holding the items of each batch RPC (its length is the batch size).
+BATCH_FIELDS: dict[str, str] = {
+    "BatchPutStart": "items",
+    "BatchPutEnd": "items",
+    "BatchPutRevoke": "items",
+    "BatchGetReplicaList": "keys",
+    "BatchExistKey": "keys",
+    "BatchMatchPrefix": "queries",
+    "BatchRemove": "keys",
+    "MatchPrefix": "keys",
+}
+
+
+class RpcObserver:
+    """Feeds :class:`RequestStats` from the servicer (``MasterServicer.observe``).
+
+    Called on the event-loop thread after every RPC; costs a few dictionary
+    operations and one ``bisect`` (about 1 µs).
+    """
+
+    def __init__(self, stats: RequestStats) -> None:
+        self.stats = stats
+        self._methods: dict[str, Any] = {}
+
+    def __call__(self, method: str, code: int, request: Any, seconds: float) -> None:
+        """Record one call of ``method`` that ended with ``code`` (0 = OK) after ``seconds``."""
+        st = self._methods.get(method)
+        if st is None:
+            st = self._methods[method] = self.stats.method(method)
+        st.done(code, seconds)
+        field = BATCH_FIELDS.get(method)
+        if field is not None:
+            st.items.observe(len(getattr(request, field)))
+
+
+@dataclass
+class _Snapshot:
+    segments: list[tuple[str, str, int, int, int, int, bool]]
+    keys: int
+    processing: int
+    leases: int
+    deferred: int
+    counters: dict[str, int]
+    clients_alive: int
+    clients_expired: int
+    high_watermark: float
+    low_watermark: float
+
+
+def _tier_name(tier: int) -> str:
+    try:
+        return Tier(tier).name.lower()
+    except ValueError:
+        return str(tier)
+
+
+class MasterCollector:
+    """Builds the master's metric families from a snapshot taken on the event loop.
+
+    Args:
+        state: the master's state (event-loop confined).
+        rpc: the servicer's request stats.
+        loop: the event loop that owns ``state``.
+    """
+
+    def __init__(self, state: MasterState, rpc: RequestStats, loop: asyncio.AbstractEventLoop) -> None:
+        self.state = state
+        self.rpc = rpc
+        self.loop = loop
+        self._loop_thread = threading.get_ident()
+
+    def snapshot(self) -> _Snapshot:
+        """Copy what the metrics need (call on the event-loop thread)."""
+        st = self.state
+        segs = [
+            (s.name, _tier_name(s.tier), s.capacity_bytes, s.used_bytes, s.largest_free_bytes,
+             s.object_count, s.mounted)
+            for s in st.segments(include_unmounted=True)
+        ]
+        alive = expired = 0
+        for c in st.clients():
+            if c.alive:
+                alive += 1
+            else:
+                expired += 1
+        return _Snapshot(
+            segments=segs, keys=st.key_count, processing=st.processing_count, leases=len(st.leases),
+            deferred=st.deferred_count, counters=dict(st.counters), clients_alive=alive,
+            clients_expired=expired, high_watermark=st.config.high_watermark,
+            low_watermark=st.config.low_watermark,
+        )
+
+    def _snapshot_from_thread(self) -> _Snapshot | None:
+        if threading.get_ident() == self._loop_thread:
+            return self.snapshot()
+        fut: concurrent.futures.Future[_Snapshot] = concurrent.futures.Future()
+
+        def take() -> None:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(self.snapshot())
+                except BaseException as exc:  # a bug: hand it to the scraping thread
+                    fut.set_exception(exc)
+
+        try:
+            self.loop.call_soon_threadsafe(take)
+            return fut.result(SNAPSHOT_TIMEOUT_S)
+        except RuntimeError:  # the loop is closed: the master is stopping
+            return None
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            log.warning("metrics scrape: the event loop did not answer within %.0f s", SNAPSHOT_TIMEOUT_S)
+            return None
+
+    def collect(self) -> Iterator[Any]:
+        """prometheus-client collector protocol."""
+        yield build_info("master")
+        t0 = perf_counter()
+        snap = self._snapshot_from_thread()
+        if snap is None:
+            return
+        labels = ["segment", "tier"]
+        cap = GaugeMetricFamily("cxlkv_master_segment_capacity_bytes",
+                                "allocatable bytes of the segment (region minus header)", labels=labels)
+        used = GaugeMetricFamily("cxlkv_master_segment_used_bytes",
+                                 "bytes in live extents of the segment (committed, in flight, or leased after removal)",
+                                 labels=labels)
+        largest = GaugeMetricFamily("cxlkv_master_segment_largest_free_bytes",
+                                    "largest extent that could be allocated now (fragmentation)", labels=labels)
+        objects = GaugeMetricFamily("cxlkv_master_segment_objects", "live replicas placed in the segment",
+                                    labels=labels)
+        mounted = GaugeMetricFamily("cxlkv_master_segment_mounted", "1 while the segment is mounted", labels=labels)
+        for name, tier, c, u, lf, n, m in snap.segments:
+            lv = [name, tier]
+            cap.add_metric(lv, c if m else 0)
+            used.add_metric(lv, u if m else 0)
+            largest.add_metric(lv, lf if m else 0)
+            objects.add_metric(lv, n if m else 0)
+            mounted.add_metric(lv, 1 if m else 0)
+        yield from (cap, used, largest, objects, mounted)
+        yield GaugeMetricFamily("cxlkv_master_keys", "committed keys (visible to Get)", value=snap.keys)
+        yield GaugeMetricFamily("cxlkv_master_puts_in_flight", "puts started and not yet ended (PROCESSING)",
+                                value=snap.processing)
+        yield GaugeMetricFamily("cxlkv_master_leases", "live read leases", value=snap.leases)
+        yield GaugeMetricFamily("cxlkv_master_deferred_frees_pending",
+                                "removed versions whose space waits for their last lease", value=snap.deferred)
+        clients = GaugeMetricFamily("cxlkv_master_clients",
+                                    "clientd registrations: alive, or expired (the most recent 256 kept)",
+                                    labels=["state"])
+        clients.add_metric(["alive"], snap.clients_alive)
+        clients.add_metric(["expired"], snap.clients_expired)
+        yield clients
+        yield GaugeMetricFamily("cxlkv_master_high_watermark_ratio",
+                                "used/capacity at which a segment starts evicting", value=snap.high_watermark)
+        yield GaugeMetricFamily("cxlkv_master_low_watermark_ratio",
+                                "used/capacity eviction frees down to", value=snap.low_watermark)
+        for name, value in snap.counters.items():
+            doc = COUNTER_HELP.get(name, f"master counter {name}")
+            yield CounterMetricFamily(f"cxlkv_master_{name}_total", doc, value=value)
+        yield from self.rpc.collect()
+        yield GaugeMetricFamily("cxlkv_master_scrape_duration_seconds",
+                                "time this scrape spent collecting (snapshot included), seconds",
+                                value=perf_counter() - t0)
+
+
+def start_master_metrics(address: str, state: MasterState, loop: asyncio.AbstractEventLoop,
+                         ) -> tuple[Any, str, RpcObserver]:
+    """Serve the master's /metrics on ``address`` (call on the event-loop thread).
+
+    Returns:
+        ``(server, url, observer)``: stop ``server`` with ``shutdown()`` and
+        ``server_close()``; install ``observer`` as ``MasterServicer.observe``.
+
+    Raises:
+        ConfigError: malformed ``address``.
+        MetricsBindError: it cannot be bound (an ``OSError``, one line).
+    """
+    rpc = RequestStats("cxlkv_master_rpc", "master RPC")
+    registry = CollectorRegistry()
+    registry.register(MasterCollector(state, rpc, loop))  # type: ignore[arg-type]
+    ProcessCollector(registry=registry)
+    server, url = serve_metrics(address, registry)
+    return server, url, RpcObserver(rpc)
