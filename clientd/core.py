@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 #: the event loop keeps serving; smaller ones run inline (a C call with the GIL
 #: released costs ~2 µs, a hop to a thread ~50 µs).
 LARGE_COPY_BYTES = 256 << 10
+#: Copies of at least this many bytes are split across the copy threads.
+SPLIT_COPY_BYTES = 4 << 20
 #: A Remove (without force) that meets a lease retries for up to this long, in
 #: seconds: reads hold their lease only while they copy.
 REMOVE_LEASE_WAIT_S = 0.05
@@ -151,6 +153,8 @@ class ClientdCore:
         link: the master session.
         executor: thread pool for large copies.
         clock: monotonic clock in seconds (lease deadlines).
+        large_copy_bytes: copies of a call totalling at least this many bytes run in ``executor``.
+        copy_threads: threads of ``executor``; large copies are spread over them.
 
     Thread-safety: event-loop confined; copies may run in ``executor``.
     """
@@ -164,6 +168,7 @@ class ClientdCore:
         *,
         clock: Callable[[], float] = time.monotonic,
         large_copy_bytes: int = LARGE_COPY_BYTES,
+        copy_threads: int = 1,
     ) -> None:
         self.cfg = cfg
         self.regions = regions
@@ -171,6 +176,7 @@ class ClientdCore:
         self.executor = executor
         self.clock = clock
         self.large_copy_bytes = large_copy_bytes
+        self.copy_threads = max(1, copy_threads)
         self.flush_mode = cfg.coherence == "flush"
         self.max_inline_bytes = cfg.max_inline_bytes
         #: Operation and byte counters (reported by Stat and /metrics).
@@ -260,8 +266,7 @@ class ClientdCore:
         if copies:
             live = [c for c in copies if c.index not in failed]
             if total >= self.large_copy_bytes:
-                errs = await asyncio.get_running_loop().run_in_executor(
-                    self.executor, self._copy_in_and_flush, live)
+                errs = await self._in_pool(self._copy_in_and_flush, live)
             else:
                 errs = self._copy_in_and_flush(live)
             for i, exc in errs.items():
@@ -313,6 +318,22 @@ class ClientdCore:
                 else:
                     results[i] = _PutResult(status=st)
         return retry
+
+    async def _in_pool(
+        self, fn: Callable[[list[_Copy]], dict[int, CxlkvError]], copies: list[_Copy]
+    ) -> dict[int, CxlkvError]:
+        """Run ``fn`` over ``copies`` in the copy threads, the bytes spread over
+        ``copy_threads`` jobs (copies of :data:`SPLIT_COPY_BYTES` or more are split),
+        so large values move with several cores while the event loop keeps serving."""
+        loop = asyncio.get_running_loop()
+        jobs = _partition(copies, self.copy_threads)
+        if len(jobs) == 1:
+            return await loop.run_in_executor(self.executor, fn, jobs[0])
+        errs: dict[int, CxlkvError] = {}
+        for part in await asyncio.gather(*(loop.run_in_executor(self.executor, fn, j) for j in jobs)):
+            for i, exc in part.items():
+                errs.setdefault(i, exc)
+        return errs
 
     def _copy_in_and_flush(self, copies: list[_Copy]) -> dict[int, CxlkvError]:
         """Copy values into their extents (and flush them in flush mode).
@@ -396,8 +417,7 @@ class ClientdCore:
         retry: list[int] = []
         if copies:
             if total >= self.large_copy_bytes:
-                errs = await asyncio.get_running_loop().run_in_executor(
-                    self.executor, self._copy_out, copies)
+                errs = await self._in_pool(self._copy_out, copies)
             else:
                 errs = self._copy_out(copies)
             now = self.clock()
@@ -667,6 +687,33 @@ def _unmapped(segment_id: int) -> CxlkvError:
     from cxlkv.errors import Unavailable
 
     return Unavailable(f"segment {segment_id} is not mapped by this clientd (add it to [[regions]])")
+
+
+def _partition(copies: list[_Copy], jobs: int) -> list[list[_Copy]]:
+    """Spread copies over at most ``jobs`` lists of about equal bytes; copies into
+    or out of shared buffers of :data:`SPLIT_COPY_BYTES` or more are cut into
+    cache-line-aligned pieces first. Inline reads (``buf is None``) stay whole."""
+    if jobs <= 1:
+        return [copies]
+    pieces: list[_Copy] = []
+    for c in copies:
+        if c.buf is None or c.length < SPLIT_COPY_BYTES:
+            pieces.append(c)
+            continue
+        step = -(-c.length // jobs)
+        step = (step + 63) & ~63
+        for off in range(0, c.length, step):
+            pieces.append(_Copy(c.index, c.mapped, c.region_offset + off, min(step, c.length - off),
+                                c.buf, c.buf_offset + off))
+    if len(pieces) == 1:
+        return [pieces]
+    out: list[list[_Copy]] = [[] for _ in range(jobs)]
+    load = [0] * jobs
+    for p in sorted(pieces, key=lambda p: -p.length):
+        j = load.index(min(load))
+        out[j].append(p)
+        load[j] += p.length
+    return [j for j in out if j]
 
 
 def _run_copies(copies: list[_Copy], *, into_region: bool) -> dict[int, CxlkvError]:

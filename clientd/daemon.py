@@ -111,8 +111,8 @@ class Daemon:
             loop.add_signal_handler(sig, self.request_stop)
         cfg = self.cfg
         regions: RegionSet | None = None
-        executor = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
-                                      thread_name_prefix="clientd-copy")
+        copy_threads = max(2, min(8, os.cpu_count() or 2))
+        executor = ThreadPoolExecutor(max_workers=copy_threads, thread_name_prefix="clientd-copy")
         buffers = BufferRegistry()
         link: MasterLink | None = None
         grpc_fe: GrpcFrontEnd | None = None
@@ -130,7 +130,7 @@ class Daemon:
                     _prepare_socket_path(path)
                 metrics_url = ""
                 link = MasterLink(cfg, regions)
-                core = ClientdCore(cfg, regions, link, executor)
+                core = ClientdCore(cfg, regions, link, executor, copy_threads=copy_threads)
                 api = ClientApi(cfg, core, buffers)
                 if cfg.metrics_address:
                     from cxlkv.clientd.metrics import start_metrics
