@@ -280,8 +280,10 @@ def _bench_allocator(live_target: int, churn_ops: int, seed: int = 1) -> list[Re
 
     rng = random.Random(seed)
     lo, hi = math.log(4 * KiB), math.log(64 * MiB)
-    draw = [int(math.exp(rng.uniform(lo, hi))) for _ in range(live_target + churn_ops * 2)]
-    capacity = sum(draw[:live_target])
+    draw = [int(math.exp(rng.uniform(lo, hi))) for _ in range(int(live_target * 1.05) + churn_ops * 2)]
+    # Sized so that the fill stops a little above live_target and the churn
+    # (which frees one more extent per failed allocation) ends near it.
+    capacity = sum(draw[:int(live_target * 1.05)])
     alloc = ExtentAllocator(REGION_HEADER_BYTES, REGION_HEADER_BYTES + capacity, 64)
     live: list[int] = []
     it = iter(draw)
