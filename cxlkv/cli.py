@@ -28,6 +28,8 @@ SUBCOMMANDS: dict[str, str] = {
     "rm": "cxlkv.kvcli:rm_cmd",
     "ls": "cxlkv.kvcli:ls_cmd",
     "stat": "cxlkv.kvcli:stat_cmd",
+    "config": "cxlkv.configcli:config_group",
+    "status": "cxlkv.statuscli:status_cmd",
 }
 
 

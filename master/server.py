@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -61,6 +62,34 @@ def _split_host_port(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"listen_address {address!r}: expected HOST:PORT (port 0 picks a free one)")
     return host, int(port)
+
+
+def _probe_listen(address: str, host: str, port: int) -> None:
+    """Fail early, with one clear line, when ``host:port`` is taken or not local.
+
+    gRPC would report the same failure with a C-level log line and a hint about
+    GRPC_VERBOSITY; a plain bind (SO_REUSEADDR, as gRPC binds) tells it
+    cleanly. Port 0 and names that do not resolve are left to gRPC.
+
+    Raises:
+        ListenError: the address cannot be bound (the reason from the OS).
+    """
+    if port == 0:
+        return
+    bind_host = "::" if host in ("[::]", "::") else ("0.0.0.0" if host in _WILDCARD_HOSTS else host.strip("[]"))
+    try:
+        infos = socket.getaddrinfo(bind_host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return
+    family, kind, proto, _, sockaddr = infos[0]
+    probe = socket.socket(family, kind, proto)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(sockaddr)
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {address} (listen_address): {exc.strerror or exc}") from None
+    finally:
+        probe.close()
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -110,7 +139,8 @@ class MasterServer:
             ListenError: the listen or metrics address cannot be bound.
         """
         cfg = self.config
-        host, _ = _split_host_port(cfg.listen_address)
+        host, want_port = _split_host_port(cfg.listen_address)
+        _probe_listen(cfg.listen_address, host, want_port)
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
@@ -125,7 +155,8 @@ class MasterServer:
         try:
             port = server.add_insecure_port(cfg.listen_address)
         except RuntimeError as exc:
-            raise ListenError(f"cannot listen on {cfg.listen_address}: {exc}") from None
+            reason = str(exc).split("; set GRPC_VERBOSITY")[0]
+            raise ListenError(f"cannot listen on {cfg.listen_address}: {reason}") from None
         if not port:
             raise ListenError(f"cannot listen on {cfg.listen_address}: address in use or not local")
         if cfg.metrics_address:
@@ -218,7 +249,8 @@ class MasterServer:
                     Path(path).unlink()
             except OSError:
                 pass
-        log.info("master %s stopped", self.master_id)
+        if self.address:
+            log.info("master %s stopped", self.master_id)
 
 
 async def _report_status(server: MasterServer, notifier: Notifier) -> None:

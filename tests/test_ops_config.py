@@ -1,0 +1,163 @@
+"""Configuration files and operator errors: the shipped examples document every
+key and pass `cxlkv config check`; the check names the key of a bad value and
+exits 2; both daemons turn a bad config, a missing device or plugin and a port
+in use into one clear line and exit code 2 (text or JSON logs), never a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import tomli_w
+
+from cxlkv.config import ClientdConfig, MasterConfig, RegionConfig, SegmentConfig
+from cxlkv.configcli import check_config, example_toml
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "deploy" / "examples"
+MiB = 1 << 20
+
+
+def _cxlkv(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CXLKV_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "cxlkv.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("kind,cls,items", [
+    ("master", MasterConfig, SegmentConfig),
+    ("clientd", ClientdConfig, RegionConfig),
+])
+def test_examples_document_every_key_and_are_valid(kind: str, cls: type, items: type) -> None:
+    path = EXAMPLES / f"{kind}.toml"
+    text = path.read_text()
+    assert text == example_toml(kind), (
+        f"{path} is out of date: run `cxlkv config example --kind {kind} > {path.relative_to(ROOT)}`")
+    lines = text.splitlines()
+    for f in [*dataclasses.fields(cls), *dataclasses.fields(items)]:
+        if f.name in ("segments", "regions"):
+            assert f"[[{f.name}]]" in lines, f.name
+            continue
+        i = next((n for n, ln in enumerate(lines) if ln.startswith(f"{f.name} = ")), None)
+        assert i is not None, f"{f.name} missing from {path}"
+        assert lines[i - 2] == f"# {f.metadata['doc']}", (f.name, lines[i - 2])  # its meaning …
+        assert lines[i - 1].startswith("#   default: "), (f.name, lines[i - 1])  # … and default
+    found, cfg = check_config(str(path))
+    assert found == kind and isinstance(cfg, cls)
+
+
+def test_config_check_cli(tmp_path: Path) -> None:
+    good = _cxlkv("config", "check", str(EXAMPLES / "master.toml"), env={"CXLKV_MASTER_LEASE_TTL_S": "2s"})
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.startswith(f"# {EXAMPLES / 'master.toml'}: valid master configuration")
+    effective = tomllib.loads(good.stdout)
+    assert effective["lease_ttl_s"] == 2.0  # the environment applies, as for the daemon
+    assert effective["segments"][0]["size_bytes"] == 256 << 30
+    no_env = _cxlkv("config", "check", "--no-env", str(EXAMPLES / "master.toml"), env={"CXLKV_MASTER_LEASE_TTL_S": "2s"})
+    assert tomllib.loads(no_env.stdout)["lease_ttl_s"] == 5.0
+
+    def bad(content: str, *extra: str, expect: str) -> None:
+        path = tmp_path / "bad.toml"
+        path.write_text(content)
+        r = _cxlkv("config", "check", *extra, str(path))
+        assert r.returncode == 2, (content, r.stdout, r.stderr)
+        assert r.stdout == ""
+        assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert expect in r.stderr, r.stderr
+
+    bad('lease_ttl_s = "5 parsecs"\n', expect="lease_ttl_s: cannot parse duration")
+    bad('listen_address = "0.0.0.0:50051"\nleese_ttl_s = 5\n', expect="unknown key(s) leese_ttl_s")
+    bad('eviction_policy = "fifo"\n', expect="eviction_policy: unknown cxlkv.eviction_policies plugin 'fifo'")
+    bad('master_address = "m:1"\ncoherence = "maybe"\n', expect='coherence: must be "coherent" or "flush"')
+    bad('metrics_address = "9464"\nregions = []\n', expect="metrics_address: expected HOST:PORT")
+    bad('log_level = "info"\n', expect="pass --kind master|clientd")
+    bad('segments = []\nregions = []\n', expect="mixes master keys (segments) and clientd keys (regions)")
+    bad('low_watermark = 0.99\n', expect="low_watermark (0.99) and high_watermark (0.95)")
+    bad('[[segments]\n', expect="bad.toml")
+    ok = tmp_path / "ok.toml"
+    ok.write_text('log_level = "debug"\n')
+    r = _cxlkv("config", "check", "--kind", "clientd", str(ok))
+    assert r.returncode == 0 and tomllib.loads(r.stdout)["log_level"] == "debug", r.stderr
+    r = _cxlkv("config", "check", str(tmp_path / "absent.toml"))
+    assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+# ------------------------------------------------------------ operator errors
+
+
+@pytest.fixture()
+def busy_port() -> Iterator[int]:
+    """A TCP port on 127.0.0.1 that another process (this one) listens on."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    yield s.getsockname()[1]
+    s.close()
+
+
+@pytest.fixture()
+def region_file() -> Iterator[str]:
+    """A formatted 4 MiB emulated region (segment cxl0) in /dev/shm."""
+    from cxlkv.region import format_region
+    from cxlkv.transport import Region
+
+    path = f"/dev/shm/cxlkv-opstest-{os.getpid()}"
+    with Region.open(path, size=4 * MiB, create=True) as region:
+        format_region(region, "cxl0")
+    yield path
+    Path(path).unlink(missing_ok=True)
+
+
+def _one_error_line(r: subprocess.CompletedProcess, expect: str, *, json_lines: bool = False) -> None:
+    """Exit 2, no traceback, and exactly one line on stderr that is not an INFO log line."""
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    if json_lines:
+        records = [json.loads(ln) for ln in lines]
+        errors = [rec for rec in records if rec["level"] != "info"]
+        assert len(errors) == 1 and errors[0]["level"] == "error", records
+        assert expect in errors[0]["msg"], errors
+        return
+    errors = [ln for ln in lines if " INFO " not in ln]
+    assert len(errors) == 1, r.stderr
+    assert expect in errors[0], r.stderr
+
+
+def test_master_operator_errors(tmp_path: Path, busy_port: int) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('listen_address = "127.0.0.1:0"\nhigh_watermark = "high"\n')
+    _one_error_line(_cxlkv("master", "--config", str(bad)), "cxlkv master: high_watermark: expected a number")
+    # port in use: the gRPC port, then the metrics port
+    _one_error_line(_cxlkv("master", "--listen", f"127.0.0.1:{busy_port}"),
+                    f"cannot listen on 127.0.0.1:{busy_port} (listen_address): Address already in use")
+    _one_error_line(_cxlkv("master", "--listen", "127.0.0.1:0", "--metrics-address", f"127.0.0.1:{busy_port}"),
+                    f"cannot serve metrics on 127.0.0.1:{busy_port} (metrics_address): Address already in use")
+    # the master maps no device; what it loads at start is its plugins
+    missing = tmp_path / "plugin.toml"
+    missing.write_text('listen_address = "127.0.0.1:0"\nallocation_strategy = "nearest_dax"\n')
+    _one_error_line(_cxlkv("master", "--config", str(missing)), "unknown cxlkv.allocation_strategies plugin")
+
+
+def test_clientd_operator_errors(tmp_path: Path, busy_port: int, region_file: str) -> None:
+    base = ["clientd", "--name", "ops", "--master", "127.0.0.1:1", "--socket", str(tmp_path / "ops.sock")]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(tomli_w.dumps({"coherence": "maybe", "regions": [{"segment": "cxl0", "path": region_file}]}))
+    _one_error_line(_cxlkv(*base, "--config", str(bad)), 'coherence: must be "coherent" or "flush"')
+    _one_error_line(_cxlkv(*base, "--region", "cxl0=/dev/dax97.3"), "region /dev/dax97.3 does not exist")
+    _one_error_line(_cxlkv(*base, "--region", f"cxl0={region_file}", "--metrics-address", f"127.0.0.1:{busy_port}"),
+                    f"cannot serve metrics on 127.0.0.1:{busy_port} (metrics_address): Address already in use")
+    # the same, as JSON lines
+    _one_error_line(_cxlkv(*base, "--log-json", "--region", "cxl0=/dev/dax97.3"), "region /dev/dax97.3 does not exist",
+                    json_lines=True)
+    assert not (tmp_path / "ops.sock").exists()
