@@ -1,0 +1,91 @@
+"""`cxlkv status` against a live cluster: table and JSON, usage bars, hit rate from
+the clientds' /metrics, metrics URLs, clients alive and expired, recent rates,
+and one clear line when nothing answers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from cxlkv.statuscli import usage_bar
+from ops_helpers import METRICS_ON
+
+KiB = 1 << 10
+FAST_EXPIRY = {"client_ttl_s": 1.5, "heartbeat_interval_s": 0.25}
+
+
+def _status(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "CXLKV_SOCKET"}
+    return subprocess.run([sys.executable, "-m", "cxlkv.cli", "status", *args], capture_output=True, text=True,
+                          timeout=60, env=env, stdin=subprocess.DEVNULL)
+
+
+def test_usage_bar() -> None:
+    assert usage_bar(0, 100, 10) == "[..........]   0.0%"
+    assert usage_bar(50, 100, 10) == "[#####.....]  50.0%"
+    assert usage_bar(100, 100, 10) == "[##########] 100.0%"
+    assert "n/a" in usage_bar(5, 0, 10)
+
+
+def test_status_table_and_json(make_cluster, tmp_path: Path) -> None:
+    cl = make_cluster(master_options={**METRICS_ON["master_options"], **FAST_EXPIRY},
+                      clientd_options=METRICS_ON["clientd_options"])
+    size = 64 * KiB
+    with cl.client(0) as a:
+        for i in range(8):
+            a.put(f"st/{i}", bytes([i]) * size)
+        buf = a.buffer(6 * size)
+        views = [buf[j * size:(j + 1) * size] for j in range(6)]
+        assert a.get_prefix_into([f"st/{i}" for i in range(4)] + ["st/none", "st/5"], views) == 4
+
+    r = _status("--socket", cl.socket_path(0), "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    m = st["master"]
+    assert m["address"] == cl.master_address and m["key_count"] == 8
+    assert m["metrics_url"].startswith("http://")
+    assert st["clientd"]["name"] == "clientd-0" and st["clientd"]["metrics_url"].startswith("http://")
+    (seg,) = m["segments"]
+    assert seg["name"] == "cxl0" and seg["tier"] == "cxl" and seg["used_bytes"] >= 8 * size
+    assert 0 < seg["usage_ratio"] < 1
+    assert st["tiers"]["cxl"]["used_bytes"] == seg["used_bytes"]
+    assert st["clients_alive"] == 2 and st["clients_expired"] == 0
+    assert all(c["metrics_url"].startswith("http://") for c in m["clients"])
+    hr = st["hit_rate"]
+    assert hr["prefix_blocks"] == 6 and hr["prefix_blocks_hit"] == 4 and hr["clientds_reporting"] == 2
+    assert abs(hr["ratio"] - 4 / 6) < 1e-9
+    assert st["evictions"]["evictions"] == 0
+
+    r = _status("--socket", cl.socket_path(0))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert re.search(r"\[#*\.+\]\s+\d+\.\d%", out), out
+    assert "hit rate   66.7% (4 of 6 prefix blocks" in out, out
+    for name in ("clientd-0", "clientd-1", "cxl0", m["metrics_url"]):
+        assert name in out, (name, out)
+
+    # a host dies: its registration expires, status shows it
+    cl.kill_clientd(1)
+    cl.wait_until(lambda: any(not c.alive for c in cl.master_stat(False).clients), what="clientd-1 to expire")
+    r = _status("--master", cl.master_address, "--json", "--window", "0.3")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["clients_alive"] == 1 and st["clients_expired"] == 1
+    assert st["clientd"] is None and st["hit_rate"]["clientds_alive"] == 1
+    assert st["window"]["window_s"] == 0.3 and "evictions_per_s" in st["window"]
+    r = _status("--master", cl.master_address)
+    assert re.search(r"clientd-1 .* expired", r.stdout), r.stdout
+    assert "1 alive, 1 expired" in r.stdout
+
+
+def test_status_unreachable_is_one_line(tmp_path: Path) -> None:
+    r = _status("--socket", str(tmp_path / "none.sock"))
+    assert r.returncode == 22, (r.returncode, r.stderr)
+    assert r.stdout == "" and len(r.stderr.splitlines()) == 1 and r.stderr.startswith("error: UNAVAILABLE:")
+    r = _status("--master", "127.0.0.1:1")
+    assert r.returncode == 22 and len(r.stderr.splitlines()) == 1, r.stderr
