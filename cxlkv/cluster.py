@@ -146,6 +146,10 @@ class LocalCluster:
         clientd_options: extra ClientdConfig keys for every clientd.
         python: interpreter for the daemons.
 
+    Every daemon serves Prometheus /metrics on a free port of 127.0.0.1 (its URL
+    is in the master's Stat and in each log; ``cxlkv status`` shows them); pass
+    ``{"metrics_address": ""}`` in the options to turn that off.
+
     Use as a context manager, or call :meth:`start` / :meth:`stop`. Not thread-safe.
     """
 
@@ -236,6 +240,7 @@ class LocalCluster:
         cfg: dict[str, Any] = {
             "listen_address": "127.0.0.1:0",
             "address_file": str(address_file),
+            "metrics_address": "127.0.0.1:0",
             "segments": [
                 {"name": f"cxl{i}", "size_bytes": self.region_size_bytes, "path": p}
                 for i, p in enumerate(self.region_paths)
@@ -260,6 +265,7 @@ class LocalCluster:
             "master_address": self.master_address,
             "socket_path": self.socket_path(i),
             "ready_file": str(ready),
+            "metrics_address": "127.0.0.1:0",
             "regions": [{"segment": f"cxl{s}", "path": p} for s, p in enumerate(self.region_paths)],
         }
         cfg.update(self.clientd_options)

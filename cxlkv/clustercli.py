@@ -93,6 +93,7 @@ def up_cmd(run_dir: str, clientds: int, region_size: str, segments: int, prefaul
     for path in cluster.region_paths:
         click.echo(f"region   {path} ({format_size(size)})")
     click.echo(f"\nexport CXLKV_SOCKET={cluster.socket_paths[0]}   # then: cxlkv put/get/stat …")
+    click.echo("cxlkv status   # usage, hit rate, clients and each daemon's /metrics URL")
     click.echo(f"stop with: cxlkv cluster down --run-dir {run_dir}")
 
 
