@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cxlkv import __version__
 from cxlkv.clientd.buffers import BufferRegistry, SharedBuffer
@@ -118,11 +118,14 @@ class ClientApi:
         """Read values inline; one result per key."""
         keys = list(req.keys)
         outs = await self.core.get(keys, [None] * len(keys))
-        return client_pb2.BatchGetResponse(results=[
-            _GetResult(status=_Status(code=o.code, message=o.message)) if o.code
-            else _GetResult(value=o.value or b"", version=o.version)
-            for o in outs
-        ])
+        resp = client_pb2.BatchGetResponse()
+        add = resp.results.add
+        for o in outs:
+            if o.code:
+                add().status.CopyFrom(_Status(code=o.code, message=o.message))
+            else:
+                add(value=o.value or b"", version=o.version)
+        return resp
 
     # -- existence and removal ----------------------------------------------
     async def Exist(self, req: client_pb2.ExistRequest) -> client_pb2.ExistResponse:
@@ -178,25 +181,34 @@ class ClientApi:
         _raise_put(r, req.key)
         return client_pb2.PutFromResponse(version=r.version, replicas_placed=r.replicas_placed)
 
+    def _acquire_targets(self, items: Any, source: bool) -> tuple[list[Any], list[SharedBuffer]]:
+        """Hold the buffer range of every item (``source`` or ``target``) under one lock.
+
+        Returns:
+            (per item: the held buffer or its error, the buffers held).
+        """
+        ranges = []
+        for it in items:
+            r = it.source if source else it.target
+            ranges.append((r.buffer_id, r.offset_bytes, r.length_bytes))
+        got = self.buffers.acquire_many(ranges)
+        return got, [b for b in got if isinstance(b, SharedBuffer)]
+
     async def BatchPutFrom(self, req: client_pb2.BatchPutFromRequest) -> client_pb2.BatchPutFromResponse:
         """Put many buffer ranges; one result per item (bad ranges fail only their item)."""
-        held: list[SharedBuffer] = []
-        items: list[PutSpec | client_pb2.PutResult] = []
+        got, held = self._acquire_targets(req.items, source=True)
         try:
-            for it in req.items:
-                src = it.source
-                try:
-                    buf = self.buffers.acquire(src.buffer_id, src.offset_bytes, src.length_bytes)
-                except CxlkvError as exc:
-                    items.append(_PutResult(status=exc.to_status()))
+            items: list[PutSpec | client_pb2.PutResult] = []
+            for it, buf in zip(req.items, got):
+                if isinstance(buf, CxlkvError):
+                    items.append(_PutResult(status=buf.to_status()))
                     continue
-                held.append(buf)
+                src = it.source
                 opts = it.options if it.HasField("options") else None
                 items.append(PutSpec(it.key, src.length_bytes, opts, buf.view, src.offset_bytes))
             results = await self._put_specs(items)
         finally:
-            for buf in held:
-                self.buffers.release(buf)
+            self.buffers.release_many(held)
         return client_pb2.BatchPutFromResponse(results=results)
 
     async def GetInto(self, req: client_pb2.GetIntoRequest) -> client_pb2.GetIntoResponse:
@@ -214,32 +226,34 @@ class ClientApi:
 
     async def BatchGetInto(self, req: client_pb2.BatchGetIntoRequest) -> client_pb2.BatchGetIntoResponse:
         """Copy many values into buffer ranges; one result per item."""
-        held: list[SharedBuffer] = []
-        n = len(req.items)
-        results: list[client_pb2.GetIntoResult | None] = [None] * n
+        got, held = self._acquire_targets(req.items, source=False)
         keys: list[str] = []
         targets: list[ReadTarget | None] = []
         positions: list[int] = []
         try:
-            for i, it in enumerate(req.items):
-                t = it.target
-                try:
-                    buf = self.buffers.acquire(t.buffer_id, t.offset_bytes, t.length_bytes)
-                except CxlkvError as exc:
-                    results[i] = _GetIntoResult(status=exc.to_status())
+            for i, (it, buf) in enumerate(zip(req.items, got)):
+                if isinstance(buf, CxlkvError):
                     continue
-                held.append(buf)
+                t = it.target
                 keys.append(it.key)
                 targets.append(ReadTarget(buf.view, t.offset_bytes, t.length_bytes))
                 positions.append(i)
             outs = await self.core.get(keys, targets) if keys else []
         finally:
-            for buf in held:
-                self.buffers.release(buf)
-        for i, o in zip(positions, outs):
-            results[i] = (_GetIntoResult(status=_Status(code=o.code, message=o.message)) if o.code
-                          else _GetIntoResult(value_size_bytes=o.size, version=o.version))
-        return client_pb2.BatchGetIntoResponse(results=results)
+            self.buffers.release_many(held)
+        resp = client_pb2.BatchGetIntoResponse()
+        add = resp.results.add
+        it_outs = iter(outs)
+        for buf in got:
+            if isinstance(buf, CxlkvError):
+                add().status.CopyFrom(buf.to_status())
+                continue
+            o = next(it_outs)
+            if o.code:
+                add().status.CopyFrom(_Status(code=o.code, message=o.message))
+            else:
+                add(value_size_bytes=o.size, version=o.version)
+        return resp
 
     async def GetPrefixInto(self, req: client_pb2.GetPrefixIntoRequest) -> client_pb2.GetPrefixIntoResponse:
         """Longest cached prefix of the items' keys, copied into their targets.
@@ -250,23 +264,21 @@ class ClientApi:
             INVALID_KEY: a key is invalid.
             OUT_OF_RANGE: a matched value is larger than its target.
         """
-        held: list[SharedBuffer] = []
+        got, held = self._acquire_targets(req.items, source=False)
         try:
-            keys: list[str] = []
-            targets: list[ReadTarget] = []
-            for it in req.items:
-                t = it.target
-                buf = self.buffers.acquire(t.buffer_id, t.offset_bytes, t.length_bytes)
-                held.append(buf)
-                keys.append(it.key)
-                targets.append(ReadTarget(buf.view, t.offset_bytes, t.length_bytes))
-            matched, outs = await self.core.get_prefix(keys, targets)
+            for buf in got:
+                if isinstance(buf, CxlkvError):
+                    raise buf
+            targets = [ReadTarget(buf.view, it.target.offset_bytes, it.target.length_bytes)  # type: ignore[union-attr]
+                       for it, buf in zip(req.items, got)]
+            matched, outs = await self.core.get_prefix([it.key for it in req.items], targets)
         finally:
-            for buf in held:
-                self.buffers.release(buf)
-        return client_pb2.GetPrefixIntoResponse(matched=matched, results=[
-            _GetIntoResult(value_size_bytes=o.size, version=o.version) for o in outs
-        ])
+            self.buffers.release_many(held)
+        resp = client_pb2.GetPrefixIntoResponse(matched=matched)
+        add = resp.results.add
+        for o in outs:
+            add(value_size_bytes=o.size, version=o.version)
+        return resp
 
     # -- inspection ---------------------------------------------------------
     async def Stat(self, req: client_pb2.ClientStatRequest) -> client_pb2.ClientStatResponse:

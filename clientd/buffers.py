@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cxlkv.errors import InvalidArgument, OutOfRange, UnknownBuffer
+from cxlkv.errors import CxlkvError, InvalidArgument, OutOfRange, UnknownBuffer
 
 __all__ = ["SHM_DIR", "SharedBuffer", "BufferRegistry", "process_start_time"]
 
@@ -242,6 +242,42 @@ class BufferRegistry:
             buf.check_range(offset_bytes, length_bytes)
             buf._refs += 1
             return buf
+
+    def acquire_many(self, ranges: list[tuple[int, int, int]]) -> list[SharedBuffer | CxlkvError]:
+        """:meth:`acquire` for many ``(buffer_id, offset, length)`` ranges under one lock.
+
+        Returns:
+            Per range, the held buffer (release each with :meth:`release`) or the
+            :class:`UnknownBuffer` / :class:`OutOfRange` error for that range.
+        """
+        out: list[SharedBuffer | CxlkvError] = []
+        append = out.append
+        with self._lock:
+            get = self._buffers.get
+            for buffer_id, offset, length in ranges:
+                buf = get(buffer_id)
+                if buf is None:
+                    append(UnknownBuffer(f"unknown buffer id {buffer_id} (never registered, or unregistered)"))
+                    continue
+                size = buf.size_bytes
+                if offset > size or length > size - offset:
+                    append(OutOfRange(
+                        f"range [{offset}, {offset}+{length}) is outside buffer {buffer_id} of {size} bytes"))
+                    continue
+                buf._refs += 1
+                append(buf)
+        return out
+
+    def release_many(self, bufs: list[SharedBuffer]) -> None:
+        """:meth:`release` each of ``bufs`` (one lock)."""
+        unmap: list[SharedBuffer] = []
+        with self._lock:
+            for buf in bufs:
+                buf._refs -= 1
+                if buf._dead and buf._refs == 0:
+                    unmap.append(buf)
+        for buf in unmap:
+            buf._unmap()
 
     def release(self, buf: SharedBuffer) -> None:
         """End one :meth:`acquire`; unmaps a buffer unregistered meanwhile."""

@@ -31,12 +31,14 @@ from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode, NotReady, Unavailable, UnknownClient, from_rpc_error
 from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
 
-__all__ = ["MasterLink", "RELEASE_DELAY_S", "MAX_BATCH_ITEMS"]
+__all__ = ["MasterLink", "Located", "RELEASE_DELAY_S", "MAX_BATCH_ITEMS"]
 
 log = logging.getLogger(__name__)
 
 #: Longest a finished read's lease waits for a master call to ride on, in seconds.
-RELEASE_DELAY_S = 0.001
+#: Under load every release rides on the next read's call; an idle daemon sends
+#: them within this delay (Remove flushes them at once, and waits for leases).
+RELEASE_DELAY_S = 0.01
 #: Most items in one coalesced master call.
 MAX_BATCH_ITEMS = 1024
 #: Concurrent coalesced calls of one kind (1: classic group commit).
@@ -48,7 +50,28 @@ MAX_LINGER_S = 0.001
 #: gRPC message size limit towards the master, in bytes (keys may be 4 KiB each).
 MAX_MESSAGE_BYTES = 64 << 20
 
-Location = tuple[master_pb2.ObjectLocation, float]
+
+
+class Located:
+    """Locations from one BatchGetReplicaList call and when it was sent.
+
+    A sequence for the :class:`~cxlkv.clientd.batcher.Coalescer` (``len``, slices),
+    without a tuple per item. ``t0`` (monotonic seconds, taken before the call)
+    starts every lease's clock: a lease of ``lease_ttl_ms`` surely lasts until
+    ``t0 + lease_ttl_ms / 1000``.
+    """
+
+    __slots__ = ("locations", "t0")
+
+    def __init__(self, locations: Sequence[master_pb2.ObjectLocation], t0: float) -> None:
+        self.locations = locations
+        self.t0 = t0
+
+    def __len__(self) -> int:
+        return len(self.locations)
+
+    def __getitem__(self, s: slice) -> "Located":
+        return Located(self.locations[s], self.t0)
 
 
 class MasterLink:
@@ -109,7 +132,7 @@ class MasterLink:
         self.put_revoke: Coalescer[tuple[str, int, int], common_pb2.Status] = Coalescer(
             "BatchPutRevoke", self._send_put_revoke, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
-        self.locate: Coalescer[str, Location] = Coalescer(
+        self.locate: Coalescer[str, master_pb2.ObjectLocation] = Coalescer(
             "BatchGetReplicaList", self._send_locate, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.exist: Coalescer[str, tuple[bool, common_pb2.Status]] = Coalescer(
@@ -364,7 +387,7 @@ class MasterLink:
     async def _send_put_revoke(self, items: list[tuple[str, int, int]]) -> Sequence[common_pb2.Status]:
         return (await self.call("BatchPutRevoke", lambda: self._end_request(items))).results
 
-    async def _send_locate(self, keys: list[str]) -> list[Location]:
+    async def _send_locate(self, keys: list[str]) -> "Located":
         releases = self._take_releases()
         t0 = self.clock()
         try:
@@ -373,7 +396,7 @@ class MasterLink:
         except BaseException:
             self._return_releases(releases)
             raise
-        return [(loc, t0) for loc in resp.locations]
+        return Located(resp.locations, t0)
 
     async def _send_match_prefix(
         self, queries: list[list[str]]

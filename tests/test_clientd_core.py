@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cxlkv.clientd.batcher import Coalescer
+from cxlkv.clientd.master_link import Located
 from cxlkv.clientd.core import SPLIT_COPY_BYTES, ClientdCore, ReadTarget, _Copy, _partition
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import ErrorCode
@@ -56,6 +57,7 @@ class _Link:
 
     async def _locate(self, keys: list[str]):
         out = []
+        t0 = self.clock.now
         for _ in keys:
             self.lease += 1
             loc = master_pb2.ObjectLocation(value_size_bytes=5, version=7, lease_id=self.lease, lease_ttl_ms=1000)
@@ -63,12 +65,11 @@ class _Link:
             r.extent.segment_id = 1
             r.extent.offset_bytes = 4096
             r.extent.length_bytes = 64
-            t0 = self.clock.now
             if self.slow_reads > 0:
                 self.slow_reads -= 1
                 self.clock.now += 2.0  # the lease (1 s) ends before the copy is done
-            out.append((loc, t0))
-        return out
+            out.append(loc)
+        return Located(out, t0)
 
     def release_leases(self, ids: list[int]) -> None:
         self.released.extend(ids)

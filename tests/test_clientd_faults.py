@@ -107,8 +107,8 @@ def test_clientd_reregisters_after_master_restart(make_cluster) -> None:
         a.put("restart/new", b"new value")
         cl.wait_until(lambda: _safe_get(b, "restart/new") == b"new value", timeout_s=15,
                       what="clientd-1 to re-register")
-        st = cl.master_stat()
-        assert sorted(c.name for c in st.clients if c.alive) == ["clientd-0", "clientd-1"]
+        cl.wait_until(lambda: sorted(c.name for c in cl.master_stat(False).clients if c.alive)
+                      == ["clientd-0", "clientd-1"], timeout_s=15, what="both clientds registered again")
         assert b.stat()["master_connected"] is True
     cl.assert_invariants()
 

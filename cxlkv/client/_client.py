@@ -599,38 +599,53 @@ class Client:
         if len(keys) != len(dsts):
             raise InvalidArgument(f"{len(keys)} keys but {len(dsts)} destinations")
         n = len(keys)
-        arrays = [dst_array(d) for d in dsts]
         results: list[Result | None] = [None] * n
         with _Staged(self._pool) as st:
-            targets: list[tuple[int, int, int]] = []
-            copy_back: list[tuple[int, Segment, int]] = []
-            for i, a in enumerate(arrays):
-                loc = self._locate(a)
-                if loc is None:
-                    seg, off = st.take(a.nbytes)
-                    copy_back.append((i, seg, off))
-                    loc = (seg.buffer_id, off)
-                targets.append((loc[0], loc[1], a.nbytes))
+            arrays, targets, copy_back = self._targets(dsts, st)
             chunks = list(_chunks(n, BATCH_ITEMS))
-            reqs = [client_pb2.BatchGetIntoRequest(items=[
-                _GetIntoRequest(key=keys[i], target=_BufferRange(
-                    buffer_id=targets[i][0], offset_bytes=targets[i][1], length_bytes=targets[i][2]))
-                for i in c]) for c in chunks]
+            reqs = []
+            for c in chunks:
+                req = client_pb2.BatchGetIntoRequest()
+                add = req.items.add
+                for i in c:
+                    t = add(key=keys[i]).target
+                    t.buffer_id, t.offset_bytes, t.length_bytes = targets[i]
+                reqs.append(req)
             for c, resp in zip(chunks, self._call_many("BatchGetInto", reqs)):
                 if isinstance(resp, CxlkvError):
                     for i in c:
                         results[i] = Result(False, error=resp)
                     continue
                 for i, r in zip(c, resp.results):
-                    if r.status.code:
-                        results[i] = Result(False, error=_status_error(r.status, keys[i]))
+                    st_ = r.status
+                    if st_.code:
+                        results[i] = Result(False, error=_status_error(st_, keys[i]))
                     else:
-                        results[i] = Result(True, value=r.value_size_bytes, version=r.version)
+                        results[i] = Result(True, r.value_size_bytes, r.version)
             for i, seg, off in copy_back:
                 r = results[i]
                 if r is not None and r.ok:
                     arrays[i][:r.value] = seg.array[off:off + r.value]
         return results  # type: ignore[return-value]
+
+    def _targets(
+        self, dsts: Sequence[Any], st: _Staged
+    ) -> tuple[list[np.ndarray], list[tuple[int, int, int]], list[tuple[int, Segment, int]]]:
+        """Destinations as arrays, their ``(buffer_id, offset, length)`` targets, and the
+        staged ones to copy back (memory outside the pool borrows a pool range)."""
+        arrays = [dst_array(d) for d in dsts]
+        targets: list[tuple[int, int, int]] = []
+        copy_back: list[tuple[int, Segment, int]] = []
+        locate = self._pool.locate
+        for i, a in enumerate(arrays):
+            n = a.nbytes
+            loc = locate(a.__array_interface__["data"][0], n) if n else None
+            if loc is None:
+                seg, off = st.take(n)
+                copy_back.append((i, seg, off))
+                loc = (seg.buffer_id, off)
+            targets.append((loc[0], loc[1], n))
+        return arrays, targets, copy_back
 
     def get_prefix_into(self, keys: Sequence[str], dsts: Sequence[Any]) -> int:
         """The longest cached prefix of ``keys``, copied into ``dsts`` in one call.
@@ -652,19 +667,14 @@ class Client:
             raise InvalidArgument(f"{len(keys)} keys but {len(dsts)} destinations")
         if not keys:
             return 0
-        arrays = [dst_array(d) for d in dsts]
         with _Staged(self._pool) as st:
-            items = []
-            copy_back: list[tuple[int, Segment, int]] = []
-            for i, (k, a) in enumerate(zip(keys, arrays)):
-                loc = self._locate(a)
-                if loc is None:
-                    seg, off = st.take(a.nbytes)
-                    copy_back.append((i, seg, off))
-                    loc = (seg.buffer_id, off)
-                items.append(_GetIntoRequest(key=k, target=_BufferRange(
-                    buffer_id=loc[0], offset_bytes=loc[1], length_bytes=a.nbytes)))
-            r = self._call("GetPrefixInto", client_pb2.GetPrefixIntoRequest(items=items))
+            arrays, targets, copy_back = self._targets(dsts, st)
+            req = client_pb2.GetPrefixIntoRequest()
+            add = req.items.add
+            for k, tg in zip(keys, targets):
+                t = add(key=k).target
+                t.buffer_id, t.offset_bytes, t.length_bytes = tg
+            r = self._call("GetPrefixInto", req)
             matched = r.matched
             for i, seg, off in copy_back:
                 if i < matched:
