@@ -143,6 +143,8 @@ class ReplayReport:
     workers: int
     policy: str
     error_samples: list[str]
+    limit_gbps: float | None = None
+    ratio_to_limit: float | None = None
 
     def table(self) -> str:
         """Human-readable report."""
@@ -160,7 +162,9 @@ class ReplayReport:
             ("capacity", f"{self.capacity_blocks:,} blocks = {self.capacity_fraction:g} × "
                          f"{self.unique_blocks:,} unique, {self.block_bytes // KiB} KiB each"),
             ("bytes read / written", f"{self.bytes_read / MiB:,.0f} MiB / {self.bytes_written / MiB:,.0f} MiB"),
-            ("throughput", f"{self.requests_per_s:,.0f} requests/s, {self.gbps:.2f} GB/s"),
+            ("throughput", f"{self.requests_per_s:,.0f} requests/s, {self.gbps:.2f} GB/s"
+                           + (f" ({self.ratio_to_limit:.3f} × memcpy {self.limit_gbps:.1f} GB/s at "
+                              f"{self.block_bytes // KiB} KiB)" if self.limit_gbps else "")),
             ("latency per request", f"p50 {self.p50_ms:.2f} ms, p99 {self.p99_ms:.2f} ms"),
             ("verified blocks", f"{self.verified_blocks:,}"),
             ("errors", f"{self.errors}"),
@@ -335,6 +339,10 @@ def run_replay(
         same = lru
     bound = simulate_unbounded(trace)
     busy_s = max(elapsed - 0.5, 1e-9)
+    gbps = (total.bytes_read + total.bytes_written) / busy_s / 1e9
+    from cxlkv.bench.common import measure_memcpy_gbps
+
+    limit = measure_memcpy_gbps(opts.block_bytes, runs=3)  # the physical limit, same run
     return ReplayReport(
         requests=total.requests,
         blocks=total.blocks,
@@ -345,7 +353,7 @@ def run_replay(
         bound_hit_rate=bound.block_hit_rate,
         bytes_read=total.bytes_read,
         bytes_written=total.bytes_written,
-        gbps=(total.bytes_read + total.bytes_written) / busy_s / 1e9,
+        gbps=gbps,
         requests_per_s=total.requests / busy_s,
         p50_ms=_percentile(lat, 0.50) * 1e3,
         p99_ms=_percentile(lat, 0.99) * 1e3,
@@ -362,6 +370,8 @@ def run_replay(
         workers=n_workers,
         policy=opts.policy,
         error_samples=total.error_samples[:10],
+        limit_gbps=limit,
+        ratio_to_limit=gbps / limit if limit else None,
     )
 
 

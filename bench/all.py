@@ -1,0 +1,118 @@
+"""``cxlkv bench all`` (``make bench``): every benchmark and the trace replay.
+
+Each benchmark runs in its own process (``python -m cxlkv.cli bench NAME --out
+FILE``) so one cannot disturb another's caches or threads; its table is shown as it
+runs. Results land in ``--json-dir`` (default ``bench/results``) as ``NAME.json``,
+the replay as ``replay.json``, and a markdown summary of all of them — every
+throughput figure beside the memcpy limit measured in the same run — as
+``summary.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cxlkv.bench.cli import BENCHMARKS
+
+__all__ = ["all_cmd", "summarize"]
+
+DEFAULT_TRACE = "../shared/traces/conversation_trace.jsonl"
+_EXTRA_KEYS = ("path", "batch", "concurrency", "coherence", "buffer", "threads", "tier", "config", "policy")
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _size(n: int | None) -> str:
+    if not n:
+        return "—" if n is None else "0"
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
+def summarize(json_dir: Path) -> str:
+    """A markdown summary of every ``*.json`` result in ``json_dir``."""
+    lines = ["# Benchmark summary", "",
+             f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; every figure beside the memcpy "
+             "limit measured in the same run (`limit_gbps`; `ratio_to_limit` = gbps / limit).", ""]
+    for path in sorted(json_dir.glob("*.json")):
+        data = json.loads(path.read_text())
+        records = data if isinstance(data, list) else [data]
+        lines += [f"## {path.stem}", ""]
+        if path.stem == "replay":
+            r = records[0]
+            lines += [
+                "| requests | block hit rate | same policy simulated | LRU simulated | bound | requests/s | "
+                "GB/s | memcpy GB/s | p50 ms | p99 ms | errors |",
+                "|---|---|---|---|---|---|---|---|---|---|---|",
+                f"| {r['requests']:,} | {100 * r['block_hit_rate']:.2f} % | {100 * r['policy_sim_hit_rate']:.2f} % | "
+                f"{100 * r['lru_sim_hit_rate']:.2f} % | {100 * r['bound_hit_rate']:.2f} % | "
+                f"{r['requests_per_s']:,.0f} | {r['gbps']:.2f} | {_fmt(r.get('limit_gbps'))} | "
+                f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} |",
+                "",
+            ]
+            continue
+        lines += ["| op | size | details | ops/s | GB/s | p50 µs | p99 µs | limit GB/s | ratio |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in records:
+            details = ", ".join(f"{k}={r[k]}" for k in _EXTRA_KEYS if r.get(k) not in (None, ""))
+            lines.append(
+                f"| {r.get('op')} | {_size(r.get('size_bytes'))} | {details} | {_fmt(r.get('ops_per_s'), 0)} | "
+                f"{_fmt(r.get('gbps'))} | {_fmt(r.get('p50_us'), 1)} | {_fmt(r.get('p99_us'), 1)} | "
+                f"{_fmt(r.get('limit_gbps'))} | {_fmt(r.get('ratio_to_limit'))} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+@click.command("all")
+@click.option("--json-dir", default="bench/results", show_default=True, type=click.Path(file_okay=False))
+@click.option("--quick", is_flag=True, help="Smoke run: fewer sizes and a 1,000-request replay.")
+@click.option("--only", multiple=True, help="Run only these (repeatable): " + ", ".join(BENCHMARKS) + ", replay.")
+@click.option("--trace", default=DEFAULT_TRACE, show_default=True, type=click.Path(dir_okay=False))
+def all_cmd(json_dir: str, quick: bool, only: tuple[str, ...], trace: str) -> None:
+    """Run every benchmark and the replay; write JSON results and summary.md."""
+    out_dir = Path(json_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = [n for n in BENCHMARKS if n != "all"] + ["replay"]
+    unknown = set(only) - set(names)
+    if unknown:
+        raise click.ClickException(f"unknown benchmark(s) {sorted(unknown)}; known: {names}")
+    failed = []
+    for name in names:
+        if only and name not in only:
+            continue
+        out = out_dir / f"{name}.json"
+        if name == "replay":
+            if not Path(trace).is_file():
+                click.echo(f"skipping replay: trace {trace} not found", err=True)
+                continue
+            argv = ["replay", trace, "--embedded", "--block-bytes", "64KiB", "--capacity-fraction", "0.1",
+                    "--out", str(out)] + (["--limit", "1000"] if quick else [])
+        else:
+            argv = ["bench", name, "--out", str(out)] + (["--quick"] if quick else [])
+        click.echo(f"\n=== {name}: cxlkv {' '.join(argv)}", err=True)
+        rc = subprocess.call([sys.executable, "-m", "cxlkv.cli", *argv])
+        if rc != 0:
+            failed.append(f"{name} (exit {rc})")
+    summary = summarize(out_dir)
+    (out_dir / "summary.md").write_text(summary + "\n")
+    click.echo(f"\nwrote {out_dir}/*.json and {out_dir / 'summary.md'}", err=True)
+    if failed:
+        raise click.ClickException("failed: " + ", ".join(failed))

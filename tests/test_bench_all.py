@@ -1,0 +1,33 @@
+"""`cxlkv bench all`: the summary table and the option checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from cxlkv.bench.all import all_cmd, summarize
+
+
+def test_summary_has_every_record_beside_its_limit(tmp_path: Path) -> None:
+    (tmp_path / "kv.json").write_text(json.dumps([
+        {"bench": "kv", "op": "get", "size_bytes": 16 << 20, "ops_per_s": 700.0, "gbps": 11.7, "p50_us": 1400.0,
+         "p99_us": 2000.0, "limit_gbps": 17.4, "ratio_to_limit": 0.67, "path": "shared_buffer", "concurrency": 2},
+        {"bench": "kv", "op": "put", "size_bytes": 4096, "ops_per_s": 9000.0, "gbps": 0.04, "p50_us": 100.0,
+         "p99_us": 300.0, "limit_gbps": 5.2, "ratio_to_limit": 0.007, "batch": 128},
+    ]))
+    (tmp_path / "replay.json").write_text(json.dumps({
+        "bench": "replay", "requests": 12031, "block_hit_rate": 0.2791, "policy_sim_hit_rate": 0.2841,
+        "lru_sim_hit_rate": 0.2784, "bound_hit_rate": 0.3664, "requests_per_s": 1400.0, "gbps": 1.9,
+        "limit_gbps": 31.0, "p50_ms": 0.9, "p99_ms": 7.0, "errors": 0}))
+    md = summarize(tmp_path)
+    assert "## kv" in md and "## replay" in md
+    assert "| get | 16 MiB | path=shared_buffer, concurrency=2 | 700 | 11.70 |" in md
+    assert "batch=128" in md and "| 17.40 | 0.67 |" in md
+    assert "| 12,031 | 27.91 % | 28.41 % | 27.84 % | 36.64 % | 1,400 |" in md
+
+
+def test_unknown_benchmark_is_refused(tmp_path: Path) -> None:
+    r = CliRunner().invoke(all_cmd, ["--json-dir", str(tmp_path), "--only", "nope"])
+    assert r.exit_code != 0 and "unknown benchmark" in r.output and "replay" in r.output
