@@ -202,6 +202,12 @@ def test_dashboard_and_alerts_query_only_served_metrics(module_cluster) -> None:
     assert len(alerts) >= 8, alerts
     missing = sorted(n for n in alerts - {"up"} if not exists_in(n, served))
     assert not missing, f"the alert rules query metrics no daemon serves: {missing}"
+    # every metric served is documented in docs/operations.md
+    docs = (ROOT / "docs" / "operations.md").read_text()
+    families = {f.name for s in (m, *cs) for f in s.families if f.name.startswith("cxlkv_")}
+    undocumented = sorted(n for n in families
+                          if f"`{n}`" not in docs and f"`{n}_total`" not in docs and f"{n}_total`" not in docs)
+    assert not undocumented, f"metrics missing from docs/operations.md: {undocumented}"
     prom = (ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text()
     assert "job_name: cxlkv-master" in prom and "job_name: cxlkv-clientd" in prom
     assert "cxlkv-alerts.yml" in prom
