@@ -117,7 +117,7 @@ def check_config(path: str, kind: str | None = None, env: dict[str, str] | None 
             raise ConfigError(f"config file {p}: {exc}") from None
         kind = detect_kind(data, where=str(p))
     cls, prefix = KINDS[kind]
-    cfg = load_config(cls, p, env=env, env_prefix=prefix)
+    cfg: Any = load_config(cls, p, env=env, env_prefix=prefix)
     if kind == "master":
         from cxlkv.master.eviction import load_policy
         from cxlkv.master.strategies import load_strategy
