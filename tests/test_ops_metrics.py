@@ -220,7 +220,12 @@ def test_eviction_is_accounted(module_cluster) -> None:
     with cl.client(0) as a:
         for i in range(90):  # more than the 64 MiB region holds
             a.put(f"ops-evict/{i}", value)
-    cl.wait_until(lambda: cl.master_stat(False).processing_count == 0, what="puts to settle")
+
+    def settled() -> bool:  # no put in flight, and the sweep drained to the low watermark
+        st = cl.master_stat(False)
+        return st.processing_count == 0 and st.used_bytes <= st.low_watermark * st.capacity_bytes
+
+    cl.wait_until(settled, what="eviction to drain to the low watermark")
     m1, cs = _all(cl)
     for s in (m1, *cs):
         _assert_sane(s)
