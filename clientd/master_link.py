@@ -45,8 +45,8 @@ MAX_BATCH_ITEMS = 1024
 MAX_IN_FLIGHT = 1
 #: Adaptive linger of coalesced calls (see :class:`~cxlkv.clientd.batcher.Coalescer`):
 #: fraction of the last call's latency, and its cap in seconds.
-LINGER_FRACTION = 0.5
-MAX_LINGER_S = 0.001
+LINGER_FRACTION = 1.0
+MAX_LINGER_S = 0.002
 #: gRPC message size limit towards the master, in bytes (keys may be 4 KiB each).
 MAX_MESSAGE_BYTES = 64 << 20
 
