@@ -223,3 +223,34 @@ def test_reaper_drops_buffers_of_exited_owners(shm_path: str) -> None:
     reg.acquire(mine.buffer_id, 0, 1)
     assert process_start_time(os.getpid()) is not None
     assert process_start_time(child.pid) is None
+
+
+def test_linger_gathers_the_returning_cohort_but_not_a_lone_caller() -> None:
+    calls: list[list[int]] = []
+
+    async def send(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        await asyncio.sleep(0.02)
+        return items
+
+    async def main() -> None:
+        c: Coalescer[int, int] = Coalescer("t", send, linger_fraction=1.0, max_linger_s=0.5)
+        await asyncio.gather(*(c.submit([i]) for i in range(4)))  # one call of 4
+        assert calls == [[0, 1, 2, 3]]
+
+        async def late(i: int) -> None:
+            await asyncio.sleep(0.002 * i)  # the cohort comes back over 6 ms
+            await c.submit([10 + i])
+
+        t0 = asyncio.get_running_loop().time()
+        await asyncio.gather(*(late(i) for i in range(4)))
+        assert calls[1] == [10, 11, 12, 13]  # gathered into one call, not 1 + 3
+        assert asyncio.get_running_loop().time() - t0 < 0.2
+        # concurrency dropped to one caller: it waits at most one linger, then never again
+        await c.submit([20])
+        t1 = asyncio.get_running_loop().time()
+        await c.submit([21])
+        assert asyncio.get_running_loop().time() - t1 < 0.05
+        assert calls[-2:] == [[20], [21]]
+
+    asyncio.run(main())
