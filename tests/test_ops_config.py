@@ -161,3 +161,31 @@ def test_clientd_operator_errors(tmp_path: Path, busy_port: int, region_file: st
     _one_error_line(_cxlkv(*base, "--log-json", "--region", "cxl0=/dev/dax97.3"), "region /dev/dax97.3 does not exist",
                     json_lines=True)
     assert not (tmp_path / "ops.sock").exists()
+
+
+def test_json_log_lines(tmp_path: Path) -> None:
+    """With --log-json every line the master writes is one JSON object (ts, level, logger, msg)."""
+    import signal
+    import time
+
+    address_file = tmp_path / "addr"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CXLKV_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cxlkv.cli", "master", "--listen", "127.0.0.1:0", "--address-file", str(address_file),
+         "--metrics-address", "127.0.0.1:0", "--log-json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not address_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert address_file.exists(), proc.stderr.read() if proc.poll() is not None else "timeout"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    records = [json.loads(line) for line in err.splitlines() if line.strip()]
+    assert {"ts", "level", "logger", "msg"} <= set(records[0]), records[0]
+    msgs = [r["msg"] for r in records]
+    assert any(m.startswith("master ") and " serving on 127.0.0.1:" in m for m in msgs), msgs
+    assert any(m.startswith("metrics on http://127.0.0.1:") for m in msgs), msgs
+    assert all(r["level"] == "info" for r in records), records
