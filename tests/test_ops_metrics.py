@@ -262,3 +262,33 @@ def test_remove_all_is_accounted(module_cluster) -> None:
     assert m1.value("cxlkv_master_rpcs_total", method="RemoveAll", result="OK") >= 1
     assert _sum(cs, "cxlkv_clientd_requests_total", method="RemoveAll", result="OK") >= 1
     cl.assert_invariants()
+
+
+def test_checksum_failures_are_counted(make_cluster) -> None:
+    """Non-coherent (flush) mode: bytes changed behind the store's back are a miss,
+    counted in cxlkv_clientd_checksum_failures_total and by result CHECKSUM_MISMATCH."""
+    from cxlkv.errors import ChecksumMismatch
+    from cxlkv.v1 import master_pb2
+
+    cl = make_cluster(clientds=1, clientd_options={"coherence": "flush"})
+    size = 4 * KiB
+    with cl.client(0) as a:
+        a.put("ops-sum/a", b"\x11" * size)
+        a.put("ops-sum/b", b"\x22" * size)
+        loc = cl.master_stub().GetReplicaList(
+            master_pb2.GetReplicaListRequest(key="ops-sum/b", no_lease=True), timeout=10).location
+        ext = loc.replicas[0].extent
+        with open(cl.region_paths[0], "r+b") as region:  # a torn write nobody flushed
+            region.seek(ext.offset_bytes + 100)
+            region.write(b"\x99")
+        (c0,) = _all(cl)[1]
+        with pytest.raises(ChecksumMismatch):
+            a.get("ops-sum/b")
+        buf = a.buffer(2 * size)
+        assert a.get_prefix_into(["ops-sum/a", "ops-sum/b"], [buf[:size], buf[size:]]) == 1
+    (c1,) = _all(cl)[1]
+    _assert_sane(c1)
+    assert c1.value("cxlkv_clientd_checksum_failures_total") - c0.value("cxlkv_clientd_checksum_failures_total") == 2
+    assert c1.value("cxlkv_clientd_requests_total", method="Get", result="CHECKSUM_MISMATCH") == 1
+    assert c1.value("cxlkv_clientd_prefix_blocks_total", result="miss") - c0.value(
+        "cxlkv_clientd_prefix_blocks_total", result="miss") == 1
