@@ -221,11 +221,15 @@ def test_eviction_is_accounted(module_cluster) -> None:
         for i in range(90):  # more than the 64 MiB region holds
             a.put(f"ops-evict/{i}", value)
 
-    def settled() -> bool:  # no put in flight, and the sweep drained to the low watermark
-        st = cl.master_stat(False)
-        return st.processing_count == 0 and st.used_bytes <= st.low_watermark * st.capacity_bytes
+    last: list[tuple[int, int]] = []
 
-    cl.wait_until(settled, what="eviction to drain to the low watermark")
+    def settled() -> bool:  # no put in flight, at or below the high watermark, unchanged over 3 sweeps
+        st = cl.master_stat(False)
+        last.append((st.used_bytes, st.key_count))
+        return (st.processing_count == 0 and st.used_bytes <= st.high_watermark * st.capacity_bytes
+                and len(last) >= 3 and len(set(last[-3:])) == 1)
+
+    cl.wait_until(settled, what="eviction to settle below the high watermark")
     m1, cs = _all(cl)
     for s in (m1, *cs):
         _assert_sane(s)
