@@ -41,7 +41,7 @@ from cxlkv.clientd.regions import RegionSet, StartupError
 from cxlkv.config import ClientdConfig
 from cxlkv.systemd import Notifier
 
-__all__ = ["Daemon", "SHUTDOWN_GRACE_S", "BUFFER_REAP_INTERVAL_S", "EXIT_STARTUP"]
+__all__ = ["Daemon", "SHUTDOWN_GRACE_S", "BUFFER_REAP_INTERVAL_S", "EXIT_STARTUP", "tune_malloc"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,33 @@ SHUTDOWN_GRACE_S = 5.0
 BUFFER_REAP_INTERVAL_S = 1.0
 #: Exit code of a start-up failure (wrong region, socket in use, master refusal).
 EXIT_STARTUP = 2
+
+
+def tune_malloc() -> bool:
+    """Keep freed large blocks in glibc's heap instead of returning them to the kernel.
+
+    By default glibc serves every allocation of 128 KiB or more (an inline value,
+    its serialized message) with a fresh ``mmap`` and unmaps it on free, so each one
+    pays a page fault per 4 KiB again — measured at ~0.5 ms per MiB on a 2-vCPU VM,
+    four times the cost of the copies themselves. Raising the mmap threshold to its
+    maximum (32 MiB) and the trim threshold to 256 MiB lets those blocks be reused.
+    Larger buffers still come from ``mmap``. The daemon's resident memory then
+    stays near its peak use.
+
+    Returns:
+        Whether both settings took (``False`` on a C library without ``mallopt``).
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from <malloc.h>
+    ok = mallopt(m_mmap_threshold, 32 << 20) == 1
+    return mallopt(m_trim_threshold, 256 << 20) == 1 and ok
 
 
 def _prepare_socket_path(path: str) -> None:
@@ -109,6 +136,8 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
+        if not tune_malloc():
+            log.debug("mallopt unavailable: large transient buffers are not reused")
         cfg = self.cfg
         regions: RegionSet | None = None
         copy_threads = max(2, min(8, os.cpu_count() or 2))

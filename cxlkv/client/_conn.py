@@ -35,6 +35,8 @@ _unpack_from = HEADER.unpack_from
 _ErrorDetail = common_pb2.ErrorDetail
 _RECV_BYTES = 256 << 10
 _JOIN_BYTES = 64 << 10
+#: Largest answer body whose receive buffer a connection keeps for reuse, bytes.
+_KEEP_LARGE_BYTES = 16 << 20
 
 
 def _error_from_detail(code: int, body: Any) -> CxlkvError:
@@ -65,6 +67,7 @@ class LeanConnection:
         self._rmv = memoryview(self._rb)
         self._rstart = 0
         self._rend = 0
+        self._large = bytearray()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout_s)
@@ -75,6 +78,10 @@ class LeanConnection:
             tv = _timeval(timeout_s)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+            try:  # large inline requests in one send (capped by net.core.wmem_max)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+            except OSError:
+                pass
         except OSError as exc:
             sock.close()
             raise Unavailable(_unreachable(path, exc)) from None
@@ -160,8 +167,15 @@ class LeanConnection:
                 raise ConnectionError("clientd closed the connection")
             self._rend += n
 
-    def _read_large(self, body_len: int, have: int) -> bytearray:
-        body = bytearray(body_len)
+    def _read_large(self, body_len: int, have: int) -> memoryview:
+        # One large buffer per connection, reused (a fresh one would page-fault
+        # every time); the caller parses it before the next call.
+        if body_len > _KEEP_LARGE_BYTES:
+            body = memoryview(bytearray(body_len))  # rare: not kept
+        else:
+            if len(self._large) < body_len:
+                self._large = bytearray(body_len)
+            body = memoryview(self._large)[:body_len]
         s = self._rstart + HEADER_BYTES
         body[:have] = self._rb[s:s + have]
         self._rstart = self._rend = 0
