@@ -145,7 +145,7 @@ def test_inline_limit_and_small_targets(region: Region) -> None:
 
 def test_partition_spreads_bytes_and_splits_large_copies() -> None:
     m = object()
-    big = _Copy(0, m, 4096, 3 * SPLIT_COPY_BYTES + 100, bytearray(1), 0)  # type: ignore[arg-type]
+    big = _Copy(0, m, 4096, 2 * SPLIT_COPY_BYTES + 100, bytearray(1), 0)  # type: ignore[arg-type]
     small = [_Copy(i, m, 0, 1000, bytearray(1), 0) for i in range(1, 4)]  # type: ignore[arg-type]
     inline = _Copy(9, m, 0, SPLIT_COPY_BYTES * 2, None, 0)  # type: ignore[arg-type]
     jobs = _partition([big, *small, inline], 2)
@@ -158,3 +158,5 @@ def test_partition_spreads_bytes_and_splits_large_copies() -> None:
         assert b.region_offset == a.region_offset + a.length and b.buf_offset == a.buf_offset + a.length
     assert [p for p in pieces if p.index == 9] == [inline]  # inline reads are never split
     assert _partition([big], 1) == [[big]]
+    whole = _Copy(5, m, 0, 2 * SPLIT_COPY_BYTES - 64, bytearray(1), 0)  # type: ignore[arg-type]
+    assert _partition([whole], 2) == [[whole]]  # halves would be under the streaming size
