@@ -62,11 +62,6 @@ _CODE_NAMES = {int(c): c.name for c in ErrorCode}
 _ZEROS = {n: [0] * n for n in (len(LATENCY_BUCKETS_S) + 1, len(BATCH_BUCKETS) + 1)}
 
 
-def code_name(code: int) -> str:
-    """The ``ErrorCode`` name of ``code`` (``"OK"`` for 0; the number for an unknown code)."""
-    return _CODE_NAMES.get(int(code), str(int(code)))
-
-
 class Histogram:
     """A fixed-bucket histogram (non-cumulative counts; cumulated at scrape).
 

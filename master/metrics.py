@@ -114,6 +114,8 @@ class RpcObserver:
 
 @dataclass
 class _Snapshot:
+    """What one scrape reports, copied on the event-loop thread (bytes, counts, ratios)."""
+
     segments: list[tuple[str, str, int, int, int, int, bool]]
     keys: int
     processing: int
