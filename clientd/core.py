@@ -289,15 +289,20 @@ class ClientdCore:
         revokes: list[tuple[int, master_pb2.PutStartResult]] = []
         for i, r in accepted:
             (revokes if i in failed else ends).append((i, r))
-        end_task = revoke_task = None
-        if ends:
-            end_task = link.put_end.submit([
-                (specs[i].key, r.put_token, checksums.get(i, 0)) for i, r in ends
-            ])
-        if revokes:
-            revoke_task = link.put_revoke.submit([
+        revoke_task: asyncio.Future[Any] | None = None
+        if revokes:  # runs beside the PutEnd call
+            revoke_task = asyncio.ensure_future(link.put_revoke.submit([
                 (specs[i].key, r.put_token, 0) for i, r in revokes
-            ])
+            ]))
+        statuses: Any = ()
+        end_error: CxlkvError | None = None
+        if ends:
+            try:
+                statuses = await link.put_end.submit([
+                    (specs[i].key, r.put_token, checksums.get(i, 0)) for i, r in ends
+                ])
+            except CxlkvError as exc:
+                end_error = exc
         if revoke_task is not None:
             try:
                 await revoke_task
@@ -305,11 +310,9 @@ class ClientdCore:
                 log.warning("PutRevoke of %d put(s) failed: %s", len(revokes), exc.message)
             for i, _ in revokes:
                 results[i] = _PutResult(status=_err_status(failed[i]))
-        if end_task is not None:
-            try:
-                statuses = await end_task
-            except CxlkvError as exc:
-                st = _err_status(exc)
+        if ends:
+            if end_error is not None:
+                st = _err_status(end_error)
                 for i, _ in ends:
                     results[i] = _PutResult(status=st)
                 return retry

@@ -28,7 +28,7 @@ import grpc
 from cxlkv.clientd.batcher import Coalescer
 from cxlkv.clientd.regions import RegionSet, StartupError
 from cxlkv.config import ClientdConfig
-from cxlkv.errors import CxlkvError, ErrorCode, NotReady, Unavailable, UnknownClient, from_rpc_error
+from cxlkv.errors import CxlkvError, ErrorCode, NotReady, StaleToken, Unavailable, UnknownClient, from_rpc_error
 from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 __all__ = ["MasterLink", "Located", "RELEASE_DELAY_S", "MAX_BATCH_ITEMS"]
@@ -49,7 +49,6 @@ LINGER_FRACTION = 1.0
 MAX_LINGER_S = 0.002
 #: gRPC message size limit towards the master, in bytes (keys may be 4 KiB each).
 MAX_MESSAGE_BYTES = 64 << 20
-
 
 
 class Located:
@@ -288,8 +287,8 @@ class MasterLink:
                     await self.reregister(gen)
                 elif resp.segments_version != self.segments_version:
                     await self._refresh_segments(resp.segments_version)
-            except UnknownClient:
-                log.warning("the master no longer knows this clientd (expired); registering again")
+            except (UnknownClient, StaleToken):
+                log.warning("the master no longer knows this clientd (expired or fenced); registering again")
                 try:
                     await self.reregister(gen)
                 except CxlkvError as exc:

@@ -205,3 +205,24 @@ def test_daemon_refuses_a_socket_in_use(make_cluster, tmp_path: Path) -> None:
     assert p.returncode == 2 and "in use" in p.stderr and "Traceback" not in p.stderr
     with cl.client(0) as a:
         a.put("dup/ok", b"ok")  # the first daemon still serves
+
+
+def test_replica_on_a_segment_this_host_does_not_map_is_revoked(tmp_path: Path) -> None:
+    from conftest import TestCluster
+
+    cl = TestCluster(tmp_path / "partial", clientds=1, segments=2, region_size_bytes=16 * MiB,
+                     master_options={"sweep_interval_s": 0.05})
+    cl.clientd_options["regions"] = [{"segment": "cxl0", "path": cl.region_paths[0]}]  # not cxl1
+    cl.start()
+    try:
+        with cl.client(0) as a:
+            with pytest.raises(Unavailable, match="not mapped"):
+                a.put("partial/two", b"x" * 1000, replica_num=2)
+            assert not a.exists("partial/two")
+            res = a.put_many([(f"partial/{i}", b"y" * 100) for i in range(4)], replica_num=2)
+            assert all(not r.ok and isinstance(r.error, Unavailable) for r in res)
+        st = cl.assert_invariants()
+        assert st.used_bytes == 0 and st.key_count == 0
+        assert st.counters["puts_revoked"] >= 5
+    finally:
+        assert cl.stop() == []
