@@ -139,6 +139,9 @@ class MasterConfig:
 
     listen_address: str = _f("127.0.0.1:50051", "gRPC host:port; port 0 picks a free port")
     address_file: str = _f("", "write the bound host:port here once serving (\"\" = don't)")
+    lean_listen_address: str = _f(
+        "", "MasterService in lean frames for clientds' hot path: host:port (\"\" = listen_address's host, "
+        "a free port; \"off\" = gRPC only)")
     metrics_address: str = _f("", "Prometheus /metrics host:port (\"\" = disabled; port 0 picks)")
     segments: list[SegmentConfig] = _f([], "CXL regions to mount at start")
     allocation_strategy: str = _f("cxl_first", "entry point name in cxlkv.allocation_strategies")

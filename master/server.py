@@ -35,6 +35,7 @@ from grpc_reflection.v1alpha import reflection
 
 from cxlkv.config import MasterConfig, format_size
 from cxlkv.errors import ConfigError
+from cxlkv.lean import LeanServer
 from cxlkv.master.service import MasterServicer
 from cxlkv.master.state import MasterState
 from cxlkv.systemd import Notifier
@@ -124,6 +125,7 @@ class MasterServer:
         self.metrics_url = ""
         self._metrics: Any = None
         self._server: grpc.aio.Server | None = None
+        self._lean: LeanServer | None = None
         self._health: health.aio.HealthServicer | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
@@ -161,6 +163,15 @@ class MasterServer:
             raise ListenError(f"cannot listen on {cfg.listen_address}: address in use or not local")
         if cfg.metrics_address:
             self._start_metrics()
+        if cfg.lean_listen_address != "off":
+            lean_host, lean_port = (_split_host_port(cfg.lean_listen_address) if cfg.lean_listen_address
+                                    else (host, 0))
+            self._lean = LeanServer(self.servicer.lean_routes())
+            try:
+                self.servicer.lean_port = await self._lean.start_tcp(lean_host, lean_port)
+            except OSError as exc:
+                raise ListenError(f"cannot listen on {cfg.lean_listen_address or lean_host + ':0'} "
+                                  f"(lean_listen_address): {exc.strerror or exc}") from None
         await server.start()
         self._server = server
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -170,8 +181,8 @@ class MasterServer:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop(), name="sweep")
         segs = ", ".join(f"{s.name}={format_size(s.size_bytes)}" for s in self.state.segments()) or "none"
         log.info(
-            "master %s serving on %s (strategy %s, eviction %s, segments: %s)", self.master_id,
-            self.address, self.state.strategy.name, self.state.policy.name, segs,
+            "master %s serving on %s, lean port %s (strategy %s, eviction %s, segments: %s)", self.master_id,
+            self.address, self.servicer.lean_port or "off", self.state.strategy.name, self.state.policy.name, segs,
         )
         if self.metrics_url:
             log.info("metrics on %s", self.metrics_url)
@@ -231,6 +242,9 @@ class MasterServer:
         if self._server is not None:
             await self._server.stop(self.grace_s)
             self._server = None
+        if self._lean is not None:
+            await self._lean.stop(self.grace_s)
+            self._lean = None
         if self._sweeper is not None:
             self._sweeper.cancel()
             try:

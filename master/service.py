@@ -28,6 +28,7 @@ from grpc_status import rpc_status
 
 from cxlkv import __version__
 from cxlkv.errors import CxlkvError, Internal, InvalidArgument, rpc_status_for
+from cxlkv.lean import LeanRoute, service_methods
 from cxlkv.master.objects import ObjectVersion
 from cxlkv.master.segments import Segment
 from cxlkv.master.state import MasterState
@@ -42,6 +43,25 @@ _COMPLETE = common_pb2.COMPLETE
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Any]
 
 
+def _invoke(self: "MasterServicer", fn: Handler, name: str, request: Any, context: Any) -> tuple[Any, CxlkvError | None]:
+    """Run handler ``fn``; return (response, None) or (None, error), observed once."""
+    t0 = perf_counter()
+    try:
+        response = fn(self, request, context)
+    except CxlkvError as err:
+        error: CxlkvError = err
+    except Exception as exc:  # a bug: one line to the caller, the traceback to the log once
+        log.exception("%s failed", name)
+        error = Internal(f"{name}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+    else:
+        if self.observe is not None:
+            self.observe(name, 0, request, perf_counter() - t0)
+        return response, None
+    if self.observe is not None:
+        self.observe(name, int(error.code), request, perf_counter() - t0)
+    return None, error
+
+
 def _rpc(fn: Handler) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]:
     """Run a synchronous handler on the event loop; map errors to gRPC statuses."""
 
@@ -49,20 +69,9 @@ def _rpc(fn: Handler) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitabl
 
     @functools.wraps(fn)
     async def handler(self: "MasterServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
-        t0 = perf_counter()
-        try:
-            response = fn(self, request, context)
-        except CxlkvError as err:
-            error: CxlkvError = err
-        except Exception as exc:  # a bug: one line to the caller, the traceback to the log once
-            log.exception("%s failed", fn.__name__)
-            error = Internal(f"{fn.__name__}: {type(exc).__name__}: {' '.join(str(exc).split())}")
-        else:
-            if self.observe is not None:
-                self.observe(name, 0, request, perf_counter() - t0)
+        response, error = _invoke(self, fn, name, request, context)
+        if error is None:
             return response
-        if self.observe is not None:
-            self.observe(name, int(error.code), request, perf_counter() - t0)
         await context.abort_with_status(rpc_status.to_status(rpc_status_for(error)))
 
     return handler
@@ -121,6 +130,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     """
 
     observe: Callable[[str, int, Any, float], None] | None = None
+    #: TCP port of the lean-framing MasterService (0: not served); told to clients at registration.
+    lean_port: int = 0
 
     def __init__(self, state: MasterState, *, started_at: float | None = None, metrics_url: str = "",
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -129,6 +140,24 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         self.started_at = clock() if started_at is None else started_at
         self.metrics_url = metrics_url
         self._lease_ttl_ms = int(round(state.config.lease_ttl_s * 1000))
+
+    def lean_routes(self) -> dict[int, LeanRoute]:
+        """Every MasterService RPC as a lean-framing route (:mod:`cxlkv.lean`): the
+        same handlers, errors and metrics hook as the gRPC path, without HTTP/2."""
+        routes: dict[int, LeanRoute] = {}
+        for m in service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"]):
+            fn = getattr(type(self), m.name).__wrapped__
+            routes[m.number] = LeanRoute(m.name, m.request_type.FromString, self._lean_handler(fn, m.name))
+        return routes
+
+    def _lean_handler(self, fn: Handler, name: str) -> Callable[[Any], Awaitable[Any]]:
+        async def handler(request: Any) -> Any:
+            response, error = _invoke(self, fn, name, request, None)
+            if error is not None:
+                raise error
+            return response
+
+        return handler
 
     # -------------------------------------------------------------- helpers
     def _fill_location(self, loc: master_pb2.ObjectLocation, obj: ObjectVersion, lease: Any) -> None:
@@ -170,7 +199,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         resp = master_pb2.RegisterClientResponse(
             client_id=client.client_id, epoch=client.epoch,
             heartbeat_interval_s=st.config.heartbeat_interval_s, client_ttl_s=st.config.client_ttl_s,
-            lease_ttl_s=st.config.lease_ttl_s, master_id=st.master_id,
+            lease_ttl_s=st.config.lease_ttl_s, master_id=st.master_id, lean_port=self.lean_port,
         )
         for seg in st.segments():
             segment_info(seg, resp.segments.add())

@@ -36,7 +36,7 @@ class RegisterClientRequest(_message.Message):
     def __init__(self, hostname: _Optional[str] = ..., name: _Optional[str] = ..., pid: _Optional[int] = ..., regions: _Optional[_Iterable[_Union[RegionIdentity, _Mapping]]] = ..., previous_client_id: _Optional[str] = ..., metrics_url: _Optional[str] = ...) -> None: ...
 
 class RegisterClientResponse(_message.Message):
-    __slots__ = ("client_id", "epoch", "heartbeat_interval_s", "client_ttl_s", "segments", "lease_ttl_s", "master_id")
+    __slots__ = ("client_id", "epoch", "heartbeat_interval_s", "client_ttl_s", "segments", "lease_ttl_s", "master_id", "lean_port")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class RegisterClientResponse(_message.Message):
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     MASTER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEAN_PORT_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     epoch: int
     heartbeat_interval_s: float
@@ -51,7 +52,8 @@ class RegisterClientResponse(_message.Message):
     segments: _containers.RepeatedCompositeFieldContainer[_common_pb2.SegmentInfo]
     lease_ttl_s: float
     master_id: str
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., client_ttl_s: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., lease_ttl_s: _Optional[float] = ..., master_id: _Optional[str] = ...) -> None: ...
+    lean_port: int
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., client_ttl_s: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., lease_ttl_s: _Optional[float] = ..., master_id: _Optional[str] = ..., lean_port: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("client_id", "epoch")

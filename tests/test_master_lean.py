@@ -1,0 +1,83 @@
+"""The master's lean-framing MasterService: same handlers and errors as gRPC, fewer µs."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from pathlib import Path
+
+import pytest
+
+from cxlkv.errors import AlreadyExists, InvalidArgument, StaleToken
+from cxlkv.lean import LeanChannel, service_methods
+from cxlkv.v1 import master_pb2
+from master_harness import MasterProcess, assert_invariant
+
+METHODS = service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"])
+
+
+def _lean_port(mp: MasterProcess) -> int:
+    resp = mp.stub.RegisterClient(master_pb2.RegisterClientRequest(hostname="h", name="probe"))
+    assert resp.lean_port > 0
+    return resp.lean_port
+
+
+def test_lean_calls_match_grpc_semantics(tmp_path: Path) -> None:
+    with MasterProcess(tmp_path) as mp:
+        port = _lean_port(mp)
+
+        async def scenario() -> None:
+            ch = LeanChannel("127.0.0.1", port, METHODS)
+            reg = await ch.call("RegisterClient", master_pb2.RegisterClientRequest(hostname="h", name="w"))
+            cid, epoch = reg.client_id, reg.epoch
+            req = master_pb2.BatchPutStartRequest(client_id=cid, epoch=epoch)
+            for k in ("a", "b", "a"):
+                req.items.add(key=k, value_size_bytes=4096)
+            started = await ch.call("BatchPutStart", req, timeout=10)
+            codes = [r.status.code for r in started.results]
+            assert codes[:2] == [0, 0] and codes[2] != 0  # duplicate answered per position
+            end = master_pb2.BatchPutEndRequest(client_id=cid, epoch=epoch)
+            for k, r in zip(("a", "b"), started.results):
+                end.items.add(key=k, put_token=r.put_token)
+            ended = await ch.call("BatchPutEnd", end, timeout=10)
+            assert [s.code for s in ended.results] == [0, 0]
+            # single-item errors arrive as typed exceptions (ErrorDetail frames)
+            with pytest.raises(AlreadyExists):
+                await ch.call("PutStart", master_pb2.PutStartRequest(
+                    client_id=cid, epoch=epoch, item=master_pb2.PutStartItem(key="a", value_size_bytes=1)))
+            with pytest.raises(StaleToken):
+                await ch.call("PutEnd", master_pb2.PutEndRequest(
+                    client_id=cid, epoch=epoch, item=master_pb2.PutEndItem(key="b", put_token=1)))
+            # pipelined: many calls in flight on one connection
+            many = await asyncio.gather(*(ch.call("ExistKey", master_pb2.ExistKeyRequest(key=k))
+                                          for k in ("a", "b", "zz") * 50))
+            assert [m.exists for m in many[:3]] == [True, True, False]
+            ch.close()
+
+        asyncio.run(scenario())
+        st = assert_invariant(mp.stub)
+        assert st.key_count == 2
+
+
+def test_lean_port_survives_garbage(tmp_path: Path) -> None:
+    with MasterProcess(tmp_path) as mp:
+        port = _lean_port(mp)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(struct.pack("<IHHQ", 12 + 3, 999, 0, 7) + b"xyz")  # unknown method
+            head = s.recv(16)
+            length, code, _f, rid = struct.unpack("<IHHQ", head)
+            assert rid == 7 and code == int(InvalidArgument.code)
+            s.recv(length - 12)
+            s.sendall(struct.pack("<IHHQ", 1 << 31, 1, 0, 8))  # absurd length: answered, then closed
+            data = s.recv(16)
+            assert struct.unpack("<IHHQ", data)[1] == int(InvalidArgument.code)
+        # still serving, over both framings
+        assert mp.stub.ExistKey(master_pb2.ExistKeyRequest(key="x")).exists is False
+        assert _lean_port(mp) == port
+
+
+def test_lean_can_be_turned_off(tmp_path: Path) -> None:
+    with MasterProcess(tmp_path, {"lean_listen_address": "off"}) as mp:
+        resp = mp.stub.RegisterClient(master_pb2.RegisterClientRequest(hostname="h", name="p"))
+        assert resp.lean_port == 0
