@@ -29,7 +29,15 @@ from cxlkv.clientd.batcher import Coalescer
 from cxlkv.clientd.regions import RegionSet, StartupError
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode, NotReady, StaleToken, Unavailable, UnknownClient, from_rpc_error
+from cxlkv.lean import LeanChannel, service_methods
 from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
+
+_MASTER_METHODS = service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"])
+#: Calls sent over the lean link when the master serves one (registration and
+#: heartbeats stay on gRPC: they also prove the gRPC path and are rare).
+_LEAN_METHODS = frozenset(m.name for m in _MASTER_METHODS if m.name.startswith("Batch")) | {
+    "ReleaseLeases", "PutStart", "PutEnd", "PutRevoke", "GetReplicaList", "ExistKey", "MatchPrefix",
+    "Remove", "RemoveAll", "RemoveByRegex", "ListKeys", "Stat", "ListSegments"}
 
 __all__ = ["MasterLink", "Located", "RELEASE_DELAY_S", "MAX_BATCH_ITEMS"]
 
@@ -101,6 +109,7 @@ class MasterLink:
         self.client_id = ""
         self.epoch = 0
         self.master_id = ""
+        self._lean: LeanChannel | None = None
         self.segments: list[common_pb2.SegmentInfo] = []
         self.segments_version = 0
         self.heartbeat_interval_s = 1.0
@@ -212,6 +221,8 @@ class MasterLink:
                 pass
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._lean is not None:
+            self._lean.close()
         if self._channel is not None:
             await self._channel.close()
 
@@ -240,6 +251,7 @@ class MasterLink:
         self.heartbeat_interval_s = resp.heartbeat_interval_s or 1.0
         self.client_ttl_s = resp.client_ttl_s or 10.0
         self.lease_ttl_s = resp.lease_ttl_s or 5.0
+        self._use_lean(resp.lean_port)
         self.generation += 1
         self._registered.set()
         self._warned_unavailable = False
@@ -254,6 +266,19 @@ class MasterLink:
                 "re-registered with master %s as %s, epoch %d%s", self.address, resp.client_id,
                 resp.epoch, " (master restarted)" if was and was != resp.master_id else "",
             )
+
+    def _use_lean(self, port: int) -> None:
+        """Send hot-path calls over the master's lean framing when it serves one
+        (a Python gRPC call costs 0.5-1 ms of CPU on each side; a lean one a tenth)."""
+        if self._lean is not None and self._lean.port == port:
+            return
+        if self._lean is not None:
+            self._lean.close()
+            self._lean = None
+        if port:
+            host = self.address.rsplit(":", 1)[0].strip("[]")
+            self._lean = LeanChannel(host, port, _MASTER_METHODS)
+            log.info("lean link to the master on %s:%d", host, port)
 
     async def reregister(self, seen_generation: int) -> None:
         """Register again unless another caller already did since ``seen_generation``.
@@ -316,6 +341,15 @@ class MasterLink:
         """One call, errors translated (no re-registration)."""
         if self._stub is None:
             raise NotReady("clientd is starting (not connected to the master yet)")
+        lean = self._lean
+        if lean is not None and method in _LEAN_METHODS:
+            try:
+                resp = await lean.call(method, request, timeout=timeout or self.cfg.master_timeout_s)
+            except Unavailable:
+                self.connected = False
+                raise
+            self.connected = True
+            return resp
         try:
             resp = await getattr(self._stub, method)(request, timeout=timeout or self.cfg.master_timeout_s)
         except grpc.aio.AioRpcError as exc:

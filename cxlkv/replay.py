@@ -100,6 +100,7 @@ class WorkerStats:
     verified_blocks: int = 0
     put_blocks: int = 0
     already_present: int = 0
+    put_conflicts: int = 0
     no_space: int = 0
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
@@ -198,7 +199,7 @@ def _replay_worker(
     """Replay requests ``worker, worker + n_workers, …`` through ``socket_path``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     from cxlkv.client import Client
-    from cxlkv.errors import AlreadyExists, CxlkvError, NoSpace
+    from cxlkv.errors import AlreadyExists, CxlkvError, NoSpace, NotReady
 
     stats = WorkerStats()
     try:
@@ -236,6 +237,8 @@ def _replay_worker(
                                 stats.bytes_written += B
                             elif isinstance(res.error, AlreadyExists):
                                 stats.already_present += 1
+                            elif isinstance(res.error, NotReady):
+                                stats.put_conflicts += 1  # another host is writing this block now
                             elif isinstance(res.error, NoSpace):
                                 stats.no_space += 1
                             else:
