@@ -15,8 +15,9 @@ every byte read was written by the other "host". Measured:
 * 4 KiB single-key Put and Get ops/s with 1 caller and with 16 callers (16
   separate processes), ``concurrency`` 1 / 16;
 * 4 KiB batched: 128 keys per call (``batch`` 128): ``put_many`` / ``get_many``
-  (inline) and ``put_from_many`` / ``get_into_many`` (zero-copy); ``ops_per_s``
-  counts keys.
+  (inline) and ``put_from_many`` / ``get_into_many`` (zero-copy), one caller, and
+  zero-copy with 4 calls in flight (threads of one process; the daemon merges
+  their master work); ``ops_per_s`` counts keys, latencies are per call.
 
 Beside each figure, ``limit_gbps`` is memcpy of the same size measured in the
 same run (:func:`cxlkv.bench.common.measure_memcpy_gbps`). ``--compare
@@ -55,6 +56,8 @@ SIZES = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB]
 #: Callers in flight for the large zero-copy figures.
 LARGE_CONCURRENCY = 3
 BATCH = 128
+#: Batched calls in flight (threads of one process) for the concurrent batched figures.
+BATCH_CONCURRENCY = 4
 BENCH = "kv"
 #: Region size of the bench cluster, bytes (holds one run of the largest size).
 REGION_BYTES = 2 * GiB
@@ -94,34 +97,7 @@ class _Role:
     # ----------------------------------------------------------- single keys
     def _timed(self, keys: list[str], concurrency: int, body: Callable[[int, str], None]) -> tuple[float, list[int]]:
         """Run ``body(slot, key)`` for every key with ``concurrency`` threads; (wall s, latencies ns)."""
-        per = [keys[i::concurrency] for i in range(concurrency)]
-        lats: list[list[int]] = [[] for _ in range(concurrency)]
-        errors: list[BaseException] = []
-        start = threading.Barrier(concurrency + 1)
-
-        def worker(slot: int) -> None:
-            clock = time.perf_counter_ns
-            out = lats[slot]
-            start.wait()
-            try:
-                for k in per[slot]:
-                    t = clock()
-                    body(slot, k)
-                    out.append(clock() - t)
-            except BaseException as exc:  # reported to the driver
-                errors.append(exc)
-
-        threads = [threading.Thread(target=worker, args=(s,)) for s in range(concurrency)]
-        for t in threads:
-            t.start()
-        start.wait()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - t0
-        if errors:
-            raise errors[0]
-        return wall, [x for lat in lats for x in lat]
+        return self._timed_chunks([[k] for k in keys], concurrency, lambda slot, chunk: body(slot, chunk[0]))
 
     def _put(self, keys: list[str], size: int, path: str, concurrency: int) -> tuple[float, list[int]]:
         c = self.client
@@ -160,48 +136,87 @@ class _Role:
         return res
 
     # ---------------------------------------------------------------- batches
-    def _put_batch(self, keys: list[str], size: int, path: str) -> tuple[float, list[int]]:
+    def _put_batch(self, keys: list[str], size: int, path: str, concurrency: int = 1) -> tuple[float, list[int]]:
         c = self.client
         value = _content(size, size)
+        srcs: list[list[memoryview]] = []
         if path == "shared_buffer":
-            buf = self.buffer(size * BATCH, 0)
-            srcs = [buf[i * size:(i + 1) * size] for i in range(BATCH)]
-            for s in srcs:
-                s[:] = value
-        lats: list[int] = []
-        t0 = time.perf_counter()
-        for j in range(0, len(keys), BATCH):
-            chunk = keys[j:j + BATCH]
-            t = time.perf_counter_ns()
+            for slot in range(concurrency):
+                buf = self.buffer(size * BATCH, slot)
+                views = [buf[i * size:(i + 1) * size] for i in range(BATCH)]
+                for v in views:
+                    v[:] = value
+                srcs.append(views)
+
+        def call(slot: int, chunk: list[str]) -> None:
             if path == "shared_buffer":
-                res = c.put_from_many(chunk, srcs[:len(chunk)])
+                res = c.put_from_many(chunk, srcs[slot][:len(chunk)])
             else:
                 res = c.put_many([(k, value) for k in chunk])
-            lats.append(time.perf_counter_ns() - t)
             bad = [r.error for r in res if not r.ok]
             if bad:
                 raise RuntimeError(f"batched put failed: {bad[0]!r}")
-        return time.perf_counter() - t0, lats
 
-    def _get_batch(self, keys: list[str], size: int, path: str) -> tuple[float, list[int]]:
+        return self._batched(keys, concurrency, call)
+
+    def _get_batch(self, keys: list[str], size: int, path: str, concurrency: int = 1) -> tuple[float, list[int]]:
         c = self.client
+        dsts: list[list[memoryview]] = []
         if path == "shared_buffer":
-            buf = self.buffer(size * BATCH, 100)
-            dsts = [buf[i * size:(i + 1) * size] for i in range(BATCH)]
-        lats: list[int] = []
-        t0 = time.perf_counter()
-        for j in range(0, len(keys), BATCH):
-            chunk = keys[j:j + BATCH]
-            t = time.perf_counter_ns()
+            for slot in range(concurrency):
+                buf = self.buffer(size * BATCH, 100 + slot)
+                dsts.append([buf[i * size:(i + 1) * size] for i in range(BATCH)])
+
+        def call(slot: int, chunk: list[str]) -> None:
             if path == "shared_buffer":
-                res = c.get_into_many(chunk, dsts[:len(chunk)])
+                res = c.get_into_many(chunk, dsts[slot][:len(chunk)])
             else:
                 res = c.get_many(chunk)
-            lats.append(time.perf_counter_ns() - t)
             bad = [r.error for r in res if not r.ok]
             if bad:
                 raise RuntimeError(f"batched get failed: {bad[0]!r}")
-        return time.perf_counter() - t0, lats
+
+        return self._batched(keys, concurrency, call)
+
+    def _batched(self, keys: list[str], concurrency: int,
+                 call: Callable[[int, list[str]], None]) -> tuple[float, list[int]]:
+        """``call(slot, chunk)`` for every chunk of :data:`BATCH` keys, ``concurrency``
+        threads each taking every ``concurrency``-th chunk; (wall s, per-call latencies ns)."""
+        chunks = [keys[j:j + BATCH] for j in range(0, len(keys), BATCH)]
+        return self._timed_chunks(chunks, concurrency, call)
+
+    def _timed_chunks(self, chunks: list[list[str]], concurrency: int,
+                      call: Callable[[int, list[str]], None]) -> tuple[float, list[int]]:
+        """``call(slot, chunk)`` for every chunk, ``concurrency`` threads each taking every
+        ``concurrency``-th chunk (thread ``slot`` uses buffer slot ``slot``); (wall s from
+        the common start to the last end, per-call latencies ns)."""
+        per = [chunks[i::concurrency] for i in range(concurrency)]
+        lats: list[list[int]] = [[] for _ in range(concurrency)]
+        errors: list[BaseException] = []
+        start = threading.Barrier(concurrency + 1)
+
+        def worker(slot: int) -> None:
+            clock = time.perf_counter_ns
+            start.wait()
+            try:
+                for chunk in per[slot]:
+                    t = clock()
+                    call(slot, chunk)
+                    lats[slot].append(clock() - t)
+            except BaseException as exc:  # reported to the driver
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(s,)) for s in range(concurrency)]
+        for t in threads:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        if errors:
+            raise errors[0]
+        return wall, [x for lat in lats for x in lat]
 
 
 def _role_main(conn: Any, socket_path: str) -> None:
@@ -386,14 +401,14 @@ def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
             record("put", size, Timing.from_runs(puts), path="inline", concurrency=callers, batch=1)
             record("get", size, Timing.from_runs(gets), path="inline", concurrency=callers, batch=1)
 
-        # ---- 4 KiB batched, 128 keys per call -------------------------------
-        n_keys = BATCH * (20 if quick else 60)
-        for path in ("inline", "shared_buffer"):
+        # ---- 4 KiB batched, 128 keys per call (1 caller, and 4 in flight) --------
+        n_keys = BATCH * (24 if quick else 64)
+        for path, conc in (("inline", 1), ("shared_buffer", 1), ("shared_buffer", BATCH_CONCURRENCY)):
             puts, gets = [], []
             for r in range(runs + 1):
                 keys = [f"bench/batch/{path}/{r}/{i}" for i in range(n_keys)]
-                wall, lat = writer("put_batch", keys=keys, size=size, path=path)
-                gwall, glat = reader("get_batch", keys=keys, size=size, path=path)
+                wall, lat = writer("put_batch", keys=keys, size=size, path=path, concurrency=conc)
+                gwall, glat = reader("get_batch", keys=keys, size=size, path=path, concurrency=conc)
                 if r:
                     # one latency per call; throughput counts keys
                     puts.append((wall, np.repeat(np.asarray(lat) / BATCH, BATCH)))
@@ -401,8 +416,8 @@ def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
                 writer("remove", regex=f"^bench/batch/{path}/{r}/")
             pt, gt = Timing.from_runs(puts), Timing.from_runs(gets)
             # latencies are per call (128 keys), not per key
-            record("put", size, _per_call(pt), path=path, concurrency=1, batch=BATCH)
-            record("get", size, _per_call(gt), path=path, concurrency=1, batch=BATCH)
+            record("put", size, _per_call(pt), path=path, concurrency=conc, batch=BATCH)
+            record("get", size, _per_call(gt), path=path, concurrency=conc, batch=BATCH)
         st = reader("stat")
         log(f"reader's clientd counters: { {k: v for k, v in st.get('counters', {}).items() if 'master_calls' in k} }")
     finally:

@@ -82,6 +82,7 @@ class Coalescer(Generic[I, R]):
         self._linger: asyncio.TimerHandle | None = None
         self._queued_items = 0
         self._expected = 0
+        self._urgent = False
         self._last_latency_s = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         #: Calls sent so far.
@@ -99,8 +100,14 @@ class Coalescer(Generic[I, R]):
         """Submissions waiting for the next call."""
         return len(self._queue)
 
-    async def submit(self, items: list[I]) -> Sequence[R]:
+    async def submit(self, items: list[I], *, urgent: bool = False) -> Sequence[R]:
         """Queue ``items`` for the next call of this kind and wait for their results.
+
+        Args:
+            items: the items, answered in order.
+            urgent: never linger for these (e.g. large values, whose copies make
+                callers come back at different times): the next call goes as soon
+                as possible.
 
         Returns:
             One result per item, in order.
@@ -114,7 +121,9 @@ class Coalescer(Generic[I, R]):
         fut: asyncio.Future[Sequence[R]] = loop.create_future()
         self._queue.append((items, fut))
         self._queued_items += len(items)
-        if self._linger is not None and self._queued_items >= self._expected:
+        if urgent:
+            self._urgent = True
+        if self._linger is not None and (urgent or self._queued_items >= self._expected):
             self._linger.cancel()  # the cohort is complete: go now
             self._linger = None
             loop.call_soon(self._launch)
@@ -127,7 +136,7 @@ class Coalescer(Generic[I, R]):
             return
         self._scheduled = True
         loop = asyncio.get_running_loop()
-        if self._linger_fraction and self._expected > 1 and self._queued_items < self._expected:
+        if self._linger_fraction and not self._urgent and 1 < self._expected > self._queued_items:
             delay = min(self._last_latency_s * self._linger_fraction, self._max_linger_s)
             if delay > 0:
                 self._linger = loop.call_later(delay, self._launch)
@@ -137,6 +146,7 @@ class Coalescer(Generic[I, R]):
     def _launch(self) -> None:
         self._scheduled = False
         self._linger = None
+        self._urgent = False
         while self._queue and self._in_flight < self._max_in_flight:
             entries: list[tuple[list[I], asyncio.Future[Sequence[R]]]] = []
             n = 0

@@ -225,10 +225,11 @@ class ClientdCore:
         """One PutStart → copy → PutEnd round for ``todo``; returns the positions to retry."""
         link = self.link
         gen = link.generation
+        urgent = sum(specs[i].size for i in todo) >= self.large_copy_bytes
         try:
             starts = await link.put_start.submit([
                 (specs[i].key, specs[i].size, specs[i].options) for i in todo
-            ])
+            ], urgent=urgent)
         except CxlkvError as exc:
             st = _err_status(exc)
             for i in todo:
@@ -300,7 +301,7 @@ class ClientdCore:
             try:
                 statuses = await link.put_end.submit([
                     (specs[i].key, r.put_token, checksums.get(i, 0)) for i, r in ends
-                ])
+                ], urgent=urgent)
             except CxlkvError as exc:
                 end_error = exc
         if revoke_task is not None:
@@ -377,11 +378,13 @@ class ClientdCore:
             else:
                 todo.append(i)
         self.counters["get_items"] += n
+        # A large read makes its caller come back late: do not hold others for it.
+        urgent = n == 1 and targets[0] is not None and targets[0].capacity >= self.large_copy_bytes
         for attempt in range(2):
             if not todo:
                 break
             try:
-                located = await self.link.locate.submit([keys[i] for i in todo])
+                located = await self.link.locate.submit([keys[i] for i in todo], urgent=urgent)
             except CxlkvError as exc:
                 for i in todo:
                     out[i] = ReadOutcome(int(exc.code), exc.message)

@@ -113,3 +113,17 @@ def test_client_refuses_use_after_fork(module_cluster) -> None:
         assert os.waitstatus_to_exitcode(status) == 0
         assert c.get("fork/parent") == b"p"
         c.remove("fork/parent")
+
+
+def test_sdk_falls_back_to_shared_memory_below_its_inline_threshold(make_cluster) -> None:
+    cl = make_cluster(clientds=1, clientd_options={"max_inline_bytes": 1024})
+    with cl.client(0) as a:  # SDK inlines up to 64 KiB; this daemon only 1 KiB
+        v = os.urandom(8000)
+        a.put("small-limit/one", v)
+        assert a.get("small-limit/one") == v
+        res = a.put_many([("small-limit/a", v), ("small-limit/b", b"tiny")])
+        assert all(r.ok for r in res)
+        got = a.get_many(["small-limit/a", "small-limit/b"])
+        assert [g.value for g in got] == [v, b"tiny"]
+        assert a.stat()["buffers_registered"] >= 1  # the pool carried them
+    cl.assert_invariants()

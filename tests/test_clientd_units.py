@@ -254,3 +254,23 @@ def test_linger_gathers_the_returning_cohort_but_not_a_lone_caller() -> None:
         assert calls[-2:] == [[20], [21]]
 
     asyncio.run(main())
+
+
+def test_urgent_submissions_cut_a_linger_short() -> None:
+    calls: list[list[int]] = []
+
+    async def send(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        await asyncio.sleep(0.05)
+        return items
+
+    async def main() -> None:
+        c: Coalescer[int, int] = Coalescer("t", send, linger_fraction=1.0, max_linger_s=1.0)
+        await asyncio.gather(*(c.submit([i]) for i in range(4)))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await c.submit([9], urgent=True)  # would otherwise wait up to 50 ms for 3 more
+        assert loop.time() - t0 < 0.1
+        assert calls[-1] == [9]
+
+    asyncio.run(main())

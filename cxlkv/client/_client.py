@@ -335,7 +335,7 @@ class Client:
         try:
             return self._call("Put", _PutRequest(key=key, value=value, options=opts)).version
         except TooLarge as exc:
-            if exc.requested_bytes is None:  # larger than every segment
+            if not _over_inline_limit(exc):  # larger than every segment
                 raise
             return self._put_staged(key, src_array(value), opts)
 
@@ -529,8 +529,7 @@ class Client:
             # Inline items refused as too large for this daemon go through the pool.
             for i in inline:
                 r = results[i]
-                if r is not None and isinstance(r.error, TooLarge) and r.error.requested_bytes is None \
-                        and "inline" in r.error.message:
+                if r is not None and isinstance(r.error, TooLarge) and _over_inline_limit(r.error):
                     staged.append((i, src_array(values[i])))
         with _Staged(self._pool) as st:
             for i, a in staged:
@@ -743,6 +742,12 @@ class Client:
             token = r.next_page_token
             if not token:
                 return
+
+
+def _over_inline_limit(err: TooLarge) -> bool:
+    """Whether TOO_LARGE means "over the daemon's inline limit" (retry through shared
+    memory) rather than "larger than every segment" (final)."""
+    return "inline" in err.message
 
 
 def _daemon_uid(socket_path: str) -> int | None:
