@@ -1,17 +1,23 @@
 """clientd's logic, independent of its front-ends: the put and read protocols.
 
 * **Put** (all items of one call, and of concurrent callers, coalesced):
-  ``BatchPutStart`` → copy the value into every replica's extent (C, GIL
-  released; large copies in a thread pool) → in ``coherence = "flush"`` mode,
-  write the cache lines back and checksum the bytes → ``BatchPutEnd``. An item
+  ``BatchPutStart`` (asking for the value's size plus the object header's, see
+  :mod:`cxlkv.objheader`) → copy the value into every replica's extent (C, GIL
+  released; large copies in a thread pool) while hashing the source (xxh3_64) →
+  in ``coherence = "flush"`` mode write the value's cache lines back (CLWB +
+  SFENCE) → write the header and key after the value (and flush them) →
+  ``BatchPutEnd`` with the checksum. An item
   whose copy failed is revoked (``BatchPutRevoke``) so its space is freed at once.
   A put whose ``PutEnd`` is refused because the daemon re-registered meanwhile
   (new epoch) is retried once from the start.
 * **Read**: ``BatchGetReplicaList`` (or ``BatchMatchPrefix``) grants a lease →
   copy out of a replica mapped on this host → check that the lease had not
   ended before the copy finished (else the space may have been reused: the read
-  is retried once, then reported as LEASE_EXPIRED — never wrong bytes) → in
-  flush mode verify the checksum (a mismatch is a miss) → release the lease.
+  is retried once, then reported as LEASE_EXPIRED — never wrong bytes) → verify
+  the object header (magic, key hash, version, length, header checksum) and the
+  value's checksum, in both coherence modes (flush mode invalidates before every
+  copy); a mismatch is retried once after an invalidate, then answered
+  CHECKSUM_MISMATCH (a miss) and counted in ``checksum_failures`` → release the lease.
 
 The front-ends (:mod:`cxlkv.clientd.grpc_service`, :mod:`cxlkv.clientd.lean`)
 translate messages through :mod:`cxlkv.clientd.api` into these calls.
@@ -35,6 +41,7 @@ from cxlkv.clientd.regions import MappedRegion, RegionSet
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode
 from cxlkv.keys import key_error
+from cxlkv.objheader import header_bytes_for, pack_header, parse_header
 from cxlkv.v1 import client_pb2, common_pb2, master_pb2
 
 __all__ = ["PutSpec", "ReadTarget", "ReadOutcome", "ClientdCore", "LARGE_COPY_BYTES"]
@@ -68,6 +75,7 @@ _OUT_OF_RANGE = int(ErrorCode.OUT_OF_RANGE)
 _UNAVAILABLE = int(ErrorCode.UNAVAILABLE)
 _INTERNAL = int(ErrorCode.INTERNAL)
 
+_xxh3 = xxhash.xxh3_64_intdigest
 _Status = common_pb2.Status
 _PutResult = client_pb2.PutResult
 
@@ -226,9 +234,11 @@ class ClientdCore:
         link = self.link
         gen = link.generation
         urgent = sum(specs[i].size for i in todo) >= self.large_copy_bytes
+        key_bytes = {i: specs[i].key.encode("utf-8") for i in todo}
         try:
             starts = await link.put_start.submit([
-                (specs[i].key, specs[i].size, specs[i].options) for i in todo
+                (specs[i].key, specs[i].size, specs[i].options, header_bytes_for(len(key_bytes[i])))
+                for i in todo
             ], urgent=urgent)
         except CxlkvError as exc:
             st = _err_status(exc)
@@ -258,33 +268,41 @@ class ClientdCore:
                 if m is None:
                     failed[i] = _unmapped(ext.segment_id)
                     break
-                if ext.length_bytes < s.size:
+                hb = header_bytes_for(len(key_bytes[i]))
+                if ext.length_bytes < s.size + hb:
                     failed[i] = CxlkvError(
-                        f"extent of {ext.length_bytes} bytes for a {s.size}-byte value (master bug)")
+                        f"extent of {ext.length_bytes} bytes for a {s.size}-byte value and a "
+                        f"{hb}-byte header (master bug)")
                     break
                 if s.size:
-                    copies.append(_Copy(i, m, ext.offset_bytes, s.size, s.src, s.src_offset))
+                    copies.append(_Copy(i, m, ext.offset_bytes + hb, s.size, s.src, s.src_offset))
                     total += s.size
         retry = [i for i, r in zip(todo, starts) if r.status.code == _UNKNOWN_CLIENT] if retry_allowed else []
 
+        hashed = [i for i, _ in accepted if i not in failed]
+        checksums: dict[int, int] = {}
         if copies:
             live = [c for c in copies if c.index not in failed]
             if total >= self.large_copy_bytes:
+                # The source is hashed in another pool thread while the copies run.
+                loop = asyncio.get_running_loop()
+                hashing = loop.run_in_executor(self.executor, _hash_sources, specs, hashed)
                 errs = await self._in_pool(self._copy_in_and_flush, live)
+                checksums = await hashing
             else:
                 errs = self._copy_in_and_flush(live)
+                checksums = _hash_sources(specs, hashed)
             for i, exc in errs.items():
                 failed.setdefault(i, exc)
             self.counters["bytes_in"] += total
-
-        checksums: dict[int, int] = {}
-        if self.flush_mode:
-            for i, r in accepted:
-                if i not in failed and specs[i].size:
-                    ext = r.extents[0]
-                    m = by_id(ext.segment_id)
-                    if m is not None:
-                        checksums[i] = m.region.checksum(ext.offset_bytes, specs[i].size)
+        else:
+            checksums = _hash_sources(specs, hashed)
+        # The header goes in after the value is in memory (flushed, in flush mode).
+        for i, r in accepted:
+            if i not in failed:
+                exc = self._write_header(key_bytes[i], r, specs[i].size, checksums[i])
+                if exc is not None:
+                    failed[i] = exc
 
         ends: list[tuple[int, master_pb2.PutStartResult]] = []
         revokes: list[tuple[int, master_pb2.PutStartResult]] = []
@@ -341,6 +359,30 @@ class ClientdCore:
             for i, exc in part.items():
                 errs.setdefault(i, exc)
         return errs
+
+    def _write_header(
+        self, key_utf8: bytes, r: master_pb2.PutStartResult, size: int, checksum: int
+    ) -> CxlkvError | None:
+        """Write (and in flush mode flush) the object header and key at the start of
+        every replica's extent; call only once the value is written (and flushed).
+
+        Returns:
+            The error that stopped it, or ``None``.
+        """
+        head = pack_header(key_utf8, r.version, size, checksum) + key_utf8
+        head += bytes(header_bytes_for(len(key_utf8)) - len(head))
+        by_id = self.regions.by_segment_id
+        try:
+            for ext in r.extents:
+                m = by_id(ext.segment_id)
+                if m is None:
+                    return _unmapped(ext.segment_id)
+                m.region.copy_in(ext.offset_bytes, head)
+                if self.flush_mode:
+                    m.region.flush(ext.offset_bytes, len(head))
+        except CxlkvError as exc:
+            return exc
+        return None
 
     def _copy_in_and_flush(self, copies: list[_Copy]) -> dict[int, CxlkvError]:
         """Copy values into their extents (and flush them in flush mode).
@@ -432,6 +474,13 @@ class ClientdCore:
                 errs = await self._in_pool(self._copy_out, copies)
             else:
                 errs = self._copy_out(copies)
+            checks = [(c, loc.header_bytes, keys[i], loc.version, loc.checksum)
+                      for c, (i, loc, _) in zip(copies, meta) if i not in errs]
+            if total >= self.large_copy_bytes:
+                bad = await asyncio.get_running_loop().run_in_executor(
+                    self.executor, self._verify_reads, checks)
+            else:
+                bad = self._verify_reads(checks)
             now = self.clock()
             for c, (i, loc, deadline) in zip(copies, meta):
                 exc = errs.get(i)
@@ -446,10 +495,12 @@ class ClientdCore:
                             f"the lease on key {keys[i]!r} ended before the copy finished "
                             f"(lease_ttl {loc.lease_ttl_ms} ms); bytes discarded"))
                     continue
-                if self.flush_mode and loc.checksum and not self._checksum_ok(c, loc.checksum):
+                why = bad.get(i)
+                if why is not None:
                     self.counters["checksum_failures"] += 1
+                    log.warning("key %r: %s; answered as a miss", keys[i][:64], why)
                     out[i] = ReadOutcome(_CHECKSUM_MISMATCH, (
-                        f"key {keys[i]!r}: bytes read do not match the checksum (stale or torn read)"))
+                        f"key {keys[i]!r}: {why} (stale, torn or corrupt read; reported as a miss)"))
                     continue
                 o = ReadOutcome(size=loc.value_size_bytes, version=loc.version)
                 if targets[i] is None:
@@ -501,11 +552,11 @@ class ClientdCore:
             if size == 0:
                 out[i] = ReadOutcome(size=0, version=loc.version, value=b"")
                 return None
-            return _Copy(i, mapped, ext.offset_bytes, size, None, 0)
+            return _Copy(i, mapped, ext.offset_bytes + loc.header_bytes, size, None, 0)
         if size == 0:
             out[i] = ReadOutcome(size=0, version=loc.version)
             return None
-        return _Copy(i, mapped, ext.offset_bytes, size, target.buf, target.offset)
+        return _Copy(i, mapped, ext.offset_bytes + loc.header_bytes, size, target.buf, target.offset)
 
     def _copy_out(self, copies: list[_Copy]) -> dict[int, CxlkvError]:
         """Copy extents out (invalidating first in flush mode); inline reads become bytes."""
@@ -531,10 +582,67 @@ class ClientdCore:
             errs.update(_run_copies(to_buffers, into_region=False))
         return errs
 
-    @staticmethod
-    def _checksum_ok(c: _Copy, expected: int) -> bool:
+    def _verify_reads(self, checks: list[tuple[_Copy, int, str, int, int]]) -> dict[int, str]:
+        """Check copied values against their object headers; re-read a mismatch once.
+
+        Args:
+            checks: per copied item ``(copy, header_bytes, key, version, master
+                checksum or 0)``; ``header_bytes`` 0 marks a bare value (checked
+                against the master's checksum only).
+
+        Returns:
+            Position → why the item is not the object asked for (after one retry
+            that invalidates, in flush mode, and copies again). Runs inline or in
+            a pool thread; touches no shared state but the copy's buffer.
+        """
+        bad: dict[int, str] = {}
+        for c, hb, key, version, expected in checks:
+            why = self._check_object(c, hb, key, version, expected)
+            if why is None:
+                continue
+            if isinstance(c.buf, bytes):
+                c.buf = None  # an inline read: _copy_out makes fresh bytes
+            try:  # once more, from memory: a stale line or a writer racing the lease
+                errs = self._copy_out([c])
+            except CxlkvError as exc:  # _copy_out reports per item; keep the first reason
+                errs = {c.index: exc}
+            if c.index in errs:
+                bad[c.index] = why
+                continue
+            again = self._check_object(c, hb, key, version, expected)
+            if again is not None:
+                bad[c.index] = again
+        return bad
+
+    def _check_object(self, c: _Copy, hb: int, key: str, version: int, expected: int) -> str | None:
+        """Why the bytes copied for ``c`` are not ``key`` at ``version`` (``None``: they are)."""
         data = c.buf if isinstance(c.buf, bytes) else c.buf[c.buf_offset:c.buf_offset + c.length]
-        return xxhash.xxh3_64_intdigest(data) == expected
+        got = _xxh3(data)
+        if expected and got != expected:
+            return "bytes read do not match the committed checksum"
+        if not hb:
+            return None
+        region = c.mapped.region
+        start = c.region_offset - hb
+        try:
+            if self.flush_mode:
+                region.invalidate(start, hb)
+            head = region.read(start, hb)
+        except CxlkvError as exc:
+            return f"object header unreadable: {exc.message}"
+        key_utf8 = key.encode("utf-8")
+        h = parse_header(head, head[64:64 + len(key_utf8)])
+        if h is None:
+            return "no valid object header (bad magic or header checksum)"
+        if head[64:64 + len(key_utf8)] != key_utf8:
+            return "the object header belongs to another key"
+        if h.version != version:
+            return f"the object header holds version {h.version}, the master committed {version}"
+        if h.value_len_bytes != c.length or h.header_bytes != hb:
+            return f"the object header holds a {h.value_len_bytes}-byte value, expected {c.length}"
+        if h.value_checksum != got:
+            return "bytes read do not match the object header's checksum"
+        return None
 
     # ========================================================== prefix reads
     async def get_prefix(self, keys: list[str], targets: list[ReadTarget]) -> tuple[int, list[ReadOutcome]]:
@@ -699,6 +807,24 @@ def _unmapped(segment_id: int) -> CxlkvError:
     from cxlkv.errors import Unavailable
 
     return Unavailable(f"segment {segment_id} is not mapped by this clientd (add it to [[regions]])")
+
+
+def _hash_sources(specs: list[PutSpec], positions: list[int]) -> dict[int, int]:
+    """xxh3_64 of each value at ``positions``, hashed from the caller's source buffer
+    (the bytes being copied; the library releases the GIL on large inputs).
+
+    Returns:
+        Position → checksum (unsigned 64-bit).
+    """
+    out: dict[int, int] = {}
+    for i in positions:
+        s = specs[i]
+        src = s.src if s.src is not None else b""
+        if s.src_offset == 0 and len(src) == s.size and isinstance(src, bytes):
+            out[i] = _xxh3(src)
+        else:
+            out[i] = _xxh3(memoryview(src).cast("B")[s.src_offset:s.src_offset + s.size])
+    return out
 
 
 def _partition(copies: list[_Copy], jobs: int) -> list[list[_Copy]]:

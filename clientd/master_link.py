@@ -131,7 +131,8 @@ class MasterLink:
         self._warned_unavailable = False
 
         # Items are plain tuples; the request is built once per call (no message copies).
-        self.put_start: Coalescer[tuple[str, int, Any], master_pb2.PutStartResult] = Coalescer(
+        #: Items: ``(key, value_size_bytes, options or None, header_bytes)``.
+        self.put_start: Coalescer[tuple[str, int, Any, int], master_pb2.PutStartResult] = Coalescer(
             "BatchPutStart", self._send_put_start, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.put_end: Coalescer[tuple[str, int, int], common_pb2.Status] = Coalescer(
@@ -390,16 +391,16 @@ class MasterLink:
 
     # -- coalesced sends ----------------------------------------------------
     async def _send_put_start(
-        self, items: list[tuple[str, int, common_pb2.PutOptions | None]]
+        self, items: list[tuple[str, int, common_pb2.PutOptions | None, int]]
     ) -> Sequence[master_pb2.PutStartResult]:
         def build() -> master_pb2.BatchPutStartRequest:
             req = master_pb2.BatchPutStartRequest(client_id=self.client_id, epoch=self.epoch)
             add = req.items.add
-            for key, size, options in items:
+            for key, size, options, header_bytes in items:
                 if options is None:
-                    add(key=key, value_size_bytes=size)
+                    add(key=key, value_size_bytes=size, header_bytes=header_bytes)
                 else:
-                    add(key=key, value_size_bytes=size).options.CopyFrom(options)
+                    add(key=key, value_size_bytes=size, header_bytes=header_bytes).options.CopyFrom(options)
             return req
 
         return (await self.call("BatchPutStart", build)).results

@@ -45,8 +45,9 @@ def check_invariants(state: "MasterState") -> None:
             seen.add(sid)
             if (sid, off) in live:
                 raise AssertionError(f"{where} {obj!r}: extent ({sid}, {off}) owned twice")
-            if n != state.extent_bytes(obj.size_bytes):
-                raise AssertionError(f"{where} {obj!r}: extent length {n} for {obj.size_bytes} B")
+            if n != state.extent_bytes(obj.size_bytes + obj.header_bytes):
+                raise AssertionError(f"{where} {obj!r}: extent length {n} for {obj.size_bytes} B "
+                                     f"+ {obj.header_bytes} B of header")
             live[(sid, off)] = n
             per_seg[sid] = per_seg.get(sid, 0) + 1
 

@@ -37,6 +37,9 @@ class ObjectVersion:
         client_id, epoch: the writer (for fencing and writer-death reclaim).
         started_at: ``now`` of PutStart (seconds, master clock).
         checksum: xxh3-64 given at PutEnd (0: none).
+        header_bytes: bytes before the value in each extent (object header and
+            key, written by the clientd; 0: a bare value). Extents hold
+            ``header_bytes + size_bytes`` bytes, aligned.
         hard_pin: never evicted.
         soft_pin_until: evicted last until this time (seconds; 0: not pinned).
         leases: live read leases on this version.
@@ -46,6 +49,7 @@ class ObjectVersion:
     __slots__ = (
         "key", "size_bytes", "version", "extents", "state", "client_id", "epoch",
         "started_at", "checksum", "hard_pin", "soft_pin_until", "leases", "replicas_wanted",
+        "header_bytes",
     )
 
     def __init__(
@@ -60,6 +64,7 @@ class ObjectVersion:
         hard_pin: bool = False,
         soft_pin_until: float = 0.0,
         replicas_wanted: int = 1,
+        header_bytes: int = 0,
     ) -> None:
         self.key = key
         self.size_bytes = size_bytes
@@ -74,6 +79,7 @@ class ObjectVersion:
         self.soft_pin_until = soft_pin_until
         self.leases = 0
         self.replicas_wanted = replicas_wanted
+        self.header_bytes = header_bytes
 
     @property
     def put_token(self) -> int:

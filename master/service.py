@@ -165,6 +165,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         loc.version = obj.version
         if obj.checksum:
             loc.checksum = obj.checksum
+        if obj.header_bytes:
+            loc.header_bytes = obj.header_bytes
         segment = self.state.segment
         add = loc.replicas.add
         for sid, off, n in obj.extents:
@@ -242,7 +244,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         obj = self.state.put_start(
             request.client_id, request.epoch, it.key, it.value_size_bytes, self.clock(),
             replica_num=o.replica_num, upsert=o.upsert, soft_pin=o.soft_pin, hard_pin=o.hard_pin,
-            preferred_segment=o.preferred_segment,
+            preferred_segment=o.preferred_segment, header_bytes=it.header_bytes,
         )
         resp = master_pb2.PutStartResponse()
         self._fill_put_result(resp.result, obj)
@@ -264,7 +266,11 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
                         client_id, epoch, it.key, it.value_size_bytes, now,
                         replica_num=o.replica_num, upsert=o.upsert, soft_pin=o.soft_pin,
                         hard_pin=o.hard_pin, preferred_segment=o.preferred_segment,
+                        header_bytes=it.header_bytes,
                     )
+                elif it.header_bytes:
+                    obj = put_start(client_id, epoch, it.key, it.value_size_bytes, now,
+                                    header_bytes=it.header_bytes)
                 else:
                     obj = put_start(client_id, epoch, it.key, it.value_size_bytes, now)
             except CxlkvError as err:

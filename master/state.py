@@ -62,6 +62,8 @@ _DEFAULT_LIST_PAGE = 1000
 _REVOKE_REASONS_KEPT = 4096
 _EXPIRED_CLIENTS_KEPT = 256
 _INDEX_IDLE_S = 60.0  # drop the ListKeys index after this long without ListKeys
+#: Largest per-extent header a writer may ask for, in bytes (object header + a 4096-byte key).
+_MAX_HEADER_BYTES = 64 + 4096
 
 
 class RegionReport(Protocol):
@@ -83,6 +85,7 @@ class PutSpec(NamedTuple):
     soft_pin: bool = False
     hard_pin: bool = False
     preferred_segment: str = ""
+    header_bytes: int = 0
 
 
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
@@ -357,9 +360,13 @@ class MasterState:
     def put_start(
         self, client_id: str, epoch: int, key: str, value_size_bytes: int, now: float, *,
         replica_num: int = 1, upsert: bool = False, soft_pin: bool = False,
-        hard_pin: bool = False, preferred_segment: str = "",
+        hard_pin: bool = False, preferred_segment: str = "", header_bytes: int = 0,
     ) -> ObjectVersion:
         """Reserve space for a new object (or, with ``upsert``, a new version).
+
+        Each extent holds ``header_bytes + value_size_bytes`` bytes (aligned): the
+        writer's object header and key come first (see :mod:`cxlkv.objheader`);
+        ``value_size_bytes`` alone is the size users see.
 
         The version stays invisible until :meth:`put_end`. Replicas go on
         distinct segments in the strategy's order, best effort (at least one).
@@ -381,6 +388,9 @@ class MasterState:
             raise InvalidKey(bad, key=key[:64] if isinstance(key, str) else None)
         if value_size_bytes < 0:
             raise InvalidArgument(f"value_size_bytes must be >= 0, got {value_size_bytes}", key=key)
+        if not 0 <= header_bytes <= _MAX_HEADER_BYTES:
+            raise InvalidArgument(
+                f"header_bytes must be in [0, {_MAX_HEADER_BYTES}], got {header_bytes}", key=key)
         if not upsert and key in self._objects:
             raise AlreadyExists(f"key {_short(key)} is already committed (use upsert to replace it)", key=key)
         pend = self._pending.get(key)
@@ -393,7 +403,7 @@ class MasterState:
                 self._revoke(pend, why)
                 self.counters["puts_reclaimed"] += 1
         a = self._align
-        need = (value_size_bytes + a - 1) & ~(a - 1) or a
+        need = (value_size_bytes + header_bytes + a - 1) & ~(a - 1) or a
         table = self.segment_table
         if need > table.max_capacity:
             if not table.mounted:
@@ -424,6 +434,7 @@ class MasterState:
         obj = ObjectVersion(
             key, value_size_bytes, version, extents, client_id, epoch, now, hard_pin,
             now + self.config.soft_pin_ttl_s if soft_pin and not hard_pin else 0.0, replica_num,
+            header_bytes,
         )
         self._pending[key] = obj
         self._puts[version] = obj
@@ -566,7 +577,7 @@ class MasterState:
                 out.append(self.put_start(
                     client_id, epoch, s.key, s.value_size_bytes, now, replica_num=s.replica_num,
                     upsert=s.upsert, soft_pin=s.soft_pin, hard_pin=s.hard_pin,
-                    preferred_segment=s.preferred_segment,
+                    preferred_segment=s.preferred_segment, header_bytes=s.header_bytes,
                 ))
             except CxlkvError as err:
                 out.append(err)

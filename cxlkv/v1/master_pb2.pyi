@@ -120,14 +120,16 @@ class ListSegmentsResponse(_message.Message):
     def __init__(self, segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ...) -> None: ...
 
 class PutStartItem(_message.Message):
-    __slots__ = ("key", "value_size_bytes", "options")
+    __slots__ = ("key", "value_size_bytes", "options", "header_bytes")
     KEY_FIELD_NUMBER: _ClassVar[int]
     VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    HEADER_BYTES_FIELD_NUMBER: _ClassVar[int]
     key: str
     value_size_bytes: int
     options: _common_pb2.PutOptions
-    def __init__(self, key: _Optional[str] = ..., value_size_bytes: _Optional[int] = ..., options: _Optional[_Union[_common_pb2.PutOptions, _Mapping]] = ...) -> None: ...
+    header_bytes: int
+    def __init__(self, key: _Optional[str] = ..., value_size_bytes: _Optional[int] = ..., options: _Optional[_Union[_common_pb2.PutOptions, _Mapping]] = ..., header_bytes: _Optional[int] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
     __slots__ = ("client_id", "epoch", "item")
@@ -244,7 +246,7 @@ class GetReplicaListRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., key: _Optional[str] = ..., no_lease: _Optional[bool] = ...) -> None: ...
 
 class ObjectLocation(_message.Message):
-    __slots__ = ("status", "value_size_bytes", "version", "replicas", "lease_id", "lease_ttl_ms", "checksum")
+    __slots__ = ("status", "value_size_bytes", "version", "replicas", "lease_id", "lease_ttl_ms", "checksum", "header_bytes")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -252,6 +254,7 @@ class ObjectLocation(_message.Message):
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    HEADER_BYTES_FIELD_NUMBER: _ClassVar[int]
     status: _common_pb2.Status
     value_size_bytes: int
     version: int
@@ -259,7 +262,8 @@ class ObjectLocation(_message.Message):
     lease_id: int
     lease_ttl_ms: int
     checksum: int
-    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., value_size_bytes: _Optional[int] = ..., version: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[_common_pb2.Replica, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
+    header_bytes: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., value_size_bytes: _Optional[int] = ..., version: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[_common_pb2.Replica, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., checksum: _Optional[int] = ..., header_bytes: _Optional[int] = ...) -> None: ...
 
 class GetReplicaListResponse(_message.Message):
     __slots__ = ("location",)

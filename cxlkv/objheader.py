@@ -1,0 +1,166 @@
+"""The object header: what makes every extent self-describing.
+
+Each extent written by a clientd starts with a 64-byte header (one cache line),
+followed by the key's UTF-8 bytes, zero padding to the next 64-byte boundary,
+and then the value::
+
+    extent:  [ header (64 B) | key (key_len B) | pad to 64 | value (value_len B) | alloc pad ]
+             ^ extent offset                               ^ extent offset + header_bytes
+
+``header_bytes = 64 + align64(key_len)`` is what the clientd asks the master for
+on top of the value (``PutStartItem.header_bytes``); the master returns it in
+every ``ObjectLocation`` so readers find the value without parsing first.
+
+Header layout (little-endian):
+
+====== ====== ==============================================================
+offset bytes  field
+====== ====== ==============================================================
+0      8      magic ``b"CXLKVOB1"``
+8      2      format version (u16, currently 1)
+10     2      flags (u16, 0; reserved)
+12     4      key length in bytes (u32, 1..4096)
+16     8      key hash: xxh3_64 (seed 0) of the key's UTF-8 bytes (u64)
+24     8      version: the put's version from PutStart (u64)
+32     8      value length in bytes (u64)
+40     8      value checksum: xxh3_64 (seed 0) of the value bytes (u64)
+48     4      header_bytes: the value's offset from the extent start (u32)
+52     4      zero (reserved)
+56     8      header checksum: xxh3_64 of bytes [0, 56) followed by the key bytes (u64)
+====== ====== ==============================================================
+
+Writers write the key and value, flush them (``coherence = "flush"``), then write
+the header and flush it: a reader that sees a valid header for the version it
+was told to read has the whole value behind it (the value checksum confirms it).
+A region scan (``cxlkv region scan``) finds objects by walking 64-byte aligned
+offsets for a valid magic and header checksum; the master can rebuild its index
+from those headers (``cxlkv master --recover-from-region``).
+
+This module is pure Python (struct + xxhash); it does not import the transport.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+import xxhash
+
+__all__ = [
+    "OBJECT_MAGIC",
+    "OBJECT_FORMAT_VERSION",
+    "OBJECT_HEADER_BYTES",
+    "ObjectHeader",
+    "header_bytes_for",
+    "key_hash",
+    "pack_header",
+    "parse_header",
+]
+
+#: First 8 bytes of every object header.
+OBJECT_MAGIC = b"CXLKVOB1"
+#: Header layout version written by :func:`pack_header`.
+OBJECT_FORMAT_VERSION = 1
+#: Size of the fixed header in bytes (one cache line).
+OBJECT_HEADER_BYTES = 64
+#: Longest key the header can describe, in UTF-8 bytes (the keys contract).
+MAX_KEY_BYTES = 4096
+
+_FIELDS = struct.Struct("<8sHHIQQQQI4x")  # 56 bytes, covered by the header checksum
+_CHECKSUM = struct.Struct("<Q")
+_xxh3 = xxhash.xxh3_64_intdigest
+assert _FIELDS.size + _CHECKSUM.size == OBJECT_HEADER_BYTES
+
+
+def header_bytes_for(key_len_bytes: int) -> int:
+    """Bytes before the value in an extent: the header, the key, padding to 64.
+
+    Args:
+        key_len_bytes: the key's UTF-8 length in bytes.
+
+    Returns:
+        ``64 + align64(key_len_bytes)``, in bytes.
+    """
+    return OBJECT_HEADER_BYTES + ((key_len_bytes + 63) & ~63)
+
+
+def key_hash(key_utf8: bytes) -> int:
+    """xxh3_64 (seed 0) of the key's UTF-8 bytes, as stored in the header."""
+    return _xxh3(key_utf8)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ObjectHeader:
+    """A decoded object header.
+
+    Attributes:
+        key_len_bytes: key length in bytes.
+        key_hash: xxh3_64 of the key's UTF-8 bytes.
+        version: the put's version (from PutStart).
+        value_len_bytes: value length in bytes.
+        value_checksum: xxh3_64 of the value bytes.
+        header_bytes: the value's offset from the extent start, in bytes.
+        format_version: header layout version.
+    """
+
+    key_len_bytes: int
+    key_hash: int
+    version: int
+    value_len_bytes: int
+    value_checksum: int
+    header_bytes: int
+    format_version: int = OBJECT_FORMAT_VERSION
+
+
+def pack_header(key_utf8: bytes, version: int, value_len_bytes: int, value_checksum: int) -> bytes:
+    """The 64-byte header of an object (the key bytes follow it in the extent).
+
+    Args:
+        key_utf8: the key's UTF-8 bytes (1..4096).
+        version: the put's version.
+        value_len_bytes: value length in bytes.
+        value_checksum: xxh3_64 of the value.
+
+    Returns:
+        Exactly :data:`OBJECT_HEADER_BYTES` bytes.
+    """
+    n = len(key_utf8)
+    fields = _FIELDS.pack(
+        OBJECT_MAGIC, OBJECT_FORMAT_VERSION, 0, n, _xxh3(key_utf8), version,
+        value_len_bytes, value_checksum, header_bytes_for(n),
+    )
+    h = xxhash.xxh3_64()
+    h.update(fields)
+    h.update(key_utf8)
+    return fields + _CHECKSUM.pack(h.intdigest())
+
+
+def parse_header(header: bytes | memoryview, key_utf8: bytes | memoryview | None) -> ObjectHeader | None:
+    """Decode and check a header.
+
+    Args:
+        header: the first 64 bytes of an extent.
+        key_utf8: the key bytes stored after the header (``key_len_bytes`` of
+            them), used for the header checksum; ``None`` to check everything but
+            the key-dependent checksum (a scan peeks at the key length first).
+
+    Returns:
+        The header, or ``None`` when the magic, format version, lengths or the
+        header checksum do not match (not a header, stale, torn or corrupt).
+    """
+    if len(header) < OBJECT_HEADER_BYTES or bytes(header[:8]) != OBJECT_MAGIC:
+        return None
+    (_, fmt, _flags, klen, khash, version, vlen, vsum, hbytes) = _FIELDS.unpack_from(header, 0)
+    if fmt != OBJECT_FORMAT_VERSION or not 1 <= klen <= MAX_KEY_BYTES or hbytes != header_bytes_for(klen):
+        return None
+    if key_utf8 is not None:
+        if len(key_utf8) != klen:
+            return None
+        h = xxhash.xxh3_64()
+        h.update(bytes(header[:_FIELDS.size]))
+        h.update(key_utf8)
+        if h.intdigest() != _CHECKSUM.unpack_from(header, _FIELDS.size)[0]:
+            return None
+        if _xxh3(key_utf8) != khash:
+            return None
+    return ObjectHeader(klen, khash, version, vlen, vsum, hbytes, fmt)
