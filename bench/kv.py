@@ -320,8 +320,15 @@ def _many_callers(ctx: Any, socket_path: str, op: str, keys: list[str], n: int, 
 
 
 def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
-           run_dir: str | None = None) -> list[Record]:
+           run_dir: str | None = None, coherence: str = "coherent") -> list[Record]:
     """Run the benchmark on a fresh local cluster; returns the records.
+
+    Args:
+        quick: fewer and smaller runs.
+        log: progress lines.
+        run_dir: the cluster's directory (default: a temporary one).
+        coherence: the clientds' ``coherence`` mode (``"coherent"`` or ``"flush"``);
+            every record carries it in a ``coherence`` field.
 
     Raises:
         RuntimeError: a role process failed (its message says which operation).
@@ -342,9 +349,10 @@ def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
 
     tmp = tempfile.TemporaryDirectory(prefix="cxlkv-bench-kv-") if run_dir is None else None
     directory = run_dir or tmp.name  # type: ignore[union-attr]
-    log(f"starting a cluster (1 master, 2 clientds, {REGION_BYTES >> 20} MiB region, prefaulted)")
+    log(f"starting a cluster (1 master, 2 clientds, {REGION_BYTES >> 20} MiB region, prefaulted, "
+        f"coherence {coherence})")
     cluster = LocalCluster(directory, clientds=2, region_size_bytes=REGION_BYTES,
-                           clientd_options={"prefault": True}, start_timeout_s=120)
+                           clientd_options={"prefault": True, "coherence": coherence}, start_timeout_s=120)
     cluster.start()
     writer = reader = None
     try:
@@ -352,6 +360,7 @@ def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
         reader = _Remote(ctx, cluster.socket_path(1))
 
         def record(op: str, size: int, timing: Timing, **extra: Any) -> None:
+            extra["coherence"] = coherence
             rec = Record.from_timing(BENCH, op, size, timing, limit(size), **extra)
             records.append(rec)
             log(f"  {op:<5} {size >> 10:>6} KiB {extra}: {rec.ops_per_s:,.0f} ops/s, {rec.gbps:.2f} GB/s, "
@@ -430,6 +439,24 @@ def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
         if killed:
             log(f"warning: processes had to be killed at the end: {killed}")
     return records
+
+
+def coherence_cost(records: list[Record]) -> list[str]:
+    """One line per Put/Get configuration measured in both modes: flush-mode
+    throughput as a fraction of coherent-mode throughput (the issue's bar: the
+    flush mode costs at most 15% for values of 1 MiB and more)."""
+    by: dict[tuple[Any, ...], dict[str, Record]] = {}
+    for r in records:
+        e = r.extra
+        cfg = (r.op, r.size_bytes, e.get("path"), e.get("concurrency"), e.get("batch"))
+        by.setdefault(cfg, {})[str(e.get("coherence"))] = r
+    lines = []
+    for (op, size, path, conc, batch), modes in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        if "coherent" in modes and "flush" in modes and modes["coherent"].gbps:
+            ratio = modes["flush"].gbps / modes["coherent"].gbps
+            lines.append(f"flush/coherent {op:<4} {size >> 10:>7} KiB {path} x{conc} batch {batch}: "
+                         f"{modes['flush'].gbps:.2f} / {modes['coherent'].gbps:.2f} GB/s = {ratio:.2f}")
+    return lines
 
 
 def _per_call(t: Timing) -> Timing:
@@ -526,15 +553,26 @@ def _peer_record(p: dict[str, Any]) -> Record:
 @click.option("--compare", type=click.Choice(["mooncake"]), default=None,
               help="Also run the peer benchmark (../shared/peer) and print both side by side.")
 @click.option("--check", is_flag=True, help="Exit 1 when a must-show target is missed.")
-def kv_cmd(as_json: bool, out: str | None, quick: bool, compare: str | None, check: bool) -> None:
+@click.option("--coherence", type=click.Choice(["coherent", "flush", "both"]), default="coherent",
+              show_default=True,
+              help="The clientds' coherence mode; 'both' runs the whole benchmark once per mode "
+                   "(records carry a 'coherence' field) and prints flush/coherent throughput.")
+def kv_cmd(as_json: bool, out: str | None, quick: bool, compare: str | None, check: bool,
+           coherence: str) -> None:
     """End-to-end Put/Get through two clientds (writer on A, reader on B), beside memcpy."""
     from cxlkv.errors import CxlkvError
 
+    modes = ["coherent", "flush"] if coherence == "both" else [coherence]
+    records: list[Record] = []
     try:
-        records = run_kv(quick=quick, log=lambda m: click.echo(m, err=True))
+        for mode in modes:
+            records += run_kv(quick=quick, log=lambda m: click.echo(m, err=True), coherence=mode)
     except (CxlkvError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
-    failures = must_show_failures(records)
+    if len(modes) == 2:
+        for line in coherence_cost(records):
+            click.echo(line, err=True)
+    failures = must_show_failures([r for r in records if r.extra.get("coherence") == modes[0]])
     peer = run_mooncake(lambda m: click.echo(m, err=True)) if compare == "mooncake" else None
     # With --json the peer's records (same shape, bench "mooncake-…") join the list.
     emit(records + [_peer_record(p) for p in peer or []] if as_json else records, as_json=as_json, out=out)

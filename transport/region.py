@@ -72,7 +72,8 @@ class Region:
     # -- lifecycle -------------------------------------------------------------
     @classmethod
     def open(
-        cls, path: str | os.PathLike[str], size: int | None = None, create: bool = False
+        cls, path: str | os.PathLike[str], size: int | None = None, create: bool = False,
+        emulate_noncoherent: bool | None = None,
     ) -> Region:
         """Map a region read-write, ``MAP_SHARED``.
 
@@ -85,6 +86,12 @@ class Region:
             create: create a missing emulation file and size an empty one to
                 ``size`` bytes (``size`` required, > 0). An existing non-empty
                 file is never resized.
+            emulate_noncoherent: **test-only**: return a
+                :class:`~cxlkv.transport.emulate.NoncoherentRegion`, which models this
+                process's private CPU cache over the mapping (writes invisible to
+                other processes until flushed, stale reads until invalidated).
+                ``None``: on when the environment variable
+                ``CXLKV_TRANSPORT_EMULATE_NONCOHERENT`` is ``1``.
 
         Returns:
             The mapped region.
@@ -99,6 +106,16 @@ class Region:
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
             raise InvalidArgument(f"region {os.fspath(path)}: size must be a positive int of bytes, got {size!r}")
         handle = _b.cxlkv_map(path, size or 0, create)
+        if emulate_noncoherent is None:
+            emulate_noncoherent = os.environ.get("CXLKV_TRANSPORT_EMULATE_NONCOHERENT", "") == "1"
+        if emulate_noncoherent and cls is Region:
+            from cxlkv.transport.emulate import NoncoherentRegion
+
+            try:
+                return NoncoherentRegion(handle, os.fspath(path))
+            except BaseException:
+                _b.cxlkv_unmap(handle)
+                raise
         return cls(handle, os.fspath(path))
 
     def close(self) -> None:

@@ -1,0 +1,230 @@
+"""A stale-cache emulator for tests: non-coherent CXL sharing on one machine.
+
+**Test-only.** Real multi-host CXL 2.0 memory is not coherent across hosts: a
+host's stores can sit in its cache (invisible to the others) until written back
+(CLWB / CLFLUSHOPT), and a host keeps reading its own cached copy of a line after
+another host changed the memory behind it, until it invalidates the line. A
+``/dev/shm`` file mapped by several processes on one machine is coherent, so it
+hides every missing flush or invalidate. :class:`NoncoherentRegion` puts the
+hazard back: each ``Region`` object models one host's cache, at 64-byte line
+granularity, over a private shadow copy of the region:
+
+* a line is *invalid*, *clean* or *dirty* in this cache;
+* a read (``copy_out*``, ``read``, ``view``, ``checksum``) first loads the
+  *invalid* lines of its range from the shared mapping into the shadow, then
+  reads the shadow: a clean line is never re-read from memory, so another
+  process's later writes stay invisible (a stale read) until :meth:`invalidate`;
+* a write (``copy_in*``) loads the invalid lines of its range (write-allocate),
+  writes the shadow and marks the lines dirty: nothing reaches the shared
+  mapping, so other processes do not see it (a lost or torn write);
+* :meth:`flush` (CLWB) copies the dirty lines of its range to the shared mapping
+  and marks them clean; :meth:`invalidate` (CLFLUSHOPT) writes dirty lines back,
+  then drops every line of its range, so the next read comes from memory.
+
+Caches never evict on their own (the worst case a discipline must survive).
+Writes through a :meth:`view` are not tracked (views are for reading; clientd
+only reads through them). Every method holds one lock, so the emulator is
+thread-safe but serial; it is slow (numpy, line by line) and meant for tests
+only.
+
+Enable it with ``Region.open(..., emulate_noncoherent=True)`` or, for whole
+processes (clientds started by a test), the environment variable
+``CXLKV_TRANSPORT_EMULATE_NONCOHERENT=1`` read by :meth:`Region.open`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from cxlkv.errors import InvalidArgument, OutOfRange
+from cxlkv.transport.bindings import CACHE_LINE_BYTES, BufferLike, U64Array, ffi
+from cxlkv.transport.region import Region
+
+__all__ = ["NoncoherentRegion", "EMULATE_ENV"]
+
+#: Environment variable that makes :meth:`Region.open` return a :class:`NoncoherentRegion`.
+EMULATE_ENV = "CXLKV_TRANSPORT_EMULATE_NONCOHERENT"
+
+_LINE = CACHE_LINE_BYTES
+_INVALID, _CLEAN, _DIRTY = 0, 1, 2
+
+
+def _bytes_of(buf: BufferLike, writable: bool) -> np.ndarray:
+    try:
+        mv = memoryview(buf)
+    except TypeError:
+        raise InvalidArgument(f"expected a bytes-like object, got {type(buf).__name__}") from None
+    if not mv.c_contiguous:
+        raise InvalidArgument("the buffer is not C-contiguous")
+    if writable and mv.readonly:
+        raise InvalidArgument("the destination buffer is read-only")
+    return np.frombuffer(mv.cast("B"), dtype=np.uint8) if mv.nbytes else np.empty(0, np.uint8)
+
+
+class NoncoherentRegion(Region):
+    """A :class:`Region` whose reads and writes go through an emulated private
+    cache (see the module docstring). Same API and errors as :class:`Region`.
+
+    Attributes:
+        stale_line_reads: lines read from this cache whose bytes differed from the
+            shared mapping at the time (stale reads served), a count.
+    """
+
+    __slots__ = ("_shared", "_shadow", "_lines", "_lock", "stale_line_reads")
+
+    def __init__(self, handle: Any, path: str) -> None:
+        super().__init__(handle, path)
+        size = self._size
+        if size % _LINE:
+            raise InvalidArgument(f"region {path}: emulation needs a size multiple of {_LINE} bytes, got {size}")
+        self._shared = np.frombuffer(ffi.buffer(self._base, size), dtype=np.uint8).reshape(-1, _LINE)
+        self._shadow = np.zeros((size // _LINE, _LINE), dtype=np.uint8)
+        self._lines = np.zeros(size // _LINE, dtype=np.uint8)
+        self._lock = threading.Lock()
+        self.stale_line_reads = 0
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + " emulated-noncoherent>"
+
+    # -- the cache model ----------------------------------------------------------
+    def _range(self, op: str, offset: int, length: int) -> tuple[int, int]:
+        self._check(op, offset, length)
+        return offset // _LINE, -(-(offset + length) // _LINE)
+
+    def _load(self, lo: int, hi: int) -> None:
+        idx = lo + np.flatnonzero(self._lines[lo:hi] == _INVALID)
+        if idx.size:
+            self._shadow[idx] = self._shared[idx]
+            self._lines[idx] = _CLEAN
+
+    def _count_stale(self, lo: int, hi: int) -> None:
+        clean = lo + np.flatnonzero(self._lines[lo:hi] == _CLEAN)
+        if clean.size:
+            self.stale_line_reads += int(np.any(self._shadow[clean] != self._shared[clean], axis=1).sum())
+
+    def _write_back(self, lo: int, hi: int) -> None:
+        idx = lo + np.flatnonzero(self._lines[lo:hi] == _DIRTY)
+        if idx.size:
+            self._shared[idx] = self._shadow[idx]
+            self._lines[idx] = _CLEAN
+
+    def _flat(self) -> np.ndarray:
+        return self._shadow.reshape(-1)
+
+    def _in(self, op: str, offset: int, src: BufferLike) -> int:
+        data = _bytes_of(src, writable=False)
+        n = data.size
+        if offset < 0:
+            raise OutOfRange(f"{op}: offset {offset} is negative")
+        lo, hi = self._range(op, offset, n)
+        if n:
+            self._load(lo, hi)
+            self._flat()[offset:offset + n] = data
+            self._lines[lo:hi] = _DIRTY
+        return n
+
+    def _out(self, op: str, offset: int, dst: BufferLike) -> int:
+        data = _bytes_of(dst, writable=True)
+        n = data.size
+        if offset < 0:
+            raise OutOfRange(f"{op}: offset {offset} is negative")
+        lo, hi = self._range(op, offset, n)
+        if n:
+            self._count_stale(lo, hi)
+            self._load(lo, hi)
+            data[:] = self._flat()[offset:offset + n]
+        return n
+
+    # -- Region API -------------------------------------------------------------
+    def copy_in(self, offset: int, src: BufferLike) -> int:
+        with self._lock:
+            return self._in("copy_in", offset, src)
+
+    def copy_out(self, offset: int, dst: BufferLike) -> int:
+        with self._lock:
+            return self._out("copy_out", offset, dst)
+
+    def read(self, offset: int, length: int) -> bytes:
+        if length < 0:
+            raise OutOfRange(f"read: length {length} is negative")
+        out = bytearray(length)
+        self.copy_out(offset, out)
+        return bytes(out)
+
+    def copy_in_many(self, offsets: U64Array, srcs: Sequence[BufferLike]) -> int:
+        offs = [int(o) for o in offsets]
+        if len(offs) != len(srcs):
+            raise InvalidArgument(f"copy_in_many: {len(offs)} offsets for {len(srcs)} sources")
+        with self._lock:
+            for i, (o, s) in enumerate(zip(offs, srcs)):
+                self._check(f"copy_in_many[{i}]", o, memoryview(s).nbytes)
+            return sum(self._in("copy_in_many", o, s) for o, s in zip(offs, srcs))
+
+    def copy_out_many(self, offsets: U64Array, dsts: Sequence[BufferLike]) -> int:
+        offs = [int(o) for o in offsets]
+        if len(offs) != len(dsts):
+            raise InvalidArgument(f"copy_out_many: {len(offs)} offsets for {len(dsts)} destinations")
+        with self._lock:
+            for i, (o, d) in enumerate(zip(offs, dsts)):
+                self._check(f"copy_out_many[{i}]", o, memoryview(d).nbytes)
+            return sum(self._out("copy_out_many", o, d) for o, d in zip(offs, dsts))
+
+    def _ranges(self, op: str, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array,
+                lengths: U64Array, writable: bool) -> list[tuple[np.ndarray, int]]:
+        b = _bytes_of(buf, writable=writable)
+        bo, ro, ln = ([int(x) for x in a] for a in (buf_offsets, region_offsets, lengths))
+        if not len(bo) == len(ro) == len(ln):
+            raise InvalidArgument(f"{op}: index arrays differ in length ({len(bo)}, {len(ro)}, {len(ln)})")
+        out = []
+        for i, (o, r, n) in enumerate(zip(bo, ro, ln)):
+            if o < 0 or n < 0 or o + n > b.size:
+                raise OutOfRange(f"{op}[{i}]: buffer range [{o}, {o} + {n}) outside a {b.size}-byte buffer")
+            self._check(f"{op}[{i}]", r, n)
+            out.append((b[o:o + n], r))
+        return out
+
+    def copy_in_ranges(self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array,
+                       lengths: U64Array) -> None:
+        with self._lock:
+            for piece, r in self._ranges("copy_in_ranges", buf, buf_offsets, region_offsets, lengths, False):
+                self._in("copy_in_ranges", r, piece)
+
+    def copy_out_ranges(self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array,
+                        lengths: U64Array) -> None:
+        with self._lock:
+            for piece, r in self._ranges("copy_out_ranges", buf, buf_offsets, region_offsets, lengths, True):
+                self._out("copy_out_ranges", r, piece)
+
+    def flush(self, offset: int = 0, length: int | None = None) -> None:
+        offset, length = self._span(offset, length)
+        with self._lock:
+            lo, hi = self._range("flush", offset, length)
+            self._write_back(lo, hi)
+        super().flush(offset, length)
+
+    def invalidate(self, offset: int = 0, length: int | None = None) -> None:
+        offset, length = self._span(offset, length)
+        with self._lock:
+            lo, hi = self._range("invalidate", offset, length)
+            self._write_back(lo, hi)
+            self._lines[lo:hi] = _INVALID
+        super().invalidate(offset, length)
+
+    def view(self, offset: int, length: int) -> memoryview:
+        """A read-only-by-contract view of this cache's copy (lines loaded first)."""
+        with self._lock:
+            lo, hi = self._range("view", offset, length)
+            self._count_stale(lo, hi)
+            self._load(lo, hi)
+            return memoryview(self._flat()[offset:offset + length])
+
+    def checksum(self, offset: int, length: int) -> int:
+        with self._lock:
+            lo, hi = self._range("checksum", offset, length)
+            self._load(lo, hi)
+            return xxhash.xxh3_64_intdigest(self._flat()[offset:offset + length])
