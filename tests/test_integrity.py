@@ -174,3 +174,42 @@ def test_remove_and_put_reusing_space_never_mixes_bytes(cluster) -> None:
             region.copy_out(c2.region_offset, c2.buf)
             assert core._check_object(c2, new.header_bytes, "reuse/k", new.version, new.checksum) is None
     cluster.assert_invariants()
+
+
+# ------------------------------------------------------------ scan and verify
+def test_region_scan_and_verify(cluster) -> None:
+    import json
+    import subprocess
+    import sys
+
+    values = {f"scan/{n}": os.urandom(n) for n in (0, 10, 5000, 70 * KiB)}
+    with cluster.client(0) as c:
+        for k, v in values.items():
+            c.put(k, v)
+        c.put("scan/gone", b"x" * 100)
+        c.remove("scan/gone")
+        c.put("scan/10", b"y" * 10, upsert=True)
+    values["scan/10"] = b"y" * 10
+    path = cluster.region_paths[0]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cxlkv.cli", "region", *args, path],
+                              capture_output=True, text=True, timeout=60)
+
+    scan = cli("scan", "--json")
+    assert scan.returncode == 0, scan.stderr
+    listed = {o["key"]: o for o in json.loads(scan.stdout)}
+    for k, v in values.items():
+        assert listed[k]["value_len_bytes"] == len(v)
+        assert _location(cluster, k).version == listed[k]["version"]  # the newest version
+    ok = cli("verify")
+    assert ok.returncode == 0 and "0 corrupt" in ok.stdout, ok.stdout + ok.stderr
+    o = listed["scan/5000"]
+    with Region.open(path) as r:
+        at = o["offset_bytes"] + o["header_bytes"] + 17
+        r.copy_in(at, bytes([r.read(at, 1)[0] ^ 1]))
+        r.flush(at, 1)
+    bad = cli("verify", "--json")
+    assert bad.returncode == 1
+    report = json.loads(bad.stdout)
+    assert [x["key"] for x in report["corrupt"]] == ["scan/5000"]
