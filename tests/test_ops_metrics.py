@@ -283,7 +283,7 @@ def test_checksum_failures_are_counted(make_cluster) -> None:
             master_pb2.GetReplicaListRequest(key="ops-sum/b", no_lease=True), timeout=10).location
         ext = loc.replicas[0].extent
         with open(cl.region_paths[0], "r+b") as region:  # a torn write nobody flushed
-            region.seek(ext.offset_bytes + 100)
+            region.seek(ext.offset_bytes + loc.header_bytes + 100)  # a value byte
             region.write(b"\x99")
         (c0,) = _all(cl)[1]
         with pytest.raises(ChecksumMismatch):
