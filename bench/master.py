@@ -1,7 +1,9 @@
 """``cxlkv bench master``: the master's metadata path and its allocator.
 
 Measured over a real master subprocess and real gRPC (one client process, sync
-stubs, ``inflight`` batches in flight at once for the batched forms):
+stubs, ``inflight`` batches in flight at once for the batched forms), and again
+over the master's lean link (``transport: "lean"``, what clientd uses on its hot
+path) for the batched forms:
 
 * ``put``: PutStart + PutEnd per key, one key per call pair;
 * ``put_batch``: BatchPutStart + BatchPutEnd of ``batch`` (128) keys;
@@ -84,7 +86,8 @@ class _Master:
 
         from cxlkv.v1 import master_pb2, master_pb2_grpc
 
-        self.channel = grpc.insecure_channel(address_file.read_text().strip())
+        self.address = address_file.read_text().strip()
+        self.channel = grpc.insecure_channel(self.address)
         self.stub = master_pb2_grpc.MasterServiceStub(self.channel)
         reg = self.stub.RegisterClient(master_pb2.RegisterClientRequest(hostname="bench", name="bench"))
         self.client_id, self.epoch = reg.client_id, reg.epoch
@@ -228,13 +231,13 @@ def _grpc_records(quick: bool) -> list[Record]:
 
 
 def _record(op: str, timing: Timing, batch: int, threads: int, limit: float,
-            target: float | None) -> Record:
+            target: float | None, transport: str = "grpc") -> Record:
     rec = Record(
         bench="master", op=op, size_bytes=_VALUE_BYTES, ops_per_s=timing.ops_per_s, gbps=0.0,
         p50_us=timing.p50_us, p99_us=timing.p99_us, limit_gbps=None,
         ratio_to_limit=timing.ops_per_s / limit if limit else None,
         extra={"batch": batch, "inflight": threads, "unit": "keys", "limit_ops_per_s": limit,
-               "latency_per": "batch" if batch > 1 else "key"},
+               "latency_per": "batch" if batch > 1 else "key", "transport": transport},
     )
     if target is not None:
         rec.extra["target_ops_per_s"] = target
@@ -352,9 +355,89 @@ def _bench_allocator(live_target: int, churn_ops: int, seed: int = 1) -> list[Re
     return out
 
 
+def _lean_records(quick: bool) -> list[Record]:
+    """Batched puts and gets over the master's lean link (what clientd uses): an
+    asyncio :class:`~cxlkv.lean.LeanChannel`, ``inflight`` batches in flight."""
+    import asyncio
+
+    from cxlkv.lean import LeanChannel, service_methods
+    from cxlkv.v1 import master_pb2
+
+    methods = service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"])
+    batch = 128
+    n = batch * (40 if quick else 400)
+    runs = 2 if quick else 3
+    limits = _state_limits(n)
+    out: list[Record] = []
+    with tempfile.TemporaryDirectory(prefix="cxlkv-bench-master-") as tmp:
+        m = _Master(Path(tmp))
+        try:
+            reg = m.stub.RegisterClient(master_pb2.RegisterClientRequest(hostname="bench", name="lean"))
+            cid, epoch = reg.client_id, reg.epoch
+            host = m.address.rsplit(":", 1)[0]
+
+            async def put_batch(ch: LeanChannel, keys: list[str]) -> None:
+                req = master_pb2.BatchPutStartRequest(client_id=cid, epoch=epoch)
+                add = req.items.add
+                for k in keys:
+                    add(key=k, value_size_bytes=_VALUE_BYTES)
+                started = await ch.call("BatchPutStart", req)
+                end = master_pb2.BatchPutEndRequest(client_id=cid, epoch=epoch)
+                add_end = end.items.add
+                for k, r in zip(keys, started.results):
+                    if r.status.code:
+                        raise RuntimeError(f"BatchPutStart {k}: {r.status.message}")
+                    add_end(key=k, put_token=r.put_token)
+                for st in (await ch.call("BatchPutEnd", end)).results:
+                    if st.code:
+                        raise RuntimeError(f"BatchPutEnd: {st.message}")
+
+            held: dict[int, list[int]] = {}
+
+            async def get_batch(ch: LeanChannel, keys: list[str], lane: int) -> None:
+                resp = await ch.call("BatchGetReplicaList", master_pb2.BatchGetReplicaListRequest(
+                    client_id=cid, keys=keys, release_lease_ids=held.get(lane, [])))
+                held[lane] = [loc.lease_id for loc in resp.locations if not loc.status.code]
+
+            async def timed(jobs: list[list[str]], inflight: int, work: Any) -> tuple[float, int, np.ndarray]:
+                ch = LeanChannel(host, reg.lean_port, methods)
+                lat = np.empty(len(jobs), dtype=np.int64)
+                clock = time.perf_counter_ns
+
+                async def lane(k: int) -> None:
+                    for i in range(k, len(jobs), inflight):
+                        t = clock()
+                        await work(ch, jobs[i], k)
+                        lat[i] = clock() - t
+
+                t0 = clock()
+                await asyncio.gather(*(lane(k) for k in range(inflight)))
+                wall = (clock() - t0) / 1e9
+                ch.close()
+                return wall, sum(len(j) for j in jobs), lat
+
+            for inflight in (1, 4):
+                res = []
+                for r in range(runs):
+                    m.heartbeat()
+                    keys = [f"lean/{inflight}/{r}/{i}" for i in range(n)]
+                    jobs = [keys[i:i + batch] for i in range(0, n, batch)]
+                    res.append(asyncio.run(timed(jobs, inflight, lambda ch, ks, _k: put_batch(ch, ks))))
+                out.append(_record("put_batch", _timing(res), batch, inflight, limits["put"],
+                                   TARGET_BATCH_PUT_KEYS_PER_S, transport="lean"))
+            keys = [f"lean/1/0/{i}" for i in range(n)]
+            jobs = [keys[i:i + batch] for i in range(0, n, batch)]
+            res = [asyncio.run(timed(jobs, 4, get_batch)) for _ in range(runs)]
+            out.append(_record("get_batch", _timing(res), batch, 4, limits["get"], None, transport="lean"))
+        finally:
+            m.close()
+    return out
+
+
 def run(quick: bool = False) -> list[Record]:
     """Every master measurement; ``quick`` shrinks them to a smoke run."""
     records = _grpc_records(quick)
+    records += _lean_records(quick)
     gc.collect()
     records += _bench_allocator(100_000 if quick else 1_000_000, 20_000 if quick else 200_000)
     return records
