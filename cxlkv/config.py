@@ -158,9 +158,15 @@ class MasterConfig:
     sweep_interval_s: float = _f(0.5, "period of the lease/put/client expiry sweep", unit="s")
     log_level: str = _f("info", "debug, info, warning or error")
     log_json: bool = _f(False, "log JSON lines instead of text")
+    recover_from_region: list[str] = _f(
+        [], "rebuild the index at start from these regions' object headers (metadata lost): "
+        "\"PATH\" (segment named by the region's identity) or \"PATH=SEGMENT\"")
 
     def validate(self) -> None:
         """Check cross-field rules. Raises :class:`ConfigError` naming the key."""
+        for spec in self.recover_from_region:
+            if not isinstance(spec, str) or not spec or spec.startswith("="):
+                raise ConfigError(f"recover_from_region: expected \"PATH\" or \"PATH=SEGMENT\", got {spec!r}")
         if not 0.0 < self.low_watermark <= self.high_watermark <= 1.0:
             raise ConfigError(
                 f"low_watermark ({self.low_watermark}) and high_watermark ({self.high_watermark}) "

@@ -235,6 +235,65 @@ class ExtentAllocator:
         self.used_bytes += need
         return result
 
+    def claim(self, offset_bytes: int, length_bytes: int) -> int:
+        """Reserve the specific extent ``[offset_bytes, offset_bytes + extent)``.
+
+        Used when the master rebuilds its index from a region scan: the extents
+        already exist in the region and must be taken back exactly where they
+        are. The extent is :meth:`extent_bytes` of ``length_bytes`` long, as
+        :meth:`alloc` would have made it; the free block holding it is split
+        around it (up to two free remainders).
+
+        Cost: O(1) when the extent lies in the last free block of the range or
+        starts a free block — always so when claims come in ascending offset
+        order on an allocator that only claims; otherwise O(free blocks).
+
+        Args:
+            offset_bytes: the extent's offset in bytes (a multiple of the alignment).
+            length_bytes: bytes the extent holds (0 takes one alignment unit).
+
+        Returns:
+            The extent's length in bytes.
+
+        Raises:
+            ValueError: ``offset_bytes`` is misaligned, the extent does not lie
+                inside ``[base_bytes, end_bytes)``, or some of its bytes are not
+                free (they overlap a live extent). Nothing is changed then.
+        """
+        need = self.extent_bytes(length_bytes)
+        if offset_bytes % self.alignment_bytes or length_bytes < 0:
+            raise ValueError(f"claim of ({offset_bytes}, {length_bytes}): offset is not a multiple of "
+                             f"{self.alignment_bytes} or the length is negative")
+        end = offset_bytes + need
+        if offset_bytes < self.base_bytes or end > self.end_bytes:
+            raise ValueError(f"claim of [{offset_bytes}, {end}) lies outside "
+                             f"[{self.base_bytes}, {self.end_bytes})")
+        block_off = self._containing_free_block(offset_bytes)
+        if block_off < 0 or block_off + self._free_by_offset[block_off] < end:
+            raise ValueError(f"claim of [{offset_bytes}, {end}) overlaps a live extent")
+        block_end = block_off + self._free_by_offset.pop(block_off)
+        del self._free_by_end[block_end]
+        self._remove_free(block_off, block_end - block_off)
+        if offset_bytes > block_off:
+            self._insert_free(block_off, offset_bytes - block_off)
+        if block_end > end:
+            self._insert_free(end, block_end - end)
+        self._used[offset_bytes] = need
+        self.used_bytes += need
+        return need
+
+    def _containing_free_block(self, offset_bytes: int) -> int:
+        """Offset of the free block holding byte ``offset_bytes``, or -1 if it is in use."""
+        if offset_bytes in self._free_by_offset:
+            return offset_bytes
+        tail = self._free_by_end.get(self.end_bytes)
+        if tail is not None and tail <= offset_bytes:
+            return tail
+        for off, n in self._free_by_offset.items():
+            if off <= offset_bytes < off + n:
+                return off
+        return -1
+
     def _search_own_class(self, units: int, need: int) -> tuple[int, int, int]:
         """Slow path: a block of the request's own class that is large enough.
 

@@ -37,14 +37,19 @@ EXIT_CONFIG = 2
 @click.option("--log-level", default=None, type=click.Choice(["debug", "info", "warning", "error"]),
               help="Log level (overrides log_level).")
 @click.option("--log-json/--no-log-json", default=None, help="Log JSON lines (overrides log_json).")
+@click.option("--recover-from-region", "recover", multiple=True, metavar="PATH[=SEGMENT]",
+              help="Rebuild the index from this region's object headers before serving (the "
+                   "master's metadata was lost); repeat for every region (overrides recover_from_region).")
 def master_cmd(config_path: str | None, listen: str | None, address_file: str | None,
-               metrics_address: str | None, log_level: str | None, log_json: bool | None) -> None:
+               metrics_address: str | None, log_level: str | None, log_json: bool | None,
+               recover: tuple[str, ...]) -> None:
     """Run the cxlkv master: metadata, allocation, leases, eviction, clients."""
     try:
         cfg = load_config(
             MasterConfig, config_path, env=os.environ, env_prefix="CXLKV_MASTER_",
             overrides={"listen_address": listen, "address_file": address_file,
-                       "metrics_address": metrics_address, "log_level": log_level, "log_json": log_json},
+                       "metrics_address": metrics_address, "log_level": log_level, "log_json": log_json,
+                       "recover_from_region": list(recover) or None},
         )
     except ConfigError as exc:
         click.echo(f"cxlkv master: {exc}", err=True)

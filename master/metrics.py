@@ -75,6 +75,7 @@ COUNTER_HELP: dict[str, str] = {
     "segments_unmounted": "segments unmounted",
     "replicas_lost": "replicas lost with an unmounted segment",
     "objects_lost": "objects whose last replica was lost with an unmounted segment",
+    "objects_recovered": "objects rebuilt from a region scan at start (--recover-from-region)",
 }
 
 #: Repeated field holding the items of each batch RPC (its length is the batch size).

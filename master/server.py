@@ -36,6 +36,7 @@ from grpc_reflection.v1alpha import reflection
 from cxlkv.config import MasterConfig, format_size
 from cxlkv.errors import ConfigError
 from cxlkv.lean import LeanServer
+from cxlkv.master.recovery import recover_regions
 from cxlkv.master.service import MasterServicer
 from cxlkv.master.state import MasterState
 from cxlkv.systemd import Notifier
@@ -109,7 +110,8 @@ class MasterServer:
 
     Raises:
         ConfigError: unknown allocation strategy or eviction policy (known
-            names listed), a plugin that fails to load, or bad segments.
+            names listed), a plugin that fails to load, bad segments, or a
+            region of ``recover_from_region`` that cannot be recovered.
     """
 
     def __init__(self, config: MasterConfig, *, grace_s: float = 2.0) -> None:
@@ -119,6 +121,8 @@ class MasterServer:
         # Counters start at wall-clock microseconds so that epochs, versions and
         # lease ids keep growing across master restarts.
         self.state = MasterState(config, master_id=self.master_id, id_base=time.time_ns() // 1000)
+        #: One report per region of ``recover_from_region`` (the index rebuilt from region scans).
+        self.recovered = recover_regions(self.state, config.recover_from_region, time.monotonic())
         self.servicer = MasterServicer(self.state)
         self.address = ""
         #: ``http://host:port/metrics`` once serving with ``metrics_address`` set, else "".

@@ -46,7 +46,7 @@ from cxlkv.master.objects import ClientRecord, Extent, ObjectVersion, ObjState
 from cxlkv.master.segments import Segment, SegmentTable, Tier, tier_from_name
 from cxlkv.master.strategies import AllocationStrategy, PlacementRequest, load_strategy
 
-__all__ = ["MasterState", "PutSpec", "RegionReport", "COUNTERS", "Lease"]
+__all__ = ["MasterState", "PutSpec", "RegionReport", "RestoredObject", "RestoreReport", "COUNTERS", "Lease"]
 
 #: Names of :attr:`MasterState.counters` (all start at 0 and only grow).
 COUNTERS = (
@@ -55,6 +55,7 @@ COUNTERS = (
     "removes", "evictions", "evicted_bytes", "deferred_frees",
     "no_space", "too_large", "clients_registered", "clients_expired",
     "segments_mounted", "segments_unmounted", "replicas_lost", "objects_lost",
+    "objects_recovered",
 )
 
 _MAX_LIST_PAGE = 10000
@@ -86,6 +87,49 @@ class PutSpec(NamedTuple):
     hard_pin: bool = False
     preferred_segment: str = ""
     header_bytes: int = 0
+
+
+class RestoredObject(NamedTuple):
+    """One committed object found in a region, for :meth:`MasterState.restore_objects`.
+
+    Attributes:
+        key: the key.
+        offset_bytes: the extent's offset in the region, in bytes.
+        value_size_bytes: value length in bytes.
+        header_bytes: bytes before the value in the extent (object header and key).
+        version: the version the writer recorded (readers check it).
+        checksum: xxh3_64 of the value the writer recorded.
+    """
+
+    key: str
+    offset_bytes: int
+    value_size_bytes: int
+    header_bytes: int
+    version: int
+    checksum: int
+
+
+class RestoreReport(NamedTuple):
+    """What :meth:`MasterState.restore_objects` did with one segment's objects.
+
+    Attributes:
+        restored: objects committed under their key (new keys or newer versions).
+        replicas: extents added as another replica of an already restored
+            version (the same version found in another segment).
+        superseded: objects dropped because a newer version of the key was
+            already restored (from another segment).
+        conflicts: objects dropped because their extent is misaligned, outside
+            the segment or overlaps an extent already claimed.
+        invalid: objects dropped for a key or size the master would refuse.
+        restored_bytes: bytes of the extents claimed (restored and replicas).
+    """
+
+    restored: int
+    replicas: int
+    superseded: int
+    conflicts: int
+    invalid: int
+    restored_bytes: int
 
 
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
@@ -594,6 +638,86 @@ class MasterState:
             except CxlkvError as err:
                 out.append(err)
         return out
+
+    def restore_objects(self, segment_id: int, objects: Iterable[RestoredObject],
+                        now: float) -> RestoreReport:
+        """Rebuild committed objects from a region scan (the master lost its metadata).
+
+        Each object's extent is claimed exactly where it lies
+        (:meth:`ExtentAllocator.claim`, ``header_bytes + value_size_bytes``
+        aligned) and the object becomes COMPLETE under its recorded version and
+        checksum, unleased and unpinned, with no writer. Per key the newest
+        version wins, across calls too: an older restored version is retired
+        (its extents freed); the same version found in another segment becomes
+        another replica. Versions and put tokens continue above the highest
+        restored version. Claims go in ascending offset order (O(1) each on a
+        fresh segment); objects reach the eviction policy oldest version first,
+        so eviction after a recovery starts with the oldest objects.
+
+        Args:
+            segment_id: a mounted segment whose region the objects come from.
+            objects: the live objects of one region scan, any order.
+            now: master clock, seconds.
+
+        Returns:
+            What was restored and what was dropped, and why.
+
+        Raises:
+            NotFound: ``segment_id`` is not a mounted segment.
+        """
+        seg = self.segment_table.by_id.get(segment_id)
+        if seg is None or not seg.mounted:
+            raise NotFound(f"segment id {segment_id} is not mounted")
+        alloc = seg.allocator
+        restored: list[ObjectVersion] = []
+        replicas = superseded = conflicts = invalid = restored_bytes = 0
+        newest: dict[str, RestoredObject] = {}  # one object per key from this segment
+        for o in objects:
+            if (key_error(o.key) is not None or o.value_size_bytes < 0
+                    or not 0 <= o.header_bytes <= _MAX_HEADER_BYTES or o.version <= 0):
+                invalid += 1
+                continue
+            best = newest.setdefault(o.key, o)
+            if best is not o:
+                superseded += 1
+                if o.version > best.version:
+                    newest[o.key] = o
+        for o in sorted(newest.values(), key=lambda o: o.offset_bytes):
+            old = self._objects.get(o.key)
+            same = old is not None and old.version == o.version
+            if old is not None and (old.version > o.version or (same and (
+                    old.size_bytes != o.value_size_bytes or old.checksum != o.checksum
+                    or any(e[0] == segment_id for e in old.extents)))):
+                superseded += 1
+                continue
+            try:
+                need = alloc.claim(o.offset_bytes, o.header_bytes + o.value_size_bytes)
+            except ValueError:
+                conflicts += 1
+                continue
+            seg.object_count += 1
+            restored_bytes += need
+            extent = (segment_id, o.offset_bytes, need)
+            if same:
+                old.extents.append(extent)  # type: ignore[union-attr]
+                replicas += 1
+                continue
+            if old is not None:
+                self._drop_committed(old, evicted=False)
+            obj = ObjectVersion(o.key, o.value_size_bytes, o.version, [extent], "", 0, now,
+                                header_bytes=o.header_bytes)
+            obj.state = ObjState.COMPLETE
+            obj.checksum = o.checksum
+            self._objects[o.key] = obj
+            if self._keys is not None:
+                self._keys.add(o.key)
+            restored.append(obj)
+            if o.version >= self._seq:
+                self._seq = o.version + 1
+        for obj in sorted(restored, key=lambda ob: ob.version):
+            self.policy.on_put(obj.key)
+        self.counters["objects_recovered"] += len(restored)
+        return RestoreReport(len(restored), replicas, superseded, conflicts, invalid, restored_bytes)
 
     # ---------------------------------------------------------------- reads
     def get(self, client_id: str, key: str, now: float, no_lease: bool = False) -> tuple[ObjectVersion, Lease | None]:

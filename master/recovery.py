@@ -1,0 +1,193 @@
+"""Rebuild the master's index from region scans (``cxlkv master --recover-from-region``).
+
+The master keeps its metadata in memory only; when it is lost (the master was
+killed or its host died) every committed object is still in the CXL regions,
+and every extent is self-describing (:mod:`cxlkv.objheader`). At start, for
+each region given, the master maps the region (the only time it maps one; it
+writes nothing), reads its identity (:mod:`cxlkv.region`), scans it
+(:mod:`cxlkv.transport.scan`: per key the newest version whose value checksum
+holds and that nothing newer overwrote) and restores each live object as a
+COMPLETE object with its extent claimed exactly where it lies
+(:meth:`~cxlkv.master.state.MasterState.restore_objects`).
+
+What a scan cannot know: leases, pins, in-flight puts (they have no header yet),
+and which keys were removed — freed space is not cleared, so an object removed
+(or evicted) whose extent was not reused since comes back. See docs/master.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Sequence
+
+from cxlkv.errors import ConfigError, CxlkvError
+from cxlkv.master.segments import Segment, Tier
+from cxlkv.master.state import MasterState, RestoredObject
+
+__all__ = ["RegionRecovery", "parse_recover_spec", "recover_regions"]
+
+log = logging.getLogger("cxlkv.master")
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionRecovery:
+    """What the recovery of one region found and restored.
+
+    Attributes:
+        path: the region's path.
+        segment: the segment its objects were restored into.
+        region_uuid: the region's identity (uuid as a string).
+        headers: valid object headers found (stale ones included).
+        live: objects the scan vouches for (newest per key, intact, not overwritten).
+        restored: objects committed under their key.
+        replicas: extents added as replicas of a version restored from another region.
+        restored_bytes: bytes of extents claimed (alignment included).
+        skipped: objects that would be live but whose value checksum fails (a
+            corrupt value, or a removed object's leftovers whose space was
+            partly reused since), plus live objects the master refused (extent
+            conflict, invalid key) or that a newer version from another region
+            superseded. When a key's newest version is corrupt, an older intact
+            version of it that nothing overwrote is restored instead.
+        seconds: wall time of this region's recovery (map, scan, restore).
+    """
+
+    path: str
+    segment: str
+    region_uuid: str
+    headers: int
+    live: int
+    restored: int
+    replicas: int
+    restored_bytes: int
+    skipped: int
+    seconds: float
+
+
+def parse_recover_spec(spec: str) -> tuple[str, str]:
+    """Split ``"PATH"`` or ``"PATH=SEGMENT"`` into ``(path, segment)``.
+
+    The last ``=`` separates the segment unless what follows it contains a
+    ``/`` (then the whole string is a path).
+
+    Returns:
+        ``(path, segment)``; segment is ``""`` when not given (the region's
+        identity names it).
+
+    Raises:
+        ConfigError: an empty path or segment.
+    """
+    path, sep, segment = spec.rpartition("=")
+    if not sep or "/" in segment:
+        path, sep, segment = spec, "", ""
+    if not path or (sep and not segment):
+        raise ConfigError(f"recover_from_region: expected \"PATH\" or \"PATH=SEGMENT\", got {spec!r}")
+    return path, segment
+
+
+def _segment_for(state: MasterState, name: str, size_bytes: int, region_uuid: str, path: str) -> Segment:
+    """The mounted segment ``name``, checked against the region; mounted from the
+    region's identity when the configuration does not declare it.
+
+    Raises:
+        ConfigError: a size or uuid mismatch (both named).
+    """
+    seg = state.segment_table.by_name(name)
+    if seg is None or not seg.mounted:
+        seg = state.segment_table.mount(name, Tier.CXL, size_bytes, region_uuid, path)
+        state.counters["segments_mounted"] += 1
+        log.info("recovery: mounted segment %s from the identity of region %s", name, path)
+        return seg
+    if seg.size_bytes != size_bytes:
+        raise ConfigError(f"recover_from_region: region {path} is {size_bytes} B but segment "
+                          f"{name!r} is {seg.size_bytes} B")
+    if seg.region_uuid and seg.region_uuid != region_uuid:
+        raise ConfigError(f"recover_from_region: region {path} has uuid {region_uuid} but segment "
+                          f"{name!r} is configured with region_uuid {seg.region_uuid}")
+    seg.region_uuid = region_uuid  # adopted: clientds registering later must report this one
+    return seg
+
+
+def recover_region(state: MasterState, spec: str, now: float) -> RegionRecovery:
+    """Restore the committed objects of one region into ``state``.
+
+    Args:
+        state: the master's state (fresh: nothing allocated in this segment yet,
+            or only objects of earlier regions elsewhere).
+        spec: ``"PATH"`` or ``"PATH=SEGMENT"``.
+        now: master clock, seconds.
+
+    Returns:
+        What was found and restored.
+
+    Raises:
+        ConfigError: the region cannot be mapped, is not formatted, its identity
+            names another segment than ``SEGMENT``, or its size or uuid differs
+            from the segment's; a segment recovered twice.
+    """
+    from cxlkv.region import read_identity
+    from cxlkv.transport import Region
+    from cxlkv.transport.scan import live_objects, scan_region
+
+    t0 = time.perf_counter()
+    path, want = parse_recover_spec(spec)
+    try:
+        with Region.open(path) as region:
+            identity = read_identity(region)
+            name = want or identity.segment_name
+            if want and identity.segment_name != want:
+                raise ConfigError(f"recover_from_region: region {path} is formatted as segment "
+                                  f"{identity.segment_name!r}, not {want!r}")
+            uuid = str(identity.region_uuid)
+            seg = _segment_for(state, name, region.size_bytes, uuid, path)
+            if seg.allocator.live_extents:
+                raise ConfigError(f"recover_from_region: segment {name!r} is recovered twice "
+                                  f"(or already holds objects); give each region once")
+            found = scan_region(region, verify_values=True)
+    except CxlkvError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"recover_from_region: {exc.message}") from None
+    live = live_objects(found)
+    # What would be live were every value intact: those whose value fails are the corrupt ones.
+    intact = {(o.offset_bytes, o.version): o.checksum_ok for o in found}
+    candidates = live_objects([dataclasses.replace(o, checksum_ok=None) for o in found])
+    corrupt = sum(1 for o in candidates if intact[(o.offset_bytes, o.version)] is False)
+    report = state.restore_objects(seg.segment_id, (
+        RestoredObject(o.key, o.offset_bytes, o.value_len_bytes, o.header_bytes, o.version, o.value_checksum)
+        for o in live
+    ), now)
+    refused = report.superseded + report.conflicts + report.invalid
+    return RegionRecovery(
+        path=path, segment=name, region_uuid=uuid, headers=len(found), live=len(live),
+        restored=report.restored, replicas=report.replicas, restored_bytes=report.restored_bytes,
+        skipped=corrupt + refused, seconds=time.perf_counter() - t0,
+    )
+
+
+def recover_regions(state: MasterState, specs: Sequence[str], now: float) -> list[RegionRecovery]:
+    """Recover every region of ``specs`` in order; log one summary line.
+
+    Logs one line per region with skipped objects (their count, never one line
+    per object) and one summary line: objects, bytes, skipped, seconds.
+
+    Raises:
+        ConfigError: as :func:`recover_region`.
+    """
+    if not specs:
+        return []
+    t0 = time.perf_counter()
+    done = [recover_region(state, spec, now) for spec in specs]
+    for r in done:
+        if r.skipped:
+            log.warning("recovery: region %s (segment %s): skipped %d object(s) whose checksum failed "
+                        "or that the master refused", r.path, r.segment, r.skipped)
+    seconds = time.perf_counter() - t0
+    objects = sum(r.restored for r in done)
+    log.info(
+        "recovery: rebuilt the index from %d region(s): %d object(s), %d replica(s), %d bytes, "
+        "%d skipped, %.3f s", len(done), objects, sum(r.replicas for r in done),
+        sum(r.restored_bytes for r in done), sum(r.skipped for r in done), seconds,
+    )
+    return done
