@@ -150,10 +150,12 @@ def recover_region(state: MasterState, spec: str, now: float) -> RegionRecovery:
             raise
         raise ConfigError(f"recover_from_region: {exc.message}") from None
     live = live_objects(found)
-    # What would be live were every value intact: those whose value fails are the corrupt ones.
-    intact = {(o.offset_bytes, o.version): o.checksum_ok for o in found}
-    candidates = live_objects([dataclasses.replace(o, checksum_ok=None) for o in found])
-    corrupt = sum(1 for o in candidates if intact[(o.offset_bytes, o.version)] is False)
+    corrupt = 0
+    if any(o.checksum_ok is False for o in found):
+        # What would be live were every value intact: those whose value fails are the corrupt ones.
+        intact = {(o.offset_bytes, o.version): o.checksum_ok for o in found}
+        candidates = live_objects([dataclasses.replace(o, checksum_ok=None) for o in found])
+        corrupt = sum(1 for o in candidates if intact[(o.offset_bytes, o.version)] is False)
     report = state.restore_objects(seg.segment_id, (
         RestoredObject(o.key, o.offset_bytes, o.value_len_bytes, o.header_bytes, o.version, o.value_checksum)
         for o in live
