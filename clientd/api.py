@@ -67,7 +67,7 @@ class ClientApi:
     def _inline_spec(self, req: client_pb2.PutRequest, upsert: bool) -> PutSpec | client_pb2.PutResult:
         value = req.value
         if len(value) > self.max_inline_bytes:
-            return _PutResult(status=_Status(code=int(ErrorCode.TOO_LARGE), message=(
+            return _PutResult(status=_Status(code=int(ErrorCode.TOO_LARGE), message=(  # type: ignore[arg-type]
                 f"inline value of {len(value)} bytes is over the limit of {self.max_inline_bytes} "
                 "bytes: use PutFrom with a shared buffer")))
         opts = req.options if req.HasField("options") else None

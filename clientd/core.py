@@ -148,11 +148,12 @@ class _Copy:
 
 
 def _status(code: int, message: str) -> common_pb2.Status:
-    return _Status(code=code, message=message)
+    """A per-item Status (the enum field takes the plain int code)."""
+    return _Status(code=code, message=message)  # type: ignore[arg-type]
 
 
 def _err_status(exc: CxlkvError) -> common_pb2.Status:
-    return _Status(code=int(exc.code), message=exc.message)
+    return _status(int(exc.code), exc.message)
 
 
 class ClientdCore:
@@ -292,17 +293,17 @@ class ClientdCore:
             else:
                 errs = self._copy_in_and_flush(live)
                 checksums = _hash_sources(specs, hashed)
-            for i, exc in errs.items():
-                failed.setdefault(i, exc)
+            for i, copy_error in errs.items():
+                failed.setdefault(i, copy_error)
             self.counters["bytes_in"] += total
         else:
             checksums = _hash_sources(specs, hashed)
         # The header goes in after the value is in memory (flushed, in flush mode).
         for i, r in accepted:
             if i not in failed:
-                exc = self._write_header(key_bytes[i], r, specs[i].size, checksums[i])
-                if exc is not None:
-                    failed[i] = exc
+                header_error = self._write_header(key_bytes[i], r, specs[i].size, checksums[i])
+                if header_error is not None:
+                    failed[i] = header_error
 
         ends: list[tuple[int, master_pb2.PutStartResult]] = []
         revokes: list[tuple[int, master_pb2.PutStartResult]] = []

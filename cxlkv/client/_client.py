@@ -297,7 +297,7 @@ class Client:
         seg, off = self._pool.alloc(size_bytes)
         arr = seg.array[off:off + size_bytes]
         weakref.finalize(arr, self._pool.free, seg, off)
-        return memoryview(arr)
+        return memoryview(arr)  # type: ignore[arg-type]  # ndarrays export the buffer protocol
 
     def _locate(self, a: np.ndarray) -> tuple[int, int] | None:
         return self._pool.locate(address_of(a), a.nbytes) if a.nbytes else None

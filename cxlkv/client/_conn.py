@@ -235,8 +235,8 @@ class LeanConnection:
                         sock.setblocking(False)
                     else:
                         code, rid, body = self._read_frame()
-                    i = pending.pop(rid, None)
-                    if i is not None:
+                    i = pending.pop(rid, -1)
+                    if i >= 0:
                         results[i] = self._decode(calls[i][0], code, body)
                 if not pending:
                     break
