@@ -143,7 +143,7 @@ class _LruPolicy:
     def on_hit(self, key) -> None:
         self._order.move_to_end(key)
 
-    def on_remove(self, key) -> None:
+    def on_remove(self, key, evicted: bool = False) -> None:
         self._order.pop(key, None)
 
     def candidates(self, n: int):
@@ -205,7 +205,7 @@ def simulate(
             if len(resident) >= cap:
                 for victim in pol.candidates(len(resident) - low):
                     resident.discard(victim)
-                    pol.on_remove(victim)
+                    pol.on_remove(victim, evicted=True)  # as the master does (ARC keeps a ghost)
             resident.add(h)
             pol.on_put(h)
     return SimResult(blocks, hit_blocks, tokens, hit_tokens)

@@ -65,3 +65,15 @@ def test_block_content_is_distinct_and_sized() -> None:
     assert block_content(3, 4096) == block_content(3, 4096)
     assert region_bytes_for(10, 65536) == 4096 + 10 * 65536
     assert region_bytes_for(10, 100) == 4096 + 10 * 128
+
+
+@needs_trace
+def test_store_policies_in_the_simulator_beat_lru_at_ten_percent() -> None:
+    """The master's own ARC, driven as the master drives it (evictions leave ghosts),
+    beats LRU on the whole trace at 10 % capacity; LRU through the plugin equals the built-in."""
+    trace = load_trace(TRACE)
+    cap = int(0.1 * unique_blocks(trace))
+    lru = simulate(trace, cap, policy="lru", low_watermark=0.999).block_hit_rate
+    assert lru == pytest.approx(simulate(trace, cap, policy="lru_builtin", low_watermark=0.999).block_hit_rate)
+    arc = simulate(trace, cap, policy="arc", low_watermark=0.999).block_hit_rate
+    assert arc >= 0.279 > lru
