@@ -8,6 +8,7 @@ CXLKV  := $(VENV)/bin/cxlkv
 STAMP  := $(VENV)/.install-stamp
 TRACE  ?= ../shared/traces/conversation_trace.jsonl
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 INSTALL_DEPS := pyproject.toml setup.py $(wildcard transport/*.c transport/*.h transport/build_transport.py)
 
@@ -19,6 +20,7 @@ help:
 	@echo "make install - create $(VENV) and install cxlkv with its C transport"
 	@echo "make proto   - regenerate the gRPC stubs from proto/"
 	@echo "make bench   - run every benchmark, write bench/results/*.json and a summary"
+	@echo "               (BENCH_ARGS='--compare mooncake' adds the peer, BENCH_ARGS=--quick a smoke run)"
 
 install: $(STAMP)
 
@@ -38,7 +40,7 @@ proto: install
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/cxlkv/v1/*.proto
 
 bench: install
-	$(CXLKV) bench all --json-dir bench/results
+	$(CXLKV) bench all --json-dir bench/results $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info transport/*.so

@@ -86,7 +86,9 @@ def summarize(json_dir: Path) -> str:
 @click.option("--quick", is_flag=True, help="Smoke run: fewer sizes and a 1,000-request replay.")
 @click.option("--only", multiple=True, help="Run only these (repeatable): " + ", ".join(BENCHMARKS) + ", replay.")
 @click.option("--trace", default=DEFAULT_TRACE, show_default=True, type=click.Path(dir_okay=False))
-def all_cmd(json_dir: str, quick: bool, only: tuple[str, ...], trace: str) -> None:
+@click.option("--compare", type=click.Choice(["mooncake"]), default=None,
+              help="Also run the peer (Mooncake Store, ../shared/peer/) beside `bench kv`.")
+def all_cmd(json_dir: str, quick: bool, only: tuple[str, ...], trace: str, compare: str | None) -> None:
     """Run every benchmark and the replay; write JSON results and summary.md."""
     out_dir = Path(json_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -107,6 +109,8 @@ def all_cmd(json_dir: str, quick: bool, only: tuple[str, ...], trace: str) -> No
                     "--out", str(out)] + (["--limit", "1000"] if quick else [])
         else:
             argv = ["bench", name, "--out", str(out)] + (["--quick"] if quick else [])
+            if name == "kv" and compare:
+                argv += ["--compare", compare]
         click.echo(f"\n=== {name}: cxlkv {' '.join(argv)}", err=True)
         rc = subprocess.call([sys.executable, "-m", "cxlkv.cli", *argv])
         if rc != 0:
