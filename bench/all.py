@@ -109,8 +109,10 @@ def all_cmd(json_dir: str, quick: bool, only: tuple[str, ...], trace: str, compa
                     "--out", str(out)] + (["--limit", "1000"] if quick else [])
         else:
             argv = ["bench", name, "--out", str(out)] + (["--quick"] if quick else [])
-            if name == "kv" and compare:
-                argv += ["--compare", compare]
+            if name == "kv":
+                argv += ["--coherence", "both"]  # flush mode's cost beside coherent, same run
+                if compare:
+                    argv += ["--compare", compare]
         click.echo(f"\n=== {name}: cxlkv {' '.join(argv)}", err=True)
         rc = subprocess.call([sys.executable, "-m", "cxlkv.cli", *argv])
         if rc != 0:
