@@ -175,11 +175,13 @@ def example_toml(kind: str) -> str:
         "",
     ]
     tables: list[dataclasses.Field] = []
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if typing.get_origin(typing.get_type_hints(cls)[f.name]) is list:
+        hint = hints[f.name]
+        if typing.get_origin(hint) is list and dataclasses.is_dataclass(typing.get_args(hint)[0]):
             tables.append(f)
             continue
-        default = f.default
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
         out += _comment(f, _default_text(f, default))
         out.append(f"{f.name} = {_value_text(f, values.get(f.name, default))}")
         out.append("")
