@@ -80,6 +80,9 @@ def test_host_killed_mid_load_loses_only_unfinished_puts(make_cluster) -> None:
             assert time.monotonic() - t1 < 2
             assert time.monotonic() < deadline, "A's PROCESSING puts were never reclaimed"
             time.sleep(0.1)
+    # A may have had no put in flight when killed: then nothing above waited for its expiry.
+    cl.wait_until(lambda: cl.master_stat(False).counters["clients_expired"] >= 1, timeout_s=15,
+                  what="clientd-0's registration to expire")
     st = cl.assert_invariants()
     assert st.counters["clients_expired"] >= 1
     assert not [c for c in st.clients if c.name == "clientd-0" and c.alive]
