@@ -37,6 +37,19 @@ _socket_option = click.option(
          "else <runtime dir>/clientd.sock.")
 
 
+def _check_utf8(kwargs: dict[str, Any]) -> None:
+    """Keys (and a prefix) from argv that are not UTF-8 fail as INVALID_KEY, not a traceback."""
+    from cxlkv.errors import InvalidKey
+
+    for name, what in (("key", "key"), ("keys", "key"), ("prefix", "prefix")):
+        value = kwargs.get(name)
+        for text in (value,) if isinstance(value, str) else (value or ()):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InvalidKey(f"{what} is not valid UTF-8 (bad byte at character {exc.start})") from None
+
+
 def _kv_command(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Open a Client for the command; turn cxlkv errors into one line and an exit code."""
 
@@ -46,6 +59,7 @@ def _kv_command(fn: Callable[..., Any]) -> Callable[..., Any]:
         from cxlkv.errors import CxlkvError
 
         try:
+            _check_utf8(kwargs)
             with Client(socket_path) as client:
                 fn(client, **kwargs)
         except CxlkvError as err:
@@ -93,8 +107,14 @@ def put_cmd(client: Any, key: str, source: str, upsert: bool, replica_num: int, 
             if size == 0:
                 version = client.put(key, b"", **opts)
             else:
-                with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                try:
                     version = client.put_from(key, mm, **opts)
+                finally:
+                    try:
+                        mm.close()
+                    except BufferError:  # a failed put's traceback still views the map; it goes with it
+                        pass
     if as_json:
         click.echo(json.dumps({"key": key, "version": version, "size_bytes": size}))
     else:

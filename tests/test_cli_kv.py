@@ -106,3 +106,27 @@ def test_cli_as_a_subprocess_uses_cxlkv_socket(module_cluster) -> None:
     assert p.returncode == 0 and p.stdout == b"abc"
     p = subprocess.run([sys.executable, "-m", "cxlkv.cli", "get", "cli/none"], env=env, capture_output=True, timeout=60)
     assert p.returncode == 11 and b"Traceback" not in p.stderr
+
+
+def test_put_from_a_file_fails_in_one_line(run, module_cluster, tmp_path: Path) -> None:
+    """A refused put of FILE (mmapped) is one line and the error's exit code, not a BufferError traceback."""
+    src = tmp_path / "v.bin"
+    src.write_bytes(b"file value")
+    assert run("put", "cli/fdup", str(src)).exit_code == 0
+    for key, code in (("cli/fdup", ErrorCode.ALREADY_EXISTS), ("", ErrorCode.INVALID_KEY)):
+        p = subprocess.run([sys.executable, "-m", "cxlkv.cli", "put", key, str(src)], capture_output=True,
+                           env=dict(os.environ, CXLKV_SOCKET=module_cluster.socket_path(0)), timeout=60)
+        assert p.returncode == 10 + code, p.stderr
+        assert b"Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_non_utf8_key_from_argv_is_invalid_key(module_cluster) -> None:
+    """argv bytes that are not UTF-8 (surrogate-escaped by Python) are INVALID_KEY, not a traceback."""
+    env = dict(os.environ, CXLKV_SOCKET=module_cluster.socket_path(0))
+    for args in (["put", b"a\xffb", "-"], ["get", b"\xff"], ["rm", "ok", b"\xff"], ["ls", "--prefix", b"\xff"]):
+        p = subprocess.run([sys.executable.encode(), b"-m", b"cxlkv.cli", *[a if isinstance(a, bytes) else a.encode()
+                                                                           for a in args]],
+                           input=b"v", env=env, capture_output=True, timeout=60)
+        assert p.returncode == 10 + ErrorCode.INVALID_KEY, (args, p.stderr)
+        assert p.stderr.startswith(b"error: INVALID_KEY:") and b"UTF-8" in p.stderr, p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
