@@ -78,8 +78,17 @@ def up_cmd(run_dir: str, clientds: int, region_size: str, segments: int, prefaul
     rd = Path(run_dir)
     if (rd / "cluster.json").exists():
         state = json.loads((rd / "cluster.json").read_text())
-        if _alive(state.get("master_pid")):
-            raise click.ClickException(f"a cluster is already running in {rd} (`cxlkv cluster down` first)")
+        # Any live process or region left by the previous cluster would be orphaned when
+        # this one overwrites (or, failing, deletes) cluster.json: `down` must clean it first.
+        alive = [name for name, pid in [("master", state.get("master_pid"))]
+                 + [(c["name"], c["pid"]) for c in state.get("clientds", [])] if _alive(pid)]
+        if alive:
+            raise click.ClickException(f"a cluster is already running in {rd} ({', '.join(alive)} alive; "
+                                       f"`cxlkv cluster down --run-dir {run_dir}` first)")
+        left = [p for p in state.get("regions", []) if Path(p).exists()]
+        if left:
+            raise click.ClickException(f"the previous cluster in {rd} stopped but left its region(s) "
+                                       f"{', '.join(left)}; `cxlkv cluster down --run-dir {run_dir}` deletes them")
     try:
         size = parse_size(region_size, name="--region-size")
         cluster = LocalCluster(rd, clientds=clientds, region_size_bytes=size, segments=segments,

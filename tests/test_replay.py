@@ -100,3 +100,28 @@ def test_cluster_up_status_down(tmp_path: Path) -> None:
         assert not Path(f"/proc/{c['pid']}").exists() or "Z" in Path(f"/proc/{c['pid']}/stat").read_text().split(") ")[1][:1]
     assert not any(Path(p).exists() for p in state["regions"])
     assert subprocess.run(cli + ["status", "--run-dir", str(run_dir)], capture_output=True, timeout=60).returncode != 0
+
+
+def test_cluster_up_refuses_over_a_half_dead_cluster(tmp_path: Path) -> None:
+    """With the master dead but a clientd alive, `up` must not orphan the clientd and region."""
+    import signal
+
+    run_dir = tmp_path / "c"
+    cli = [sys.executable, "-m", "cxlkv.cli", "cluster"]
+    up = subprocess.run(cli + ["up", "--run-dir", str(run_dir), "--region-size", "32MiB"],
+                        capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    state = json.loads((run_dir / "cluster.json").read_text())
+    try:
+        os.kill(state["master_pid"], signal.SIGKILL)
+        again = subprocess.run(cli + ["up", "--run-dir", str(run_dir), "--region-size", "32MiB"],
+                               capture_output=True, text=True, timeout=120)
+        assert again.returncode != 0 and "already running" in again.stderr and "clientd-0" in again.stderr
+        assert "Traceback" not in again.stderr
+        assert json.loads((run_dir / "cluster.json").read_text()) == state
+    finally:
+        down = subprocess.run(cli + ["down", "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert not any(Path(p).exists() for p in state["regions"])
+    for c in state["clientds"]:
+        assert not Path(f"/proc/{c['pid']}").exists() or "Z" in Path(f"/proc/{c['pid']}/stat").read_text().split(") ")[1][:1]
