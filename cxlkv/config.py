@@ -279,7 +279,8 @@ def _coerce(cls: type, f: dataclasses.Field, value: Any, where: str) -> Any:
     if origin is list:
         (item_type,) = typing.get_args(hint)
         if not isinstance(value, list):
-            raise ConfigError(f"{where}: expected a list (TOML [[{f.name}]] tables), got {value!r}")
+            shape = f"[[{f.name}]] tables" if dataclasses.is_dataclass(item_type) else f"{f.name} = [\"...\", ...]"
+            raise ConfigError(f"{where}: expected a list (TOML {shape}), got {value!r}")
         if dataclasses.is_dataclass(item_type):
             return [_build(item_type, v, f"{where}[{i}]") for i, v in enumerate(value)]
         return list(value)
@@ -350,8 +351,10 @@ def load_config(
             raise ConfigError(f"config file {p} does not exist") from None
         except PermissionError:
             raise ConfigError(f"config file {p}: permission denied") from None
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"config file {p}: {exc}") from None
+        except OSError as exc:  # a directory, an I/O error
+            raise ConfigError(f"config file {p}: {exc.strerror or exc}") from None
     if env and env_prefix:
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         for k, v in env.items():

@@ -56,6 +56,16 @@ def test_errors_name_the_key(tmp_path: Path) -> None:
     f.write_text('[[segments]]\nname = "a"\nsize_bytes = 0\n')
     with pytest.raises(ConfigError, match=r"segments\[a\]\.size_bytes"):
         load_config(MasterConfig, f)
+    # not UTF-8, a directory: ConfigError (one line, exit 2), not a traceback
+    f.write_bytes(b"\xff\xfe")
+    with pytest.raises(ConfigError, match="m.toml.*utf-8"):
+        load_config(MasterConfig, f)
+    with pytest.raises(ConfigError, match="directory"):
+        load_config(MasterConfig, tmp_path)
+    # a list of strings is not a list of tables: say how to write it
+    f.write_text('recover_from_region = "/dev/dax0.0"\n')
+    with pytest.raises(ConfigError, match=r'recover_from_region = \["'):
+        load_config(MasterConfig, f)
 
 
 def test_clientd_socket_defaults() -> None:
