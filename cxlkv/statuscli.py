@@ -322,7 +322,10 @@ def status_cmd(master_address: str | None, socket_path: str | None, window_s: fl
     try:
         st = collect_status(master_address, socket_path, window_s)
     except CxlkvError as err:
-        click.echo(f"error: {err.code.name}: {err.message}", err=True)
+        hint = ""
+        if master_address is None and err.code.name == "UNAVAILABLE" and "clientd" in err.message:
+            hint = "; or ask the master directly: cxlkv status --master HOST:PORT"
+        click.echo(f"error: {err.code.name}: {err.message}{hint}", err=True)
         sys.exit(exit_code_for(err))
     if as_json:
         click.echo(json.dumps(st, indent=2, sort_keys=True))

@@ -87,5 +87,7 @@ def test_status_unreachable_is_one_line(tmp_path: Path) -> None:
     r = _status("--socket", str(tmp_path / "none.sock"))
     assert r.returncode == 22, (r.returncode, r.stderr)
     assert r.stdout == "" and len(r.stderr.splitlines()) == 1 and r.stderr.startswith("error: UNAVAILABLE:")
+    assert "--master HOST:PORT" in r.stderr  # the way round a dead local clientd
     r = _status("--master", "127.0.0.1:1")
     assert r.returncode == 22 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "--master HOST:PORT" not in r.stderr
