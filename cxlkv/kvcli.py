@@ -133,8 +133,11 @@ def get_cmd(client: Any, key: str, output: str | None) -> None:
         sys.stdout.buffer.write(value)
         sys.stdout.buffer.flush()
     else:
-        with open(output, "wb") as f:
-            f.write(value)
+        try:
+            with open(output, "wb") as f:
+                f.write(value)
+        except OSError as exc:
+            raise click.BadParameter(f"{output}: {exc.strerror or exc}", param_hint="'-o' / '--output'") from None
 
 
 @click.command("exists")

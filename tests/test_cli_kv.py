@@ -63,6 +63,8 @@ def test_errors_are_one_line_with_distinct_exit_codes(run, tmp_path: Path) -> No
     assert r.exit_code == 10 + ErrorCode.UNAVAILABLE and "no-daemon.sock" in r.stderr
     r = run("put", "cli/x", str(tmp_path / "missing-file"))
     assert r.exit_code == 2 and "missing-file" in r.output + r.stderr
+    r = run("get", "cli/dup", "-o", str(tmp_path / "no-dir" / "out"))
+    assert r.exit_code == 2 and "no-dir" in r.stderr and "No such file or directory" in r.stderr
 
 
 def test_exists_rm_ls(run) -> None:
