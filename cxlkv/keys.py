@@ -17,8 +17,9 @@ MAX_KEY_BYTES = 4096
 def key_error(key: object) -> str | None:
     """Why ``key`` is not a valid key, or ``None`` when it is.
 
-    Constant time for keys of at most 1024 characters (they cannot exceed 4096
-    UTF-8 bytes), so it is cheap on the master's per-key path.
+    Constant time for ASCII keys (the common case on the master's per-key path);
+    other keys are encoded once to count their UTF-8 bytes and catch lone
+    surrogates, which no UTF-8 string can hold.
     """
     if not isinstance(key, str):
         return f"key must be a str, got {type(key).__name__}"
@@ -26,13 +27,16 @@ def key_error(key: object) -> str | None:
         return "key is empty (keys are 1-4096 UTF-8 bytes)"
     if "\x00" in key:
         return "key contains NUL"
-    if len(key) > MAX_KEY_BYTES // 4:
-        try:
-            n = len(key.encode("utf-8"))
-        except UnicodeEncodeError:
-            return "key is not valid UTF-8 (lone surrogate)"
-        if n > MAX_KEY_BYTES:
-            return f"key is {n} bytes; the limit is {MAX_KEY_BYTES} UTF-8 bytes"
+    if key.isascii():  # O(1) for ASCII keys (CPython keeps the flag): length is bytes
+        if len(key) > MAX_KEY_BYTES:
+            return f"key is {len(key)} bytes; the limit is {MAX_KEY_BYTES} UTF-8 bytes"
+        return None
+    try:
+        n = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "key is not valid UTF-8 (lone surrogate)"
+    if n > MAX_KEY_BYTES:
+        return f"key is {n} bytes; the limit is {MAX_KEY_BYTES} UTF-8 bytes"
     return None
 
 

@@ -56,5 +56,6 @@ def test_keys() -> None:
     assert "4097" in key_error("x" * (MAX_KEY_BYTES + 1))
     assert key_error("é" * 2049) is not None  # 4098 UTF-8 bytes
     assert key_error("") and key_error("a\x00b") and key_error(b"bytes")
+    assert "surrogate" in key_error("k\udc80")  # short keys too
     with pytest.raises(errors.InvalidKey):
         validate_key("")

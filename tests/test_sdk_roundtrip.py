@@ -215,3 +215,17 @@ def test_unavailable_names_the_socket(tmp_path) -> None:
             Client()
     finally:
         del os.environ["CXLKV_SOCKET"]
+
+
+def test_lone_surrogate_keys_are_invalid_keys(ab) -> None:
+    """A str key no UTF-8 string can carry is refused as InvalidKey, never a UnicodeEncodeError."""
+    from cxlkv.errors import InvalidKey
+
+    a, _ = ab
+    bad = "surrogate/\udc80"
+    for call in (lambda: a.put(bad, b"x"), lambda: a.get(bad), lambda: a.exists(bad),
+                 lambda: a.remove(bad), lambda: a.get_many([bad, "fine"])):
+        with pytest.raises(InvalidKey, match="UTF-8"):
+            call()
+    a.put("surrogate/ok", b"still serving")
+    assert a.get("surrogate/ok") == b"still serving"

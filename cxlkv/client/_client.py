@@ -5,6 +5,7 @@ See docs/sdk.md for the guide; the docstrings here are the reference.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -18,7 +19,7 @@ from cxlkv.client._conn import GrpcConnection, LeanConnection
 from cxlkv.client._memory import address_of, dst_array, nbytes_of, src_array
 from cxlkv.client._pool import BufferPool, Segment
 from cxlkv.client.framing import METHODS_BY_NAME
-from cxlkv.errors import CxlkvError, InvalidArgument, OutOfRange, TooLarge, Unavailable, error_for
+from cxlkv.errors import CxlkvError, InvalidArgument, InvalidKey, OutOfRange, TooLarge, Unavailable, error_for
 from cxlkv.v1 import client_pb2, common_pb2
 
 __all__ = ["Client", "Result", "KeyInfo", "DEFAULT_POOL_BYTES", "default_socket_path"]
@@ -91,6 +92,20 @@ class KeyInfo:
     size_bytes: int
     version: int
     replica_count: int
+
+
+def _utf8_keys(fn: Any) -> Any:
+    """Turn protobuf's UnicodeEncodeError (a key or prefix holding a lone surrogate,
+    which no UTF-8 string can carry) into the documented :class:`InvalidKey`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UnicodeEncodeError as exc:
+            raise InvalidKey(f"key is not valid UTF-8 ({exc.reason}); keys are UTF-8 strings") from None
+
+    return wrapper
 
 
 def _status_error(st: common_pb2.Status, key: str | None) -> CxlkvError:
@@ -303,6 +318,7 @@ class Client:
         return self._pool.locate(address_of(a), a.nbytes) if a.nbytes else None
 
     # ===================================================== single-key values
+    @_utf8_keys
     def put(self, key: str, value: Any, *, upsert: bool = False, replica_num: int = 1,
             soft_pin: bool = False, hard_pin: bool = False) -> int:
         """Store ``value`` under ``key``.
@@ -339,10 +355,12 @@ class Client:
                 raise
             return self._put_staged(key, src_array(value), opts)
 
+    @_utf8_keys
     def upsert(self, key: str, value: Any, **options: Any) -> int:
         """``put(key, value, upsert=True, ...)``: replace atomically; returns the new version."""
         return self.put(key, value, upsert=True, **options)
 
+    @_utf8_keys
     def get(self, key: str) -> bytes:
         """The value of ``key``.
 
@@ -371,6 +389,7 @@ class Client:
                 return seg.array[off:off + r.value_size_bytes].tobytes()
         raise OutOfRange(f"value of key {key!r} kept growing while being read", key=key)
 
+    @_utf8_keys
     def exists(self, key: str) -> bool:
         """Whether ``key`` is committed (grants no lease).
 
@@ -379,6 +398,7 @@ class Client:
         """
         return self._call("Exist", client_pb2.ExistRequest(key=key)).exists
 
+    @_utf8_keys
     def remove(self, key: str, force: bool = False) -> None:
         """Remove ``key``.
 
@@ -392,6 +412,7 @@ class Client:
         """
         self._call("Remove", client_pb2.ClientRemoveRequest(key=key, force=force))
 
+    @_utf8_keys
     def remove_all(self, force: bool = False, regex: str = "") -> int:
         """Remove every committed object, or those whose key matches ``regex`` (``re.search``).
 
@@ -405,6 +426,7 @@ class Client:
         return self._call("RemoveAll", client_pb2.ClientRemoveAllRequest(force=force, regex=regex)).removed
 
     # ========================================================= zero-copy forms
+    @_utf8_keys
     def put_from(self, key: str, src: Any, *, upsert: bool = False, replica_num: int = 1,
                  soft_pin: bool = False, hard_pin: bool = False) -> int:
         """Store the bytes of ``src`` (zero-copy when ``src`` is :meth:`buffer` memory).
@@ -434,6 +456,7 @@ class Client:
             return self._call("PutFrom", _PutFromRequest(key=key, options=opts, source=_BufferRange(
                 buffer_id=seg.buffer_id, offset_bytes=off, length_bytes=a.nbytes))).version
 
+    @_utf8_keys
     def get_into(self, key: str, dst: Any) -> int:
         """Copy the value of ``key`` into the start of ``dst``.
 
@@ -462,6 +485,7 @@ class Client:
             return n
 
     # ================================================================ batches
+    @_utf8_keys
     def put_many(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]], *, upsert: bool = False,
                  replica_num: int = 1, soft_pin: bool = False, hard_pin: bool = False) -> list[Result]:
         """Store many values; one :class:`Result` per item, in order (``version`` set when ok).
@@ -478,6 +502,7 @@ class Client:
         values = [v for _, v in pairs]
         return self._put_values(keys, values, _options(upsert, replica_num, soft_pin, hard_pin))
 
+    @_utf8_keys
     def put_from_many(self, keys: Sequence[str], srcs: Sequence[Any], *, upsert: bool = False,
                       replica_num: int = 1, soft_pin: bool = False, hard_pin: bool = False) -> list[Result]:
         """Store ``srcs[i]`` under ``keys[i]``; one :class:`Result` per key.
@@ -557,6 +582,7 @@ class Client:
             else:
                 results[i] = Result(True, version=r.version)
 
+    @_utf8_keys
     def get_many(self, keys: Sequence[str]) -> list[Result]:
         """Read many values; one :class:`Result` per key (``value`` = bytes when ok).
 
@@ -587,6 +613,7 @@ class Client:
                     results[i] = Result(False, error=_status_error(r.status, keys[i]))
         return results  # type: ignore[return-value]
 
+    @_utf8_keys
     def get_into_many(self, keys: Sequence[str], dsts: Sequence[Any]) -> list[Result]:
         """Copy the value of ``keys[i]`` into ``dsts[i]``; one :class:`Result` per key
         (``value`` = bytes copied when ok).
@@ -646,6 +673,7 @@ class Client:
             targets.append((loc[0], loc[1], n))
         return arrays, targets, copy_back
 
+    @_utf8_keys
     def get_prefix_into(self, keys: Sequence[str], dsts: Sequence[Any]) -> int:
         """The longest cached prefix of ``keys``, copied into ``dsts`` in one call.
 
@@ -681,6 +709,7 @@ class Client:
                     arrays[i][:n] = seg.array[off:off + n]
             return matched
 
+    @_utf8_keys
     def exists_many(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key is committed (invalid keys answer ``False``).
 
@@ -697,6 +726,7 @@ class Client:
             out.extend(resp.exists)
         return out
 
+    @_utf8_keys
     def remove_many(self, keys: Sequence[str], force: bool = False) -> list[Result]:
         """Remove many keys; one :class:`Result` per key.
 
