@@ -298,6 +298,7 @@ def write_json(records: Iterable[Record], path: str | os.PathLike[str]) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2)
             f.write("\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for everyone to read
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
