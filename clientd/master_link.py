@@ -29,7 +29,7 @@ from cxlkv.clientd.batcher import Coalescer
 from cxlkv.clientd.regions import RegionSet, StartupError
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode, NotReady, StaleToken, Unavailable, UnknownClient, from_rpc_error
-from cxlkv.lean import LeanChannel, service_methods
+from cxlkv.lean import LeanChannel, LeanConnectError, service_methods
 from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 _MASTER_METHODS = service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"])
@@ -346,11 +346,18 @@ class MasterLink:
         if lean is not None and method in _LEAN_METHODS:
             try:
                 resp = await lean.call(method, request, timeout=timeout or self.cfg.master_timeout_s)
+            except LeanConnectError as exc:
+                # Nothing was sent: use gRPC until the next registration offers the link again
+                # (e.g. a firewall that lets the gRPC port through but not the lean one).
+                log.warning("%s; using gRPC for every master call until the next registration", exc.message)
+                self._lean = None
+                lean.close()
             except Unavailable:
                 self.connected = False
                 raise
-            self.connected = True
-            return resp
+            else:
+                self.connected = True
+                return resp
         try:
             resp = await getattr(self._stub, method)(request, timeout=timeout or self.cfg.master_timeout_s)
         except grpc.aio.AioRpcError as exc:

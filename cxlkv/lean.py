@@ -39,7 +39,7 @@ from cxlkv.client.framing import DEFAULT_MAX_FRAME_BYTES, HEADER, HEADER_BYTES, 
 from cxlkv.errors import CxlkvError, ErrorCode, Internal, InvalidArgument, Unavailable, error_for
 from cxlkv.v1 import common_pb2
 
-__all__ = ["service_methods", "LeanRoute", "LeanProtocol", "LeanServer", "LeanChannel"]
+__all__ = ["service_methods", "LeanRoute", "LeanProtocol", "LeanServer", "LeanChannel", "LeanConnectError"]
 
 log = logging.getLogger(__name__)
 
@@ -329,6 +329,10 @@ class LeanServer:
         await self._server.wait_closed()
 
 
+class LeanConnectError(Unavailable):
+    """The lean link could not be opened: nothing was sent, so the call may safely go another way."""
+
+
 class _ChannelProtocol(asyncio.Protocol):
     def __init__(self, channel: "LeanChannel") -> None:
         self.channel = channel
@@ -406,7 +410,7 @@ class LeanChannel:
             try:
                 _, proto = await loop.create_connection(lambda: _ChannelProtocol(self), self.host, self.port)
             except OSError as exc:
-                raise Unavailable(f"lean link to {self.target}: {exc.strerror or exc}") from None
+                raise LeanConnectError(f"lean link to {self.target}: {exc.strerror or exc}") from None
             self._proto = proto
             return proto
 
@@ -422,7 +426,9 @@ class LeanChannel:
 
         Raises:
             CxlkvError: the server's error for this call (its ErrorDetail).
-            Unavailable: no connection, connection lost, or no answer within ``timeout`` seconds.
+            LeanConnectError: the connection could not be opened (nothing was sent).
+            Unavailable: connection lost, or no answer within ``timeout`` seconds
+                (the call may or may not have run).
         """
         method = self._by_name[name]
         proto = await self._connection()

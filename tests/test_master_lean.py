@@ -81,3 +81,16 @@ def test_lean_can_be_turned_off(tmp_path: Path) -> None:
     with MasterProcess(tmp_path, {"lean_listen_address": "off"}) as mp:
         resp = mp.stub.RegisterClient(master_pb2.RegisterClientRequest(hostname="h", name="p"))
         assert resp.lean_port == 0
+
+
+def test_clientd_falls_back_to_grpc_when_the_lean_port_is_unreachable(make_cluster) -> None:
+    """The master's lean port bound where clients cannot reach it (127.0.0.2, while
+    they dial 127.0.0.1): every call still works, over gRPC, and the clientd says so once."""
+    cl = make_cluster(clientds=1, master_options={"lean_listen_address": "127.0.0.2:0"})
+    with cl.client(0) as c:
+        for i in range(20):
+            c.put(f"fallback/{i}", b"v%d" % i)
+        assert [r.value for r in c.get_many([f"fallback/{i}" for i in range(20)])] == [b"v%d" % i for i in range(20)]
+    log = cl.clientds[0].log_path.read_text()
+    assert log.count("using gRPC for every master call") == 1
+    cl.assert_invariants()
