@@ -125,3 +125,27 @@ def test_cluster_up_refuses_over_a_half_dead_cluster(tmp_path: Path) -> None:
     assert not any(Path(p).exists() for p in state["regions"])
     for c in state["clientds"]:
         assert not Path(f"/proc/{c['pid']}").exists() or "Z" in Path(f"/proc/{c['pid']}/stat").read_text().split(") ")[1][:1]
+
+
+@needs_trace
+def test_ctrl_c_leaves_no_process_or_region(tmp_path: Path) -> None:
+    """SIGINT to the replay's process group (a terminal's Ctrl-C) mid-run: it exits,
+    and no daemon, worker or region file of it remains."""
+    import signal
+    import time
+
+    before = set(Path("/dev/shm").glob("cxlkv-*"))
+    p = subprocess.Popen([sys.executable, "-m", "cxlkv.cli", "replay", str(TRACE), "--embedded", "--limit", "5000"],
+                         start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (set(Path("/dev/shm").glob("cxlkv-*")) - before):
+        time.sleep(0.1)  # wait until its cluster is up
+    time.sleep(2.0)
+    os.killpg(p.pid, signal.SIGINT)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode != 0 and b"Traceback" not in out, out[-2000:]
+    time.sleep(0.5)
+    assert set(Path("/dev/shm").glob("cxlkv-*")) <= before
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    assert str(p.pid) not in [ln.split()[0] for ln in ps.splitlines()[1:]]
+    assert "cxlkv-replay-" not in ps  # no daemon of its temporary cluster
