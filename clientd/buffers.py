@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 #: The only directory shared buffers may live in.
 SHM_DIR = Path("/dev/shm")
+#: Name prefix of the SDK's shared buffer files: ``cxlkv-buf-<pid>-<random>``.
+ORPHAN_PREFIX = "cxlkv-buf-"
 
 
 def process_start_time(pid: int) -> int | None:
@@ -310,6 +312,40 @@ class BufferRegistry:
                 continue
             log.info("dropped buffer %d: its owner process has exited", buffer_id)
         return gone
+
+    def reap_orphan_files(self) -> list[str]:
+        """Delete SDK buffer files (``cxlkv-buf-<pid>-*`` in the shm directory) whose
+        creating process has exited.
+
+        The SDK unlinks its file as soon as this daemon has mapped it; a process
+        killed between creating and registering a buffer (a one-RPC window) leaves
+        the file behind. Only files owned by this daemon's uid and named after a
+        pid that is no longer running are removed.
+
+        Returns:
+            The paths removed.
+        """
+        removed: list[str] = []
+        try:
+            entries = list(os.scandir(self._shm_dir))
+        except OSError:
+            return removed
+        for entry in entries:
+            name = entry.name
+            if not name.startswith(ORPHAN_PREFIX):
+                continue
+            pid_text = name[len(ORPHAN_PREFIX):].split("-", 1)[0]
+            if not pid_text.isdigit() or process_start_time(int(pid_text)) is not None:
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != self._uid or not entry.is_file(follow_symlinks=False):
+                    continue
+                os.unlink(entry.path)
+            except OSError:
+                continue
+            removed.append(entry.path)
+            log.info("removed %s: a shared buffer file left by exited process %s", entry.path, pid_text)
+        return removed
 
     def stats(self) -> tuple[int, int]:
         """(buffers registered, bytes mapped)."""

@@ -212,6 +212,7 @@ class Daemon:
             await asyncio.sleep(BUFFER_REAP_INTERVAL_S)
             try:
                 buffers.reap_dead_owners()
+                buffers.reap_orphan_files()
             except Exception:  # a bug; keep the daemon up
                 log.exception("buffer reaper failed")
 

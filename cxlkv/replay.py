@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -198,6 +199,9 @@ def _replay_worker(
 ) -> None:
     """Replay requests ``worker, worker + n_workers, …`` through ``socket_path``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    # The parent stops workers with SIGTERM: exit through `finally`/`with`, so the
+    # SDK unlinks a shared buffer it was creating and closes its connections.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     from cxlkv.client import Client
     from cxlkv.errors import AlreadyExists, CxlkvError, NoSpace, NotReady
 
@@ -292,23 +296,32 @@ def run_replay(
     cap = capacity_blocks or max(1, int(opts.capacity_fraction * uniq))
     ctx = mp.get_context("spawn")
     n_workers = max(1, min(opts.workers, len(trace)))
-    progress = ctx.RawArray("q", n_workers)
-    results = ctx.Queue()
-    start_at = time.monotonic() + 0.5
-    procs = [
-        ctx.Process(
-            target=_replay_worker,
-            args=(w, n_workers, socket_paths[w % len(socket_paths)], opts, start_at, progress, results),
-            name=f"replay-{w}",
-            daemon=True,
-        )
-        for w in range(n_workers)
-    ]
+    # Helpers (workers, multiprocessing's resource tracker) start with SIGINT ignored:
+    # a terminal's Ctrl-C reaches the whole process group, and only this process
+    # handles it (stopping the workers, then the cluster).
+    main_thread = threading.current_thread() is threading.main_thread()
+    old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        progress = ctx.RawArray("q", n_workers)
+        results = ctx.Queue()
+        start_at = time.monotonic() + 0.5
+        procs = [
+            ctx.Process(
+                target=_replay_worker,
+                args=(w, n_workers, socket_paths[w % len(socket_paths)], opts, start_at, progress, results),
+                name=f"replay-{w}",
+                daemon=True,
+            )
+            for w in range(n_workers)
+        ]
+        for p in procs:
+            p.start()
+    finally:
+        if old_sigint is not None:
+            signal.signal(signal.SIGINT, old_sigint)
     total = WorkerStats()
     t0 = time.perf_counter()
     try:
-        for p in procs:
-            p.start()
         got = 0
         bar = click.progressbar(length=len(trace), label="replaying", file=sys.stderr) if show_progress else None
         done_shown = 0

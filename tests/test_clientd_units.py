@@ -274,3 +274,25 @@ def test_urgent_submissions_cut_a_linger_short() -> None:
         assert calls[-1] == [9]
 
     asyncio.run(main())
+
+
+def test_orphan_buffer_files_of_exited_processes_are_removed(tmp_path) -> None:
+    """A process killed between creating and registering a shared buffer leaves its
+    file; the daemon's reaper removes it once that process is gone, never a live one's."""
+    import subprocess
+    import sys
+
+    from cxlkv.clientd.buffers import BufferRegistry
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead_pid = int(dead.stdout)
+    orphan = tmp_path / f"cxlkv-buf-{dead_pid}-0123456789ab"
+    live = tmp_path / f"cxlkv-buf-{os.getpid()}-0123456789ab"
+    other = tmp_path / f"not-a-buffer-{dead_pid}"
+    for f in (orphan, live, other):
+        f.write_bytes(b"x" * 4096)
+    reg = BufferRegistry(shm_dir=tmp_path)
+    assert reg.reap_orphan_files() == [str(orphan)]
+    assert not orphan.exists() and live.exists() and other.exists()
+    assert reg.reap_orphan_files() == []
