@@ -246,6 +246,21 @@ class MooncakeDistributedStore(TensorCalls):
                 codes[i] = _INVALID
         return codes, views, [i for i, c in enumerate(codes) if c == 0]
 
+    def _prepare_batch(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
+                       ) -> tuple[Any, list[str], list[int], list[Any], list[int]]:
+        """Shared start of the zero-copy batch calls: ``(client, keys, codes, views, ok)``.
+
+        ``client`` is ``None`` when no position can proceed (lists of different
+        lengths, store not set up, or every range invalid); ``codes`` is then the
+        answer. Otherwise ``ok`` lists the positions whose ``views`` are usable.
+        """
+        n = len(keys) if hasattr(keys, "__len__") else 0
+        if not self._same_length(keys, ptrs, sizes) or self._client is None:
+            return None, [], [_INVALID] * n, [], []
+        keys = list(keys)
+        codes, views, ok = self._views(keys, ptrs, sizes)
+        return (self._client if ok else None), keys, codes, views, ok
+
     # ================================================================ writes
     def put(self, key: str, value: Any, config: ReplicateConfig | None = None) -> int:
         """Store ``value`` under ``key``.
@@ -383,15 +398,8 @@ class MooncakeDistributedStore(TensorCalls):
 
     def _write_from_batch(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int], *,
                           upsert: bool, config: ReplicateConfig | None) -> list[int]:
-        n = len(keys) if hasattr(keys, "__len__") else 0
-        if not self._same_length(keys, ptrs, sizes):
-            return [_INVALID] * n
-        client = self._client
+        client, keys, codes, views, ok = self._prepare_batch(keys, ptrs, sizes)
         if client is None:
-            return [_INVALID] * n
-        keys = list(keys)
-        codes, views, ok = self._views(keys, ptrs, sizes)
-        if not ok:
             return codes
         try:
             opts = put_options(config)
@@ -508,15 +516,8 @@ class MooncakeDistributedStore(TensorCalls):
             One result per key: bytes read (>= 0) or a negative code. Every position
             is ``INVALID_PARAMS`` (-600) when the lists differ in length.
         """
-        n = len(keys) if hasattr(keys, "__len__") else 0
-        if not self._same_length(keys, buffer_ptrs, sizes):
-            return [_INVALID] * n
-        client = self._client
+        client, keys, codes, views, ok = self._prepare_batch(keys, buffer_ptrs, sizes)
         if client is None:
-            return [_INVALID] * n
-        keys = list(keys)
-        codes, views, ok = self._views(keys, buffer_ptrs, sizes)
-        if not ok:
             return codes
         try:
             results = client.get_into_many([keys[i] for i in ok], [views[i] for i in ok])
