@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 import xxhash
 
+from cxlkv.transport import bindings as transport_bindings
+
 from cxlkv.errors import InvalidArgument, OutOfRange, RegionError
 from cxlkv.transport import (
     CACHE_LINE_BYTES,
@@ -329,6 +331,45 @@ def test_overlapping_copy_is_memmove(region, small_stream_threshold):
     region.copy_out(100, region.view(92, len(pattern)))  # destination overlaps source
     assert region.read(92, len(pattern)) == pattern
 
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["cached", "streamed"])
+def test_fused_copy_hash_equals_xxhash(region, streaming):
+    """copy_in_hashed / copy_out_hashed move the same bytes as copy_in / copy_out
+    and return python-xxhash's xxh3_64 of them, at chunk edges and odd sizes,
+    with cached and with streamed (non-temporal) copies."""
+    old = cxlkv_stream_threshold_bytes()
+    if streaming:
+        cxlkv_set_stream_threshold_bytes(4096)
+    try:
+        _check_fused(region)
+    finally:
+        cxlkv_set_stream_threshold_bytes(old)
+
+
+def _check_fused(region):
+    chunk = 256 * 1024
+    rng = np.random.default_rng(11)
+    for n in (0, 1, 63, 511, 512, 4096, chunk - 1, chunk, chunk + 1, 2 * chunk + 77):
+        src = rng.integers(0, 256, n, dtype=np.uint8)
+        want = xxhash.xxh3_64_intdigest(src)
+        assert region.copy_in_hashed(4096 + 3, src) == want, n
+        assert region.read(4096 + 3, n) == src.tobytes()
+        out = bytearray(n + 1)
+        assert region.copy_out_hashed(4096 + 3, memoryview(out)[1:]) == want, n
+        assert out[1:] == src.tobytes() and out[0] == 0
+        assert transport_bindings.cxlkv_xxh3_64(src) == want
+
+
+def test_fused_copy_hash_refuses_bad_input(region):
+    with pytest.raises(OutOfRange):
+        region.copy_in_hashed(region.size_bytes - 10, bytes(11))
+    with pytest.raises(OutOfRange):
+        region.copy_out_hashed(-1, bytearray(1))
+    with pytest.raises(InvalidArgument):
+        region.copy_out_hashed(0, b"read-only")
+    with pytest.raises(InvalidArgument, match="overlap|invalid"):
+        region.copy_in_hashed(0, region.view(100, 1000))  # source overlaps the destination
 
 # -- batched copies --------------------------------------------------------------------
 

@@ -44,6 +44,9 @@ __all__ = [
     "cxlkv_retire",
     "cxlkv_copy_in",
     "cxlkv_copy_out",
+    "cxlkv_copy_in_hashed",
+    "cxlkv_copy_out_hashed",
+    "cxlkv_xxh3_64",
     "cxlkv_copy_in_many",
     "cxlkv_copy_out_many",
     "cxlkv_copy_in_ranges",
@@ -84,6 +87,8 @@ _from_buffer = ffi.from_buffer
 _new = ffi.new
 _c_copy_in = lib.cxlkv_copy_in
 _c_copy_out = lib.cxlkv_copy_out
+_c_copy_in_hashed = lib.cxlkv_copy_in_hashed
+_c_copy_out_hashed = lib.cxlkv_copy_out_hashed
 _OK = lib.CXLKV_OK
 _E_RANGE = lib.CXLKV_E_RANGE
 _E_CLOSED = lib.CXLKV_E_CLOSED
@@ -345,6 +350,82 @@ def cxlkv_copy_out(r: Handle, offset: int, dst: BufferLike) -> int:
         _raise_range(r, rc, "copy_out", offset, n)
     return n
 
+
+
+def cxlkv_copy_in_hashed(r: Handle, offset: int, src: BufferLike) -> int:
+    """:func:`cxlkv_copy_in` and the xxh3_64 of the bytes copied, in one pass.
+
+    The copy runs in 64 KiB chunks, each hashed while still in cache (see
+    ``cxlkv_copy_in_hashed`` in cxlkv_transport.h); GIL released throughout.
+
+    Returns:
+        xxh3_64 (seed 0) of ``src`` as an unsigned 64-bit int, equal to
+        ``xxhash.xxh3_64_intdigest(src)``.
+
+    Raises:
+        OutOfRange: ``[offset, offset + nbytes)`` not inside the region, or offset negative.
+        InvalidArgument: ``src`` is not a C-contiguous bytes-like object, or it
+            overlaps the destination range.
+        RegionError: the region is closed.
+    """
+    try:
+        buf = _from_buffer(src)
+    except (TypeError, ValueError, BufferError):
+        buf = _buffer(src, False, "src")
+    n = len(buf)
+    out = _new("uint64_t *")
+    try:
+        rc = _c_copy_in_hashed(r, offset, buf, n, out)
+    except OverflowError:
+        _raise_overflow("copy_in_hashed", offset, n)
+    except TypeError:
+        raise InvalidArgument(f"copy_in_hashed: offset must be an int, got {type(offset).__name__}") from None
+    if rc != _OK:
+        _raise_range(r, rc, "copy_in_hashed", offset, n)
+    return int(out[0])
+
+
+def cxlkv_copy_out_hashed(r: Handle, offset: int, dst: BufferLike) -> int:
+    """:func:`cxlkv_copy_out` and the xxh3_64 of the bytes delivered into ``dst``
+    (hashed from ``dst``, chunk by chunk while in cache), in one pass; GIL released.
+
+    Returns:
+        xxh3_64 (seed 0) of what ``dst`` now holds, as an unsigned 64-bit int.
+
+    Raises:
+        OutOfRange: ``[offset, offset + nbytes)`` not inside the region, or offset negative.
+        InvalidArgument: ``dst`` is read-only, strided, not a buffer, or overlaps the source.
+        RegionError: the region is closed.
+    """
+    try:
+        buf = _from_buffer("char[]", dst, True)
+    except (TypeError, ValueError, BufferError):
+        buf = _buffer(dst, True, "dst")
+    n = len(buf)
+    out = _new("uint64_t *")
+    try:
+        rc = _c_copy_out_hashed(r, offset, buf, n, out)
+    except OverflowError:
+        _raise_overflow("copy_out_hashed", offset, n)
+    except TypeError:
+        raise InvalidArgument(f"copy_out_hashed: offset must be an int, got {type(offset).__name__}") from None
+    if rc != _OK:
+        _raise_range(r, rc, "copy_out_hashed", offset, n)
+    return int(out[0])
+
+
+def cxlkv_xxh3_64(src: BufferLike) -> int:
+    """xxh3_64 (seed 0) of ``src``'s bytes from the transport's own xxHash build
+    (equal to ``xxhash.xxh3_64_intdigest``); GIL released.
+
+    Raises:
+        InvalidArgument: ``src`` is not a C-contiguous bytes-like object.
+    """
+    try:
+        buf = _from_buffer(src)
+    except (TypeError, ValueError, BufferError):
+        buf = _buffer(src, False, "src")
+    return int(lib.cxlkv_xxh3_64(buf, len(buf)))
 
 def _many(r: Handle, offsets: U64Array, bufs: Sequence[BufferLike], writable: bool, op: str) -> int:
     what = "dsts" if writable else "srcs"

@@ -17,6 +17,16 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADER = os.path.join(HERE, "cxlkv_transport.h")
 SOURCE = os.path.join(HERE, "cxlkv_transport.c")
+XXHASH = os.path.join(HERE, "third_party", "xxhash")  # vendored xxHash 0.8.4, see its README.md
+
+
+def _xxhash_sources() -> list[str]:
+    """xxHash's own sources, built as python-xxhash builds them: xxhash.c, plus
+    the run-time AVX2/AVX-512 dispatcher on x86-64."""
+    sources = [os.path.join(XXHASH, "xxhash.c")]
+    if platform.machine() in ("x86_64", "AMD64"):
+        sources.append(os.path.join(XXHASH, "xxh_x86dispatch.c"))
+    return sources
 
 _INT_DEFINE = re.compile(r"^\s*#\s*define\s+[A-Z_][A-Z0-9_]*\s+-?\d+\s*$")
 
@@ -51,10 +61,12 @@ with open(HEADER, encoding="utf-8") as f:
 ffibuilder.set_source(
     "cxlkv.transport._transport",
     '#include "cxlkv_transport.h"',
-    sources=[os.path.relpath(SOURCE)],
-    include_dirs=[HERE],
+    sources=[os.path.relpath(SOURCE)] + [os.path.relpath(p) for p in _xxhash_sources()],
+    include_dirs=[HERE, XXHASH],
+    # Own namespace: no clash with python-xxhash's copy of the same symbols.
+    define_macros=[("XXH_NAMESPACE", "cxlkv_")],
     extra_compile_args=_compile_args(),
-    depends=[HEADER, SOURCE],
+    depends=[HEADER, SOURCE, os.path.join(XXHASH, "xxhash.h")],
 )
 
 if __name__ == "__main__":  # python transport/build_transport.py: build in place

@@ -33,6 +33,16 @@
 #include <immintrin.h>
 #endif
 
+/* xxHash (vendored, third_party/xxhash): on x86 the AVX2/AVX-512 variants of
+ * XXH3_64bits_update are chosen at run time by xxh_x86dispatch.c. The state
+ * type is used on the stack, hence XXH_STATIC_LINKING_ONLY. */
+#define XXH_STATIC_LINKING_ONLY
+#if defined(__x86_64__)
+#include "xxh_x86dispatch.h"
+#else
+#include "xxhash.h"
+#endif
+
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux >= 5.14; older kernels answer EINVAL */
 #endif
@@ -681,6 +691,92 @@ cxlkv_copy_out(const cxlkv_region_t *r, uint64_t offset, void *dst,
         copy_bytes(dst, (const char *)r->base + offset, (size_t)length);
     }
     return CXLKV_OK;
+}
+
+/*
+ * Chunked copy + xxh3 (see the header). Each chunk is hashed right after its
+ * copy, while the side being hashed is still in this core's cache (chunks are
+ * half of a 512 KiB L2). Below the stream threshold the copy uses cached
+ * stores and copy_out hashes the destination; from the threshold on the copy
+ * streams (non-temporal stores bypass the cache), so copy_out hashes the
+ * source chunk it has just loaded instead -- the same bytes: the reader holds
+ * a lease (the extent cannot change) and, in flush mode, invalidated the range
+ * before the copy, so both loads see memory's bytes. Measured on the 2-vCPU
+ * EPYC VM, 16 MiB: hashing a cached-store destination ran at 9-10 GB/s,
+ * streaming + hashing the source at 13-15 GB/s (memcpy 15-17 GB/s).
+ */
+static int
+copy_hashed(char *dst, const char *src, uint64_t length, int hash_dst,
+            uint64_t *hash_out)
+{
+    XXH3_state_t state;
+    uint64_t done = 0;
+    int stream = length >= g_stream_threshold;
+
+    if (stream)
+        hash_dst = 0;
+    if (XXH3_64bits_reset(&state) != XXH_OK)
+        return CXLKV_E_INVAL;
+    while (done < length) {
+        uint64_t n = length - done;
+        if (n > CXLKV_HASH_CHUNK_BYTES)
+            n = CXLKV_HASH_CHUNK_BYTES;
+        if (n >= g_vector_min)
+            g_copy_fn(dst + done, src + done, (size_t)n, stream);
+        else
+            memmove(dst + done, src + done, (size_t)n);
+        XXH3_64bits_update(&state, (hash_dst ? dst : src) + done, (size_t)n);
+        done += n;
+    }
+    *hash_out = XXH3_64bits_digest(&state);
+    return CXLKV_OK;
+}
+
+static inline int
+disjoint(const void *a, const void *b, uint64_t n)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x + n <= y || y + n <= x;
+}
+
+int
+cxlkv_copy_in_hashed(const cxlkv_region_t *r, uint64_t offset, const void *src,
+                     uint64_t length, uint64_t *hash_out)
+{
+    int rc = check(r, offset, length);
+    char *dst;
+
+    if (rc != CXLKV_OK)
+        return rc;
+    if (hash_out == NULL || (length != 0 && src == NULL))
+        return CXLKV_E_INVAL;
+    dst = (char *)r->base + offset;
+    if (!disjoint(dst, src, length))
+        return CXLKV_E_INVAL;
+    return copy_hashed(dst, (const char *)src, length, 0, hash_out);
+}
+
+int
+cxlkv_copy_out_hashed(const cxlkv_region_t *r, uint64_t offset, void *dst,
+                      uint64_t length, uint64_t *hash_out)
+{
+    int rc = check(r, offset, length);
+    const char *src;
+
+    if (rc != CXLKV_OK)
+        return rc;
+    if (hash_out == NULL || (length != 0 && dst == NULL))
+        return CXLKV_E_INVAL;
+    src = (const char *)r->base + offset;
+    if (!disjoint(dst, src, length))
+        return CXLKV_E_INVAL;
+    return copy_hashed((char *)dst, src, length, 1, hash_out);
+}
+
+uint64_t
+cxlkv_xxh3_64(const void *buf, uint64_t length)
+{
+    return XXH3_64bits(buf, (size_t)length);
 }
 
 static int

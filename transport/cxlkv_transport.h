@@ -92,6 +92,27 @@ int cxlkv_copy_out(const cxlkv_region_t *r, uint64_t offset, void *dst,
                    uint64_t length);
 
 /*
+ * Fused copy + checksum: the same copies as cxlkv_copy_in / cxlkv_copy_out,
+ * done in chunks of CXLKV_HASH_CHUNK_BYTES, each chunk hashed (xxh3_64, seed 0:
+ * equal to python-xxhash's xxh3_64_intdigest) right after it is copied, while
+ * it is still in this core's cache -- one pass over memory instead of two.
+ * copy_in hashes the source (what was written). copy_out hashes the
+ * destination (what the caller receives) below the stream threshold, and the
+ * source chunk it has just loaded from it on (streamed stores leave the
+ * destination out of cache); see copy_hashed() in the .c for why that is the
+ * same bytes under a lease. Source and destination must not overlap
+ * (CXLKV_E_INVAL). *hash_out is written only on CXLKV_OK.
+ */
+#define CXLKV_HASH_CHUNK_BYTES 262144
+int cxlkv_copy_in_hashed(const cxlkv_region_t *r, uint64_t offset, const void *src,
+                         uint64_t length, uint64_t *hash_out);
+int cxlkv_copy_out_hashed(const cxlkv_region_t *r, uint64_t offset, void *dst,
+                          uint64_t length, uint64_t *hash_out);
+
+/* xxh3_64 (seed 0) of `length` bytes at `buf` (any memory). */
+uint64_t cxlkv_xxh3_64(const void *buf, uint64_t length);
+
+/*
  * N copies in one call: srcs[i] (lengths[i] bytes) -> region at offsets[i].
  * All extents are checked before any byte moves; on CXLKV_E_RANGE
  * *bad_index is the first failing position.

@@ -149,6 +149,16 @@ class NoncoherentRegion(Region):
         with self._lock:
             return self._out("copy_out", offset, dst)
 
+    def copy_in_hashed(self, offset: int, src: BufferLike) -> int:
+        with self._lock:
+            self._in("copy_in_hashed", offset, src)
+            return xxhash.xxh3_64_intdigest(_bytes_of(src, writable=False))
+
+    def copy_out_hashed(self, offset: int, dst: BufferLike) -> int:
+        with self._lock:
+            self._out("copy_out_hashed", offset, dst)
+            return xxhash.xxh3_64_intdigest(_bytes_of(dst, writable=True))
+
     def read(self, offset: int, length: int) -> bytes:
         if length < 0:
             raise OutOfRange(f"read: length {length} is negative")

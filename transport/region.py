@@ -33,6 +33,8 @@ CHECKSUM_ALGORITHM = "xxh3_64"
 _xxh3 = xxhash.xxh3_64_intdigest
 _copy_in = _b.cxlkv_copy_in
 _copy_out = _b.cxlkv_copy_out
+_copy_in_hashed = _b.cxlkv_copy_in_hashed
+_copy_out_hashed = _b.cxlkv_copy_out_hashed
 
 
 def checksum_buffer(buf: BufferLike) -> int:
@@ -225,6 +227,40 @@ class Region:
             RegionError: the region is closed.
         """
         return _copy_out(self._r, offset, dst)
+
+    def copy_in_hashed(self, offset: int, src: BufferLike) -> int:
+        """Copy all of ``src`` into the region at ``offset`` and return its xxh3_64,
+        in one pass (64 KiB chunks hashed while in cache); GIL released.
+
+        Returns:
+            ``xxhash.xxh3_64_intdigest(src)`` (unsigned 64-bit).
+
+        Raises:
+            OutOfRange: the extent is not inside the region, or ``offset`` negative.
+            InvalidArgument: ``src`` is not a C-contiguous buffer or overlaps the extent.
+            RegionError: the region is closed.
+        """
+        return _copy_in_hashed(self._r, offset, src)
+
+    def copy_out_hashed(self, offset: int, dst: BufferLike) -> int:
+        """Fill all of ``dst`` from the region at ``offset`` and return the xxh3_64
+        of what ``dst`` received, in one pass; GIL released.
+
+        Below the stream threshold the hash is taken from ``dst`` after each
+        chunk's copy; from it on (non-temporal stores leave ``dst`` out of
+        cache) from the chunk of the region just loaded -- the same bytes for a
+        reader that holds a lease and, in flush mode, invalidated the range
+        first (see ``copy_hashed`` in cxlkv_transport.c).
+
+        Returns:
+            xxh3_64 of ``dst``'s new bytes (unsigned 64-bit).
+
+        Raises:
+            OutOfRange: the extent is not inside the region, or ``offset`` negative.
+            InvalidArgument: ``dst`` is read-only, strided, or overlaps the extent.
+            RegionError: the region is closed.
+        """
+        return _copy_out_hashed(self._r, offset, dst)
 
     def read(self, offset: int, length: int) -> bytes:
         """Return ``length`` bytes at ``offset`` as a new ``bytes`` (for small reads).
