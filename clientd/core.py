@@ -57,6 +57,10 @@ LARGE_COPY_BYTES = 1 << 20
 #: need, starts at 16 MiB, and halves of a 16 MiB copy run slower on two threads
 #: (measured: 1.8 ms) than the whole on one (1.1 ms).
 SPLIT_COPY_BYTES = 16 << 20
+#: Reads of at least this many bytes into a shared buffer copy and hash in one
+#: pass (``Region.copy_out_hashed``); smaller ones are copied in batches and
+#: hashed from cache afterwards.
+FUSED_HASH_MIN_BYTES = 256 << 10
 #: A Remove (without force) that meets a lease retries for up to this long, in
 #: seconds: reads hold their lease only while they copy.
 REMOVE_LEASE_WAIT_S = 0.05
@@ -145,6 +149,11 @@ class _Copy:
     length: int
     buf: Any
     buf_offset: int
+    #: Reads only: copy with ``Region.copy_out_hashed`` (one pass) and keep the
+    #: xxh3_64 of the bytes delivered in ``checksum`` (set for whole values of
+    #: at least :data:`FUSED_HASH_MIN_BYTES` that :func:`_partition` keeps whole).
+    fuse: bool = False
+    checksum: int | None = None
 
 
 def _status(code: int, message: str) -> common_pb2.Status:
@@ -285,11 +294,19 @@ class ClientdCore:
         if copies:
             live = [c for c in copies if c.index not in failed]
             if total >= self.large_copy_bytes:
-                # The source is hashed in another pool thread while the copies run.
-                loop = asyncio.get_running_loop()
-                hashing = loop.run_in_executor(self.executor, _hash_sources, specs, hashed)
-                errs = await self._in_pool(self._copy_in_and_flush, live)
-                checksums = await hashing
+                # Values copied whole are hashed by the copy itself (one pass over
+                # memory, chunks hashed while in cache); values split over several
+                # copy threads are hashed in another pool thread while they copy.
+                fused = _fusable(live, specs)
+                rest = [i for i in hashed if i not in fused]
+                hashing = None
+                if rest:
+                    hashing = asyncio.get_running_loop().run_in_executor(
+                        self.executor, _hash_sources, specs, rest)
+                errs = await self._in_pool(
+                    lambda job: self._copy_in_and_flush(job, fused, checksums), live)
+                if hashing is not None:
+                    checksums.update(await hashing)
             else:
                 errs = self._copy_in_and_flush(live)
                 checksums = _hash_sources(specs, hashed)
@@ -385,16 +402,38 @@ class ClientdCore:
             return exc
         return None
 
-    def _copy_in_and_flush(self, copies: list[_Copy]) -> dict[int, CxlkvError]:
+    def _copy_in_and_flush(
+        self, copies: list[_Copy], fused: frozenset[int] = frozenset(),
+        checksums: dict[int, int] | None = None,
+    ) -> dict[int, CxlkvError]:
         """Copy values into their extents (and flush them in flush mode).
 
         Runs inline or in a pool thread. Copies of one source buffer into one
-        region go in one ``copy_in_ranges`` call.
+        region go in one ``copy_in_ranges`` call; the copies in ``fused`` (ids of
+        :class:`_Copy` objects from :func:`_fusable`) go through
+        ``Region.copy_in_hashed`` instead and put the value's xxh3_64 in
+        ``checksums[position]``.
 
         Returns:
             Position → error for the items whose copy failed.
         """
-        errs = _run_copies(copies, into_region=True)
+        if fused and checksums is not None:
+            plain = []
+            errs = {}
+            for c in copies:
+                if id(c) not in fused:
+                    plain.append(c)
+                    continue
+                try:
+                    view = memoryview(c.buf).cast("B")[c.buf_offset:c.buf_offset + c.length]
+                    checksums[c.index] = c.mapped.region.copy_in_hashed(c.region_offset, view)
+                except CxlkvError as exc:
+                    errs[c.index] = exc
+                except (TypeError, ValueError, BufferError) as exc:
+                    errs[c.index] = CxlkvError(f"copy failed: {exc}")
+            errs.update(_run_copies(plain, into_region=True))
+        else:
+            errs = _run_copies(copies, into_region=True)
         if self.flush_mode:
             for c in copies:
                 if c.index not in errs:
@@ -557,7 +596,8 @@ class ClientdCore:
         if size == 0:
             out[i] = ReadOutcome(size=0, version=loc.version)
             return None
-        return _Copy(i, mapped, ext.offset_bytes + loc.header_bytes, size, target.buf, target.offset)
+        return _Copy(i, mapped, ext.offset_bytes + loc.header_bytes, size, target.buf, target.offset,
+                     FUSED_HASH_MIN_BYTES <= size < 2 * SPLIT_COPY_BYTES)
 
     def _copy_out(self, copies: list[_Copy]) -> dict[int, CxlkvError]:
         """Copy extents out (invalidating first in flush mode); inline reads become bytes."""
@@ -577,6 +617,15 @@ class ClientdCore:
                     c.buf = bytes(c.mapped.region.view(c.region_offset, c.length))
                 except CxlkvError as exc:
                     errs[c.index] = exc
+            elif c.fuse:
+                c.checksum = None
+                try:
+                    view = memoryview(c.buf)[c.buf_offset:c.buf_offset + c.length]
+                    c.checksum = c.mapped.region.copy_out_hashed(c.region_offset, view)
+                except CxlkvError as exc:
+                    errs[c.index] = exc
+                except (TypeError, ValueError, BufferError) as exc:
+                    errs[c.index] = CxlkvError(f"copy failed: {exc}")
             else:
                 to_buffers.append(c)
         if to_buffers:
@@ -617,8 +666,10 @@ class ClientdCore:
 
     def _check_object(self, c: _Copy, hb: int, key: str, version: int, expected: int) -> str | None:
         """Why the bytes copied for ``c`` are not ``key`` at ``version`` (``None``: they are)."""
-        data = c.buf if isinstance(c.buf, bytes) else c.buf[c.buf_offset:c.buf_offset + c.length]
-        got = _xxh3(data)
+        if c.checksum is not None:
+            got = c.checksum  # hashed by the copy itself
+        else:
+            got = _xxh3(c.buf if isinstance(c.buf, bytes) else c.buf[c.buf_offset:c.buf_offset + c.length])
         if expected and got != expected:
             return "bytes read do not match the committed checksum"
         if not hb:
@@ -826,6 +877,21 @@ def _hash_sources(specs: list[PutSpec], positions: list[int]) -> dict[int, int]:
         else:
             out[i] = _xxh3(memoryview(src).cast("B")[s.src_offset:s.src_offset + s.size])
     return out
+
+
+def _fusable(copies: list[_Copy], specs: list[PutSpec]) -> frozenset[int]:
+    """The copies (by ``id``) that hash their value while copying it: the first
+    copy of each value that :func:`_partition` keeps whole (below twice
+    :data:`SPLIT_COPY_BYTES`), from a caller's buffer."""
+    out: set[int] = set()
+    seen: set[int] = set()
+    for c in copies:
+        if c.index in seen:
+            continue
+        seen.add(c.index)
+        if c.buf is not None and c.length == specs[c.index].size and c.length < 2 * SPLIT_COPY_BYTES:
+            out.add(id(c))
+    return frozenset(out)
 
 
 def _partition(copies: list[_Copy], jobs: int) -> list[list[_Copy]]:
