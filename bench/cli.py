@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "transport": "cxlkv.bench.transport:transport_cmd",
     "master": "cxlkv.bench.master:master_cmd",
     "kv": "cxlkv.bench.kv:kv_cmd",
+    "tiering": "cxlkv.bench.tiering:tiering_cmd",
     "all": "cxlkv.bench.all:all_cmd",
 }
 

@@ -277,7 +277,7 @@ class ClientApi:
         resp = client_pb2.GetPrefixIntoResponse(matched=matched)
         add = resp.results.add
         for o in outs:
-            add(value_size_bytes=o.size, version=o.version)
+            add(value_size_bytes=o.size, version=o.version, tier=o.tier)  # type: ignore[arg-type]
         return resp
 
     # -- inspection ---------------------------------------------------------

@@ -123,6 +123,7 @@ class ReadOutcome:
         size: value size in bytes (also set on TOO_LARGE / OUT_OF_RANGE).
         version: the version read.
         value: the bytes, for inline reads.
+        tier: ``cxlkv.v1.Tier`` of the replica that served the read (0: none copied).
     """
 
     code: int = 0
@@ -130,6 +131,7 @@ class ReadOutcome:
     size: int = 0
     version: int = 0
     value: bytes | None = None
+    tier: int = 0
 
     def error(self, key: str) -> CxlkvError:
         """The exception this (failed) outcome stands for."""
@@ -542,7 +544,9 @@ class ClientdCore:
                     out[i] = ReadOutcome(_CHECKSUM_MISMATCH, (
                         f"key {keys[i]!r}: {why} (stale, torn or corrupt read; reported as a miss)"))
                     continue
-                o = ReadOutcome(size=loc.value_size_bytes, version=loc.version)
+                info = getattr(c.mapped, "info", None)
+                o = ReadOutcome(size=loc.value_size_bytes, version=loc.version,
+                                tier=info.tier if info is not None else 0)
                 if targets[i] is None:
                     o.value = c.buf  # _copy_out made the inline bytes
                 out[i] = o

@@ -39,6 +39,7 @@ from cxlkv.clientd.lean import LeanServer
 from cxlkv.clientd.master_link import MasterLink
 from cxlkv.clientd.regions import RegionSet, StartupError
 from cxlkv.config import ClientdConfig
+from cxlkv.errors import CxlkvError
 from cxlkv.systemd import Notifier
 
 __all__ = ["Daemon", "SHUTDOWN_GRACE_S", "BUFFER_REAP_INTERVAL_S", "EXIT_STARTUP", "tune_malloc"]
@@ -121,6 +122,7 @@ class Daemon:
         self.lean_socket_path = cfg.resolved_lean_socket_path()
         self._stop = asyncio.Event()
         self._sockets_owned: list[str] = []
+        self.tier_worker = None
 
     def request_stop(self) -> None:
         """Ask the daemon to shut down (signal handlers call this)."""
@@ -155,6 +157,13 @@ class Daemon:
                 if not cfg.regions:
                     raise StartupError("no regions configured ([[regions]] with segment and path)")
                 regions = RegionSet.open(cfg.regions, prefault=cfg.prefault)
+                if cfg.dram_tier_bytes:
+                    from cxlkv.clientd.tiers import open_dram_tier
+
+                    try:
+                        regions.add_local(open_dram_tier(cfg.name, cfg.dram_tier_bytes, prefault=cfg.prefault))
+                    except CxlkvError as exc:
+                        raise StartupError(f"DRAM tier of {cfg.dram_tier_bytes} bytes: {exc.message}") from None
                 for path in (self.socket_path, self.lean_socket_path):
                     _prepare_socket_path(path)
                 metrics_url = ""
@@ -191,6 +200,12 @@ class Daemon:
             except OSError as exc:
                 log.error("cannot start: %s", exc)
                 return EXIT_STARTUP
+            from cxlkv.clientd.tiers import TaskWorker
+
+            tier_worker = TaskWorker(link, regions, executor, batch=cfg.task_batch,
+                                     flush_mode=cfg.coherence == "flush")
+            tier_worker.start()
+            self.tier_worker = tier_worker
             await grpc_fe.set_serving(True)
             if cfg.ready_file:
                 Path(cfg.ready_file).write_text(f"{os.getpid()}\n")
@@ -226,6 +241,8 @@ class Daemon:
                 log.exception("gRPC server stop failed")
         if lean is not None:
             await lean.stop(SHUTDOWN_GRACE_S)
+        if self.tier_worker is not None:
+            await self.tier_worker.close()
         if link is not None:
             await link.close()
         executor.shutdown(wait=True)

@@ -37,7 +37,7 @@ _MASTER_METHODS = service_methods(master_pb2.DESCRIPTOR.services_by_name["Master
 #: heartbeats stay on gRPC: they also prove the gRPC path and are rare).
 _LEAN_METHODS = frozenset(m.name for m in _MASTER_METHODS if m.name.startswith("Batch")) | {
     "ReleaseLeases", "PutStart", "PutEnd", "PutRevoke", "GetReplicaList", "ExistKey", "MatchPrefix",
-    "Remove", "RemoveAll", "RemoveByRegex", "ListKeys", "Stat", "ListSegments"}
+    "Remove", "RemoveAll", "RemoveByRegex", "ListKeys", "Stat", "ListSegments", "FetchTasks", "CompleteTasks"}
 
 __all__ = ["MasterLink", "Located", "RELEASE_DELAY_S", "MAX_BATCH_ITEMS"]
 
@@ -253,6 +253,7 @@ class MasterLink:
         self.client_ttl_s = resp.client_ttl_s or 10.0
         self.lease_ttl_s = resp.lease_ttl_s or 5.0
         self._use_lean(resp.lean_port)
+        await self._mount_local()
         self.generation += 1
         self._registered.set()
         self._warned_unavailable = False
@@ -267,6 +268,24 @@ class MasterLink:
                 "re-registered with master %s as %s, epoch %d%s", self.address, resp.client_id,
                 resp.epoch, " (master restarted)" if was and was != resp.master_id else "",
             )
+
+    async def _mount_local(self) -> None:
+        """Mount this daemon's DRAM tier on the master (after every registration:
+        the master drops it when the registration expires), then bind it."""
+        m = self.regions.local()
+        if m is None:
+            return
+        req = master_pb2.MountSegmentRequest(
+            client_id=self.client_id, epoch=self.epoch, name=m.segment, tier=common_pb2.DRAM,
+            size_bytes=m.size_bytes, region_uuid=str(m.identity.region_uuid), device_path=m.path)
+        try:
+            await self._raw("MountSegment", req)
+            listing = await self._raw("ListSegments", master_pb2.ListSegmentsRequest())
+        except CxlkvError as exc:
+            log.error("DRAM tier %s not mounted: %s", m.segment, exc.message)
+            return
+        self.regions.bind(listing.segments)
+        self.segments = [s for s in listing.segments if s.mounted]
 
     def _use_lean(self, port: int) -> None:
         """Send hot-path calls over the master's lean framing when it serves one

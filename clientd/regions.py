@@ -42,6 +42,8 @@ class MappedRegion:
         region: the transport mapping.
         identity: its identity header.
         segment_id: the master's id for it (0 until bound).
+        local: this daemon's own DRAM tier (mounted with MountSegment, not
+            reported at registration).
     """
 
     segment: str
@@ -50,6 +52,7 @@ class MappedRegion:
     identity: "RegionIdentity"
     segment_id: int = 0
     info: common_pb2.SegmentInfo | None = field(default=None, repr=False)
+    local: bool = False
 
     @property
     def size_bytes(self) -> int:
@@ -89,7 +92,12 @@ class RegionSet:
                 if any(m.segment == rc.segment for m in mapped):
                     raise StartupError(f"regions: segment {rc.segment!r} is configured twice")
                 try:
-                    region = Region.open(rc.path)
+                    if rc.tier == "ssd":  # positioned I/O on a file, never mapped (docs/tiers.md)
+                        from cxlkv.clientd.tiers import FileRegion
+
+                        region = FileRegion.open(rc.path)
+                    else:
+                        region = Region.open(rc.path)
                 except CxlkvError as exc:
                     raise StartupError(f"region {rc.path} (segment {rc.segment}): {exc.message}") from None
                 try:
@@ -129,8 +137,16 @@ class RegionSet:
                 size_bytes=m.size_bytes,
                 device_path=m.path,
             )
-            for m in self._by_name.values()
+            for m in self._by_name.values() if not m.local
         ]
+
+    def add_local(self, m: MappedRegion) -> None:
+        """Add this daemon's DRAM tier (bound once the master has mounted it)."""
+        self._by_name[m.segment] = m
+
+    def local(self) -> MappedRegion | None:
+        """This daemon's DRAM tier, if any."""
+        return next((m for m in self._by_name.values() if m.local), None)
 
     def bind(self, segments: Iterable[common_pb2.SegmentInfo]) -> list[str]:
         """Bind the master's segment ids to the mapped regions.

@@ -145,6 +145,9 @@ class LocalCluster:
         master_options: extra MasterConfig keys (e.g. ``{"lease_ttl_s": 1}``).
         clientd_options: extra ClientdConfig keys for every clientd.
         python: interpreter for the daemons.
+        ssd_size_bytes: size of an SSD tier (segment ``ssd0``: a file in
+            ``ssd_dir``, opened by every clientd with pread/pwrite); 0 = none.
+        ssd_dir: where the SSD tier file lives (default: the run directory, on disk).
 
     Every daemon serves Prometheus /metrics on a free port of 127.0.0.1 (its URL
     is in the master's Stat and in each log; ``cxlkv status`` shows them); pass
@@ -165,6 +168,8 @@ class LocalCluster:
         clientd_options: Mapping[str, Any] | None = None,
         python: str = sys.executable,
         start_timeout_s: float = 30.0,
+        ssd_size_bytes: int = 0,
+        ssd_dir: str | None = None,
     ) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.n_clientds = clientds
@@ -182,6 +187,9 @@ class LocalCluster:
         self.region_paths = [
             str(self.region_dir / f"cxlkv-{self.cluster_id}-cxl{i}") for i in range(segments)
         ]
+        self.ssd_size_bytes = int(ssd_size_bytes)
+        self.ssd_path = (str(Path(ssd_dir or self.run_dir) / f"cxlkv-{self.cluster_id}-ssd0")
+                         if ssd_size_bytes else "")
 
     # -- paths --------------------------------------------------------------
     def socket_path(self, i: int) -> str:
@@ -233,6 +241,11 @@ class LocalCluster:
         for i, path in enumerate(self.region_paths):
             with Region.open(path, size=self.region_size_bytes, create=True) as region:
                 format_region(region, f"cxl{i}")
+        if self.ssd_path:
+            from cxlkv.clientd.tiers import FileRegion
+
+            with FileRegion.open(self.ssd_path, size=self.ssd_size_bytes, create=True) as ssd:
+                format_region(ssd, "ssd0")  # type: ignore[arg-type]
 
     def _start_master(self) -> None:
         address_file = self.run_dir / "master.address"
@@ -244,7 +257,8 @@ class LocalCluster:
             "segments": [
                 {"name": f"cxl{i}", "size_bytes": self.region_size_bytes, "path": p}
                 for i, p in enumerate(self.region_paths)
-            ],
+            ] + ([{"name": "ssd0", "size_bytes": self.ssd_size_bytes, "path": self.ssd_path, "tier": "ssd"}]
+                 if self.ssd_path else []),
         }
         cfg.update(self.master_options)
         conf = self.run_dir / "master.toml"
@@ -266,7 +280,8 @@ class LocalCluster:
             "socket_path": self.socket_path(i),
             "ready_file": str(ready),
             "metrics_address": "127.0.0.1:0",
-            "regions": [{"segment": f"cxl{s}", "path": p} for s, p in enumerate(self.region_paths)],
+            "regions": [{"segment": f"cxl{s}", "path": p} for s, p in enumerate(self.region_paths)]
+            + ([{"segment": "ssd0", "path": self.ssd_path, "tier": "ssd"}] if self.ssd_path else []),
         }
         cfg.update(self.clientd_options)
         conf = self.run_dir / f"clientd-{i}.toml"
@@ -302,7 +317,7 @@ class LocalCluster:
             _, was_killed = self.master.stop(timeout_s)
             if was_killed:
                 killed.append(self.master.name)
-        for path in self.region_paths:
+        for path in self.region_paths + ([self.ssd_path] if self.ssd_path else []):
             Path(path).unlink(missing_ok=True)
         (self.run_dir / "cluster.json").unlink(missing_ok=True)
         return killed

@@ -129,7 +129,8 @@ class SegmentConfig:
     name: str = _f("", "segment name, unique in the cluster (e.g. \"cxl0\")")
     size_bytes: int = _f(0, "whole region size including its header", unit="bytes")
     path: str = _f("", "where hosts map it (/dev/daxX.Y or /dev/shm/...); informational on the master")
-    tier: str = _f("cxl", "tier of the segment: cxl (dram and ssd tiers are mounted by clientds)")
+    tier: str = _f("cxl", "tier of the segment: cxl, or ssd (a file on a shared path every clientd opens, "
+                   "read and written with pread/pwrite); dram tiers are mounted by clientds")
     region_uuid: str = _f("", "expected region identity; \"\" adopts the first one a clientd reports")
 
 
@@ -143,7 +144,7 @@ class MasterConfig:
         "", "MasterService in lean frames for clientds' hot path: host:port (\"\" = listen_address's host, "
         "a free port; \"off\" = gRPC only)")
     metrics_address: str = _f("", "Prometheus /metrics host:port (\"\" = disabled; port 0 picks)")
-    segments: list[SegmentConfig] = _f([], "CXL regions to mount at start")
+    segments: list[SegmentConfig] = _f([], "CXL regions (and SSD tier files) to mount at start")
     allocation_strategy: str = _f("cxl_first", "entry point name in cxlkv.allocation_strategies")
     eviction_policy: str = _f("lru", "entry point name in cxlkv.eviction_policies")
     alignment_bytes: int = _f(64, "extent alignment (power of two, >= 8)", unit="bytes")
@@ -158,6 +159,17 @@ class MasterConfig:
     sweep_interval_s: float = _f(0.5, "period of the lease/put/client expiry sweep", unit="s")
     log_level: str = _f("info", "debug, info, warning or error")
     log_json: bool = _f(False, "log JSON lines instead of text")
+    promotion_threshold: int = _f(
+        2, "an SSD-only object read this often (count-min estimate, decayed) is copied back into CXL; 0 = never")
+    dram_promotion_threshold: int = _f(
+        4, "an object read this often by one host is cached in that host's DRAM tier; 0 = never")
+    access_sketch_width: int = _f(
+        1 << 16, "counters per row of the access-frequency count-min sketch (memory: width x depth x 4 B)")
+    access_sketch_depth: int = _f(4, "rows (hash functions) of the access-frequency count-min sketch")
+    access_sketch_reset_adds: int = _f(
+        0, "halve every counter after this many recorded reads (decay); 0 = 10 x access_sketch_width")
+    task_timeout_s: float = _f(5.0, "a tier-move task not reported within this long is given again", unit="s")
+    task_retries: int = _f(3, "a tier-move task given this many times without success is failed and counted")
     recover_from_region: list[str] = _f(
         [], "rebuild the index at start from these regions' object headers (metadata lost): "
         "\"PATH\" (segment named by the region's identity) or \"PATH=SEGMENT\"")
@@ -181,14 +193,28 @@ class MasterConfig:
                 raise ConfigError("segments: every segment needs a name")
             if s.size_bytes <= 0:
                 raise ConfigError(f"segments[{s.name}].size_bytes: must be > 0")
-            if s.tier != "cxl":
-                raise ConfigError(f"segments[{s.name}].tier: only \"cxl\" segments are declared on the master")
+            if s.tier not in ("cxl", "ssd"):
+                raise ConfigError(f"segments[{s.name}].tier: must be \"cxl\" or \"ssd\" (dram tiers are "
+                                  f"mounted by clientds), got {s.tier!r}")
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ConfigError(f"segments: duplicate names {sorted(dup)}")
         for name in ("lease_ttl_s", "client_ttl_s", "heartbeat_interval_s", "put_timeout_s", "sweep_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be > 0")
+        for name in ("promotion_threshold", "dram_promotion_threshold"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: must be >= 0 (0 = never), got {getattr(self, name)}")
+        if not 16 <= self.access_sketch_width <= 1 << 26:
+            raise ConfigError(f"access_sketch_width: must be in [16, 2^26], got {self.access_sketch_width}")
+        if not 1 <= self.access_sketch_depth <= 16:
+            raise ConfigError(f"access_sketch_depth: must be in [1, 16], got {self.access_sketch_depth}")
+        if self.access_sketch_reset_adds < 0:
+            raise ConfigError(f"access_sketch_reset_adds: must be >= 0, got {self.access_sketch_reset_adds}")
+        if self.task_timeout_s <= 0:
+            raise ConfigError("task_timeout_s: must be > 0")
+        if self.task_retries < 1:
+            raise ConfigError(f"task_retries: must be >= 1, got {self.task_retries}")
         if self.heartbeat_interval_s >= self.client_ttl_s:
             raise ConfigError("heartbeat_interval_s must be shorter than client_ttl_s")
         _check_address("listen_address", self.listen_address)
@@ -205,6 +231,7 @@ class RegionConfig:
 
     segment: str = _f("", "name of the master's segment this region is")
     path: str = _f("", "/dev/daxX.Y or a file (e.g. /dev/shm/cxlkv-cxl0)")
+    tier: str = _f("cxl", "cxl (mapped), or ssd (a file read and written with pread/pwrite, never mapped)")
 
 
 @dataclass(frozen=True)
@@ -221,6 +248,10 @@ class ClientdConfig:
     regions: list[RegionConfig] = _f([], "regions to map (segment name → local path)")
     max_inline_bytes: int = _f(1 << 20, "largest value carried inside a message", unit="bytes")
     prefault: bool = _f(False, "touch every page of each region at start (no first-touch faults later)")
+    dram_tier_bytes: int = _f(
+        0, "this host's DRAM tier: private memory mounted as a host-local segment for hot objects; 0 = off",
+        unit="bytes")
+    task_batch: int = _f(64, "most tier-move tasks fetched from the master at once (0 = run none)")
     coherence: str = _f("coherent", "coherent, or flush (non-coherent CXL: flush before PutEnd, invalidate before read)")
     master_timeout_s: float = _f(10.0, "deadline of each call to the master", unit="s")
     log_level: str = _f("info", "debug, info, warning or error")
@@ -235,6 +266,12 @@ class ClientdConfig:
         for r in self.regions:
             if not r.segment or not r.path:
                 raise ConfigError("regions: every region needs `segment` and `path`")
+            if r.tier not in ("cxl", "ssd"):
+                raise ConfigError(f"regions[{r.segment}].tier: must be \"cxl\" or \"ssd\", got {r.tier!r}")
+        if self.dram_tier_bytes and self.dram_tier_bytes < 1 << 20:
+            raise ConfigError(f"dram_tier_bytes: must be 0 (off) or at least 1 MiB, got {self.dram_tier_bytes}")
+        if self.task_batch < 0:
+            raise ConfigError(f"task_batch: must be >= 0, got {self.task_batch}")
         if self.master_timeout_s <= 0:
             raise ConfigError("master_timeout_s: must be > 0")
         _check_address("metrics_address", self.metrics_address, empty_ok=True)

@@ -20,6 +20,12 @@ is 1.0 so only a full cache evicts). The report puts the store's hit rate beside
 an in-process simulation of the same policy, capacity and watermarks
 (``policy_sim_hit_rate``), an LRU simulation (``lru_sim_hit_rate``) and the
 unbounded-cache bound (``bound_hit_rate``).
+
+Tiers (docs/tiers.md): with ``ssd_fraction`` the embedded cluster gets an SSD
+tier (a file on disk holding that fraction of the unique blocks) below the CXL
+region, and with ``dram_fraction`` each clientd a DRAM tier; the report splits
+the hits by the tier that served them (``dram_hit_rate``, ``cxl_hit_rate``,
+``ssd_hit_rate``; they sum to ``block_hit_rate``).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ __all__ = ["ReplayOptions", "ReplayReport", "block_content", "run_replay", "repl
 KiB = 1024
 MiB = 1 << 20
 DEFAULT_TRACE = "../shared/traces/conversation_trace.jsonl"
+_CXL, _DRAM, _SSD = 1, 2, 3  # cxlkv.v1.Tier values
 
 
 def block_content(block_id: int, block_bytes: int) -> bytes:
@@ -74,6 +81,14 @@ class ReplayOptions:
         key_prefix: prepended to every block key.
         policy: master eviction policy (an ``cxlkv.eviction_policies`` name).
         low_watermark: eviction frees down to this fraction of capacity.
+        ssd_fraction: embedded: an SSD tier holding this fraction of the unique
+            blocks (0: none, CXL only).
+        dram_fraction: embedded: a DRAM tier in each clientd holding this
+            fraction of the unique blocks (0: none).
+        promotion_threshold, dram_promotion_threshold: the master's (tiered runs).
+        tier_high_watermark, tier_low_watermark: the CXL watermarks of tiered
+            runs: demotion to SSD starts and stops there (CXL-only runs evict at
+            1.0 down to ``low_watermark``).
     """
 
     trace_path: str = DEFAULT_TRACE
@@ -85,6 +100,12 @@ class ReplayOptions:
     key_prefix: str = "blk/"
     policy: str = "arc"
     low_watermark: float = 0.999
+    ssd_fraction: float = 0.0
+    dram_fraction: float = 0.0
+    promotion_threshold: int = 1
+    dram_promotion_threshold: int = 4
+    tier_high_watermark: float = 0.99
+    tier_low_watermark: float = 0.98
 
 
 @dataclass
@@ -94,6 +115,9 @@ class WorkerStats:
     requests: int = 0
     blocks: int = 0
     hit_blocks: int = 0
+    dram_hit_blocks: int = 0
+    cxl_hit_blocks: int = 0
+    ssd_hit_blocks: int = 0
     tokens: int = 0
     hit_tokens: int = 0
     bytes_read: int = 0
@@ -122,6 +146,9 @@ class ReplayReport:
     requests: int
     blocks: int
     block_hit_rate: float
+    dram_hit_rate: float
+    cxl_hit_rate: float
+    ssd_hit_rate: float
     token_hit_rate: float
     lru_sim_hit_rate: float
     policy_sim_hit_rate: float
@@ -147,6 +174,9 @@ class ReplayReport:
     error_samples: list[str]
     limit_gbps: float | None = None
     ratio_to_limit: float | None = None
+    ssd_fraction: float = 0.0
+    dram_fraction: float = 0.0
+    master_counters: dict[str, int] = field(default_factory=dict)
 
     def table(self) -> str:
         """Human-readable report."""
@@ -157,12 +187,16 @@ class ReplayReport:
             ("requests", f"{self.requests:,}"),
             ("blocks requested", f"{self.blocks:,}"),
             ("block hit rate (store)", pct(self.block_hit_rate)),
+            ("  served by DRAM / CXL / SSD", f"{pct(self.dram_hit_rate)} / {pct(self.cxl_hit_rate)} / "
+                                            f"{pct(self.ssd_hit_rate)}"),
             ("  same policy, simulated", f"{pct(self.policy_sim_hit_rate)}  ({self.policy})"),
             ("  LRU, simulated", pct(self.lru_sim_hit_rate)),
             ("  unbounded cache (bound)", pct(self.bound_hit_rate)),
             ("token hit rate", pct(self.token_hit_rate)),
             ("capacity", f"{self.capacity_blocks:,} blocks = {self.capacity_fraction:g} × "
-                         f"{self.unique_blocks:,} unique, {self.block_bytes // KiB} KiB each"),
+                         f"{self.unique_blocks:,} unique, {self.block_bytes // KiB} KiB each"
+                         + (f"; SSD tier {self.ssd_fraction:g} ×" if self.ssd_fraction else "")
+                         + (f"; DRAM tier {self.dram_fraction:g} × per clientd" if self.dram_fraction else "")),
             ("bytes read / written", f"{self.bytes_read / MiB:,.0f} MiB / {self.bytes_written / MiB:,.0f} MiB"),
             ("throughput", f"{self.requests_per_s:,.0f} requests/s, {self.gbps:.2f} GB/s"
                            + (f" ({self.ratio_to_limit:.3f} × memcpy {self.limit_gbps:.1f} GB/s at "
@@ -224,7 +258,15 @@ def _replay_worker(
                 keys = [f"{opts.key_prefix}{h}" for h in ids]
                 t0 = time.perf_counter()
                 try:
-                    m = client.get_prefix_into(keys, views[:n])
+                    tiers: list[int] = []
+                    m = client.get_prefix_into(keys, views[:n], tiers)
+                    for t in tiers:
+                        if t == _CXL:
+                            stats.cxl_hit_blocks += 1
+                        elif t == _SSD:
+                            stats.ssd_hit_blocks += 1
+                        elif t == _DRAM:
+                            stats.dram_hit_blocks += 1
                     for i in range(m):
                         if views[i].tobytes() != block_content(ids[i], B):  # copy + memcmp: fast; memoryview == is per-item
                             stats.errors += 1
@@ -359,10 +401,14 @@ def run_replay(
     from cxlkv.bench.common import measure_memcpy_gbps
 
     limit = measure_memcpy_gbps(opts.block_bytes, runs=3)  # the physical limit, same run
+    nb = total.blocks or 1
     return ReplayReport(
         requests=total.requests,
         blocks=total.blocks,
         block_hit_rate=total.hit_blocks / total.blocks if total.blocks else 0.0,
+        dram_hit_rate=total.dram_hit_blocks / nb,
+        cxl_hit_rate=total.cxl_hit_blocks / nb,
+        ssd_hit_rate=total.ssd_hit_blocks / nb,
         token_hit_rate=total.hit_tokens / total.tokens if total.tokens else 0.0,
         lru_sim_hit_rate=lru.block_hit_rate,
         policy_sim_hit_rate=same.block_hit_rate,
@@ -388,15 +434,24 @@ def run_replay(
         error_samples=total.error_samples[:10],
         limit_gbps=limit,
         ratio_to_limit=gbps / limit if limit else None,
+        ssd_fraction=opts.ssd_fraction,
+        dram_fraction=opts.dram_fraction,
     )
 
 
-def region_bytes_for(capacity_blocks: int, block_bytes: int, alignment_bytes: int = 64) -> int:
+#: Bytes before each block's value in its extent: the 64-byte object header and
+#: the key (``blk/<id>``, under 64 bytes) padded to 64 (:func:`cxlkv.objheader.header_bytes_for`).
+BLOCK_HEADER_BYTES = 128
+
+
+def region_bytes_for(capacity_blocks: int, block_bytes: int, alignment_bytes: int = 64,
+                     header_bytes: int = BLOCK_HEADER_BYTES) -> int:
     """Region size (header included) whose allocatable space holds exactly
-    ``capacity_blocks`` blocks of ``block_bytes`` (each extent aligned)."""
+    ``capacity_blocks`` blocks of ``block_bytes`` (each extent: object header,
+    key and value, aligned)."""
     from cxlkv.region import REGION_HEADER_BYTES
 
-    extent = -(-block_bytes // alignment_bytes) * alignment_bytes
+    extent = -(-(block_bytes + header_bytes) // alignment_bytes) * alignment_bytes
     return REGION_HEADER_BYTES + capacity_blocks * extent
 
 
@@ -411,32 +466,70 @@ def run_embedded(
 
     The region holds ``capacity_fraction × unique blocks`` blocks; the master
     evicts with ``opts.policy`` on allocation failure down to ``opts.low_watermark``.
+    With ``opts.ssd_fraction`` an SSD tier file (in the run directory, on disk) and
+    with ``opts.dram_fraction`` a DRAM tier per clientd are added; the CXL region
+    then demotes between ``opts.tier_high_watermark`` and ``opts.tier_low_watermark``.
+    The report carries the master's counters at the end (``master_counters``).
     """
     from cxlkv.cluster import LocalCluster
 
     trace = load_trace(opts.trace_path, opts.limit)
-    cap = max(1, int(opts.capacity_fraction * unique_blocks(trace)))
+    uniq = unique_blocks(trace)
+    cap = max(1, int(opts.capacity_fraction * uniq))
     del trace
-    tmp = tempfile.TemporaryDirectory(prefix="cxlkv-replay-") if run_dir is None else None
+    tmp = tempfile.TemporaryDirectory(prefix="cxlkv-replay-") \
+        if run_dir is None else None
+    master_options: dict[str, Any] = {
+        "eviction_policy": opts.policy,
+        "high_watermark": 1.0,
+        "low_watermark": opts.low_watermark,
+        "log_level": "warning",
+    }
+    clientd_options: dict[str, Any] = {"prefault": True, "log_level": "warning"}
+    ssd_bytes = 0
+    if opts.ssd_fraction or opts.dram_fraction:
+        master_options.update(
+            high_watermark=opts.tier_high_watermark, low_watermark=opts.tier_low_watermark,
+            promotion_threshold=opts.promotion_threshold,
+            dram_promotion_threshold=opts.dram_promotion_threshold if opts.dram_fraction else 0,
+            evict_budget_s=0.02, sweep_interval_s=0.05,
+        )
+    if opts.ssd_fraction:
+        ssd_bytes = region_bytes_for(max(1, int(opts.ssd_fraction * uniq)), opts.block_bytes)
+    if opts.dram_fraction:
+        clientd_options["dram_tier_bytes"] = max(1 << 20, region_bytes_for(
+            max(1, int(opts.dram_fraction * uniq)), opts.block_bytes))
     cluster = LocalCluster(
         run_dir or tmp.name,  # type: ignore[union-attr]
         clientds=clientds,
         region_size_bytes=region_bytes_for(cap, opts.block_bytes),
-        master_options={
-            "eviction_policy": opts.policy,
-            "high_watermark": 1.0,
-            "low_watermark": opts.low_watermark,
-            "log_level": "warning",
-        },
-        clientd_options={"prefault": True, "log_level": "warning"},
+        master_options=master_options,
+        clientd_options=clientd_options,
+        ssd_size_bytes=ssd_bytes,
     )
     try:
         cluster.start()
-        return run_replay(opts, cluster.socket_paths, show_progress=show_progress, capacity_blocks=cap)
+        report = run_replay(opts, cluster.socket_paths, show_progress=show_progress, capacity_blocks=cap)
+        report.master_counters = _master_counters(cluster.master_address)
+        return report
     finally:
         cluster.stop()
         if tmp is not None:
             tmp.cleanup()
+
+
+def _master_counters(address: str) -> dict[str, int]:
+    """The master's counters (Stat), or ``{}`` when it cannot be asked."""
+    import grpc
+
+    from cxlkv.v1 import master_pb2, master_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)]) as ch:
+            st = master_pb2_grpc.MasterServiceStub(ch).Stat(master_pb2.StatRequest(), timeout=10)
+    except grpc.RpcError:
+        return {}
+    return dict(st.counters)
 
 
 @click.command("replay")
@@ -453,11 +546,15 @@ def run_embedded(
               help="Pace by timestamps divided by this factor; 0 = as fast as possible.")
 @click.option("--limit", type=int, default=None, help="Replay only the first N requests.")
 @click.option("--policy", default="arc", show_default=True, help="Eviction policy (embedded cluster).")
+@click.option("--ssd-fraction", default=0.0, show_default=True, type=float,
+              help="Embedded: add an SSD tier holding this fraction of the unique blocks (docs/tiers.md).")
+@click.option("--dram-fraction", default=0.0, show_default=True, type=float,
+              help="Embedded: add a DRAM tier per clientd holding this fraction of the unique blocks.")
 @click.option("--key-prefix", default="blk/", show_default=True, help="Prefix of every block key.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON record.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON record here.")
 def replay_cmd(trace, embedded, sockets, block_bytes, capacity_fraction, clientds, workers, speedup,
-               limit, policy, key_prefix, as_json, out) -> None:
+               limit, policy, ssd_fraction, dram_fraction, key_prefix, as_json, out) -> None:
     """Replay a KV-cache trace: longest cached prefix, fetch + verify hits, put misses.
 
     TRACE defaults to the Mooncake conversation trace in ../shared/traces/.
@@ -478,6 +575,7 @@ def replay_cmd(trace, embedded, sockets, block_bytes, capacity_fraction, clientd
     opts = ReplayOptions(
         trace_path=trace, block_bytes=bb, capacity_fraction=capacity_fraction, limit=limit,
         workers=workers, speedup=speedup, key_prefix=key_prefix, policy=policy,
+        ssd_fraction=ssd_fraction, dram_fraction=dram_fraction,
     )
     progress = sys.stderr.isatty() and not as_json
     try:

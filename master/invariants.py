@@ -39,7 +39,7 @@ def check_invariants(state: "MasterState") -> None:
 
     def add(obj: ObjectVersion, where: str) -> None:
         seen: set[int] = set()
-        for sid, off, n in obj.extents:
+        for sid, off, n in obj.extents + obj.detached:
             if sid in seen:
                 raise AssertionError(f"{where} {obj!r}: two replicas in segment {sid}")
             seen.add(sid)
@@ -67,6 +67,17 @@ def check_invariants(state: "MasterState") -> None:
         if obj.state != ObjState.REMOVED or obj.leases <= 0 or obj.version != version:
             raise AssertionError(f"deferred {obj!r} should have been freed")
         add(obj, "deferred")
+    for obj in state._objects.values():
+        if obj.detached and obj.leases <= 0:
+            raise AssertionError(f"{obj!r}: detached replicas {obj.detached} should have been freed")
+    for task in state.tasks.all():  # a move's destination is live from allocation to its end
+        sid, off, n = task.destination
+        if (sid, off) in live:
+            raise AssertionError(f"{task!r}: destination owned twice")
+        live[(sid, off)] = n
+        per_seg[sid] = per_seg.get(sid, 0) + 1
+        if state.tasks.by_version.get(task.obj.version) is not task:
+            raise AssertionError(f"{task!r} is not indexed by its object version")
     for seg in state.segment_table.by_id.values():
         if not seg.mounted:
             if seg.used_bytes or seg.object_count:
@@ -101,9 +112,17 @@ def check_invariants(state: "MasterState") -> None:
     for obj in list(state._objects.values()) + list(state._retired.values()):
         if obj.leases != counts.get(id(obj), 0):
             raise AssertionError(f"{obj!r}: lease count {obj.leases} != {counts.get(id(obj), 0)} leases")
-    evictable = sum(1 for o in state._objects.values() if not o.hard_pin)
-    if len(state.policy) != evictable:
-        raise AssertionError(f"eviction policy tracks {len(state.policy)} keys, {evictable} are evictable")
+    upper = {k for k, o in state._objects.items() if not o.hard_pin and state._has_cxl(o)}
+    cold = {k for k, o in state._objects.items() if not o.hard_pin} - upper
+    if not state._tiered:
+        upper |= cold
+        cold = set()
+    if len(state.policy) != len(upper):
+        raise AssertionError(f"eviction policy tracks {len(state.policy)} keys, {len(upper)} are evictable "
+                             "with a CXL replica")
+    if set(state._cold) != cold:
+        raise AssertionError(f"SSD-only LRU tracks {len(state._cold)} keys, {len(cold)} objects have no "
+                             "CXL replica")
     for client in state._clients.values():
         for token, obj in client.puts.items():
             if state._puts.get(token) is not obj:

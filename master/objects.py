@@ -44,12 +44,15 @@ class ObjectVersion:
         soft_pin_until: evicted last until this time (seconds; 0: not pinned).
         leases: live read leases on this version.
         replicas_wanted: ``replica_num`` asked for (>= 1).
+        detached: replicas dropped from ``extents`` (demoted, uncached) while the
+            version was leased: no longer handed to readers, freed when the last
+            lease ends (docs/tiers.md).
     """
 
     __slots__ = (
         "key", "size_bytes", "version", "extents", "state", "client_id", "epoch",
         "started_at", "checksum", "hard_pin", "soft_pin_until", "leases", "replicas_wanted",
-        "header_bytes",
+        "header_bytes", "detached",
     )
 
     def __init__(
@@ -80,6 +83,7 @@ class ObjectVersion:
         self.leases = 0
         self.replicas_wanted = replicas_wanted
         self.header_bytes = header_bytes
+        self.detached: list[Extent] = []
 
     @property
     def put_token(self) -> int:
@@ -103,11 +107,13 @@ class ClientRecord:
         registered_at, last_heartbeat: master clock, seconds.
         alive: False once expired.
         puts: in-flight put attempts of this registration, token → version.
+        mapped: names of the segments this clientd maps (its registered regions
+            and its own DRAM tier): the move tasks it may run.
     """
 
     __slots__ = (
         "client_id", "epoch", "hostname", "name", "pid", "metrics_url",
-        "registered_at", "last_heartbeat", "alive", "puts",
+        "registered_at", "last_heartbeat", "alive", "puts", "mapped",
     )
 
     def __init__(
@@ -124,3 +130,4 @@ class ClientRecord:
         self.last_heartbeat = now
         self.alive = True
         self.puts: dict[int, ObjectVersion] = {}
+        self.mapped: set[str] = set()

@@ -15,6 +15,7 @@ building fewer protobuf objects is most of the cost of a batch in Python.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import functools
@@ -30,7 +31,7 @@ from cxlkv import __version__
 from cxlkv.errors import CxlkvError, Internal, InvalidArgument, rpc_status_for
 from cxlkv.lean import LeanRoute, service_methods
 from cxlkv.master.objects import ObjectVersion
-from cxlkv.master.segments import Segment
+from cxlkv.master.segments import Segment, Tier
 from cxlkv.master.state import MasterState
 from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
 
@@ -39,6 +40,9 @@ __all__ = ["MasterServicer", "segment_info"]
 log = logging.getLogger("cxlkv.master.service")
 
 _COMPLETE = common_pb2.COMPLETE
+#: Longest FetchTasks wait a clientd may ask for, in milliseconds.
+_MAX_TASK_WAIT_MS = 5000
+_TIER_RANK = {Tier.DRAM: 0, Tier.CXL: 1, Tier.SSD: 2}
 
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Any]
 
@@ -56,6 +60,8 @@ def _invoke(self: "MasterServicer", fn: Handler, name: str, request: Any, contex
     else:
         if self.observe is not None:
             self.observe(name, 0, request, perf_counter() - t0)
+        if self._task_waiters and self.state.tasks.queued:
+            self.wake_task_waiters()
         return response, None
     if self.observe is not None:
         self.observe(name, int(error.code), request, perf_counter() - t0)
@@ -140,12 +146,24 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         self.started_at = clock() if started_at is None else started_at
         self.metrics_url = metrics_url
         self._lease_ttl_ms = int(round(state.config.lease_ttl_s * 1000))
+        self._task_waiters = 0
+        self._task_event: asyncio.Event | None = None
+
+    def wake_task_waiters(self) -> None:
+        """Answer every FetchTasks long poll now (tasks were queued)."""
+        ev = self._task_event
+        if ev is not None:
+            self._task_event = None
+            ev.set()
 
     def lean_routes(self) -> dict[int, LeanRoute]:
         """Every MasterService RPC as a lean-framing route (:mod:`cxlkv.lean`): the
         same handlers, errors and metrics hook as the gRPC path, without HTTP/2."""
         routes: dict[int, LeanRoute] = {}
         for m in service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"]):
+            if m.name == "FetchTasks":
+                routes[m.number] = LeanRoute(m.name, m.request_type.FromString, self._lean_fetch_tasks)
+                continue
             fn = getattr(type(self), m.name).__wrapped__
             routes[m.number] = LeanRoute(m.name, m.request_type.FromString, self._lean_handler(fn, m.name))
         return routes
@@ -159,8 +177,34 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
 
         return handler
 
+    async def _lean_fetch_tasks(self, request: Any) -> Any:
+        response, error = await self._fetch_tasks(request)
+        if error is not None:
+            raise error
+        return response
+
+    async def _fetch_tasks(self, request: Any) -> tuple[Any, CxlkvError | None]:
+        """FetchTasks as a long poll: answer at once when tasks are queued, else
+        wait (up to ``wait_ms``) until a call queues some, then ask once more."""
+        response, error = _invoke(self, type(self)._fetch_tasks_now, "FetchTasks", request, None)
+        wait_ms = min(request.wait_ms, _MAX_TASK_WAIT_MS)
+        if error is not None or response.tasks or not wait_ms:
+            return response, error
+        if self._task_event is None:
+            self._task_event = asyncio.Event()
+        ev = self._task_event
+        self._task_waiters += 1
+        try:
+            await asyncio.wait_for(ev.wait(), wait_ms / 1000.0)
+        except asyncio.TimeoutError:
+            return response, None
+        finally:
+            self._task_waiters -= 1
+        return _invoke(self, type(self)._fetch_tasks_now, "FetchTasks", request, None)
+
     # -------------------------------------------------------------- helpers
-    def _fill_location(self, loc: master_pb2.ObjectLocation, obj: ObjectVersion, lease: Any) -> None:
+    def _fill_location(self, loc: master_pb2.ObjectLocation, obj: ObjectVersion, lease: Any,
+                       client_id: str = "") -> None:
         loc.value_size_bytes = obj.size_bytes
         loc.version = obj.version
         if obj.checksum:
@@ -169,12 +213,27 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             loc.header_bytes = obj.header_bytes
         segment = self.state.segment
         add = loc.replicas.add
-        for sid, off, n in obj.extents:
-            r = add(state=_COMPLETE, tier=segment(sid).tier)  # type: ignore[union-attr]
-            e = r.extent
-            e.segment_id = sid
-            e.offset_bytes = off
-            e.length_bytes = n
+        extents = obj.extents
+        if len(extents) > 1:  # best first: the reader's own DRAM, CXL, SSD; others' DRAM never
+            ranked = []
+            for ext in extents:
+                seg = segment(ext[0])
+                if seg.tier == Tier.DRAM and seg.owner_client_id != client_id:  # type: ignore[union-attr]
+                    continue
+                ranked.append((_TIER_RANK.get(seg.tier, 3), ext, seg.tier))  # type: ignore[union-attr]
+            ranked.sort(key=lambda r: r[0])
+            for _, (sid, off, n), tier in ranked:
+                e = add(state=_COMPLETE, tier=tier).extent
+                e.segment_id = sid
+                e.offset_bytes = off
+                e.length_bytes = n
+        else:
+            for sid, off, n in extents:
+                r = add(state=_COMPLETE, tier=segment(sid).tier)  # type: ignore[union-attr]
+                e = r.extent
+                e.segment_id = sid
+                e.offset_bytes = off
+                e.length_bytes = n
         if lease is not None:
             loc.lease_id = lease.lease_id
             loc.lease_ttl_ms = self._lease_ttl_ms
@@ -320,7 +379,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     def GetReplicaList(self, request, context):
         obj, lease = self.state.get(request.client_id, request.key, self.clock(), request.no_lease)
         resp = master_pb2.GetReplicaListResponse()
-        self._fill_location(resp.location, obj, lease)
+        self._fill_location(resp.location, obj, lease, request.client_id)
         return resp
 
     @_rpc
@@ -340,7 +399,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             except CxlkvError as err:
                 _set_status(loc.status, err)
                 continue
-            fill(loc, obj, lease)
+            fill(loc, obj, lease, client_id)
         return resp
 
     @_rpc
@@ -376,7 +435,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         add = resp.locations.add
         fill = self._fill_location
         for obj, lease in matched:
-            fill(add(), obj, lease)
+            fill(add(), obj, lease, client_id)
 
     @_rpc
     def MatchPrefix(self, request, context):
@@ -429,6 +488,44 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     def RemoveByRegex(self, request, context):
         removed, skipped = self.state.remove_all(self.clock(), request.force, pattern=request.pattern)
         return master_pb2.RemoveAllResponse(removed=removed, skipped_leased=skipped)
+
+    # ---------------------------------------------------------- tier moves
+    async def FetchTasks(self, request, context):
+        response, error = await self._fetch_tasks(request)
+        if error is None:
+            return response
+        await context.abort_with_status(rpc_status.to_status(rpc_status_for(error)))
+
+    def _fetch_tasks_now(self, request, context):
+        tasks = self.state.fetch_tasks(request.client_id, request.epoch, request.max_tasks, self.clock())
+        resp = master_pb2.FetchTasksResponse()
+        add = resp.tasks.add
+        deadline_ms = int(self.state.config.task_timeout_s * 1000 * 0.8)  # leave the report time to arrive
+        for t in tasks:
+            obj = t.obj
+            m = add(task_id=t.task_id, kind=t.kind, key=obj.key, version=obj.version,
+                    value_size_bytes=obj.size_bytes, header_bytes=obj.header_bytes, checksum=obj.checksum,
+                    deadline_ms=deadline_ms)
+            m.source.segment_id, m.source.offset_bytes, m.source.length_bytes = t.source
+            d = m.destination
+            d.segment_id, d.offset_bytes, d.length_bytes = t.destination
+        return resp
+
+    _fetch_tasks_now.__name__ = "FetchTasks"
+
+    @_rpc
+    def CompleteTasks(self, request, context):
+        errs = self.state.complete_tasks(
+            request.client_id, request.epoch,
+            [(r.task_id, r.status.code, r.status.message) for r in request.results], self.clock())
+        resp = master_pb2.CompleteTasksResponse()
+        add = resp.results.add
+        for err in errs:
+            if err is None:
+                add()
+            else:
+                add(code=err.code, message=err.message)
+        return resp
 
     # ----------------------------------------------------------- inspection
     @_rpc

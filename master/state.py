@@ -26,6 +26,7 @@ the state without touching it.
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections import OrderedDict
@@ -45,6 +46,7 @@ from cxlkv.master.leases import Lease, LeaseTable
 from cxlkv.master.objects import ClientRecord, Extent, ObjectVersion, ObjState
 from cxlkv.master.segments import Segment, SegmentTable, Tier, tier_from_name
 from cxlkv.master.strategies import AllocationStrategy, PlacementRequest, load_strategy
+from cxlkv.master.tiering import CACHE, DEMOTE, PROMOTE, AccessSketch, MoveTask, TaskTable
 
 __all__ = ["MasterState", "PutSpec", "RegionReport", "RestoredObject", "RestoreReport", "COUNTERS", "Lease"]
 
@@ -56,6 +58,10 @@ COUNTERS = (
     "no_space", "too_large", "clients_registered", "clients_expired",
     "segments_mounted", "segments_unmounted", "replicas_lost", "objects_lost",
     "objects_recovered",
+    # tiers (docs/tiers.md)
+    "demotions_started", "demotions", "promotions_started", "promotions", "promotions_skipped",
+    "dram_caches_started", "dram_caches", "moves_failed", "moves_retried", "moves_dropped",
+    "ssd_puts", "ssd_evictions", "dram_uncached",
 )
 
 _MAX_LIST_PAGE = 10000
@@ -132,6 +138,7 @@ class RestoreReport(NamedTuple):
     restored_bytes: int
 
 
+_ABSENT = object()
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 
 
@@ -195,6 +202,25 @@ class MasterState:
         self._clients: dict[str, ClientRecord] = {}
         self._expired_clients: OrderedDict[str, ClientRecord] = OrderedDict()
         self._client_seq = 0
+        # tiers (docs/tiers.md)
+        #: Read-frequency estimates per key (promotion) and per (client, key) (DRAM caching).
+        self.sketch = AccessSketch(config.access_sketch_width, config.access_sketch_depth,
+                                   config.access_sketch_reset_adds)
+        self.host_sketch = AccessSketch(config.access_sketch_width, config.access_sketch_depth,
+                                        config.access_sketch_reset_adds)
+        #: Queued and running move tasks.
+        self.tasks = TaskTable()
+        # Committed, unpinned objects without a CXL replica (SSD-only), least recently
+        # used first: SSD eviction drops from the front. The eviction policy tracks
+        # the objects with a CXL replica.
+        self._cold: OrderedDict[str, None] = OrderedDict()
+        self._moving_out: dict[int, int] = {}  # CXL segment id → bytes of its extents being demoted
+        self._dram_of: dict[str, Segment] = {}  # client id → its mounted DRAM tier
+        self._dram_lru: dict[int, OrderedDict[str, ObjectVersion]] = {}  # DRAM segment id → cached objects
+        self._has_ssd = False
+        self._tiered = False
+        #: Why the last move task failed ("" if none failed), for Stat and logs.
+        self.last_move_failure = ""  # an SSD or DRAM segment is mounted: reads feed the sketches
         for sc in config.segments:
             try:
                 tier = tier_from_name(sc.tier)
@@ -202,6 +228,7 @@ class MasterState:
                 raise InvalidArgument(f"segments[{sc.name}].tier: {exc}") from None
             self.segment_table.mount(sc.name, tier, sc.size_bytes, sc.region_uuid, sc.path)
             self.counters["segments_mounted"] += 1
+        self._tiers_changed()
 
     # ------------------------------------------------------------------ ids
     def _next_seq(self) -> int:
@@ -245,10 +272,23 @@ class MasterState:
         seg = table.check_mount(name, tier, size_bytes, region_uuid, device_path)
         if seg is not None:
             return seg
-        seg = table.mount(name, tier, size_bytes, region_uuid, device_path,
-                          client.client_id if tier != Tier.CXL else "")
+        owner = client.client_id if tier == Tier.DRAM else ""
+        if tier == Tier.DRAM and client.client_id in self._dram_of:
+            raise InvalidArgument(f"client {client.client_id} already has a DRAM tier "
+                                  f"({self._dram_of[client.client_id].name!r})")
+        seg = table.mount(name, tier, size_bytes, region_uuid, device_path, owner)
         self.counters["segments_mounted"] += 1
+        client.mapped.add(name)
+        if tier == Tier.DRAM:
+            self._dram_of[client.client_id] = seg
+            self._dram_lru[seg.segment_id] = OrderedDict()
+        self._tiers_changed()
         return seg
+
+    def _tiers_changed(self) -> None:
+        mounted = self.segment_table.mounted
+        self._has_ssd = any(s.tier == Tier.SSD for s in mounted)
+        self._tiered = any(s.tier != Tier.CXL for s in mounted)
 
     def unmount_segment(self, name: str, now: float) -> tuple[int, int]:
         """Stop allocating from a segment and drop its replicas.
@@ -272,14 +312,23 @@ class MasterState:
         seg.mounted = False  # frees below must not touch its allocator
         replicas_lost = 0
         objects_lost = 0
+        for task in self.tasks.all():
+            if task.source[0] == sid or task.destination[0] == sid:
+                self._end_task(task, None, f"segment {seg.name!r} was unmounted")
         for obj in list(self._objects.values()):
+            if obj.detached:
+                obj.detached = [e for e in obj.detached if e[0] != sid]
             kept = [e for e in obj.extents if e[0] != sid]
             if len(kept) != len(obj.extents):
                 replicas_lost += len(obj.extents) - len(kept)
+                upper = self._has_cxl(obj)
                 obj.extents = kept
                 if not kept:
                     objects_lost += 1
                     self._drop_committed(obj, evicted=False)
+                elif upper and not self._has_cxl(obj) and not obj.hard_pin:
+                    self.policy.on_remove(obj.key, False)
+                    self._cold[obj.key] = None
         for obj in list(self._puts.values()):
             kept = [e for e in obj.extents if e[0] != sid]
             if len(kept) != len(obj.extents):
@@ -288,7 +337,13 @@ class MasterState:
                     self._revoke(obj, f"segment {seg.name!r} was unmounted during the put")
         for obj in list(self._retired.values()):
             obj.extents = [e for e in obj.extents if e[0] != sid]
+            obj.detached = [e for e in obj.detached if e[0] != sid]
+        self._dram_lru.pop(sid, None)
+        if self._dram_of.get(seg.owner_client_id) is seg:
+            del self._dram_of[seg.owner_client_id]
+        self._moving_out.pop(sid, None)
         self.segment_table.unmount(seg)
+        self._tiers_changed()
         self.counters["segments_unmounted"] += 1
         self.counters["replicas_lost"] += replicas_lost
         self.counters["objects_lost"] += objects_lost
@@ -339,6 +394,7 @@ class MasterState:
             self._client_seq += 1
             client_id = f"{self.master_id}-{self._client_seq}"
         client = ClientRecord(client_id, self._next_seq(), hostname, name, pid, metrics_url, now)
+        client.mapped = {r.segment_name for r in regions}
         self._clients[client_id] = client
         self.counters["clients_registered"] += 1
         return client
@@ -464,6 +520,8 @@ class MasterState:
             replica_num = 1
         mounted = table.mounted
         fitting = mounted if need <= table.min_capacity else [s for s in mounted if s.capacity_bytes >= need]
+        if self._tiered:  # DRAM tiers are host-local caches: never the home of a new object
+            fitting = [s for s in fitting if s.tier != Tier.DRAM]
         request = _new_tuple(PlacementRequest, (need, replica_num, preferred_segment, 0))
         candidates = self.strategy.select(fitting, request)
         extents = self._place(candidates, need, replica_num)
@@ -473,6 +531,12 @@ class MasterState:
             if not extents:
                 self.counters["no_space"] += 1
                 raise self._no_space(key, value_size_bytes, need, candidates, now)
+        if self._has_ssd:
+            seg = table.by_id[extents[0][0]]
+            if seg.tier == Tier.SSD:
+                self.counters["ssd_puts"] += 1  # CXL had no room while demotions run
+            elif seg.tier == Tier.CXL and seg.used_bytes > self.config.high_watermark * seg.capacity_bytes:
+                self._drain(seg, now, self._work_clock() + self.config.evict_budget_s)
         version = self._seq
         self._seq = version + 1
         obj = ObjectVersion(
@@ -584,7 +648,7 @@ class MasterState:
         obj.checksum = checksum
         self._objects[key] = obj
         if not obj.hard_pin:
-            self.policy.on_put(key)
+            self._track(obj)
         self.counters["puts_committed"] += 1
         return obj
 
@@ -715,7 +779,7 @@ class MasterState:
             if o.version >= self._seq:
                 self._seq = o.version + 1
         for obj in sorted(restored, key=lambda ob: ob.version):
-            self.policy.on_put(obj.key)
+            self._track(obj)
         self.counters["objects_recovered"] += len(restored)
         return RestoreReport(len(restored), replicas, superseded, conflicts, invalid, restored_bytes)
 
@@ -734,7 +798,16 @@ class MasterState:
         if not no_lease:
             lease = self.leases.grant(obj, client_id, now)
             self.counters["lease_grants"] += 1
-        if not obj.hard_pin:
+        if self._tiered:
+            if not obj.hard_pin:
+                cold = self._cold
+                if key in cold:
+                    cold.move_to_end(key)
+                else:
+                    self.policy.on_hit(key)
+            if not no_lease:
+                self._on_read(client_id, obj, now)
+        elif not obj.hard_pin:
             self.policy.on_hit(key)
         return obj, lease
 
@@ -864,7 +937,8 @@ class MasterState:
     def _retire(self, obj: ObjectVersion, evicted: bool) -> None:
         """Mark a committed version REMOVED: free now, or when its last lease ends."""
         if not obj.hard_pin:
-            self.policy.on_remove(obj.key, evicted)
+            if self._cold.pop(obj.key, _ABSENT) is _ABSENT:
+                self.policy.on_remove(obj.key, evicted)
         obj.state = ObjState.REMOVED
         if obj.leases:
             self._retired[obj.version] = obj
@@ -878,11 +952,29 @@ class MasterState:
             if seg.mounted:
                 seg.allocator.free(off)
                 seg.object_count -= 1
+                if seg.tier == Tier.DRAM:
+                    lru = self._dram_lru.get(sid)
+                    if lru is not None and lru.get(obj.key) is obj:
+                        del lru[obj.key]
         obj.extents = []
+        if obj.detached:
+            self._free_detached(obj)
+
+    def _free_detached(self, obj: ObjectVersion) -> None:
+        segments = self.segment_table.by_id
+        for sid, off, _ in obj.detached:
+            seg = segments[sid]
+            if seg.mounted:
+                seg.allocator.free(off)
+                seg.object_count -= 1
+        obj.detached = []
 
     def _on_last_release(self, obj: ObjectVersion) -> None:
         if obj.state == ObjState.REMOVED and self._retired.pop(obj.version, None) is not None:
             self._free_extents(obj)
+            self.counters["deferred_frees"] += 1
+        elif obj.detached:
+            self._free_detached(obj)
             self.counters["deferred_frees"] += 1
 
     # ------------------------------------------------------------- eviction
@@ -890,27 +982,38 @@ class MasterState:
                    segment_ids: frozenset[int] | None) -> bool:
         if obj.leases or obj.hard_pin:
             return False
+        if obj.version in self.tasks.by_version:
+            return False  # a move is reading or writing it
         if not soft_ok and obj.soft_pin_until > now:
             return False
         return segment_ids is None or any(e[0] in segment_ids for e in obj.extents)
 
     def _evict(self, now: float, done: Callable[[], bool], segment_ids: frozenset[int] | None,
-               deadline: float | None) -> int:
+               deadline: float | None, *, cold: bool = False, demote: bool = False) -> int:
         """Evict policy candidates until ``done()`` or the deadline (work clock).
 
         Unpinned objects go first; soft-pinned ones only in a second pass.
-        Never leased, PROCESSING or hard-pinned objects.
+        Never leased, PROCESSING, hard-pinned or moving objects.
+
+        Args:
+            cold: take candidates from the SSD-only objects (least recently used
+                first) instead of the eviction policy.
+            demote: move each candidate to the SSD tier instead of dropping it
+                (:meth:`_demote`); an object is dropped only when the SSD tier
+                has no room even after its own eviction.
 
         Returns:
-            Objects evicted.
+            Objects evicted or demoted.
         """
         evicted = 0
         policy = self.policy
         objects = self._objects
+        cold_keys = self._cold
+        source = (lambda n: list(itertools.islice(cold_keys, n))) if cold else policy.candidates
         for soft_ok in (False, True):
             n = 32
             while not done():
-                cands = policy.candidates(n)
+                cands = source(n)
                 skipped = 0
                 progressed = False
                 for key in cands:
@@ -918,6 +1021,14 @@ class MasterState:
                     if obj is None or not self._evictable(obj, now, soft_ok, segment_ids):
                         skipped += 1
                         continue
+                    if demote and self._demote(obj, now):
+                        evicted += 1
+                        progressed = True
+                        if done():
+                            return evicted
+                        continue
+                    if cold:
+                        self.counters["ssd_evictions"] += 1
                     self.counters["evicted_bytes"] += sum(e[2] for e in obj.extents)
                     self._drop_committed(obj, evicted=True)
                     self.counters["evictions"] += 1
@@ -941,9 +1052,11 @@ class MasterState:
         if not candidates:
             return 0
         ids = frozenset(s.segment_id for s in candidates)
-        return self._evict(
-            now, lambda: any(s.allocator.largest_free_bytes >= need for s in candidates), ids, None
-        )
+        fits = lambda: any(s.allocator.largest_free_bytes >= need for s in candidates)  # noqa: E731
+        n = 0
+        if self._cold and any(s.tier == Tier.SSD for s in candidates):
+            n = self._evict(now, fits, ids, None, cold=True)  # SSD-only objects first
+        return n + self._evict(now, fits, ids, None)
 
     def evict_to_watermark(self, now: float, budget_s: float | None = None) -> int:
         """Evict in each segment above ``high_watermark`` down to ``low_watermark``.
@@ -971,14 +1084,268 @@ class MasterState:
                 if not cap or seg.used_bytes <= high * cap:
                     continue
                 draining.add(sid)  # above high: drain down to low, over several passes if needed
-            alloc = seg.allocator
-            evicted += self._evict(now, lambda: alloc.used_bytes <= low * cap, frozenset((sid,)), deadline)
-            if alloc.used_bytes <= low * cap:
+            if seg.tier == Tier.DRAM:
+                draining.discard(sid)  # DRAM caches make room on demand (_cache)
+                continue
+            evicted += self._drain(seg, now, deadline)
+            if seg.allocator.used_bytes - self._moving_out.get(sid, 0) <= low * cap:
                 draining.discard(sid)
             if self._work_clock() > deadline:
                 break
         draining.intersection_update(s.segment_id for s in self.segment_table.mounted)
         return evicted
+
+    # ---------------------------------------------------------------- tiers
+    def _has_cxl(self, obj: ObjectVersion) -> bool:
+        by_id = self.segment_table.by_id
+        return any(by_id[e[0]].tier == Tier.CXL for e in obj.extents)
+
+    def _track(self, obj: ObjectVersion) -> None:
+        """Hand a committed, unpinned version to the eviction policy (it has a CXL
+        replica) or to the SSD-only LRU (it has none)."""
+        if not self._tiered or self._has_cxl(obj):
+            self.policy.on_put(obj.key)
+        else:
+            self._cold[obj.key] = None
+            self._cold.move_to_end(obj.key)
+
+    def _drain(self, seg: Segment, now: float, deadline: float) -> int:
+        """Evict (CXL with an SSD tier: demote) in ``seg`` down to ``low_watermark``,
+        counting bytes already being demoted as gone."""
+        sid = seg.segment_id
+        alloc = seg.allocator
+        target = self.config.low_watermark * seg.capacity_bytes
+        moving = self._moving_out
+        done = lambda: alloc.used_bytes - moving.get(sid, 0) <= target  # noqa: E731
+        if seg.tier == Tier.SSD:
+            return self._evict(now, done, frozenset((sid,)), deadline, cold=True)
+        return self._evict(now, done, frozenset((sid,)), deadline, demote=self._has_ssd)
+
+    def _detach(self, obj: ObjectVersion, extents: list) -> None:
+        """Take replicas out of ``obj.extents``: freed now, or when the last lease ends."""
+        obj.extents = [e for e in obj.extents if e not in extents]
+        if obj.leases:
+            obj.detached.extend(extents)
+        else:
+            segments = self.segment_table.by_id
+            for sid, off, _ in extents:
+                seg = segments[sid]
+                if seg.mounted:
+                    seg.allocator.free(off)
+                    seg.object_count -= 1
+
+    def _alloc_in(self, obj: ObjectVersion, tier: int, now: float, *, evict_cold: bool = False) -> Extent | None:
+        """An extent for another replica of ``obj`` in ``tier`` (a segment without
+        one of its replicas), or ``None``. With ``evict_cold``, SSD-only objects are
+        dropped (least recently used first) until it fits."""
+        need = obj.extents[0][2] if obj.extents else self.extent_bytes(obj.size_bytes + obj.header_bytes)
+        have = {e[0] for e in obj.extents}
+        pool = [s for s in self.segment_table.mounted
+                if s.tier == tier and s.segment_id not in have and s.capacity_bytes >= need]
+        if not pool:
+            return None
+        request = _new_tuple(PlacementRequest, (need, 1, "", tier))
+        cands = self.strategy.select(pool, request)
+        ext = self._place(cands, need, 1)
+        if not ext and evict_cold and self._cold:
+            ids = frozenset(s.segment_id for s in cands)
+            self._evict(now, lambda: any(s.allocator.largest_free_bytes >= need for s in cands), ids, None,
+                        cold=True)
+            ext = self._place(cands, need, 1)
+        return ext[0] if ext else None
+
+    def _demote(self, obj: ObjectVersion, now: float) -> bool:
+        """Move ``obj``'s CXL replicas to the SSD tier instead of dropping it.
+
+        An object that already has an SSD replica (promoted earlier) just loses
+        its CXL replicas. Otherwise an SSD extent is allocated (dropping SSD-only
+        objects if the tier is full) and a DEMOTE task queued; the CXL replica
+        stays readable until a clientd has copied and verified the bytes.
+
+        Returns:
+            False when the SSD tier has no room even after eviction (the caller drops it).
+        """
+        by_id = self.segment_table.by_id
+        cxl = [e for e in obj.extents if by_id[e[0]].tier == Tier.CXL]
+        if not cxl:
+            return False
+        if any(by_id[e[0]].tier == Tier.SSD for e in obj.extents):
+            self.policy.on_remove(obj.key, True)
+            self._detach(obj, cxl)
+            self._cold[obj.key] = None
+            self.counters["demotions"] += 1
+            return True
+        dst = self._alloc_in(obj, Tier.SSD, now, evict_cold=True)
+        if dst is None:
+            return False
+        src = cxl[0]
+        self.tasks.add(DEMOTE, obj, src, dst, "", now)
+        self._moving_out[src[0]] = self._moving_out.get(src[0], 0) + src[2]
+        self.counters["demotions_started"] += 1
+        return True
+
+    def _on_read(self, client_id: str, obj: ObjectVersion, now: float) -> None:
+        """Feed the access statistics; start a promotion or a DRAM caching when warranted.
+
+        Never delays the read: the bytes are served from where they are now.
+        """
+        cfg = self.config
+        key = obj.key
+        if obj.version in self.tasks.by_version or obj.state != ObjState.COMPLETE:
+            return
+        by_id = self.segment_table.by_id
+        tiers = [by_id[e[0]].tier for e in obj.extents]
+        if cfg.promotion_threshold and Tier.CXL not in tiers:
+            if self.sketch.add(key) >= cfg.promotion_threshold:
+                self._promote(obj, now)
+            return
+        dram = self._dram_of.get(client_id)
+        if dram is None or not cfg.dram_promotion_threshold:
+            return
+        sid = dram.segment_id
+        if any(e[0] == sid for e in obj.extents):
+            lru = self._dram_lru.get(sid)
+            if lru is not None and key in lru:
+                lru.move_to_end(key)
+            return
+        if self.host_sketch.add(client_id + "\0" + key) >= cfg.dram_promotion_threshold:
+            self._cache(obj, dram, client_id, now)
+
+    def _promote(self, obj: ObjectVersion, now: float) -> bool:
+        dst = self._alloc_in(obj, Tier.CXL, now)
+        if dst is None:
+            self.counters["promotions_skipped"] += 1
+            return False
+        by_id = self.segment_table.by_id
+        src = next(e for e in obj.extents if by_id[e[0]].tier != Tier.DRAM) if any(
+            by_id[e[0]].tier != Tier.DRAM for e in obj.extents) else obj.extents[0]
+        self.tasks.add(PROMOTE, obj, src, dst, "", now)
+        self.counters["promotions_started"] += 1
+        return True
+
+    def _cache(self, obj: ObjectVersion, dram: Segment, client_id: str, now: float) -> bool:
+        """Copy ``obj`` into ``client_id``'s DRAM tier (least recently read cached
+        objects there are dropped to make room, never leased ones)."""
+        need = obj.extents[0][2]
+        if need > dram.capacity_bytes // 4:
+            return False  # a DRAM tier keeps many small hot objects, not a few large ones
+        lru = self._dram_lru.setdefault(dram.segment_id, OrderedDict())
+        alloc = dram.allocator
+        if alloc.largest_free_bytes < need:
+            for key, victim in list(itertools.islice(lru.items(), 64)):
+                if alloc.largest_free_bytes >= need:
+                    break
+                del lru[key]
+                self._detach(victim, [e for e in victim.extents if e[0] == dram.segment_id])
+                self.counters["dram_uncached"] += 1
+        off = alloc.alloc(need)
+        if off < 0:
+            return False
+        dram.object_count += 1
+        by_id = self.segment_table.by_id
+        src = min(obj.extents, key=lambda e: 0 if by_id[e[0]].tier == Tier.CXL else 1)
+        self.tasks.add(CACHE, obj, src, (dram.segment_id, off, need), client_id, now)
+        self.counters["dram_caches_started"] += 1
+        return True
+
+    def fetch_tasks(self, client_id: str, epoch: int, max_tasks: int, now: float) -> list[MoveTask]:
+        """Give ``client_id`` up to ``max_tasks`` queued move tasks it can run (it
+        maps both segments; CACHE tasks only to the DRAM tier's owner).
+
+        Raises:
+            UnknownClient, StaleToken: the caller's registration is not current.
+        """
+        client = self.writer(client_id, epoch, now)
+        if not self.tasks:
+            return []
+        by_id = self.segment_table.by_id
+        mapped = client.mapped
+
+        def can_run(task: MoveTask) -> bool:
+            return by_id[task.source[0]].name in mapped and by_id[task.destination[0]].name in mapped
+
+        return self.tasks.give(client_id, max_tasks or 64, now, self.config.task_timeout_s, can_run)
+
+    def complete_tasks(self, client_id: str, epoch: int, results: Iterable[tuple[int, int, str]],
+                       now: float) -> list[CxlkvError | None]:
+        """Apply clientd reports ``(task_id, code, message)``; one result per item.
+
+        A success adds the destination replica to the object, if the version is
+        still the key's committed one (else the destination is freed), and for a
+        demotion drops the CXL replica (freed when its last lease ends). A failure
+        is given again until ``task_retries`` attempts, then counted and its
+        destination freed.
+
+        Raises:
+            UnknownClient, StaleToken: the caller's registration is not current.
+        """
+        self.writer(client_id, epoch, now)
+        out: list[CxlkvError | None] = []
+        for task_id, code, message in results:
+            task = self.tasks.tasks.get(task_id)
+            if task is None or task.assigned_to != client_id:
+                out.append(StaleToken(f"task {task_id} is not running on client {client_id} "
+                                      "(timed out and given again, or finished)"))
+                continue
+            if code:
+                self._retry_or_fail(task, f"client {client_id}: {message}")
+            else:
+                self._end_task(task, now, "")
+            out.append(None)
+        return out
+
+    def _retry_or_fail(self, task: MoveTask, why: str) -> None:
+        if task.attempts < self.config.task_retries:
+            self.tasks.requeue(task)
+            self.counters["moves_retried"] += 1
+        else:
+            self._end_task(task, None, why)
+
+    def _end_task(self, task: MoveTask, now: float | None, why: str) -> None:
+        """Finish ``task``: committed (``now`` given, no ``why``) or failed."""
+        self.tasks.finish(task)
+        obj = task.obj
+        by_id = self.segment_table.by_id
+        if task.kind == DEMOTE and task.source[0] in self._moving_out:
+            sid = task.source[0]
+            self._moving_out[sid] = max(0, self._moving_out[sid] - task.source[2])
+        dst_seg = by_id[task.destination[0]]
+        current = (not why and self._objects.get(obj.key) is obj and dst_seg.mounted
+                   and task.source in obj.extents)
+        if not current:
+            if dst_seg.mounted:
+                dst_seg.allocator.free(task.destination[1])
+                dst_seg.object_count -= 1
+            if why:
+                self.counters["moves_failed"] += 1
+                self.last_move_failure = why
+            else:
+                self.counters["moves_dropped"] += 1  # removed, replaced or moved meanwhile
+            return
+        obj.extents.append(task.destination)
+        if task.kind == DEMOTE:
+            cxl = [e for e in obj.extents if by_id[e[0]].tier == Tier.CXL]
+            self._detach(obj, cxl)
+            if not obj.hard_pin:
+                self.policy.on_remove(obj.key, True)
+                self._cold[obj.key] = None
+            self.counters["demotions"] += 1
+        elif task.kind == PROMOTE:
+            if not obj.hard_pin and self._cold.pop(obj.key, _ABSENT) is not _ABSENT:
+                self.policy.on_put(obj.key)
+            self.counters["promotions"] += 1
+            seg = by_id[task.destination[0]]
+            if seg.used_bytes > self.config.high_watermark * seg.capacity_bytes:
+                self._draining.add(seg.segment_id)
+        else:
+            self._dram_lru.setdefault(dst_seg.segment_id, OrderedDict())[obj.key] = obj
+            self.counters["dram_caches"] += 1
+
+    def _sweep_tasks(self, now: float) -> None:
+        """Give again (or fail) tasks whose clientd did not report in time."""
+        for task in self.tasks.overdue(now):
+            self._retry_or_fail(task, f"no report within task_timeout_s ({self.config.task_timeout_s:g} s) "
+                                      f"from client {task.assigned_to}")
 
     # ---------------------------------------------------------------- sweep
     def sweep(self, now: float, budget_s: float | None = None) -> dict[str, int]:
@@ -1009,6 +1376,8 @@ class MasterState:
         reclaimed = self.counters["puts_reclaimed"] - reclaimed_before
         leases_expired = self.leases.expire(now)
         self.counters["lease_expiries"] += leases_expired
+        if self.tasks:
+            self._sweep_tasks(now)
         evicted = self.evict_to_watermark(now, budget_s)
         if self._keys is not None and now - self._keys_used_at > _INDEX_IDLE_S:
             self._keys = None

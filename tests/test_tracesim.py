@@ -63,8 +63,8 @@ def test_block_content_is_distinct_and_sized() -> None:
     assert len(a) == 65536 and a != b
     assert len(block_content(5, 100)) == 100
     assert block_content(3, 4096) == block_content(3, 4096)
-    assert region_bytes_for(10, 65536) == 4096 + 10 * 65536
-    assert region_bytes_for(10, 100) == 4096 + 10 * 128
+    assert region_bytes_for(10, 65536) == 4096 + 10 * (65536 + 128)  # + object header and key
+    assert region_bytes_for(10, 100) == 4096 + 10 * 256
 
 
 @needs_trace

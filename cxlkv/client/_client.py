@@ -674,12 +674,13 @@ class Client:
         return arrays, targets, copy_back
 
     @_utf8_keys
-    def get_prefix_into(self, keys: Sequence[str], dsts: Sequence[Any]) -> int:
+    def get_prefix_into(self, keys: Sequence[str], dsts: Sequence[Any], tiers: list[int] | None = None) -> int:
         """The longest cached prefix of ``keys``, copied into ``dsts`` in one call.
 
         ``keys`` are the blocks of one prompt, in order. The daemon finds how many
         leading keys are committed, leases them, copies each into its destination
-        and releases the leases.
+        and releases the leases. With ``tiers`` (a list), the ``cxlkv.v1.Tier``
+        that served each matched key is appended to it (docs/tiers.md).
 
         Returns:
             ``matched``: ``dsts[:matched]`` now hold the values of ``keys[:matched]``.
@@ -703,6 +704,8 @@ class Client:
                 t.buffer_id, t.offset_bytes, t.length_bytes = tg
             r = self._call("GetPrefixInto", req)
             matched = r.matched
+            if tiers is not None:
+                tiers.extend(res.tier for res in r.results[:matched])
             for i, seg, off in copy_back:
                 if i < matched:
                     n = r.results[i].value_size_bytes

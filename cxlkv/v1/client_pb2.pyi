@@ -234,14 +234,16 @@ class GetIntoResponse(_message.Message):
     def __init__(self, value_size_bytes: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
 
 class GetIntoResult(_message.Message):
-    __slots__ = ("status", "value_size_bytes", "version")
+    __slots__ = ("status", "value_size_bytes", "version", "tier")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     status: _common_pb2.Status
     value_size_bytes: int
     version: int
-    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., value_size_bytes: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+    tier: _common_pb2.Tier
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., value_size_bytes: _Optional[int] = ..., version: _Optional[int] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ...) -> None: ...
 
 class BatchGetIntoRequest(_message.Message):
     __slots__ = ("items",)

@@ -1,11 +1,23 @@
 from cxlkv.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_KIND_UNSPECIFIED: _ClassVar[TaskKind]
+    DEMOTE: _ClassVar[TaskKind]
+    PROMOTE: _ClassVar[TaskKind]
+    CACHE: _ClassVar[TaskKind]
+TASK_KIND_UNSPECIFIED: TaskKind
+DEMOTE: TaskKind
+PROMOTE: TaskKind
+CACHE: TaskKind
 
 class RegionIdentity(_message.Message):
     __slots__ = ("segment_name", "region_uuid", "size_bytes", "device_path")
@@ -529,3 +541,69 @@ class StatResponse(_message.Message):
     metrics_url: str
     invariant_violation: str
     def __init__(self, master_id: _Optional[str] = ..., version: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., key_count: _Optional[int] = ..., processing_count: _Optional[int] = ..., lease_count: _Optional[int] = ..., clients: _Optional[_Iterable[_Union[ClientInfo, _Mapping]]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., high_watermark: _Optional[float] = ..., low_watermark: _Optional[float] = ..., allocation_strategy: _Optional[str] = ..., eviction_policy: _Optional[str] = ..., uptime_s: _Optional[float] = ..., metrics_url: _Optional[str] = ..., invariant_violation: _Optional[str] = ...) -> None: ...
+
+class MoveTask(_message.Message):
+    __slots__ = ("task_id", "kind", "key", "version", "value_size_bytes", "header_bytes", "checksum", "source", "destination", "deadline_ms")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HEADER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    kind: TaskKind
+    key: str
+    version: int
+    value_size_bytes: int
+    header_bytes: int
+    checksum: int
+    source: _common_pb2.Extent
+    destination: _common_pb2.Extent
+    deadline_ms: int
+    def __init__(self, task_id: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., key: _Optional[str] = ..., version: _Optional[int] = ..., value_size_bytes: _Optional[int] = ..., header_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., source: _Optional[_Union[_common_pb2.Extent, _Mapping]] = ..., destination: _Optional[_Union[_common_pb2.Extent, _Mapping]] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
+
+class FetchTasksRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "max_tasks", "wait_ms")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_TASKS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    max_tasks: int
+    wait_ms: int
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class FetchTasksResponse(_message.Message):
+    __slots__ = ("tasks",)
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[MoveTask]
+    def __init__(self, tasks: _Optional[_Iterable[_Union[MoveTask, _Mapping]]] = ...) -> None: ...
+
+class TaskResult(_message.Message):
+    __slots__ = ("task_id", "status")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    status: _common_pb2.Status
+    def __init__(self, task_id: _Optional[int] = ..., status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ...) -> None: ...
+
+class CompleteTasksRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "results")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    results: _containers.RepeatedCompositeFieldContainer[TaskResult]
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., results: _Optional[_Iterable[_Union[TaskResult, _Mapping]]] = ...) -> None: ...
+
+class CompleteTasksResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[_common_pb2.Status]
+    def __init__(self, results: _Optional[_Iterable[_Union[_common_pb2.Status, _Mapping]]] = ...) -> None: ...

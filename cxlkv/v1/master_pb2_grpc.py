@@ -154,6 +154,16 @@ class MasterServiceStub:
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.StatRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.StatResponse.FromString,
                 _registered_method=True)
+        self.FetchTasks = channel.unary_unary(
+                '/cxlkv.v1.MasterService/FetchTasks',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.FetchTasksRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.FetchTasksResponse.FromString,
+                _registered_method=True)
+        self.CompleteTasks = channel.unary_unary(
+                '/cxlkv.v1.MasterService/CompleteTasks',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.CompleteTasksRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.CompleteTasksResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -335,6 +345,24 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchTasks(self, request, context):
+        """--- tier moves (docs/tiers.md) ----------------------------------------------
+        The master decides, clientds execute: a clientd asks for up to max_tasks
+        move tasks (waiting up to wait_ms when there is none) and reports each
+        task's outcome. A task not reported within its deadline is given again (to
+        any clientd able to run it) up to the master's task_retries, then failed and
+        counted; its destination extent is reclaimed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteTasks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -457,6 +485,16 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.Stat,
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.StatRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.StatResponse.SerializeToString,
+            ),
+            'FetchTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchTasks,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.FetchTasksRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.FetchTasksResponse.SerializeToString,
+            ),
+            'CompleteTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteTasks,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.CompleteTasksRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.CompleteTasksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1107,6 +1145,60 @@ class MasterService:
             '/cxlkv.v1.MasterService/Stat',
             cxlkv_dot_v1_dot_master__pb2.StatRequest.SerializeToString,
             cxlkv_dot_v1_dot_master__pb2.StatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/FetchTasks',
+            cxlkv_dot_v1_dot_master__pb2.FetchTasksRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.FetchTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/CompleteTasks',
+            cxlkv_dot_v1_dot_master__pb2.CompleteTasksRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.CompleteTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,388 @@
+"""clientd's tiers beyond the mapped CXL regions, and the worker that moves bytes between tiers.
+
+* :class:`FileRegion` — the SSD tier: a file on a shared path (every clientd
+  opens the same one, standing for a shared NVMe namespace or filesystem), read
+  and written with ``os.preadv``/``os.pwrite`` — never mapped. It has the same
+  identity header and self-describing extent layout (object header, key, value)
+  as a CXL region, and the subset of :class:`cxlkv.transport.Region`'s methods
+  that the read and put paths use, so those paths serve it unchanged.
+* :func:`open_dram_tier` — the host-local DRAM tier: private memory of this
+  daemon (a ``/dev/shm`` file unlinked as soon as it is mapped, so it lives
+  exactly as long as the process), formatted like a region and mounted on the
+  master as a DRAM segment owned by this clientd (``MountSegment``).
+* :class:`TaskWorker` — runs the master's move tasks (docs/tiers.md): long-polls
+  ``FetchTasks``, copies each object's extent from source to destination in a
+  pool thread (verifying the object header and checksum of what it read, and
+  reading the destination back), reports with ``CompleteTasks``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+import uuid
+from concurrent.futures import Executor
+from typing import Any, Sequence
+
+import xxhash
+
+from cxlkv.errors import CxlkvError, ErrorCode, RegionError
+from cxlkv.objheader import parse_header
+from cxlkv.v1 import common_pb2, master_pb2
+
+__all__ = ["FileRegion", "open_dram_tier", "TaskWorker", "dram_segment_name"]
+
+log = logging.getLogger(__name__)
+
+_xxh3 = xxhash.xxh3_64_intdigest
+#: Long-poll wait of one FetchTasks call, in milliseconds.
+FETCH_WAIT_MS = 1000
+
+
+def _writable(buf: Any, what: str) -> memoryview:
+    view = memoryview(buf).cast("B")
+    if view.readonly:
+        raise CxlkvError(f"{what}: destination buffer is read-only")
+    return view
+
+
+class FileRegion:
+    """A region stored in a file, accessed with positioned reads and writes (no mmap).
+
+    Bounds are checked like the transport's: any access outside ``[0, size_bytes)``
+    raises :class:`~cxlkv.errors.RegionError`. ``flush``/``invalidate`` are no-ops:
+    the page cache is coherent between processes of one machine (a real shared
+    filesystem across hosts would need O_DIRECT or its own coherence).
+
+    Args:
+        path: the file (must exist).
+        fd: an open read-write descriptor of it.
+
+    Thread-safety: positioned I/O needs no shared file offset; safe from copy threads.
+    """
+
+    def __init__(self, path: str, fd: int) -> None:
+        self._path = path
+        self._fd = fd
+        self._size = os.fstat(fd).st_size
+
+    @classmethod
+    def open(cls, path: str, size: int = 0, create: bool = False) -> "FileRegion":
+        """Open (or with ``create``, create and size to ``size`` bytes) the file.
+
+        Raises:
+            RegionError: missing, unreadable, or of size 0.
+        """
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        try:
+            fd = os.open(path, flags, 0o660)
+        except OSError as exc:
+            raise RegionError(f"SSD tier {path}: {exc.strerror or exc}", path=path) from None
+        if create and size:
+            os.ftruncate(fd, size)
+        r = cls(path, fd)
+        if r._size == 0:
+            os.close(fd)
+            raise RegionError(f"SSD tier {path} is empty (create and format it first)", path=path)
+        return r
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size
+
+    def __repr__(self) -> str:
+        return f"FileRegion({self._path!r}, {self._size} B)"
+
+    def _check(self, op: str, offset: int, length: int) -> None:
+        if self._fd < 0:
+            raise RegionError(f"SSD tier {self._path} is closed", path=self._path)
+        if offset < 0 or length < 0 or offset + length > self._size:
+            raise RegionError(f"{op}: [{offset}, {offset + length}) is outside SSD tier {self._path} "
+                              f"of {self._size} bytes", path=self._path)
+
+    def read(self, offset: int, length: int) -> bytes:
+        """``length`` bytes at ``offset``."""
+        self._check("read", offset, length)
+        out = bytearray(length)
+        self._preadv_full(memoryview(out), offset)
+        return bytes(out)
+
+    def view(self, offset: int, length: int) -> memoryview:
+        """A read-only copy of ``length`` bytes at ``offset`` (a file has no mapping to view)."""
+        return memoryview(self.read(offset, length))
+
+    def _preadv_full(self, dst: memoryview, offset: int) -> None:
+        done = 0
+        n = len(dst)
+        while done < n:
+            got = os.preadv(self._fd, [dst[done:]], offset + done)
+            if got <= 0:
+                raise RegionError(f"SSD tier {self._path}: short read at {offset + done}", path=self._path)
+            done += got
+
+    def _pwrite_full(self, src: memoryview, offset: int) -> None:
+        done = 0
+        n = len(src)
+        while done < n:
+            put = os.pwrite(self._fd, src[done:], offset + done)
+            if put <= 0:
+                raise RegionError(f"SSD tier {self._path}: short write at {offset + done}", path=self._path)
+            done += put
+
+    def copy_in(self, offset: int, src: Any) -> int:
+        """Write ``src`` at ``offset``; returns bytes written."""
+        view = memoryview(src).cast("B")
+        self._check("copy_in", offset, len(view))
+        try:
+            self._pwrite_full(view, offset)
+        except OSError as exc:
+            raise RegionError(f"SSD tier {self._path}: write failed: {exc.strerror or exc}",
+                              path=self._path) from None
+        return len(view)
+
+    def copy_out(self, offset: int, dst: Any) -> int:
+        """Read ``len(dst)`` bytes at ``offset`` into ``dst``; returns bytes read."""
+        view = _writable(dst, "copy_out")
+        self._check("copy_out", offset, len(view))
+        try:
+            self._preadv_full(view, offset)
+        except OSError as exc:
+            raise RegionError(f"SSD tier {self._path}: read failed: {exc.strerror or exc}",
+                              path=self._path) from None
+        return len(view)
+
+    def copy_in_hashed(self, offset: int, src: Any) -> int:
+        """:meth:`copy_in`, returning the xxh3_64 of ``src`` (as the transport's Region does)."""
+        self.copy_in(offset, src)
+        return _xxh3(memoryview(src).cast("B"))
+
+    def copy_out_hashed(self, offset: int, dst: Any) -> int:
+        """:meth:`copy_out`, returning the xxh3_64 of what ``dst`` received."""
+        self.copy_out(offset, dst)
+        return _xxh3(memoryview(dst).cast("B"))
+
+    def copy_in_ranges(self, buf: Any, buf_offsets: Sequence[int], region_offsets: Sequence[int],
+                       lengths: Sequence[int]) -> int:
+        """``copy_in`` of ``buf[b:b+n]`` to ``r`` for each range; returns bytes written."""
+        view = memoryview(buf).cast("B")
+        total = 0
+        for b, r, n in zip(buf_offsets, region_offsets, lengths):
+            total += self.copy_in(r, view[b:b + n])
+        return total
+
+    def copy_out_ranges(self, buf: Any, buf_offsets: Sequence[int], region_offsets: Sequence[int],
+                        lengths: Sequence[int]) -> int:
+        """``copy_out`` of ``r`` into ``buf[b:b+n]`` for each range; returns bytes read."""
+        view = _writable(buf, "copy_out_ranges")
+        total = 0
+        for b, r, n in zip(buf_offsets, region_offsets, lengths):
+            total += self.copy_out(r, view[b:b + n])
+        return total
+
+    def flush(self, offset: int = 0, length: int | None = None) -> None:
+        """No-op (see the class docstring)."""
+
+    def invalidate(self, offset: int = 0, length: int | None = None) -> None:
+        """No-op (see the class docstring)."""
+
+    def prefault(self, offset: int = 0, length: int | None = None) -> None:
+        """No-op: a file has no mapping to fault in."""
+
+    def close(self) -> None:
+        """Close the descriptor (idempotent)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> "FileRegion":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def dram_segment_name(name: str) -> str:
+    """The DRAM tier's segment name of clientd ``name`` on this host in this process
+    (unique: a restarted daemon mounts a new segment; the old one goes with its registration)."""
+    host = socket.gethostname().split(".")[0][:20]
+    return f"dram-{host}-{name[:20]}-{os.getpid()}"
+
+
+def open_dram_tier(name: str, size_bytes: int, *, prefault: bool = False) -> Any:
+    """Create this daemon's DRAM tier: private memory formatted as a region.
+
+    Returns:
+        A :class:`~cxlkv.clientd.regions.MappedRegion` (``local=True``): not
+        reported at registration, mounted with ``MountSegment`` instead.
+
+    Raises:
+        RegionError: the memory cannot be created or mapped.
+    """
+    from cxlkv.clientd.regions import MappedRegion
+    from cxlkv.region import format_region, read_identity
+    from cxlkv.transport import Region
+
+    seg = dram_segment_name(name)
+    path = f"/dev/shm/cxlkv-{seg}-{uuid.uuid4().hex[:8]}"
+    region = Region.open(path, size=size_bytes, create=True)
+    try:
+        os.unlink(path)  # the mapping stays: memory private to this process, freed when it exits
+        format_region(region, seg)
+        identity = read_identity(region)
+        if prefault:
+            region.prefault()
+    except BaseException:
+        region.close()
+        raise
+    log.info("DRAM tier %s: %d bytes of private memory", seg, size_bytes)
+    return MappedRegion(seg, "(private memory)", region, identity, local=True)
+
+
+class TaskWorker:
+    """Runs the master's move tasks on this clientd (see the module docstring).
+
+    Args:
+        link: the master session (:class:`~cxlkv.clientd.master_link.MasterLink`).
+        regions: the mapped regions and tiers.
+        executor: thread pool for the copies.
+        batch: most tasks fetched per call.
+        flush_mode: write back / invalidate cache lines around copies (non-coherent CXL).
+
+    Counters (``counters``): ``moves_done``, ``moves_failed``, ``move_bytes``.
+    """
+
+    def __init__(self, link: Any, regions: Any, executor: Executor, *, batch: int = 64,
+                 flush_mode: bool = False) -> None:
+        self.link = link
+        self.regions = regions
+        self.executor = executor
+        self.batch = batch
+        self.flush_mode = flush_mode
+        self.counters: dict[str, int] = {"moves_done": 0, "moves_failed": 0, "move_bytes": 0}
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        """Start polling (on the running loop)."""
+        if self.batch > 0:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="tier-tasks")
+
+    async def close(self) -> None:
+        """Stop polling; a batch being copied finishes first."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    async def _run(self) -> None:
+        link = self.link
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            try:
+                if not link.registered:
+                    await asyncio.sleep(0.1)
+                    continue
+                resp = await link.call("FetchTasks", lambda: master_pb2.FetchTasksRequest(
+                    client_id=link.client_id, epoch=link.epoch, max_tasks=self.batch, wait_ms=FETCH_WAIT_MS),
+                    timeout=FETCH_WAIT_MS / 1000 + link.cfg.master_timeout_s)
+                if not resp.tasks:
+                    continue
+                tasks = list(resp.tasks)
+                results = await loop.run_in_executor(self.executor, self.run_tasks, tasks, time.monotonic())
+                req_results = [master_pb2.TaskResult(task_id=t.task_id, status=st) for t, st in zip(tasks, results)]
+                await link.call("CompleteTasks", lambda: master_pb2.CompleteTasksRequest(
+                    client_id=link.client_id, epoch=link.epoch, results=req_results))
+            except asyncio.CancelledError:
+                raise
+            except CxlkvError as exc:
+                log.debug("tier tasks: %s", exc.message)
+                await asyncio.sleep(0.2)
+            except Exception:  # a bug: keep the daemon and the loop alive
+                log.exception("tier task loop error")
+                await asyncio.sleep(0.5)
+
+    def run_tasks(self, tasks: Sequence[master_pb2.MoveTask], received_at: float) -> list[common_pb2.Status]:
+        """Copy and verify each task's extent; one Status per task (runs in a pool thread)."""
+        out: list[common_pb2.Status] = []
+        for t in tasks:
+            why = self._move(t, received_at)
+            if why is None:
+                self.counters["moves_done"] += 1
+                self.counters["move_bytes"] += t.value_size_bytes
+                out.append(common_pb2.Status())
+            else:
+                self.counters["moves_failed"] += 1
+                log.warning("move of key %r (task %d) failed: %s", t.key[:64], t.task_id, why)
+                out.append(common_pb2.Status(code=ErrorCode.CHECKSUM_MISMATCH if "checksum" in why  # type: ignore[arg-type]
+                                             else ErrorCode.UNAVAILABLE, message=why))
+        return out
+
+    def _move(self, t: master_pb2.MoveTask, received_at: float) -> str | None:
+        """Copy one extent; ``None`` on success, else why not."""
+        src = self.regions.by_segment_id(t.source.segment_id)
+        dst = self.regions.by_segment_id(t.destination.segment_id)
+        if src is None or dst is None:
+            return f"segment {t.source.segment_id if src is None else t.destination.segment_id} is not mapped here"
+        hb = t.header_bytes
+        n = hb + t.value_size_bytes
+        if n > t.source.length_bytes or n > t.destination.length_bytes:
+            return f"{n} bytes do not fit the extents (master bug)"
+        try:
+            if self.flush_mode:
+                src.region.invalidate(t.source.offset_bytes, n)
+            data = src.region.read(t.source.offset_bytes, n)
+            why = check_extent(data, t)
+            if why is not None:
+                return f"source: {why}"
+            if time.monotonic() > received_at + t.deadline_ms / 1000.0:
+                return "deadline passed before the write (the task is given again)"
+            off = t.destination.offset_bytes
+            region = dst.region
+            mv = memoryview(data)
+            region.copy_in(off + hb, mv[hb:])  # the value first, the header last: a torn
+            if self.flush_mode:                # copy never looks like an object
+                region.flush(off + hb, n - hb)
+            if hb:
+                region.copy_in(off, mv[:hb])
+                if self.flush_mode:
+                    region.flush(off, hb)
+            back = region.read(off, n)
+        except CxlkvError as exc:
+            return exc.message
+        if back != data:
+            return "destination read back differs from what was written"
+        return None
+
+
+def check_extent(data: bytes, t: master_pb2.MoveTask) -> str | None:
+    """Why ``data`` (an extent's header + value) is not ``t``'s object version (``None``: it is)."""
+    hb = t.header_bytes
+    value = memoryview(data)[hb:]
+    got = _xxh3(value)
+    if t.checksum and got != t.checksum:
+        return "value does not match the committed checksum"
+    if not hb:
+        return None
+    key_utf8 = t.key.encode("utf-8")
+    h = parse_header(data[:64], data[64:64 + len(key_utf8)])
+    if h is None:
+        return "no valid object header (bad magic or header checksum)"
+    if data[64:64 + len(key_utf8)] != key_utf8:
+        return "the object header belongs to another key"
+    if h.version != t.version:
+        return f"the object header holds version {h.version}, the task is for {t.version}"
+    if h.value_len_bytes != t.value_size_bytes or h.header_bytes != hb:
+        return "the object header's lengths differ"
+    if h.value_checksum != got:
+        return "value does not match the object header's checksum"
+    return None
