@@ -1,0 +1,267 @@
+"""Tier decisions of the master's state machine, called directly (no network, time
+passed in): demotion, SSD-direct puts, promotion, DRAM caching and invalidation,
+task timeouts, retries and failures, the access sketch, config validation, and
+the exact accounting invariant after each."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from cxlkv.config import ClientdConfig, MasterConfig, SegmentConfig
+from cxlkv.errors import ConfigError, NotFound, StaleToken
+from cxlkv.master.eviction import load_policy
+from cxlkv.master.segments import Tier
+from cxlkv.master.state import MasterState
+from cxlkv.master.tiering import CACHE, DEMOTE, PROMOTE, AccessSketch
+from cxlkv.region import REGION_HEADER_BYTES
+
+KiB, MiB = 1 << 10, 1 << 20
+EXT = 4 * KiB  # one value's extent (no header)
+
+
+def make_state(cxl_blocks: int = 10, ssd_blocks: int = 100, **cfg: Any) -> MasterState:
+    segs = [SegmentConfig(name="cxl0", size_bytes=REGION_HEADER_BYTES + cxl_blocks * EXT)]
+    if ssd_blocks:
+        segs.append(SegmentConfig(name="ssd0", size_bytes=REGION_HEADER_BYTES + ssd_blocks * EXT, tier="ssd"))
+    base: dict[str, Any] = {"high_watermark": 0.8, "low_watermark": 0.5, "promotion_threshold": 2,
+                            "dram_promotion_threshold": 2, "task_timeout_s": 1.0, "task_retries": 2}
+    base.update(cfg)
+    config = MasterConfig(segments=segs, **base)
+    config.validate()
+    return MasterState(config)
+
+
+def client(st: MasterState, maps: tuple[str, ...] = ("cxl0", "ssd0"), now: float = 0.0) -> tuple[str, int]:
+    regions = [SimpleNamespace(segment_name=n, region_uuid="", size_bytes=st.segment_table.by_name(n).size_bytes,
+                               device_path="") for n in maps]
+    c = st.register_client("host", "clientd", 1, regions, "", "", now)
+    return c.client_id, c.epoch
+
+
+def put(st: MasterState, c: tuple[str, int], key: str, now: float = 0.0):
+    obj = st.put_start(c[0], c[1], key, EXT, now)
+    return st.put_end(c[0], c[1], key, obj.version, now, checksum=1)
+
+
+def tiers(st: MasterState, key: str) -> list[int]:
+    obj = st.get_object(key)
+    return sorted(st.segment(e[0]).tier for e in obj.extents) if obj else []
+
+
+def run_all(st: MasterState, c: tuple[str, int], now: float = 0.0, ok: bool = True) -> int:
+    """Run every task the client can get, reporting success (or failure)."""
+    n = 0
+    while True:
+        tasks = st.fetch_tasks(c[0], c[1], 100, now)
+        if not tasks:
+            return n
+        st.complete_tasks(c[0], c[1], [(t.task_id, 0 if ok else 13, "" if ok else "boom") for t in tasks], now)
+        n += len(tasks)
+        if not ok:
+            return n
+
+
+def test_cxl_past_high_watermark_demotes_to_ssd_and_nothing_is_lost() -> None:
+    st = make_state()
+    c = client(st)
+    for i in range(9):  # 90 % > high watermark 80 %
+        put(st, c, f"k{i}")
+    assert st.counters["demotions_started"] >= 4 and st.counters["evictions"] == 0
+    # the bytes being demoted stay readable in CXL until the copy is verified
+    assert all(tiers(st, f"k{i}") == [Tier.CXL] for i in range(9))
+    st.check_invariants()
+    assert run_all(st, c) >= 4
+    cxl = st.segment_table.by_name("cxl0")
+    assert cxl.used_bytes <= 0.5 * cxl.capacity_bytes
+    assert st.counters["demotions"] >= 4
+    assert sum(tiers(st, f"k{i}") == [Tier.SSD] for i in range(9)) >= 4
+    assert st.key_count == 9
+    st.check_invariants()
+
+
+def test_a_full_cxl_with_demotions_running_places_puts_on_ssd() -> None:
+    st = make_state(high_watermark=1.0, low_watermark=0.9)
+    c = client(st)
+    for i in range(10):
+        put(st, c, f"k{i}")
+    put(st, c, "over")  # CXL full, nothing demoted yet: the put goes to SSD, nothing lost
+    assert tiers(st, "over") == [Tier.SSD] and st.counters["ssd_puts"] == 1
+    assert st.key_count == 11 and st.counters["evictions"] == 0
+    st.check_invariants()
+
+
+def test_demotion_of_a_leased_object_frees_its_cxl_extent_when_the_lease_ends() -> None:
+    st = make_state()
+    c = client(st)
+    for i in range(9):
+        put(st, c, f"k{i}")
+    tasks = st.fetch_tasks(*c, 100, 0.0)
+    victim = tasks[0].obj.key
+    _, lease = st.get(c[0], victim, 0.0)  # a reader holds the CXL copy
+    used_before = st.segment_table.by_name("cxl0").used_bytes
+    st.complete_tasks(*c, [(t.task_id, 0, "") for t in tasks], 0.0)
+    assert tiers(st, victim) == [Tier.SSD]  # new readers get the SSD replica
+    obj = st.get_object(victim)
+    assert obj.detached and obj.detached[0][0] == st.segment_table.by_name("cxl0").segment_id
+    st.check_invariants()
+    st.release_leases(c[0], [lease.lease_id])
+    assert not obj.detached
+    assert st.segment_table.by_name("cxl0").used_bytes < used_before
+    st.check_invariants()
+
+
+def test_failed_and_timed_out_moves_are_retried_then_failed_and_the_object_stays() -> None:
+    st = make_state()
+    c = client(st)
+    for i in range(9):
+        put(st, c, f"k{i}")
+    ssd = st.segment_table.by_name("ssd0")
+    n = len(st.tasks)
+    run_all(st, c, ok=False)  # attempt 1 fails: given again
+    assert st.counters["moves_retried"] == n and len(st.tasks) == n
+    st.fetch_tasks(*c, 100, 0.0)  # attempt 2: the clientd dies, never reports
+    old = {t.task_id for t in st.tasks.all()}
+    st._sweep_tasks(5.0)  # past task_timeout_s with task_retries (2) spent: failed
+    assert st.counters["moves_failed"] == n and len(st.tasks) == 0
+    assert ssd.used_bytes == 0  # destinations reclaimed
+    assert all(tiers(st, f"k{i}") == [Tier.CXL] for i in range(9))  # readable where they were
+    st.check_invariants()
+    # a late report of a failed task is refused
+    (err,) = st.complete_tasks(*c, [(min(old), 0, "")], 5.0)
+    assert isinstance(err, StaleToken)
+    # the next sweep tries again with fresh tasks
+    st.sweep(5.0)
+    assert len(st.tasks) == n and all(t.attempts == 0 for t in st.tasks.all())
+    st.check_invariants()
+
+
+def test_remove_or_upsert_during_a_move_discards_the_copy() -> None:
+    st = make_state()
+    c = client(st)
+    for i in range(9):
+        put(st, c, f"k{i}")
+    tasks = st.fetch_tasks(*c, 100, 0.0)
+    a, b = tasks[0].obj.key, tasks[1].obj.key
+    st.remove(a, 0.0)
+    obj = st.put_start(*c, b, EXT, 0.0, upsert=True)
+    st.put_end(*c, b, obj.version, 0.0)
+    st.complete_tasks(*c, [(t.task_id, 0, "") for t in tasks], 0.0)
+    assert st.counters["moves_dropped"] == 2
+    with pytest.raises(NotFound):
+        st.get("", a, 0.0)
+    assert st.get_object(b).version == obj.version
+    st.check_invariants()
+
+
+def test_hot_ssd_object_is_promoted_and_stays_on_ssd_too() -> None:
+    st = make_state()
+    c = client(st)
+    for i in range(9):
+        put(st, c, f"k{i}")
+    run_all(st, c)
+    cold = next(f"k{i}" for i in range(9) if tiers(st, f"k{i}") == [Tier.SSD])
+    st.get(c[0], cold, 1.0)
+    assert not st.tasks  # once: not hot yet
+    st.get(c[0], cold, 1.0)
+    assert [t.kind for t in st.tasks.all()] == [PROMOTE]
+    run_all(st, c, 1.0)
+    assert tiers(st, cold) == [Tier.CXL, Tier.SSD] and st.counters["promotions"] == 1
+    st.check_invariants()
+
+
+def test_dram_tier_caches_hot_objects_of_one_host_and_upsert_or_remove_drop_them() -> None:
+    st = make_state(ssd_blocks=0)
+    a = client(st, ("cxl0",))
+    b = client(st, ("cxl0",))
+    dram = st.mount_segment(a[0], a[1], "dram-a", Tier.DRAM, REGION_HEADER_BYTES + 4 * EXT, "u", "", 0.0)
+    put(st, b, "hot")
+    put(st, b, "other")
+    st.get(b[0], "hot", 0.0)
+    st.get(b[0], "hot", 0.0)
+    assert not st.tasks  # host b has no DRAM tier
+    st.get(a[0], "hot", 0.0)
+    st.get(a[0], "hot", 0.0)
+    (task,) = st.tasks.all()
+    assert task.kind == CACHE and task.client_id == a[0] and task.destination[0] == dram.segment_id
+    assert st.fetch_tasks(*b, 10, 0.0) == []  # only the owner runs it
+    run_all(st, a)
+    assert tiers(st, "hot") == [Tier.CXL, Tier.DRAM] and st.counters["dram_caches"] == 1
+    st.check_invariants()
+    # an upsert anywhere: the new version has no DRAM replica; the old one's is
+    # freed once the readers' leases on the old version end
+    _, lease = st.get(a[0], "hot", 0.0)
+    obj = st.put_start(*b, "hot", EXT, 0.0, upsert=True)
+    st.put_end(*b, "hot", obj.version, 0.0)
+    assert tiers(st, "hot") == [Tier.CXL]
+    st.check_invariants()
+    st.sweep(st.config.lease_ttl_s + 0.5)  # every lease ends (the clients are still alive)
+    assert dram.used_bytes == 0
+    st.check_invariants()
+    # the owner's expiry unmounts its DRAM tier; objects stay
+    for _ in range(2):
+        st.get(a[0], "other", 6.0)
+    run_all(st, a, 6.0)
+    assert tiers(st, "other") == [Tier.CXL, Tier.DRAM]
+    st.sweep(100.0)  # a and b expire (no heartbeat)
+    assert tiers(st, "other") == [Tier.CXL] and not dram.mounted
+    st.check_invariants()
+
+
+def test_ssd_full_drops_least_recently_read_ssd_only_objects() -> None:
+    st = make_state(cxl_blocks=10, ssd_blocks=4)
+    c = client(st)
+    for i in range(30):
+        put(st, c, f"k{i}", now=float(i))
+        run_all(st, c, float(i))
+    assert st.counters["ssd_evictions"] > 0
+    assert st.key_count < 30 and st.get_object("k29") is not None
+    st.check_invariants()
+
+
+def test_access_sketch_never_underestimates_and_decays() -> None:
+    sk = AccessSketch(width=64, depth=4, reset_adds=1000)
+    for i in range(200):
+        for _ in range(i % 5):
+            sk.add(f"key{i}")
+    for i in range(200):
+        assert sk.estimate(f"key{i}") >= i % 5
+    assert sk.memory_bytes == 64 * 4 * 4
+    sk2 = AccessSketch(width=1024, depth=4, reset_adds=10)
+    for _ in range(9):
+        sk2.add("x")
+    assert sk2.estimate("x") == 9
+    sk2.add("x")  # the 10th add halves every counter
+    assert sk2.estimate("x") == 5 and sk2.resets == 1
+
+
+@pytest.mark.parametrize("cfg, match", [
+    ({"promotion_threshold": -1}, "promotion_threshold"),
+    ({"dram_promotion_threshold": -2}, "dram_promotion_threshold"),
+    ({"access_sketch_width": 4}, "access_sketch_width"),
+    ({"access_sketch_depth": 0}, "access_sketch_depth"),
+    ({"task_timeout_s": 0}, "task_timeout_s"),
+    ({"task_retries": 0}, "task_retries"),
+    ({"segments": [SegmentConfig(name="d", size_bytes=MiB, tier="dram")]}, "tier"),
+])
+def test_master_tier_settings_are_validated(cfg: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        MasterConfig(**cfg).validate()
+
+
+@pytest.mark.parametrize("cfg, match", [
+    ({"dram_tier_bytes": 1000}, "dram_tier_bytes"),
+    ({"task_batch": -1}, "task_batch"),
+])
+def test_clientd_tier_settings_are_validated(cfg: dict[str, Any], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        ClientdConfig(**cfg).validate()
+
+
+def test_unknown_policy_name_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown .*'nope'.*arc.*lru"):
+        load_policy("nope")
+    with pytest.raises(ConfigError, match="nope"):
+        make_state(eviction_policy="nope")
