@@ -6,7 +6,9 @@ over the master's lean link (``transport: "lean"``, what clientd uses on its hot
 path) for the batched forms:
 
 * ``put``: PutStart + PutEnd per key, one key per call pair;
-* ``put_batch``: BatchPutStart + BatchPutEnd of ``batch`` (128) keys;
+* ``put_batch``: a batched put of ``batch`` (128) keys: PackedPutStart +
+  PackedPutEnd (``form: "packed"``, one packed array per field: what clientd
+  sends) or BatchPutStart + BatchPutEnd (``form: "items"``, one message per key);
 * ``get``: GetReplicaList (with a lease) per key;
 * ``get_batch``: BatchGetReplicaList of 128 keys, releasing the previous
   batch's leases piggy-backed (what clientd does);
@@ -136,10 +138,40 @@ def _threaded(jobs: list[Any], work: Callable[[Any], None], threads: int) -> tup
     return (clock() - t0) / 1e9, lat
 
 
-def _put_work(m: _Master, batch: int) -> Callable[[list[str]], None]:
+def _packed_put_requests(cid: str, epoch: int) -> tuple[Callable[[list[str]], Any], Callable[[list[str], Any], Any]]:
+    """Builders of a packed batched put: ``start(keys)`` and ``end(keys, start_response)``
+    (the latter raises RuntimeError on a failed start position)."""
+    from cxlkv.v1 import master_pb2
+
+    def start(keys: list[str]) -> Any:
+        n = len(keys)
+        return master_pb2.PackedPutStartRequest(
+            client_id=cid, epoch=epoch, keys=keys, value_size_bytes=[_VALUE_BYTES] * n)
+
+    def end(keys: list[str], started: Any) -> Any:
+        if started.error_positions:
+            i = started.error_positions[0]
+            raise RuntimeError(f"PackedPutStart {keys[i]}: {started.messages[0]}")
+        return master_pb2.PackedPutEndRequest(client_id=cid, epoch=epoch, keys=keys, put_tokens=started.put_tokens)
+
+    return start, end
+
+
+def _check_packed_end(done: Any) -> None:
+    if done.error_positions:
+        raise RuntimeError(f"PackedPutEnd: {done.messages[0]}")
+
+
+def _put_work(m: _Master, batch: int, form: str = "packed") -> Callable[[list[str]], None]:
     from cxlkv.v1 import master_pb2
 
     stub, cid, epoch = m.stub, m.client_id, m.epoch
+    if batch > 1 and form == "packed":
+        start, end = _packed_put_requests(cid, epoch)
+
+        def put_packed(keys: list[str]) -> None:
+            _check_packed_end(stub.PackedPutEnd(end(keys, stub.PackedPutStart(start(keys)))))
+        return put_packed
     if batch == 1:
         def put_one(keys: list[str]) -> None:
             (key,) = keys
@@ -204,18 +236,22 @@ def _grpc_records(quick: bool) -> list[Record]:
     with tempfile.TemporaryDirectory(prefix="cxlkv-bench-master-") as tmp:
         m = _Master(Path(tmp))
         try:
-            for op, batch, threads, n in (("put", 1, 1, n_single), ("put_batch", 128, 1, n_batched),
-                                          ("put_batch", 128, 2, n_batched), ("put_batch", 128, 4, n_batched)):
+            for op, batch, threads, n, form in (
+                    ("put", 1, 1, n_single, "single"), ("put_batch", 128, 1, n_batched, "packed"),
+                    ("put_batch", 128, 2, n_batched, "packed"), ("put_batch", 128, 4, n_batched, "packed"),
+                    ("put_batch", 128, 4, n_batched, "items")):
                 res = []
                 for r in range(runs):
                     m.heartbeat()
-                    keys = [f"{op}/{threads}/{r}/{i}" for i in range(n)]
+                    keys = [f"{op}/{form}/{threads}/{r}/{i}" for i in range(n)]
                     jobs = [keys[i:i + batch] for i in range(0, n, batch)]
-                    wall, lat = _threaded(jobs, _put_work(m, batch), threads)
+                    wall, lat = _threaded(jobs, _put_work(m, batch, form), threads)
                     res.append((wall, n, lat))
-                out.append(_record(op, _timing(res), batch, threads, limits["put"],
-                                   TARGET_BATCH_PUT_KEYS_PER_S if batch > 1 else None))
-            keys = [f"put_batch/1/0/{i}" for i in range(n_batched)]
+                rec = _record(op, _timing(res), batch, threads, limits["put"],
+                              TARGET_BATCH_PUT_KEYS_PER_S if batch > 1 else None)
+                rec.extra["form"] = form
+                out.append(rec)
+            keys = [f"put_batch/packed/1/0/{i}" for i in range(n_batched)]
             for op, batch, threads, n in (("get", 1, 1, n_single), ("get_batch", 128, 1, n_batched),
                                           ("get_batch", 128, 4, n_batched)):
                 res = []
@@ -376,21 +412,11 @@ def _lean_records(quick: bool) -> list[Record]:
             cid, epoch = reg.client_id, reg.epoch
             host = m.address.rsplit(":", 1)[0]
 
+            start, end = _packed_put_requests(cid, epoch)
+
             async def put_batch(ch: LeanChannel, keys: list[str]) -> None:
-                req = master_pb2.BatchPutStartRequest(client_id=cid, epoch=epoch)
-                add = req.items.add
-                for k in keys:
-                    add(key=k, value_size_bytes=_VALUE_BYTES)
-                started = await ch.call("BatchPutStart", req)
-                end = master_pb2.BatchPutEndRequest(client_id=cid, epoch=epoch)
-                add_end = end.items.add
-                for k, r in zip(keys, started.results):
-                    if r.status.code:
-                        raise RuntimeError(f"BatchPutStart {k}: {r.status.message}")
-                    add_end(key=k, put_token=r.put_token)
-                for st in (await ch.call("BatchPutEnd", end)).results:
-                    if st.code:
-                        raise RuntimeError(f"BatchPutEnd: {st.message}")
+                started = await ch.call("PackedPutStart", start(keys))
+                _check_packed_end(await ch.call("PackedPutEnd", end(keys, started)))
 
             held: dict[int, list[int]] = {}
 
@@ -423,8 +449,10 @@ def _lean_records(quick: bool) -> list[Record]:
                     keys = [f"lean/{inflight}/{r}/{i}" for i in range(n)]
                     jobs = [keys[i:i + batch] for i in range(0, n, batch)]
                     res.append(asyncio.run(timed(jobs, inflight, lambda ch, ks, _k: put_batch(ch, ks))))
-                out.append(_record("put_batch", _timing(res), batch, inflight, limits["put"],
-                                   TARGET_BATCH_PUT_KEYS_PER_S, transport="lean"))
+                rec = _record("put_batch", _timing(res), batch, inflight, limits["put"],
+                              TARGET_BATCH_PUT_KEYS_PER_S, transport="lean")
+                rec.extra["form"] = "packed"
+                out.append(rec)
             keys = [f"lean/1/0/{i}" for i in range(n)]
             jobs = [keys[i:i + batch] for i in range(0, n, batch)]
             res = [asyncio.run(timed(jobs, 4, get_batch)) for _ in range(runs)]

@@ -21,21 +21,21 @@ import logging
 import os
 import socket
 import time
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, NamedTuple, Sequence
 
 import grpc
 
 from cxlkv.clientd.batcher import Coalescer
 from cxlkv.clientd.regions import RegionSet, StartupError
 from cxlkv.config import ClientdConfig
-from cxlkv.errors import CxlkvError, ErrorCode, NotReady, StaleToken, Unavailable, UnknownClient, from_rpc_error
+from cxlkv.errors import CxlkvError, ErrorCode, Internal, NotReady, StaleToken, Unavailable, UnknownClient, from_rpc_error
 from cxlkv.lean import LeanChannel, LeanConnectError, service_methods
 from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 _MASTER_METHODS = service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"])
 #: Calls sent over the lean link when the master serves one (registration and
 #: heartbeats stay on gRPC: they also prove the gRPC path and are rare).
-_LEAN_METHODS = frozenset(m.name for m in _MASTER_METHODS if m.name.startswith("Batch")) | {
+_LEAN_METHODS = frozenset(m.name for m in _MASTER_METHODS if m.name.startswith(("Batch", "Packed"))) | {
     "ReleaseLeases", "PutStart", "PutEnd", "PutRevoke", "GetReplicaList", "ExistKey", "MatchPrefix",
     "Remove", "RemoveAll", "RemoveByRegex", "ListKeys", "Stat", "ListSegments", "FetchTasks", "CompleteTasks"}
 
@@ -57,6 +57,66 @@ LINGER_FRACTION = 1.0
 MAX_LINGER_S = 0.002
 #: gRPC message size limit towards the master, in bytes (keys may be 4 KiB each).
 MAX_MESSAGE_BYTES = 64 << 20
+
+
+class StartedExtent(NamedTuple):
+    """One placed replica of a started put (the fields of ``cxlkv.v1.Extent``)."""
+
+    segment_id: int
+    offset_bytes: int
+    length_bytes: int
+
+
+class StartedPut(NamedTuple):
+    """One position of a PackedPutStart answer, with the attribute names of
+    ``master_pb2.PutStartResult`` (``status`` is a real ``common_pb2.Status``)."""
+
+    status: common_pb2.Status
+    put_token: int
+    version: int
+    extents: tuple[StartedExtent, ...]
+    replicas_wanted: int
+
+
+_OK_STATUS = common_pb2.Status()
+
+
+def _statuses(codes: Sequence[int], error_positions: Sequence[int],
+              messages: Sequence[str]) -> list[common_pb2.Status]:
+    """Per-position statuses of a packed answer (one shared OK status object)."""
+    out = [_OK_STATUS] * len(codes)
+    for pos, msg in zip(error_positions, messages):
+        out[pos] = common_pb2.Status(code=codes[pos], message=msg)  # type: ignore[arg-type]
+    return out
+
+
+def unpack_put_starts(resp: master_pb2.PackedPutStartResponse) -> list[StartedPut]:
+    """A PackedPutStartResponse as one :class:`StartedPut` per position.
+
+    Raises:
+        Internal: the columns disagree in length (a master bug).
+    """
+    codes = resp.codes
+    n = len(codes)
+    counts = resp.extent_counts
+    sids, offs, lens = resp.segment_ids, resp.offsets_bytes, resp.lengths_bytes
+    if not (len(resp.put_tokens) == len(resp.versions) == len(counts) == len(resp.replicas_wanted) == n) \
+            or not (len(sids) == len(offs) == len(lens) == sum(counts)):
+        raise Internal(f"PackedPutStartResponse columns disagree ({n} codes, {len(counts)} extent "
+                       f"counts, {len(sids)} extents)")
+    statuses = _statuses(codes, resp.error_positions, resp.messages)
+    tokens, versions, wanted = resp.put_tokens, resp.versions, resp.replicas_wanted
+    out: list[StartedPut] = []
+    j = 0
+    for i in range(n):
+        c = counts[i]
+        if c == 1:
+            exts: tuple[StartedExtent, ...] = (StartedExtent(sids[j], offs[j], lens[j]),)
+        else:
+            exts = tuple(StartedExtent(sids[k], offs[k], lens[k]) for k in range(j, j + c))
+        j += c
+        out.append(StartedPut(statuses[i], tokens[i], versions[i], exts, wanted[i]))
+    return out
 
 
 class Located:
@@ -132,7 +192,7 @@ class MasterLink:
 
         # Items are plain tuples; the request is built once per call (no message copies).
         #: Items: ``(key, value_size_bytes, options or None, header_bytes)``.
-        self.put_start: Coalescer[tuple[str, int, Any, int], master_pb2.PutStartResult] = Coalescer(
+        self.put_start: Coalescer[tuple[str, int, Any, int], StartedPut] = Coalescer(
             "BatchPutStart", self._send_put_start, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.put_end: Coalescer[tuple[str, int, int], common_pb2.Status] = Coalescer(
@@ -418,34 +478,34 @@ class MasterLink:
     # -- coalesced sends ----------------------------------------------------
     async def _send_put_start(
         self, items: list[tuple[str, int, common_pb2.PutOptions | None, int]]
-    ) -> Sequence[master_pb2.PutStartResult]:
-        def build() -> master_pb2.BatchPutStartRequest:
-            req = master_pb2.BatchPutStartRequest(client_id=self.client_id, epoch=self.epoch)
-            add = req.items.add
-            for key, size, options, header_bytes in items:
-                if options is None:
-                    add(key=key, value_size_bytes=size, header_bytes=header_bytes)
-                else:
-                    add(key=key, value_size_bytes=size, header_bytes=header_bytes).options.CopyFrom(options)
+    ) -> Sequence[StartedPut]:
+        def build() -> master_pb2.PackedPutStartRequest:
+            req = master_pb2.PackedPutStartRequest(
+                client_id=self.client_id, epoch=self.epoch,
+                keys=[it[0] for it in items], value_size_bytes=[it[1] for it in items],
+                header_bytes=[it[3] for it in items])
+            if any(it[2] is not None for it in items):
+                default = common_pb2.PutOptions()
+                req.options.extend(it[2] if it[2] is not None else default for it in items)
             return req
 
-        return (await self.call("BatchPutStart", build)).results
+        return unpack_put_starts(await self.call("PackedPutStart", build))
 
-    def _end_request(self, items: list[tuple[str, int, int]]) -> master_pb2.BatchPutEndRequest:
-        req = master_pb2.BatchPutEndRequest(client_id=self.client_id, epoch=self.epoch)
-        add = req.items.add
-        for key, token, checksum in items:
-            if checksum:
-                add(key=key, put_token=token, checksum=checksum)
-            else:
-                add(key=key, put_token=token)
+    def _end_request(self, items: list[tuple[str, int, int]]) -> master_pb2.PackedPutEndRequest:
+        req = master_pb2.PackedPutEndRequest(
+            client_id=self.client_id, epoch=self.epoch,
+            keys=[it[0] for it in items], put_tokens=[it[1] for it in items])
+        if any(it[2] for it in items):
+            req.checksums.extend(it[2] for it in items)
         return req
 
     async def _send_put_end(self, items: list[tuple[str, int, int]]) -> Sequence[common_pb2.Status]:
-        return (await self.call("BatchPutEnd", lambda: self._end_request(items))).results
+        resp = await self.call("PackedPutEnd", lambda: self._end_request(items))
+        return _statuses(resp.codes, resp.error_positions, resp.messages)
 
     async def _send_put_revoke(self, items: list[tuple[str, int, int]]) -> Sequence[common_pb2.Status]:
-        return (await self.call("BatchPutRevoke", lambda: self._end_request(items))).results
+        resp = await self.call("PackedPutRevoke", lambda: self._end_request(items))
+        return _statuses(resp.codes, resp.error_positions, resp.messages)
 
     async def _send_locate(self, keys: list[str]) -> "Located":
         releases = self._take_releases()

@@ -101,6 +101,9 @@ BATCH_FIELDS: dict[str, str] = {
     "BatchMatchPrefix": "queries",
     "BatchRemove": "keys",
     "MatchPrefix": "keys",
+    "PackedPutStart": "keys",
+    "PackedPutEnd": "keys",
+    "PackedPutRevoke": "keys",
 }
 
 

@@ -374,6 +374,97 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     def BatchPutRevoke(self, request, context):
         return self._batch_end(request, self.state.put_revoke, False)
 
+    # ------------------------------------------------------ packed batch puts
+    @_rpc
+    def PackedPutStart(self, request, context):
+        keys = request.keys
+        n = len(keys)
+        sizes = request.value_size_bytes
+        header_bytes = request.header_bytes
+        options = request.options
+        if len(sizes) != n or (header_bytes and len(header_bytes) != n) or (options and len(options) != n):
+            raise InvalidArgument(
+                f"PackedPutStart: {n} keys with {len(sizes)} sizes, {len(header_bytes)} header_bytes "
+                f"and {len(options)} options (each must have one per key; the last two may be empty)")
+        put_start = self.state.put_start
+        client_id, epoch, now = request.client_id, request.epoch, self.clock()
+        codes = [0] * n
+        versions = [0] * n
+        wanted = [0] * n
+        counts = [0] * n
+        sids: list[int] = []
+        offs: list[int] = []
+        lens: list[int] = []
+        err_pos: list[int] = []
+        err_msg: list[str] = []
+        keys = list(keys)  # one conversion each, not one per access
+        sizes = list(sizes)
+        header_bytes = list(header_bytes) if header_bytes else None
+        for i in range(n):
+            try:
+                if options:
+                    o = options[i]
+                    obj = put_start(
+                        client_id, epoch, keys[i], sizes[i], now,
+                        replica_num=o.replica_num, upsert=o.upsert, soft_pin=o.soft_pin,
+                        hard_pin=o.hard_pin, preferred_segment=o.preferred_segment,
+                        header_bytes=header_bytes[i] if header_bytes else 0,
+                    )
+                elif header_bytes:
+                    obj = put_start(client_id, epoch, keys[i], sizes[i], now, header_bytes=header_bytes[i])
+                else:
+                    obj = put_start(client_id, epoch, keys[i], sizes[i], now)
+            except CxlkvError as err:
+                codes[i] = int(err.code)
+                err_pos.append(i)
+                err_msg.append(err.message)
+                continue
+            versions[i] = obj.version
+            wanted[i] = obj.replicas_wanted
+            exts = obj.extents
+            counts[i] = len(exts)
+            for sid, off, ln in exts:
+                sids.append(sid)
+                offs.append(off)
+                lens.append(ln)
+        return master_pb2.PackedPutStartResponse(
+            codes=codes, put_tokens=versions, versions=versions, replicas_wanted=wanted,
+            extent_counts=counts, segment_ids=sids, offsets_bytes=offs, lengths_bytes=lens,
+            error_positions=err_pos, messages=err_msg)
+
+    def _packed_end(self, request: Any, op: Callable[..., Any], end: bool) -> master_pb2.PackedPutEndResponse:
+        keys = list(request.keys)
+        n = len(keys)
+        tokens = list(request.put_tokens)
+        checksums = list(request.checksums) if end and request.checksums else None
+        if len(tokens) != n or (checksums is not None and len(checksums) != n):
+            raise InvalidArgument(
+                f"{'PackedPutEnd' if end else 'PackedPutRevoke'}: {n} keys with {len(tokens)} put_tokens "
+                f"and {len(request.checksums)} checksums (one per key; checksums may be empty)")
+        client_id, epoch, now = request.client_id, request.epoch, self.clock()
+        codes = [0] * n
+        err_pos: list[int] = []
+        err_msg: list[str] = []
+        for i in range(n):
+            try:
+                if end:
+                    op(client_id, epoch, keys[i], tokens[i], now, checksums[i] if checksums else 0)
+                else:
+                    op(client_id, epoch, keys[i], tokens[i], now)
+            except CxlkvError as err:
+                codes[i] = int(err.code)
+                err_pos.append(i)
+                err_msg.append(err.message)
+        return master_pb2.PackedPutEndResponse(codes=codes, error_positions=err_pos, messages=err_msg)
+
+    @_rpc
+    def PackedPutEnd(self, request, context):
+        return self._packed_end(request, self.state.put_end, True)
+
+    @_rpc
+    def PackedPutRevoke(self, request, context):
+        return self._packed_end(request, self.state.put_revoke, False)
+
     # ---------------------------------------------------------------- reads
     @_rpc
     def GetReplicaList(self, request, context):

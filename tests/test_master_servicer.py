@@ -104,3 +104,60 @@ def test_batch_success_leaves_status_unset_and_errors_are_per_item(servicer: Mas
     servicer.clock = lambda: 10_000.0
     resp, ctx = call(servicer, "BatchPutStart", req)
     assert ctx.status is None and [r.status.code for r in resp.results] == [ErrorCode.UNKNOWN_CLIENT] * 3
+
+
+def test_packed_puts_answer_per_position_like_the_item_forms(servicer: MasterServicer) -> None:
+    from cxlkv.clientd.master_link import unpack_put_starts
+
+    reg, _ = call(servicer, "RegisterClient", master_pb2.RegisterClientRequest(hostname="h"))
+    cid, ep = reg.client_id, reg.epoch
+    resp, ctx = call(servicer, "PackedPutStart", master_pb2.PackedPutStartRequest(
+        client_id=cid, epoch=ep, keys=["a", "", "b", "a"], value_size_bytes=[10, 10, 0, 10],
+        header_bytes=[128, 128, 64, 128],
+        options=[common_pb2.PutOptions(), common_pb2.PutOptions(), common_pb2.PutOptions(replica_num=2),
+                 common_pb2.PutOptions()]))
+    assert ctx.status is None
+    a, bad, b, dup = unpack_put_starts(resp)
+    assert a.status.code == 0 and a.put_token == a.version and len(a.extents) == 1
+    assert a.extents[0].length_bytes == 192  # 128 B header + 10 B value, 64-aligned
+    assert bad.status.code == ErrorCode.INVALID_KEY and bad.extents == () and bad.status.message
+    assert b.replicas_wanted == 2 and len(b.extents) == 1  # best effort: one segment
+    assert dup.status.code == ErrorCode.NOT_READY  # "a" is in flight from position 0
+    assert list(resp.error_positions) == [1, 3]
+    # End: a good token, a stale one, a wrong key; checksums ride along.
+    end, ctx = call(servicer, "PackedPutEnd", master_pb2.PackedPutEndRequest(
+        client_id=cid, epoch=ep, keys=["a", "b", "zzz"], put_tokens=[a.put_token, b.put_token + 99, b.put_token],
+        checksums=[7, 8, 9]))
+    assert ctx.status is None and list(end.codes) == [0, ErrorCode.STALE_TOKEN, ErrorCode.STALE_TOKEN]
+    assert list(end.error_positions) == [1, 2] and all(end.messages)
+    assert servicer.state.get(cid, "a", servicer.clock())[0].checksum == 7
+    rev, _ = call(servicer, "PackedPutRevoke", master_pb2.PackedPutEndRequest(
+        client_id=cid, epoch=ep, keys=["b"], put_tokens=[b.put_token]))
+    assert list(rev.codes) == [0]
+    assert servicer.state.segment_table.mounted[0].used_bytes == 192  # only "a" holds space
+
+
+@pytest.mark.parametrize("fields", [
+    {"value_size_bytes": [1]},                                   # fewer sizes than keys
+    {"value_size_bytes": [1, 2], "header_bytes": [64]},          # header_bytes neither empty nor one per key
+    {"value_size_bytes": [1, 2], "options": [common_pb2.PutOptions()]},
+])
+def test_packed_put_start_refuses_ragged_columns(servicer: MasterServicer, fields: dict) -> None:
+    reg, _ = call(servicer, "RegisterClient", master_pb2.RegisterClientRequest(hostname="h"))
+    resp, ctx = call(servicer, "PackedPutStart", master_pb2.PackedPutStartRequest(
+        client_id=reg.client_id, epoch=reg.epoch, keys=["a", "b"], **fields))
+    assert resp is None and detail(ctx).code == ErrorCode.INVALID_ARGUMENT
+    assert servicer.state.segment_table.mounted[0].used_bytes == 0  # nothing was placed
+    resp, ctx = call(servicer, "PackedPutEnd", master_pb2.PackedPutEndRequest(
+        client_id=reg.client_id, epoch=reg.epoch, keys=["a", "b"], put_tokens=[1]))
+    assert resp is None and detail(ctx).code == ErrorCode.INVALID_ARGUMENT
+
+
+def test_unpacking_a_ragged_answer_is_an_internal_error() -> None:
+    from cxlkv.clientd.master_link import unpack_put_starts
+    from cxlkv.errors import Internal
+
+    with pytest.raises(Internal, match="disagree"):
+        unpack_put_starts(master_pb2.PackedPutStartResponse(
+            codes=[0], put_tokens=[1], versions=[1], replicas_wanted=[1], extent_counts=[2],
+            segment_ids=[1], offsets_bytes=[0], lengths_bytes=[64]))

@@ -110,9 +110,9 @@ def test_values_move_with_operations(module_cluster) -> None:
     assert d_master("cxlkv_master_segment_objects") == n
     assert d_master("cxlkv_master_lease_grants_total") == n + 5
     assert d_master("cxlkv_master_get_misses_total") == 1
-    assert d_master("cxlkv_master_rpcs_total", method="BatchPutStart", result="OK") >= 1
-    assert d_master("cxlkv_master_rpc_duration_seconds_count", method="BatchPutEnd") >= 1
-    assert d_master("cxlkv_master_rpc_batch_items_sum", method="BatchPutStart") == n
+    assert d_master("cxlkv_master_rpcs_total", method="PackedPutStart", result="OK") >= 1
+    assert d_master("cxlkv_master_rpc_duration_seconds_count", method="PackedPutEnd") >= 1
+    assert d_master("cxlkv_master_rpc_batch_items_sum", method="PackedPutStart") == n
     assert d_master("cxlkv_master_rpc_batch_items_sum", method="BatchMatchPrefix") == 1
     # clientd: bytes both ways, requests by result, prefix hits and misses
     assert d_clientd("cxlkv_clientd_copied_bytes_total", direction="in") == n * size

@@ -231,6 +231,70 @@ class BatchPutEndResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[_common_pb2.Status]
     def __init__(self, results: _Optional[_Iterable[_Union[_common_pb2.Status, _Mapping]]] = ...) -> None: ...
 
+class PackedPutStartRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "keys", "value_size_bytes", "header_bytes", "options")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HEADER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    value_size_bytes: _containers.RepeatedScalarFieldContainer[int]
+    header_bytes: _containers.RepeatedScalarFieldContainer[int]
+    options: _containers.RepeatedCompositeFieldContainer[_common_pb2.PutOptions]
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., value_size_bytes: _Optional[_Iterable[int]] = ..., header_bytes: _Optional[_Iterable[int]] = ..., options: _Optional[_Iterable[_Union[_common_pb2.PutOptions, _Mapping]]] = ...) -> None: ...
+
+class PackedPutStartResponse(_message.Message):
+    __slots__ = ("codes", "put_tokens", "versions", "replicas_wanted", "extent_counts", "segment_ids", "offsets_bytes", "lengths_bytes", "error_positions", "messages")
+    CODES_FIELD_NUMBER: _ClassVar[int]
+    PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_WANTED_FIELD_NUMBER: _ClassVar[int]
+    EXTENT_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    codes: _containers.RepeatedScalarFieldContainer[int]
+    put_tokens: _containers.RepeatedScalarFieldContainer[int]
+    versions: _containers.RepeatedScalarFieldContainer[int]
+    replicas_wanted: _containers.RepeatedScalarFieldContainer[int]
+    extent_counts: _containers.RepeatedScalarFieldContainer[int]
+    segment_ids: _containers.RepeatedScalarFieldContainer[int]
+    offsets_bytes: _containers.RepeatedScalarFieldContainer[int]
+    lengths_bytes: _containers.RepeatedScalarFieldContainer[int]
+    error_positions: _containers.RepeatedScalarFieldContainer[int]
+    messages: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, codes: _Optional[_Iterable[int]] = ..., put_tokens: _Optional[_Iterable[int]] = ..., versions: _Optional[_Iterable[int]] = ..., replicas_wanted: _Optional[_Iterable[int]] = ..., extent_counts: _Optional[_Iterable[int]] = ..., segment_ids: _Optional[_Iterable[int]] = ..., offsets_bytes: _Optional[_Iterable[int]] = ..., lengths_bytes: _Optional[_Iterable[int]] = ..., error_positions: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PackedPutEndRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "keys", "put_tokens", "checksums")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    put_tokens: _containers.RepeatedScalarFieldContainer[int]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., put_tokens: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PackedPutEndResponse(_message.Message):
+    __slots__ = ("codes", "error_positions", "messages")
+    CODES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    codes: _containers.RepeatedScalarFieldContainer[int]
+    error_positions: _containers.RepeatedScalarFieldContainer[int]
+    messages: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, codes: _Optional[_Iterable[int]] = ..., error_positions: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class PutRevokeRequest(_message.Message):
     __slots__ = ("client_id", "epoch", "item")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]

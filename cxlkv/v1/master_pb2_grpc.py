@@ -164,6 +164,21 @@ class MasterServiceStub:
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.CompleteTasksRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.CompleteTasksResponse.FromString,
                 _registered_method=True)
+        self.PackedPutStart = channel.unary_unary(
+                '/cxlkv.v1.MasterService/PackedPutStart',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutStartRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutStartResponse.FromString,
+                _registered_method=True)
+        self.PackedPutEnd = channel.unary_unary(
+                '/cxlkv.v1.MasterService/PackedPutEnd',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
+                _registered_method=True)
+        self.PackedPutRevoke = channel.unary_unary(
+                '/cxlkv.v1.MasterService/PackedPutRevoke',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -363,6 +378,30 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PackedPutStart(self, request, context):
+        """--- packed batch puts (docs/protocol.md) ------------------------------------
+        BatchPutStart / BatchPutEnd / BatchPutRevoke with one packed array per field
+        instead of one message per key: same semantics, errors and per-position
+        results. Building and parsing a message per key cost the master about as
+        much as the put itself (8 µs of 17 µs per key, measured); packed columns
+        cost under 1 µs. clientd uses these; the per-item forms stay for any caller.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PackedPutEnd(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PackedPutRevoke(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -495,6 +534,21 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.CompleteTasks,
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.CompleteTasksRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.CompleteTasksResponse.SerializeToString,
+            ),
+            'PackedPutStart': grpc.unary_unary_rpc_method_handler(
+                    servicer.PackedPutStart,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutStartRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutStartResponse.SerializeToString,
+            ),
+            'PackedPutEnd': grpc.unary_unary_rpc_method_handler(
+                    servicer.PackedPutEnd,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.SerializeToString,
+            ),
+            'PackedPutRevoke': grpc.unary_unary_rpc_method_handler(
+                    servicer.PackedPutRevoke,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1199,6 +1253,87 @@ class MasterService:
             '/cxlkv.v1.MasterService/CompleteTasks',
             cxlkv_dot_v1_dot_master__pb2.CompleteTasksRequest.SerializeToString,
             cxlkv_dot_v1_dot_master__pb2.CompleteTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PackedPutStart(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/PackedPutStart',
+            cxlkv_dot_v1_dot_master__pb2.PackedPutStartRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.PackedPutStartResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PackedPutEnd(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/PackedPutEnd',
+            cxlkv_dot_v1_dot_master__pb2.PackedPutEndRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PackedPutRevoke(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/PackedPutRevoke',
+            cxlkv_dot_v1_dot_master__pb2.PackedPutEndRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
             options,
             channel_credentials,
             insecure,
