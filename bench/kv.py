@@ -9,8 +9,11 @@ every byte read was written by the other "host". Measured:
   ``path = "shared_buffer"`` (zero-copy ``put_from`` / ``get_into`` on
   :meth:`cxlkv.Client.buffer` memory) and the bytes API (``put`` / ``get``:
   ``path = "inline"`` when the value travels inside the message — up to the
-  daemon's inline limit — else ``"staged"``, copied through the SDK's pool).
-  16 MiB and 64 MiB zero-copy are also measured with several callers in flight
+  daemon's inline limit — else ``"staged"``, copied through the SDK's pool),
+  and ``path = "direct"``: direct mode (the SDK maps the region and copies
+  between plain numpy arrays and the region itself, hashing them; the daemon
+  answers metadata only — docs/sdk.md), at every size. 16 MiB and 64 MiB
+  zero-copy and direct are also measured with several callers in flight
   (threads of one process; ``concurrency`` says how many);
 * 4 KiB single-key Put and Get ops/s with 1 caller and with 16 callers (16
   separate processes), ``concurrency`` 1 / 16;
@@ -25,7 +28,7 @@ mooncake`` also runs ``../shared/peer/mooncake_kv_bench.py`` (Mooncake Store on
 this machine, same record shape) when its virtual environment exists, and
 prints both side by side.
 
-Must show: 16 MiB zero-copy Put and Get ``ratio_to_limit`` >= 0.6; 4 KiB with 16
+Must show: 16 MiB zero-copy Put and Get ``ratio_to_limit`` >= 0.6, direct >= 0.8; 4 KiB with 16
 callers >= 8,000 Put/s and >= 15,000 Get/s; 4 KiB batched Get >= 100,000 keys/s.
 """
 
@@ -75,8 +78,23 @@ class _Role:
     def __init__(self, socket_path: str) -> None:
         from cxlkv import Client
 
-        self.client = Client(socket_path, buffer_pool_bytes=POOL_BYTES)
+        # The daemon paths are measured without direct mode, the direct path with it
+        # for every size (threshold 0) and its region mapping pre-faulted.
+        self.client = Client(socket_path, buffer_pool_bytes=POOL_BYTES, direct=False)
+        self.direct = Client(socket_path, buffer_pool_bytes=POOL_BYTES, direct_threshold_bytes=0,
+                             direct_prefault=True)
+        if not self.direct.direct:
+            raise RuntimeError(f"direct mode unavailable: {self.direct.direct_status}")
         self.buffers: dict[tuple[int, int], memoryview] = {}
+        self.arrays: dict[tuple[int, int], np.ndarray] = {}
+
+    def array(self, size: int, slot: int) -> np.ndarray:
+        """A plain (not shared) numpy array holding the writer's content, faulted in."""
+        a = self.arrays.get((size, slot))
+        if a is None:
+            a = np.frombuffer(_content(size, size), dtype=np.uint8).copy()
+            self.arrays[(size, slot)] = a
+        return a
 
     def buffer(self, size: int, slot: int) -> memoryview:
         b = self.buffers.get((size, slot))
@@ -104,14 +122,22 @@ class _Role:
         if path == "shared_buffer":
             bufs = [self.buffer(size, s) for s in range(concurrency)]
             return self._timed(keys, concurrency, lambda s, k: c.put_from(k, bufs[s]))
+        if path == "direct":
+            d = self.direct
+            arrs = [self.array(size, s) for s in range(concurrency)]
+            return self._timed(keys, concurrency, lambda s, k: d.put_from(k, arrs[s]))
         value = _content(size, size)
         return self._timed(keys, concurrency, lambda s, k: c.put(k, value))
 
     def _get(self, keys: list[str], size: int, path: str, concurrency: int) -> tuple[float, list[int]]:
         c = self.client
         expect = _content(size, size)
-        if path == "shared_buffer":
-            bufs = [self.buffer(size, 100 + s) for s in range(concurrency)]
+        if path in ("shared_buffer", "direct"):
+            if path == "direct":
+                c = self.direct
+                bufs = [memoryview(self.array(size, 100 + s)) for s in range(concurrency)]
+            else:
+                bufs = [self.buffer(size, 100 + s) for s in range(concurrency)]
 
             def body(s: int, k: str) -> None:
                 if c.get_into(k, bufs[s]) != size:
@@ -235,6 +261,7 @@ def _role_main(conn: Any, socket_path: str) -> None:
         except BaseException as exc:  # to the driver, with the command
             conn.send(("err", f"{cmd['op']}: {type(exc).__name__}: {exc}"))
     role.client.close()
+    role.direct.close()
 
 
 def _caller_main(socket_path: str, op: str, keys: list[str], value_size: int, barrier: Any, queue: Any) -> None:
@@ -373,6 +400,9 @@ def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
             if size >= 16 * MiB:
                 plan.append((size, "shared_buffer", LARGE_CONCURRENCY))
             plan.append((size, "inline" if size <= MiB else "staged", 1))
+            plan.append((size, "direct", 1))
+            if size >= 16 * MiB:
+                plan.append((size, "direct", LARGE_CONCURRENCY))
         for size, path, conc in plan:
             n = ops_for(size, bytes_per_run=bytes_per_run, min_ops=max(4, conc * 2), max_ops=500 if quick else 2000)
             puts: list[tuple[float, np.ndarray]] = []
@@ -477,6 +507,9 @@ def must_show_failures(records: list[Record]) -> list[str]:
         r = best(op, 16 * MiB, path="shared_buffer")
         if r is None or (r.ratio_to_limit or 0) < 0.6:
             out.append(f"16 MiB zero-copy {op}: ratio_to_limit {r.ratio_to_limit if r else None} < 0.6")
+        r = best(op, 16 * MiB, path="direct")
+        if r is None or (r.ratio_to_limit or 0) < 0.8:
+            out.append(f"16 MiB direct {op}: ratio_to_limit {r.ratio_to_limit if r else None} < 0.8")
     for op, target in (("put", 8_000), ("get", 15_000)):
         r = best(op, 4 * KiB, concurrency=16, batch=1)
         if r is None or r.ops_per_s < target:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from cxlkv import __version__
 from cxlkv.clientd.buffers import BufferRegistry, SharedBuffer
 from cxlkv.clientd.core import ClientdCore, PutSpec, ReadTarget
+from cxlkv.clientd.direct import DirectPuts
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument, TooLarge, error_for
 from cxlkv.keys import validate_key
 from cxlkv.v1 import client_pb2, common_pb2
@@ -62,6 +63,8 @@ class ClientApi:
         self.started = time.monotonic()
         self.max_inline_bytes = cfg.max_inline_bytes
         self._hostname = socket.gethostname()
+        #: Direct mode: metadata for SDK processes that copy bytes themselves.
+        self.direct = DirectPuts(core, offered=bool(getattr(cfg, "direct_mode", True)))
 
     # -- inline values ------------------------------------------------------
     def _inline_spec(self, req: client_pb2.PutRequest, upsert: bool) -> PutSpec | client_pb2.PutResult:
@@ -280,12 +283,35 @@ class ClientApi:
             add(value_size_bytes=o.size, version=o.version, tier=o.tier)  # type: ignore[arg-type]
         return resp
 
+    # -- direct mode (clientd/direct.py) -------------------------------------
+    async def DirectInfo(self, req: client_pb2.DirectInfoRequest) -> client_pb2.DirectInfoResponse:
+        """Whether direct mode is offered, and the regions a direct caller may map."""
+        return self.direct.info()
+
+    async def DirectPutStart(self, req: client_pb2.DirectPutStartRequest) -> client_pb2.DirectPutStartResponse:
+        """Start direct puts (the caller copies). Raises INVALID_ARGUMENT (not offered,
+        pid not running); per item ALREADY_EXISTS, NO_SPACE, INVALID_KEY, … or ``fallback``."""
+        return await self.direct.put_start(req)
+
+    async def DirectPutEnd(self, req: client_pb2.DirectPutEndRequest) -> client_pb2.DirectPutEndResponse:
+        """Commit or revoke direct puts; per item STALE_TOKEN, CHECKSUM_MISMATCH (bad header), …"""
+        return await self.direct.put_end(req)
+
+    async def DirectGet(self, req: client_pb2.DirectGetRequest) -> client_pb2.DirectGetResponse:
+        """Locate and lease objects for a direct reader; per item NOT_FOUND, INVALID_KEY, …"""
+        return await self.direct.get(req)
+
+    async def DirectRelease(self, req: client_pb2.DirectReleaseRequest) -> client_pb2.DirectReleaseResponse:
+        """End the leases of finished direct reads."""
+        return self.direct.release(req)
+
     # -- inspection ---------------------------------------------------------
     async def Stat(self, req: client_pb2.ClientStatRequest) -> client_pb2.ClientStatResponse:
         """The daemon's state, with the master's key count and space when reachable."""
         link = self.core.link
         n_buffers, buffer_bytes = self.buffers.stats()
         counters = dict(self.core.counters)
+        counters["direct_puts_pending"] = self.direct.pending
         for c in link.coalescers():
             counters[f"master_calls.{c.name}"] = c.calls
             counters[f"master_items.{c.name}"] = c.items

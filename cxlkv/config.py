@@ -253,6 +253,8 @@ class ClientdConfig:
         unit="bytes")
     task_batch: int = _f(64, "most tier-move tasks fetched from the master at once (0 = run none)")
     coherence: str = _f("coherent", "coherent, or flush (non-coherent CXL: flush before PutEnd, invalidate before read)")
+    direct_mode: bool = _f(True, "offer direct mode: SDK processes that can map the regions copy bytes "
+                                 "themselves, asking only for metadata (docs/sdk.md)")
     master_timeout_s: float = _f(10.0, "deadline of each call to the master", unit="s")
     log_level: str = _f("info", "debug, info, warning or error")
     log_json: bool = _f(False, "log JSON lines instead of text")

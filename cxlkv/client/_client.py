@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 
 from cxlkv.client._conn import GrpcConnection, LeanConnection
+from cxlkv.client._cuda import CudaCopier, CudaSource, CudaTarget, is_cuda_tensor
+from cxlkv.client._direct import FALLBACK, DirectPath
 from cxlkv.client._memory import address_of, dst_array, nbytes_of, src_array
 from cxlkv.client._pool import BufferPool, Segment
 from cxlkv.client.framing import METHODS_BY_NAME
@@ -163,6 +165,21 @@ class Client:
         lean_socket_path: the daemon's lean socket, when not ``socket_path + ".lean"``.
         inline_threshold_bytes: values up to this size travel inside the message;
             larger ones are staged through the pool (daemon limit permitting).
+        direct: use direct mode when the daemon offers it and this process can
+            map its regions (docs/sdk.md "Direct mode"): values of at least
+            ``direct_threshold_bytes`` are copied between the caller's memory and
+            the region by this process, the daemon only answering metadata. When
+            the region cannot be mapped here (permission, identity mismatch, the
+            daemon's ``direct_mode = false``), the shared-buffer path is used
+            instead, transparently (:attr:`direct_status` says why).
+        direct_threshold_bytes: smallest value moved in direct mode, in bytes
+            (default: just above ``inline_threshold_bytes``; smaller values travel
+            inline, one round trip instead of two).
+        direct_prefault: fault in this process's mapping of every region at start
+            (no first-touch page faults on the data path; takes time for large regions).
+        cuda_register: register the region mapping with CUDA (lazily, on the first
+            CUDA tensor) so the GPU copies by DMA; ``False`` measures the
+            unregistered path (the driver stages every copy).
 
     Raises:
         Unavailable: the daemon is not running (the message names the socket).
@@ -190,6 +207,10 @@ class Client:
         protocol: str = "lean",
         lean_socket_path: str | os.PathLike[str] | None = None,
         inline_threshold_bytes: int = DEFAULT_INLINE_BYTES,
+        direct: bool = True,
+        direct_threshold_bytes: int | None = None,
+        direct_prefault: bool = False,
+        cuda_register: bool = True,
     ) -> None:
         if protocol not in ("lean", "grpc"):
             raise InvalidArgument(f"protocol must be \"lean\" or \"grpc\", got {protocol!r}")
@@ -211,6 +232,34 @@ class Client:
         self._pool = BufferPool(self._register_buffer, self._unregister_buffer, int(buffer_pool_bytes),
                                 share_with_group=share)
         self._conn()  # fail fast when the daemon is not running
+        self.direct_threshold_bytes = (self.inline_threshold_bytes + 1 if direct_threshold_bytes is None
+                                       else max(0, int(direct_threshold_bytes)))
+        self._direct: DirectPath | None = None
+        self._cuda: CudaCopier | None = None
+        self._cuda_register = bool(cuda_register)
+        #: Why direct mode is or is not in use (one line).
+        self.direct_status = "off (direct=False)"
+        if direct:
+            self._direct, why = DirectPath.open(self._call, prefault=direct_prefault)
+            if self._direct is not None:
+                self.direct_status = "on" + (f" (skipped: {why})" if why else "")
+            else:
+                self.direct_status = f"off: {why}"
+
+    @property
+    def direct(self) -> bool:
+        """Whether direct mode is in use (see :attr:`direct_status` for why not)."""
+        return self._direct is not None
+
+    def _use_direct(self, nbytes: int) -> bool:
+        return self._direct is not None and nbytes >= self.direct_threshold_bytes
+
+    def _copier(self) -> CudaCopier:
+        if self._cuda is None:
+            with self._lock:
+                if self._cuda is None:
+                    self._cuda = CudaCopier(register=self._cuda_register)
+        return self._cuda
 
     # ================================================================ plumbing
     def _conn(self) -> Any:
@@ -262,6 +311,14 @@ class Client:
             except CxlkvError:
                 pass
         self._closed = True
+        d, self._direct = self._direct, None
+        cu, self._cuda = self._cuda, None
+        if d is not None and self._pid == os.getpid():
+            if cu is not None:
+                cu.close()
+                for r in d.regions.values():
+                    cu.release(r)
+            d.close()
         with self._lock:
             conns, self._conns = self._conns, []
             g, self._grpc = self._grpc, None
@@ -375,6 +432,12 @@ class Client:
             if not exc.requested_bytes:
                 raise
             size = exc.requested_bytes
+        if self._use_direct(size):
+            (r,) = self._direct.get([key], [None])  # type: ignore[union-attr]
+            if isinstance(r, CxlkvError):
+                raise r
+            if r is not FALLBACK:
+                return r[2]
         for _ in range(3):  # the value may be replaced by a larger one meanwhile
             with _Staged(self._pool) as st:
                 seg, off = st.take(size)
@@ -440,7 +503,26 @@ class Client:
         return self._put_from(key, src, _options(upsert, replica_num, soft_pin, hard_pin))
 
     def _put_from(self, key: str, src: Any, opts: common_pb2.PutOptions | None) -> int:
+        if is_cuda_tensor(src):
+            if self._direct is not None:
+                self._conn()
+                r = self._direct.put([(0, key, CudaSource(src, self._copier()), opts)])[0]
+                if isinstance(r, CxlkvError):
+                    raise r
+                if r is not FALLBACK:
+                    return r
+            return self._put_daemon(key, _host_copy(src), opts)
         a = src_array(src)
+        if self._use_direct(a.nbytes):
+            self._conn()
+            r = self._direct.put([(0, key, a, opts)])[0]  # type: ignore[union-attr]
+            if isinstance(r, CxlkvError):
+                raise r
+            if r is not FALLBACK:
+                return r
+        return self._put_daemon(key, a, opts)
+
+    def _put_daemon(self, key: str, a: np.ndarray, opts: common_pb2.PutOptions | None) -> int:
         loc = self._locate(a)
         if loc is not None:
             return self._call("PutFrom", _PutFromRequest(key=key, options=opts, source=_BufferRange(
@@ -471,7 +553,37 @@ class Client:
             InvalidArgument: ``dst`` is read-only or not contiguous.
             LeaseExpired, ChecksumMismatch, InvalidKey, Unavailable.
         """
+        if is_cuda_tensor(dst):
+            return self._get_into_cuda(key, dst)
         a = dst_array(dst)
+        if self._use_direct(a.nbytes):
+            self._conn()
+            (r,) = self._direct.get([key], [a])  # type: ignore[union-attr]
+            if isinstance(r, CxlkvError):
+                raise r
+            if r is not FALLBACK:
+                return r[0]
+        return self._get_into_daemon(key, a)
+
+    def _get_into_cuda(self, key: str, dst: Any) -> int:
+        """``get_into`` a CUDA tensor: DMA from the region in direct mode, else
+        through a pinned host buffer."""
+        target = CudaTarget(dst, self._copier())
+        if self._direct is not None:
+            self._conn()
+            (r,) = self._direct.get([key], [target])
+            if isinstance(r, CxlkvError):
+                raise r
+            if r is not FALLBACK:
+                return r[0]
+        import torch
+
+        host = torch.empty(target.nbytes, dtype=torch.uint8, pin_memory=True)
+        n = self._get_into_daemon(key, host.numpy())
+        dst.reshape(-1).view(torch.uint8)[:n].copy_(host[:n])
+        return n
+
+    def _get_into_daemon(self, key: str, a: np.ndarray) -> int:
         loc = self._locate(a)
         if loc is not None:
             return self._call("GetInto", _GetIntoRequest(key=key, target=_BufferRange(
@@ -521,11 +633,20 @@ class Client:
         inline: list[int] = []
         by_buffer: list[tuple[int, int, int, int]] = []  # (pos, buffer_id, offset, length)
         staged: list[tuple[int, np.ndarray]] = []
+        direct: list[tuple[int, str, np.ndarray, Any]] = []
         for i, v in enumerate(values):
             if isinstance(v, bytes) and len(v) <= self.inline_threshold_bytes:
                 inline.append(i)
                 continue
+            if is_cuda_tensor(v):
+                if self._direct is not None:
+                    direct.append((i, keys[i], CudaSource(v, self._copier()), opts))
+                    continue
+                v = values[i] = _host_copy(v)
             a = src_array(v)
+            if self._use_direct(a.nbytes):
+                direct.append((i, keys[i], a, opts))
+                continue
             loc = self._locate(a)
             if loc is not None:
                 by_buffer.append((i, loc[0], loc[1], a.nbytes))
@@ -534,6 +655,26 @@ class Client:
                 inline.append(i)
             else:
                 staged.append((i, a))
+        for chunk in _chunks(len(direct), BATCH_ITEMS):
+            part = [direct[j] for j in chunk]
+            try:
+                done = self._direct.put(part)  # type: ignore[union-attr]
+            except CxlkvError as exc:
+                done = {p[0]: exc for p in part}
+            for i, _, a, _ in part:
+                r = done.get(i)
+                if r is FALLBACK:
+                    if isinstance(a, CudaSource):
+                        a = _host_copy(a.tensor)
+                    loc = self._locate(a)
+                    if loc is not None:
+                        by_buffer.append((i, loc[0], loc[1], a.nbytes))
+                    else:
+                        staged.append((i, a))
+                elif isinstance(r, CxlkvError):
+                    results[i] = Result(False, error=r)
+                else:
+                    results[i] = Result(True, version=int(r))  # type: ignore[arg-type]
         if inline:
             reqs: list[client_pb2.BatchPutRequest] = []
             groups: list[list[int]] = []
@@ -626,33 +767,97 @@ class Client:
             raise InvalidArgument(f"{len(keys)} keys but {len(dsts)} destinations")
         n = len(keys)
         results: list[Result | None] = [None] * n
-        with _Staged(self._pool) as st:
-            arrays, targets, copy_back = self._targets(dsts, st)
-            chunks = list(_chunks(n, BATCH_ITEMS))
-            reqs = []
-            for c in chunks:
-                req = client_pb2.BatchGetIntoRequest()
-                add = req.items.add
-                for i in c:
-                    t = add(key=keys[i]).target
-                    t.buffer_id, t.offset_bytes, t.length_bytes = targets[i]
-                reqs.append(req)
-            for c, resp in zip(chunks, self._call_many("BatchGetInto", reqs)):
-                if isinstance(resp, CxlkvError):
+        keys, dsts, positions = self._get_direct_many(list(keys), list(dsts), results)
+        n = len(keys)
+        sub: list[Result | None] = [None] * n
+        if n:
+            with _Staged(self._pool) as st:
+                arrays, targets, copy_back = self._targets(dsts, st)
+                chunks = list(_chunks(n, BATCH_ITEMS))
+                reqs = []
+                for c in chunks:
+                    req = client_pb2.BatchGetIntoRequest()
+                    add = req.items.add
                     for i in c:
-                        results[i] = Result(False, error=resp)
-                    continue
-                for i, r in zip(c, resp.results):
-                    st_ = r.status
-                    if st_.code:
-                        results[i] = Result(False, error=_status_error(st_, keys[i]))
-                    else:
-                        results[i] = Result(True, r.value_size_bytes, r.version)
-            for i, seg, off in copy_back:
-                r = results[i]
-                if r is not None and r.ok:
-                    arrays[i][:r.value] = seg.array[off:off + r.value]
+                        t = add(key=keys[i]).target
+                        t.buffer_id, t.offset_bytes, t.length_bytes = targets[i]
+                    reqs.append(req)
+                for c, resp in zip(chunks, self._call_many("BatchGetInto", reqs)):
+                    if isinstance(resp, CxlkvError):
+                        for i in c:
+                            sub[i] = Result(False, error=resp)
+                        continue
+                    for i, r in zip(c, resp.results):
+                        st_ = r.status
+                        if st_.code:
+                            sub[i] = Result(False, error=_status_error(st_, keys[i]))
+                        else:
+                            sub[i] = Result(True, r.value_size_bytes, r.version)
+                for i, seg, off in copy_back:
+                    r = sub[i]
+                    if r is not None and r.ok:
+                        arrays[i][:r.value] = seg.array[off:off + r.value]
+        for j, pos in enumerate(positions):
+            results[pos] = sub[j]
         return results  # type: ignore[return-value]
+
+    def _get_direct_many(
+        self, keys: list[str], dsts: list[Any], results: list[Result | None]
+    ) -> tuple[list[str], list[Any], list[int]]:
+        """Read the items large enough for direct mode (and CUDA tensors) into
+        ``results``; the rest (and the direct items that fall back) as ``(keys,
+        dsts, positions)``."""
+        if self._direct is None:
+            if not any(is_cuda_tensor(d) for d in dsts):
+                return keys, dsts, list(range(len(keys)))
+            rest = []
+            for i, d in enumerate(dsts):
+                if is_cuda_tensor(d):
+                    try:
+                        results[i] = Result(True, self._get_into_cuda(keys[i], d))
+                    except CxlkvError as exc:
+                        results[i] = Result(False, error=exc)
+                else:
+                    rest.append(i)
+            return [keys[i] for i in rest], [dsts[i] for i in rest], rest
+        self._conn()
+        direct: list[int] = []
+        rest: list[int] = []
+        arrays: dict[int, np.ndarray] = {}
+        cuda_fallback: list[int] = []
+        for i, d in enumerate(dsts):
+            if is_cuda_tensor(d):
+                arrays[i] = CudaTarget(d, self._copier())  # type: ignore[assignment]
+                direct.append(i)
+                continue
+            a = dst_array(d)
+            if self._use_direct(a.nbytes):
+                arrays[i] = a
+                direct.append(i)
+            else:
+                rest.append(i)
+        for chunk in _chunks(len(direct), BATCH_ITEMS):
+            part = [direct[j] for j in chunk]
+            try:
+                got = self._direct.get([keys[i] for i in part], [arrays[i] for i in part])
+            except CxlkvError as exc:
+                got = [exc] * len(part)
+            for i, r in zip(part, got):
+                if r is FALLBACK and isinstance(arrays[i], CudaTarget):
+                    cuda_fallback.append(i)
+                elif r is FALLBACK:
+                    rest.append(i)
+                elif isinstance(r, CxlkvError):
+                    results[i] = Result(False, error=r)
+                else:
+                    results[i] = Result(True, r[0], r[1])
+        for i in cuda_fallback:  # one by one, through a pinned host buffer
+            try:
+                results[i] = Result(True, self._get_into_cuda(keys[i], dsts[i]))
+            except CxlkvError as exc:
+                results[i] = Result(False, error=exc)
+        rest.sort()
+        return [keys[i] for i in rest], [dsts[i] for i in rest], rest
 
     def _targets(
         self, dsts: Sequence[Any], st: _Staged
@@ -775,6 +980,15 @@ class Client:
             token = r.next_page_token
             if not token:
                 return
+
+
+def _host_copy(t: Any) -> np.ndarray:
+    """A CUDA tensor's bytes in host memory (the path without direct mode)."""
+    import torch
+
+    if not t.is_contiguous():
+        raise InvalidArgument("source CUDA tensor is not contiguous; pass tensor.contiguous()")
+    return t.detach().reshape(-1).view(torch.uint8).cpu().numpy()
 
 
 def _over_inline_limit(err: TooLarge) -> bool:

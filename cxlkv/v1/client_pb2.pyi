@@ -347,3 +347,153 @@ class ListResponse(_message.Message):
     entries: _containers.RepeatedCompositeFieldContainer[ListEntry]
     next_page_token: str
     def __init__(self, entries: _Optional[_Iterable[_Union[ListEntry, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class DirectInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DirectRegion(_message.Message):
+    __slots__ = ("segment_id", "segment_name", "path", "region_uuid", "size_bytes")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    REGION_UUID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    segment_name: str
+    path: str
+    region_uuid: str
+    size_bytes: int
+    def __init__(self, segment_id: _Optional[int] = ..., segment_name: _Optional[str] = ..., path: _Optional[str] = ..., region_uuid: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class DirectInfoResponse(_message.Message):
+    __slots__ = ("offered", "coherence", "regions", "max_inline_bytes")
+    OFFERED_FIELD_NUMBER: _ClassVar[int]
+    COHERENCE_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_INLINE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    offered: bool
+    coherence: str
+    regions: _containers.RepeatedCompositeFieldContainer[DirectRegion]
+    max_inline_bytes: int
+    def __init__(self, offered: _Optional[bool] = ..., coherence: _Optional[str] = ..., regions: _Optional[_Iterable[_Union[DirectRegion, _Mapping]]] = ..., max_inline_bytes: _Optional[int] = ...) -> None: ...
+
+class DirectExtent(_message.Message):
+    __slots__ = ("extent", "tier", "direct")
+    EXTENT_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    DIRECT_FIELD_NUMBER: _ClassVar[int]
+    extent: _common_pb2.Extent
+    tier: _common_pb2.Tier
+    direct: bool
+    def __init__(self, extent: _Optional[_Union[_common_pb2.Extent, _Mapping]] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., direct: _Optional[bool] = ...) -> None: ...
+
+class DirectPutStartItem(_message.Message):
+    __slots__ = ("key", "value_size_bytes", "options")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value_size_bytes: int
+    options: _common_pb2.PutOptions
+    def __init__(self, key: _Optional[str] = ..., value_size_bytes: _Optional[int] = ..., options: _Optional[_Union[_common_pb2.PutOptions, _Mapping]] = ...) -> None: ...
+
+class DirectPutStartRequest(_message.Message):
+    __slots__ = ("items", "pid")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[DirectPutStartItem]
+    pid: int
+    def __init__(self, items: _Optional[_Iterable[_Union[DirectPutStartItem, _Mapping]]] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class DirectPutStartResult(_message.Message):
+    __slots__ = ("status", "fallback", "put_token", "version", "header_bytes", "extents")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    PUT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    HEADER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    fallback: bool
+    put_token: int
+    version: int
+    header_bytes: int
+    extents: _containers.RepeatedCompositeFieldContainer[DirectExtent]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., fallback: _Optional[bool] = ..., put_token: _Optional[int] = ..., version: _Optional[int] = ..., header_bytes: _Optional[int] = ..., extents: _Optional[_Iterable[_Union[DirectExtent, _Mapping]]] = ...) -> None: ...
+
+class DirectPutStartResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[DirectPutStartResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[DirectPutStartResult, _Mapping]]] = ...) -> None: ...
+
+class DirectPutEndItem(_message.Message):
+    __slots__ = ("key", "put_token", "checksum", "revoke")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PUT_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    REVOKE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    put_token: int
+    checksum: int
+    revoke: bool
+    def __init__(self, key: _Optional[str] = ..., put_token: _Optional[int] = ..., checksum: _Optional[int] = ..., revoke: _Optional[bool] = ...) -> None: ...
+
+class DirectPutEndRequest(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[DirectPutEndItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[DirectPutEndItem, _Mapping]]] = ...) -> None: ...
+
+class DirectPutEndResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[_common_pb2.Status]
+    def __init__(self, results: _Optional[_Iterable[_Union[_common_pb2.Status, _Mapping]]] = ...) -> None: ...
+
+class DirectGetRequest(_message.Message):
+    __slots__ = ("keys", "release_lease_ids")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., release_lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DirectGetResult(_message.Message):
+    __slots__ = ("status", "value_size_bytes", "version", "checksum", "header_bytes", "lease_id", "lease_ttl_ms", "replicas")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    HEADER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.Status
+    value_size_bytes: int
+    version: int
+    checksum: int
+    header_bytes: int
+    lease_id: int
+    lease_ttl_ms: int
+    replicas: _containers.RepeatedCompositeFieldContainer[DirectExtent]
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., value_size_bytes: _Optional[int] = ..., version: _Optional[int] = ..., checksum: _Optional[int] = ..., header_bytes: _Optional[int] = ..., lease_id: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[DirectExtent, _Mapping]]] = ...) -> None: ...
+
+class DirectGetResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[DirectGetResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[DirectGetResult, _Mapping]]] = ...) -> None: ...
+
+class DirectReleaseRequest(_message.Message):
+    __slots__ = ("lease_ids", "checksum_failures")
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    checksum_failures: int
+    def __init__(self, lease_ids: _Optional[_Iterable[int]] = ..., checksum_failures: _Optional[int] = ...) -> None: ...
+
+class DirectReleaseResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

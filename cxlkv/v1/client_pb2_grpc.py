@@ -129,6 +129,31 @@ class ClientServiceStub:
                 request_serializer=cxlkv_dot_v1_dot_client__pb2.ListRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_client__pb2.ListResponse.FromString,
                 _registered_method=True)
+        self.DirectInfo = channel.unary_unary(
+                '/cxlkv.v1.ClientService/DirectInfo',
+                request_serializer=cxlkv_dot_v1_dot_client__pb2.DirectInfoRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_client__pb2.DirectInfoResponse.FromString,
+                _registered_method=True)
+        self.DirectPutStart = channel.unary_unary(
+                '/cxlkv.v1.ClientService/DirectPutStart',
+                request_serializer=cxlkv_dot_v1_dot_client__pb2.DirectPutStartRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_client__pb2.DirectPutStartResponse.FromString,
+                _registered_method=True)
+        self.DirectPutEnd = channel.unary_unary(
+                '/cxlkv.v1.ClientService/DirectPutEnd',
+                request_serializer=cxlkv_dot_v1_dot_client__pb2.DirectPutEndRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_client__pb2.DirectPutEndResponse.FromString,
+                _registered_method=True)
+        self.DirectGet = channel.unary_unary(
+                '/cxlkv.v1.ClientService/DirectGet',
+                request_serializer=cxlkv_dot_v1_dot_client__pb2.DirectGetRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_client__pb2.DirectGetResponse.FromString,
+                _registered_method=True)
+        self.DirectRelease = channel.unary_unary(
+                '/cxlkv.v1.ClientService/DirectRelease',
+                request_serializer=cxlkv_dot_v1_dot_client__pb2.DirectReleaseRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_client__pb2.DirectReleaseResponse.FromString,
+                _registered_method=True)
 
 
 class ClientServiceServicer:
@@ -263,6 +288,54 @@ class ClientServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DirectInfo(self, request, context):
+        """--- direct mode (docs/sdk.md "Direct mode") --------------------------------
+        A process that may map the region itself asks the daemon only for metadata
+        and copies the bytes between its memory and the region on its own; the
+        daemon does no copy. The SDK writes the object header and checksum exactly
+        as the daemon does and verifies them on reads.
+
+        Whether direct mode is offered, and the regions a direct caller may map
+        (path and identity to check after mapping).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DirectPutStart(self, request, context):
+        """PutStart for a direct writer: one answer per item with the extents to fill.
+        An item placed on a segment the caller cannot map (not a listed region, e.g.
+        a DRAM or SSD tier) is revoked at once and answered `fallback = true`: put it
+        through the daemon instead. The pending put belongs to the caller's `pid`:
+        when that process exits before DirectPutEnd, the daemon revokes it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DirectPutEnd(self, request, context):
+        """PutEnd (or PutRevoke) of direct puts, once the value and header are written
+        (and flushed in `flush` coherence mode). The daemon checks the header first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DirectGet(self, request, context):
+        """Locate and lease objects for a direct reader; the caller copies, verifies the
+        header and checksum, then releases the leases (DirectRelease, or
+        `release_lease_ids` of its next DirectGet).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DirectRelease(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -360,6 +433,31 @@ def add_ClientServiceServicer_to_server(servicer, server):
                     servicer.List,
                     request_deserializer=cxlkv_dot_v1_dot_client__pb2.ListRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_client__pb2.ListResponse.SerializeToString,
+            ),
+            'DirectInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.DirectInfo,
+                    request_deserializer=cxlkv_dot_v1_dot_client__pb2.DirectInfoRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_client__pb2.DirectInfoResponse.SerializeToString,
+            ),
+            'DirectPutStart': grpc.unary_unary_rpc_method_handler(
+                    servicer.DirectPutStart,
+                    request_deserializer=cxlkv_dot_v1_dot_client__pb2.DirectPutStartRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_client__pb2.DirectPutStartResponse.SerializeToString,
+            ),
+            'DirectPutEnd': grpc.unary_unary_rpc_method_handler(
+                    servicer.DirectPutEnd,
+                    request_deserializer=cxlkv_dot_v1_dot_client__pb2.DirectPutEndRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_client__pb2.DirectPutEndResponse.SerializeToString,
+            ),
+            'DirectGet': grpc.unary_unary_rpc_method_handler(
+                    servicer.DirectGet,
+                    request_deserializer=cxlkv_dot_v1_dot_client__pb2.DirectGetRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_client__pb2.DirectGetResponse.SerializeToString,
+            ),
+            'DirectRelease': grpc.unary_unary_rpc_method_handler(
+                    servicer.DirectRelease,
+                    request_deserializer=cxlkv_dot_v1_dot_client__pb2.DirectReleaseRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_client__pb2.DirectReleaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -875,6 +973,141 @@ class ClientService:
             '/cxlkv.v1.ClientService/List',
             cxlkv_dot_v1_dot_client__pb2.ListRequest.SerializeToString,
             cxlkv_dot_v1_dot_client__pb2.ListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DirectInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.ClientService/DirectInfo',
+            cxlkv_dot_v1_dot_client__pb2.DirectInfoRequest.SerializeToString,
+            cxlkv_dot_v1_dot_client__pb2.DirectInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DirectPutStart(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.ClientService/DirectPutStart',
+            cxlkv_dot_v1_dot_client__pb2.DirectPutStartRequest.SerializeToString,
+            cxlkv_dot_v1_dot_client__pb2.DirectPutStartResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DirectPutEnd(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.ClientService/DirectPutEnd',
+            cxlkv_dot_v1_dot_client__pb2.DirectPutEndRequest.SerializeToString,
+            cxlkv_dot_v1_dot_client__pb2.DirectPutEndResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DirectGet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.ClientService/DirectGet',
+            cxlkv_dot_v1_dot_client__pb2.DirectGetRequest.SerializeToString,
+            cxlkv_dot_v1_dot_client__pb2.DirectGetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DirectRelease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.ClientService/DirectRelease',
+            cxlkv_dot_v1_dot_client__pb2.DirectReleaseRequest.SerializeToString,
+            cxlkv_dot_v1_dot_client__pb2.DirectReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,375 @@
+"""Direct mode, the daemon's side: metadata for SDK processes that copy bytes themselves.
+
+A process that may map the region (same file or device, read-write, and the
+same identity header) asks the daemon only for metadata and moves the bytes
+itself; the daemon does no copy (docs/sdk.md "Direct mode"):
+
+* ``DirectInfo``: whether direct mode is offered (config ``direct_mode``), the
+  coherence mode, and the CXL regions a direct caller may map with their identity.
+* ``DirectPutStart`` → the caller copies the value, hashes it (xxh3_64), writes the
+  object header after the value (flushing both in ``flush`` mode) →
+  ``DirectPutEnd``. The daemon owns the put token: it keeps every pending direct
+  put with the caller's pid and revokes it when that process exits (checked every
+  :data:`REAP_INTERVAL_S`), so a writer killed between start and end leaves
+  nothing behind — and the master's ``put_timeout_s`` still applies on top.
+  Before committing, the daemon checks the object header the caller wrote
+  (magic, key, version, length, checksum): a buggy writer cannot commit garbage.
+  An item placed on a segment the caller cannot map (another tier, or a region
+  not offered) is revoked at once and answered ``fallback``.
+* ``DirectGet`` grants a lease per key (the master's BatchGetReplicaList) and
+  answers the extents; the caller copies, verifies, and ends the lease with
+  ``DirectRelease`` (or piggy-backed on its next ``DirectGet``). Releases go to
+  the master batched, like the daemon's own.
+
+Thread-safety: event-loop confined.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from cxlkv.clientd.buffers import process_start_time
+from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument
+from cxlkv.keys import key_error
+from cxlkv.objheader import header_bytes_for, parse_header
+from cxlkv.v1 import client_pb2, common_pb2
+
+if TYPE_CHECKING:
+    from cxlkv.clientd.core import ClientdCore
+    from cxlkv.clientd.regions import MappedRegion
+
+__all__ = ["DirectPuts", "REAP_INTERVAL_S"]
+
+log = logging.getLogger(__name__)
+
+#: How often pending direct puts are checked for a dead writer, seconds.
+REAP_INTERVAL_S = 0.5
+#: Most pending direct puts one daemon keeps (a runaway caller gets NOT_READY).
+MAX_PENDING = 1 << 20
+
+_OK = int(ErrorCode.OK)
+_INVALID_KEY = int(ErrorCode.INVALID_KEY)
+_STALE_TOKEN = int(ErrorCode.STALE_TOKEN)
+_CHECKSUM_MISMATCH = int(ErrorCode.CHECKSUM_MISMATCH)
+_INVALID_ARGUMENT = int(ErrorCode.INVALID_ARGUMENT)
+_CXL = common_pb2.CXL
+_UNSPECIFIED = common_pb2.TIER_UNSPECIFIED
+
+
+def _status(code: int, message: str) -> common_pb2.Status:
+    return common_pb2.Status(code=code, message=message)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class _Pending:
+    """One direct put between DirectPutStart and DirectPutEnd."""
+
+    key: str
+    token: int
+    version: int
+    size: int
+    header_bytes: int
+    extents: list[common_pb2.Extent]
+    pid: int
+    pid_start: int | None
+    generation: int
+    started: float = field(default_factory=time.monotonic)
+
+
+class DirectPuts:
+    """The direct-mode RPCs over the daemon's core (master link, mapped regions).
+
+    Args:
+        core: the daemon's protocols (its ``link``, ``regions``, ``cfg``, ``counters``).
+        offered: whether direct mode is offered (config ``direct_mode``).
+    """
+
+    def __init__(self, core: "ClientdCore", *, offered: bool) -> None:
+        self.core = core
+        self.offered = offered
+        self._pending: dict[int, _Pending] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------- regions
+    def _direct_region(self, segment_id: int) -> "MappedRegion | None":
+        """The mapped region of ``segment_id`` when a direct caller may copy it."""
+        if not self.offered:
+            return None
+        m = self.core.regions.by_segment_id(segment_id)
+        if m is None or m.info is None or m.info.tier not in (_CXL, _UNSPECIFIED):
+            return None
+        return m
+
+    def _tier(self, segment_id: int) -> int:
+        for s in self.core.link.segments:
+            if s.segment_id == segment_id:
+                return int(s.tier)
+        return int(_UNSPECIFIED)
+
+    def _extent(self, ext: common_pb2.Extent, tier: int | None = None) -> client_pb2.DirectExtent:
+        direct = self._direct_region(ext.segment_id) is not None
+        return client_pb2.DirectExtent(extent=ext, tier=self._tier(ext.segment_id) if tier is None else tier,  # type: ignore[arg-type]
+                                       direct=direct)
+
+    def info(self) -> client_pb2.DirectInfoResponse:
+        """DirectInfo: the offer and the regions a direct caller may map."""
+        resp = client_pb2.DirectInfoResponse(offered=self.offered, coherence=self.core.cfg.coherence,
+                                             max_inline_bytes=self.core.max_inline_bytes)
+        if not self.offered:
+            return resp
+        for m in self.core.regions:
+            if m.segment_id and self._direct_region(m.segment_id) is not None:
+                resp.regions.add(segment_id=m.segment_id, segment_name=m.segment, path=m.path,
+                                 region_uuid=str(m.identity.region_uuid), size_bytes=m.size_bytes)
+        return resp
+
+    def _check_offered(self) -> None:
+        if not self.offered:
+            raise InvalidArgument("direct mode is not offered by this clientd (config direct_mode = false)")
+
+    # ---------------------------------------------------------------- puts
+    async def put_start(self, req: client_pb2.DirectPutStartRequest) -> client_pb2.DirectPutStartResponse:
+        """DirectPutStart: start each item's put; one result per item.
+
+        Raises:
+            InvalidArgument: direct mode is not offered; ``pid`` is not a running process.
+            Unavailable, NotReady: the master cannot be reached.
+        """
+        self._check_offered()
+        pid = int(req.pid)
+        pid_start = process_start_time(pid) if pid else None
+        if pid and pid_start is None:
+            raise InvalidArgument(f"direct writer pid {pid} is not running")
+        self._ensure_reaper()
+        core = self.core
+        link = core.link
+        n = len(req.items)
+        results: list[client_pb2.DirectPutStartResult | None] = [None] * n
+        todo: list[int] = []
+        for i, it in enumerate(req.items):
+            why = key_error(it.key)
+            if why is not None:
+                results[i] = client_pb2.DirectPutStartResult(status=_status(_INVALID_KEY, why))
+            elif len(self._pending) + len(todo) >= MAX_PENDING:
+                results[i] = client_pb2.DirectPutStartResult(status=_status(
+                    int(ErrorCode.NOT_READY), f"{MAX_PENDING} direct puts are pending; end some first"))
+            else:
+                todo.append(i)
+        core.counters["put_items"] += n          # puts this daemon served (metrics), of which
+        core.counters["direct_put_items"] += n   # ... direct (the caller copied)
+        if todo:
+            items = req.items
+            hbs = {i: header_bytes_for(len(items[i].key.encode("utf-8"))) for i in todo}
+            gen = link.generation
+            try:
+                starts = await link.put_start.submit([
+                    (items[i].key, items[i].value_size_bytes,
+                     items[i].options if items[i].HasField("options") else None, hbs[i])
+                    for i in todo])
+            except CxlkvError as exc:
+                st = exc.to_status()
+                for i in todo:
+                    results[i] = client_pb2.DirectPutStartResult(status=st)
+                starts = []
+            revokes: list[tuple[str, int, int]] = []
+            for i, r in zip(todo, starts):
+                key = items[i].key
+                if r.status.code:
+                    results[i] = client_pb2.DirectPutStartResult(status=r.status)
+                    continue
+                exts = [common_pb2.Extent(segment_id=e.segment_id, offset_bytes=e.offset_bytes,
+                                          length_bytes=e.length_bytes) for e in r.extents]
+                if not exts or any(self._direct_region(e.segment_id) is None for e in exts):
+                    revokes.append((key, r.put_token, 0))
+                    results[i] = client_pb2.DirectPutStartResult(
+                        fallback=True, extents=[self._extent(e) for e in exts])
+                    core.counters["direct_put_fallbacks"] += 1
+                    continue
+                self._pending[r.put_token] = _Pending(
+                    key, r.put_token, r.version, items[i].value_size_bytes, hbs[i], exts, pid, pid_start, gen)
+                results[i] = client_pb2.DirectPutStartResult(
+                    put_token=r.put_token, version=r.version, header_bytes=hbs[i],
+                    extents=[self._extent(e, int(_CXL)) for e in exts])
+            if revokes:
+                await self._revoke(revokes)
+        return client_pb2.DirectPutStartResponse(results=results)  # type: ignore[arg-type]
+
+    async def put_end(self, req: client_pb2.DirectPutEndRequest) -> client_pb2.DirectPutEndResponse:
+        """DirectPutEnd: commit (or revoke) each item; one status per item.
+
+        An item whose token this daemon did not hand out (or already ended or
+        revoked, e.g. after its writer was taken for dead) answers STALE_TOKEN; one
+        whose header does not describe the value answers CHECKSUM_MISMATCH and is
+        revoked.
+
+        Raises:
+            Unavailable, NotReady: the master cannot be reached (the puts stay
+                pending; the master reclaims them after ``put_timeout_s``).
+        """
+        link = self.core.link
+        n = len(req.items)
+        out: list[common_pb2.Status | None] = [None] * n
+        ends: list[tuple[int, tuple[str, int, int]]] = []
+        revokes: list[tuple[int, tuple[str, int, int]]] = []
+        for i, it in enumerate(req.items):
+            p = self._pending.get(it.put_token)
+            if p is None or p.key != it.key:
+                out[i] = _status(_STALE_TOKEN, f"no pending direct put of key {it.key!r} with token "
+                                               f"{it.put_token} (already ended, revoked or reclaimed)")
+                continue
+            del self._pending[it.put_token]
+            if it.revoke:
+                revokes.append((i, (p.key, p.token, 0)))
+                continue
+            why = self._check_header(p, it.checksum)
+            if why is not None:
+                log.warning("direct put of key %r: %s; revoked", p.key[:64], why)
+                revokes.append((i, (p.key, p.token, 0)))
+                out[i] = _status(_CHECKSUM_MISMATCH, f"key {p.key!r}: {why}; the put was revoked")
+                continue
+            ends.append((i, (p.key, p.token, it.checksum)))
+        if revokes:
+            st = await self._revoke([r for _, r in revokes])
+            for (i, _), s in zip(revokes, st):
+                if out[i] is None:
+                    out[i] = s
+        if ends:
+            statuses = await link.put_end.submit([e for _, e in ends], urgent=True)
+            for (i, _), s in zip(ends, statuses):
+                out[i] = s
+        self.core.counters["direct_put_ends"] += len(ends)
+        return client_pb2.DirectPutEndResponse(results=out)  # type: ignore[arg-type]
+
+    def _check_header(self, p: _Pending, checksum: int) -> str | None:
+        """Why the header the writer wrote at every extent does not describe this put."""
+        key_utf8 = p.key.encode("utf-8")
+        for ext in p.extents:
+            m = self._direct_region(ext.segment_id)
+            if m is None:
+                return f"segment {ext.segment_id} is no longer mapped"
+            try:  # written by another process: drop any line of ours first (both modes; 1-2 lines)
+                m.region.invalidate(ext.offset_bytes, p.header_bytes)
+                head = m.region.read(ext.offset_bytes, p.header_bytes)
+            except CxlkvError as exc:
+                return f"object header unreadable: {exc.message}"
+            h = parse_header(head, head[64:64 + len(key_utf8)])
+            if h is None or head[64:64 + len(key_utf8)] != key_utf8:
+                return "no valid object header for this key at the extent (written before DirectPutEnd?)"
+            if h.version != p.version or h.value_len_bytes != p.size or h.value_checksum != checksum:
+                return (f"the object header holds version {h.version}, {h.value_len_bytes} bytes, checksum "
+                        f"{h.value_checksum:#x}; expected {p.version}, {p.size}, {checksum:#x}")
+        return None
+
+    async def _revoke(self, items: list[tuple[str, int, int]]) -> list[common_pb2.Status]:
+        try:
+            return list(await self.core.link.put_revoke.submit(items))
+        except CxlkvError as exc:  # the master reclaims them after put_timeout_s
+            log.warning("PutRevoke of %d direct put(s) failed: %s", len(items), exc.message)
+            return [exc.to_status()] * len(items)
+
+    # ---------------------------------------------------------- dead writers
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            try:
+                await self.reap_dead_writers()
+            except Exception:  # a bug; keep the daemon up
+                log.exception("direct-put reaper failed")
+            if not self._pending:
+                self._reaper = None
+                return
+
+    async def reap_dead_writers(self) -> int:
+        """Revoke the pending direct puts whose writer process has exited.
+
+        Returns:
+            Puts revoked.
+        """
+        starts: dict[int, int | None] = {}
+        dead: list[_Pending] = []
+        for p in list(self._pending.values()):
+            if not p.pid:
+                continue
+            if p.pid not in starts:
+                starts[p.pid] = process_start_time(p.pid)
+            if starts[p.pid] != p.pid_start:
+                dead.append(p)
+        if not dead:
+            return 0
+        for p in dead:
+            self._pending.pop(p.token, None)
+        log.info("revoking %d direct put(s) of exited writer(s) %s", len(dead),
+                 sorted({p.pid for p in dead}))
+        await self._revoke([(p.key, p.token, 0) for p in dead])
+        self.core.counters["direct_puts_reaped"] += len(dead)
+        return len(dead)
+
+    @property
+    def pending(self) -> int:
+        """Direct puts started and not yet ended."""
+        return len(self._pending)
+
+    # --------------------------------------------------------------- reads
+    async def get(self, req: client_pb2.DirectGetRequest) -> client_pb2.DirectGetResponse:
+        """DirectGet: locate and lease each key; one result per key.
+
+        Raises:
+            InvalidArgument: direct mode is not offered.
+        """
+        self._check_offered()
+        core = self.core
+        link = core.link
+        if req.release_lease_ids:
+            link.release_leases(list(req.release_lease_ids))
+        keys = list(req.keys)
+        n = len(keys)
+        resp = client_pb2.DirectGetResponse()
+        results: list[client_pb2.DirectGetResult | None] = [None] * n
+        todo: list[int] = []
+        for i, k in enumerate(keys):
+            why = key_error(k)
+            if why is not None:
+                results[i] = client_pb2.DirectGetResult(status=_status(_INVALID_KEY, why))
+            else:
+                todo.append(i)
+        core.counters["get_items"] += n
+        core.counters["direct_get_items"] += n
+        if todo:
+            try:
+                located = await link.locate.submit([keys[i] for i in todo], urgent=True)
+            except CxlkvError as exc:
+                st = exc.to_status()
+                for i in todo:
+                    results[i] = client_pb2.DirectGetResult(status=st)
+            else:
+                for i, loc in zip(todo, located.locations):
+                    if loc.status.code:
+                        results[i] = client_pb2.DirectGetResult(status=loc.status)
+                        if loc.lease_id:
+                            link.release_leases([loc.lease_id])
+                        continue
+                    reps = [self._extent(r.extent, int(r.tier)) for r in loc.replicas]
+                    reps.sort(key=lambda e: not e.direct)
+                    results[i] = client_pb2.DirectGetResult(
+                        value_size_bytes=loc.value_size_bytes, version=loc.version, checksum=loc.checksum,
+                        header_bytes=loc.header_bytes, lease_id=loc.lease_id, lease_ttl_ms=loc.lease_ttl_ms,
+                        replicas=reps)
+        resp.results.extend(results)  # type: ignore[arg-type]
+        return resp
+
+    def release(self, req: client_pb2.DirectReleaseRequest) -> client_pb2.DirectReleaseResponse:
+        """DirectRelease: end leases of finished direct reads (sent to the master batched);
+        count the caller's checksum failures with the daemon's own."""
+        self.core.link.release_leases(list(req.lease_ids))
+        if req.checksum_failures:
+            self.core.counters["checksum_failures"] += req.checksum_failures
+            log.warning("a direct reader saw %d checksum mismatch(es); answered as misses", req.checksum_failures)
+        return client_pb2.DirectReleaseResponse()

@@ -1,0 +1,459 @@
+"""Direct mode, the SDK's side: map the region here and copy the bytes ourselves.
+
+When the local clientd offers direct mode (``DirectInfo``) and this process can
+open a region's file or device read-write and reads the identity header the
+daemon reports (uuid, size, segment name — the same check clientd makes), the
+SDK asks the daemon only for metadata and moves the bytes itself: one copy
+between the caller's memory and the region, none in the daemon.
+
+* **Put** (``DirectPutStart`` → copy + xxh3_64 → flush (``flush`` mode) → header
+  written and flushed after the value → ``DirectPutEnd``): the same extent layout,
+  object header and checksum as clientd writes (:mod:`cxlkv.objheader`). A large
+  value's hash runs in a helper thread while the start call is in flight and the
+  copy runs (or in one pass with the copy, :meth:`Region.copy_in_hashed`, when
+  the transport has it). A copy that fails is revoked; an exception between start
+  and end revokes the started puts; if the process dies there, the daemon revokes
+  them (it owns the put token and watches our pid).
+* **Get** (``DirectGet`` leases → copy out (invalidate first in ``flush`` mode) →
+  verify the object header and the value's checksum exactly as clientd does — a
+  mismatch is retried once after an invalidate, then answered CHECKSUM_MISMATCH,
+  never data → check the lease had not ended before the copy finished (retried
+  once, then LEASE_EXPIRED) → ``DirectRelease``).
+* Items the SDK cannot serve itself — placed on a segment it does not map (a DRAM
+  or SSD tier, a region it may not open) — are answered ``fallback`` per item and
+  go through the daemon path instead (:class:`Fallback`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import xxhash
+
+from cxlkv.errors import ChecksumMismatch, CxlkvError, ErrorCode, LeaseExpired, OutOfRange, error_for
+from cxlkv.objheader import header_bytes_for, pack_header, parse_header
+from cxlkv.v1 import client_pb2, common_pb2
+
+__all__ = ["DirectPath", "Fallback", "HASH_IN_THREAD_BYTES"]
+
+log = logging.getLogger(__name__)
+
+#: Values of at least this many bytes are hashed in a helper thread while the
+#: start call is in flight and the copy runs (measured, 16 MiB on 2 cores: the
+#: hash then costs nothing on the put's latency; a fused copy+hash pass adds
+#: ~0.4 ms to the copy).
+HASH_IN_THREAD_BYTES = 1 << 20
+#: Hash puts in a helper thread (True) or with the copy in one pass when the
+#: transport can (False).
+PUT_HASH_OVERLAP = os.environ.get("CXLKV_DIRECT_PUT_FUSED", "") != "1"
+
+_xxh3 = xxhash.xxh3_64_intdigest
+_STALE_TOKEN = int(ErrorCode.STALE_TOKEN)
+_UNKNOWN_CLIENT = int(ErrorCode.UNKNOWN_CLIENT)
+
+
+class Fallback:
+    """Marker result: this item must go through the daemon path."""
+
+    __slots__ = ()
+
+
+FALLBACK = Fallback()
+
+
+@dataclass(slots=True)
+class _PutItem:
+    pos: int
+    key: str
+    src: Any                  # 1-D uint8 array, or a device source (see cxlkv.client._cuda)
+    size: int
+    opts: common_pb2.PutOptions | None
+    checksum: Future[int] | int | None = None
+    token: int = 0
+
+
+class DirectPath:
+    """The mapped regions of this process and the direct put/get protocols.
+
+    Args:
+        call: ``call(method_name, request) -> response`` on the daemon (raises CxlkvError).
+        regions: segment id → mapped :class:`cxlkv.transport.Region` (identity checked).
+        flush: the daemon's coherence mode is ``flush``.
+
+    Thread-safety: safe to share between threads (no mutable state but the
+    lazily created hash thread pool).
+    """
+
+    def __init__(self, call: Callable[[str, Any], Any], regions: dict[int, Any], *, flush: bool) -> None:
+        self._call = call
+        self.regions = regions
+        self.flush = flush
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._fused = all(hasattr(r, "copy_in_hashed") and hasattr(r, "copy_out_hashed")
+                          for r in regions.values())
+
+    # ------------------------------------------------------------ set-up
+    @classmethod
+    def open(cls, call: Callable[[str, Any], Any], *, prefault: bool = False) -> tuple["DirectPath | None", str]:
+        """Ask the daemon for the offer and map every region it lists, checking identity.
+
+        Returns:
+            ``(path, why)``: ``path`` is ``None`` when direct mode cannot be used
+            here; ``why`` says why (or which regions were skipped).
+        """
+        try:
+            info = call("DirectInfo", client_pb2.DirectInfoRequest())
+        except CxlkvError as exc:  # an older daemon: no such method
+            return None, f"the daemon does not offer direct mode ({exc.message})"
+        if not info.offered:
+            return None, "the daemon's config has direct_mode = false"
+        if not info.regions:
+            return None, "the daemon lists no region a direct caller may map"
+        from cxlkv.region import read_identity
+        from cxlkv.transport import Region
+
+        mapped: dict[int, Any] = {}
+        skipped: list[str] = []
+        for r in info.regions:
+            try:
+                region = Region.open(r.path, size=r.size_bytes)
+            except CxlkvError as exc:
+                skipped.append(f"{r.path}: {exc.message}")
+                continue
+            try:
+                ident = read_identity(region)
+            except CxlkvError as exc:
+                region.close()
+                skipped.append(f"{r.path}: {exc.message}")
+                continue
+            if (str(ident.region_uuid) != r.region_uuid or ident.segment_name != r.segment_name
+                    or ident.size_bytes != r.size_bytes):
+                region.close()
+                skipped.append(f"{r.path} here is segment {ident.segment_name!r} uuid {ident.region_uuid}, "
+                               f"the daemon maps segment {r.segment_name!r} uuid {r.region_uuid} (not the same region)")
+                continue
+            if prefault:
+                try:
+                    region.prefault()
+                except CxlkvError as exc:
+                    region.close()
+                    skipped.append(f"{r.path}: prefault failed: {exc.message}")
+                    continue
+            mapped[r.segment_id] = region
+        why = "; ".join(skipped)
+        if skipped:
+            log.info("direct mode: regions not mapped: %s", why)
+        if not mapped:
+            return None, why or "no region could be mapped"
+        return cls(call, mapped, flush=info.coherence == "flush"), why
+
+    def close(self) -> None:
+        """Unmap the regions and stop the helper thread (idempotent)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        regions, self.regions = self.regions, {}
+        for r in regions.values():
+            try:
+                r.close()
+            except CxlkvError:
+                pass
+
+    def _hash_async(self, a: np.ndarray) -> Future[int]:
+        pool = self._pool
+        if pool is None:
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cxlkv-direct-hash")
+                pool = self._pool
+        return pool.submit(_xxh3, a)
+
+    def _region(self, ext: client_pb2.DirectExtent) -> Any | None:
+        return self.regions.get(ext.extent.segment_id) if ext.direct else None
+
+    # ================================================================= puts
+    def put(self, items: list[tuple[int, str, Any, common_pb2.PutOptions | None]]) -> dict[int, Any]:
+        """Put ``(position, key, 1-D uint8 array or device source, options)`` items directly.
+
+        Returns:
+            Position → version (``int``), a :class:`CxlkvError`, or :data:`FALLBACK`
+            (the daemon placed it where this process cannot copy: nothing was started).
+
+        Raises:
+            Unavailable: the daemon cannot be reached (started puts are revoked,
+                or reclaimed by the daemon when this process exits).
+        """
+        out: dict[int, Any] = {}
+        todo = [_PutItem(pos, key, src, _nbytes(src), opts) for pos, key, src, opts in items]
+        for attempt in range(2):
+            if not todo:
+                break
+            todo = self._put_attempt(todo, out, retry_allowed=attempt == 0)
+        return out
+
+    def _put_attempt(self, todo: list[_PutItem], out: dict[int, Any], *, retry_allowed: bool) -> list[_PutItem]:
+        for it in todo:  # hash large host values while the start call is in flight
+            if (it.checksum is None and (PUT_HASH_OVERLAP or not self._fused)
+                    and isinstance(it.src, np.ndarray) and it.size >= HASH_IN_THREAD_BYTES):
+                it.checksum = self._hash_async(it.src)
+        req = client_pb2.DirectPutStartRequest(pid=os.getpid())
+        add = req.items.add
+        for it in todo:
+            m = add(key=it.key, value_size_bytes=it.size)
+            if it.opts is not None:
+                m.options.CopyFrom(it.opts)
+        resp = self._call("DirectPutStart", req)
+        started: list[tuple[_PutItem, client_pb2.DirectPutStartResult]] = []
+        for it, r in zip(todo, resp.results):
+            if r.status.code:
+                out[it.pos] = error_for(r.status.code, r.status.message, key=it.key)
+            elif r.fallback:
+                out[it.pos] = FALLBACK
+            else:
+                it.token = r.put_token
+                started.append((it, r))
+        if not started:
+            return []
+        ends: list[tuple[_PutItem, bool]] = []
+        try:
+            for it, r in started:
+                err = self._write(it, r)
+                if err is not None:
+                    out[it.pos] = err
+                ends.append((it, err is not None))
+        except BaseException:
+            self._revoke_quietly([it for it, _ in started])
+            raise
+        end_req = client_pb2.DirectPutEndRequest()
+        add_end = end_req.items.add
+        for it, revoke in ends:
+            add_end(key=it.key, put_token=it.token, checksum=0 if revoke else _value(it.checksum), revoke=revoke)
+        statuses = self._call("DirectPutEnd", end_req).results
+        retry: list[_PutItem] = []
+        for (it, revoke), st in zip(ends, statuses):
+            if revoke:
+                continue
+            if not st.code:
+                out[it.pos] = _version_of(started, it)
+            elif st.code in (_STALE_TOKEN, _UNKNOWN_CLIENT) and retry_allowed:
+                retry.append(it)  # the daemon re-registered meanwhile: start again
+            else:
+                out[it.pos] = error_for(st.code, st.message, key=it.key)
+        return retry
+
+    def _write(self, it: _PutItem, r: client_pb2.DirectPutStartResult) -> CxlkvError | None:
+        """Copy the value into every extent, hash it, write the header (flushing in
+        flush mode); the error that stopped it, or ``None``."""
+        key_utf8 = it.key.encode("utf-8")
+        hb = r.header_bytes or header_bytes_for(len(key_utf8))
+        try:
+            for n, ext in enumerate(r.extents):
+                region = self._region(ext)
+                if region is None:  # the daemon vouched for these; defensive
+                    return CxlkvError(f"segment {ext.extent.segment_id} is not mapped by this process")
+                if ext.extent.length_bytes < hb + it.size:
+                    return CxlkvError(f"extent of {ext.extent.length_bytes} bytes for a {it.size}-byte value "
+                                      f"and a {hb}-byte header (daemon bug)")
+                off = ext.extent.offset_bytes + hb
+                if it.size:
+                    it.checksum = _copy_in(region, off, it.src, it.checksum if n == 0 else _value(it.checksum),
+                                           fused=self._fused)
+                    if self.flush:
+                        region.flush(off, it.size)
+                elif it.checksum is None:
+                    it.checksum = _xxh3(b"")
+            checksum = _value(it.checksum)
+            it.checksum = checksum
+            head = pack_header(key_utf8, r.version, it.size, checksum) + key_utf8
+            head += bytes(hb - len(head))
+            for ext in r.extents:
+                region = self._region(ext)
+                region.copy_in(ext.extent.offset_bytes, head)
+                # Written back in both modes (one or two lines): the daemon checks it
+                # from its own mapping before PutEnd, on coherent and non-coherent memory.
+                region.flush(ext.extent.offset_bytes, hb)
+        except CxlkvError as exc:
+            return exc
+        except (TypeError, ValueError, BufferError) as exc:
+            return CxlkvError(f"copy failed: {exc}")
+        return None
+
+    def _revoke_quietly(self, items: list[_PutItem]) -> None:
+        req = client_pb2.DirectPutEndRequest()
+        for it in items:
+            req.items.add(key=it.key, put_token=it.token, revoke=True)
+        try:
+            self._call("DirectPutEnd", req)
+        except BaseException:  # the daemon reclaims them when this process exits
+            pass
+
+    # ================================================================= gets
+    def get(self, keys: list[str], dsts: list[Any]) -> list[Any]:
+        """Read ``keys[i]`` into ``dsts[i]`` (a writable 1-D uint8 array, a device
+        destination, or ``None`` to return new ``bytes``).
+
+        Returns:
+            Per key: ``(size_bytes, version, bytes or None)``, a :class:`CxlkvError`
+            (NOT_FOUND, OUT_OF_RANGE with ``requested_bytes``, CHECKSUM_MISMATCH,
+            LEASE_EXPIRED, …), or :data:`FALLBACK` (no replica this process may copy).
+
+        Raises:
+            Unavailable: the daemon cannot be reached.
+        """
+        n = len(keys)
+        out: list[Any] = [None] * n
+        todo = list(range(n))
+        for attempt in range(2):
+            if not todo:
+                break
+            todo = self._get_attempt(keys, dsts, todo, out, retry_allowed=attempt == 0)
+        return out
+
+    def _get_attempt(self, keys: list[str], dsts: list[Any], todo: list[int], out: list[Any], *,
+                     retry_allowed: bool) -> list[int]:
+        t0 = time.monotonic()
+        resp = self._call("DirectGet", client_pb2.DirectGetRequest(keys=[keys[i] for i in todo]))
+        leases = [r.lease_id for r in resp.results if r.lease_id]
+        retry: list[int] = []
+        try:
+            for i, r in zip(todo, resp.results):
+                if r.status.code:
+                    out[i] = error_for(r.status.code, r.status.message, key=keys[i])
+                    continue
+                size = r.value_size_bytes
+                dst = dsts[i]
+                if dst is not None and size > _nbytes(dst):
+                    out[i] = OutOfRange(f"value of key {keys[i]!r} is {size} bytes, the target holds "
+                                        f"{_nbytes(dst)}", key=keys[i], requested_bytes=size)
+                    continue
+                ext = next((e for e in r.replicas if self._region(e) is not None), None)
+                if ext is None:
+                    out[i] = FALLBACK
+                    continue
+                got = self._read_one(keys[i], r, ext, dst)
+                deadline = t0 + r.lease_ttl_ms / 1000.0 if r.lease_ttl_ms else float("inf")
+                if time.monotonic() > deadline:
+                    if retry_allowed:
+                        retry.append(i)
+                    else:
+                        out[i] = LeaseExpired(
+                            f"the lease on key {keys[i]!r} ended before the copy finished "
+                            f"(lease_ttl {r.lease_ttl_ms} ms); bytes discarded", key=keys[i])
+                    continue
+                out[i] = got
+        finally:
+            bad = sum(1 for i in todo if isinstance(out[i], ChecksumMismatch))
+            if leases or bad:
+                try:
+                    self._call("DirectRelease", client_pb2.DirectReleaseRequest(
+                        lease_ids=leases, checksum_failures=bad))
+                except CxlkvError:  # the leases end by themselves after lease_ttl
+                    pass
+        return retry
+
+    def _read_one(self, key: str, r: client_pb2.DirectGetResult, ext: client_pb2.DirectExtent, dst: Any) -> Any:
+        """Copy one located value out and verify it; ``(size, version, bytes|None)`` or the error."""
+        region = self._region(ext)
+        size = r.value_size_bytes
+        off = ext.extent.offset_bytes + r.header_bytes
+        why = None
+        value: bytes | None = None
+        for attempt in range(2):  # once more, from memory: a stale line or a writer racing the lease
+            try:
+                if (self.flush or attempt) and size:
+                    region.invalidate(off, size)
+                if dst is None:
+                    value = bytes(region.view(off, size)) if size else b""
+                    got = _xxh3(value)
+                else:
+                    got = _copy_out(region, off, dst, size, fused=self._fused)
+            except CxlkvError as exc:
+                return exc
+            why = _check_header(region, ext, key, r, size, got, flush=self.flush)
+            if why is None:
+                return (size, r.version, value)
+        return ChecksumMismatch(f"key {key!r}: {why} (stale, torn or corrupt read; reported as a miss)", key=key)
+
+
+# ===================================================================== helpers
+def _nbytes(obj: Any) -> int:
+    n = getattr(obj, "nbytes", None)
+    return int(n) if n is not None else len(obj)
+
+
+def _value(c: Future[int] | int | None) -> int:
+    if isinstance(c, Future):
+        return c.result()
+    assert c is not None
+    return c
+
+
+def _version_of(started: list[tuple[_PutItem, client_pb2.DirectPutStartResult]], it: _PutItem) -> int:
+    for s, r in started:
+        if s is it:
+            return int(r.version)
+    return 0
+
+
+def _copy_in(region: Any, offset: int, src: Any, checksum: Future[int] | int | None, *, fused: bool) -> Future[int] | int:
+    """Copy ``src`` into the region at ``offset``; the value's checksum (or its future)."""
+    if not isinstance(src, np.ndarray):  # a device source hashes what it wrote
+        return src.copy_in(region, offset, checksum)
+    if checksum is not None:
+        region.copy_in(offset, src)
+        return checksum
+    if fused:
+        return int(region.copy_in_hashed(offset, src))
+    region.copy_in(offset, src)
+    return _xxh3(src)
+
+
+def _copy_out(region: Any, offset: int, dst: Any, size: int, *, fused: bool) -> int:
+    """Copy ``size`` bytes out of the region at ``offset`` into the start of ``dst``;
+    the xxh3_64 of the bytes copied."""
+    if not isinstance(dst, np.ndarray):
+        return dst.copy_out(region, offset, size)
+    d = dst[:size]
+    if fused:
+        return int(region.copy_out_hashed(offset, d))
+    region.copy_out(offset, d)
+    return _xxh3(d)
+
+
+def _check_header(region: Any, ext: client_pb2.DirectExtent, key: str, r: client_pb2.DirectGetResult,
+                  size: int, got: int, *, flush: bool) -> str | None:
+    """Why the bytes read from ``ext`` are not ``key`` at ``r.version`` (``None``: they
+    are); the same checks, in the same order, as clientd's ``_check_object``."""
+    if r.checksum and got != r.checksum:
+        return "bytes read do not match the committed checksum"
+    hb = r.header_bytes
+    if not hb:
+        return None
+    start = ext.extent.offset_bytes
+    try:
+        if flush:
+            region.invalidate(start, hb)
+        head = region.read(start, hb)
+    except CxlkvError as exc:
+        return f"object header unreadable: {exc.message}"
+    key_utf8 = key.encode("utf-8")
+    h = parse_header(head, head[64:64 + len(key_utf8)])
+    if h is None:
+        return "no valid object header (bad magic or header checksum)"
+    if head[64:64 + len(key_utf8)] != key_utf8:
+        return "the object header belongs to another key"
+    if h.version != r.version:
+        return f"the object header holds version {h.version}, the master committed {r.version}"
+    if h.value_len_bytes != size or h.header_bytes != hb:
+        return f"the object header holds a {h.value_len_bytes}-byte value, expected {size}"
+    if h.value_checksum != got:
+        return "bytes read do not match the object header's checksum"
+    return None
