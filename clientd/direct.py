@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 
 #: How often pending direct puts are checked for a dead writer, seconds.
 REAP_INTERVAL_S = 0.5
+#: A direct put start of at least this many bytes never lingers for other callers
+#: (its caller's copy is what takes time).
+LARGE_PUT_BYTES = 1 << 20
 #: Most pending direct puts one daemon keeps (a runaway caller gets NOT_READY).
 MAX_PENDING = 1 << 20
 
@@ -169,7 +172,7 @@ class DirectPuts:
                 starts = await link.put_start.submit([
                     (items[i].key, items[i].value_size_bytes,
                      items[i].options if items[i].HasField("options") else None, hbs[i])
-                    for i in todo])
+                    for i in todo], urgent=sum(items[i].value_size_bytes for i in todo) >= LARGE_PUT_BYTES)
             except CxlkvError as exc:
                 st = exc.to_status()
                 for i in todo:

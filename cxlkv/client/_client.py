@@ -240,7 +240,7 @@ class Client:
         #: Why direct mode is or is not in use (one line).
         self.direct_status = "off (direct=False)"
         if direct:
-            self._direct, why = DirectPath.open(self._call, prefault=direct_prefault)
+            self._direct, why = DirectPath.open(self._call, prefault=direct_prefault, send=self._send)
             if self._direct is not None:
                 self.direct_status = "on" + (f" (skipped: {why})" if why else "")
             else:
@@ -284,6 +284,15 @@ class Client:
 
     def _call(self, name: str, request: Any) -> Any:
         return self._conn().call(_M[name], request)
+
+    def _send(self, name: str, request: Any) -> None:
+        """Send without waiting for the answer where the protocol allows (lean), else call."""
+        conn = self._conn()
+        send = getattr(conn, "send", None)
+        if send is not None:
+            send(_M[name], request)
+        else:
+            conn.call(_M[name], request)
 
     def _call_many(self, name: str, requests: list[Any]) -> list[Any]:
         m = _M[name]

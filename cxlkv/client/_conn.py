@@ -139,6 +139,25 @@ class LeanConnection:
         except DecodeError as exc:
             raise Internal(f"{method.name}: malformed answer from clientd: {exc}") from None
 
+    def send(self, method: Method, request: Any) -> None:
+        """Send one request without waiting for its answer (which a later call skips):
+        for calls whose answer does not matter, such as ending leases.
+
+        Raises:
+            Unavailable: the connection is closed or lost.
+        """
+        sock = self._sock
+        if sock is None:
+            raise Unavailable(f"connection to clientd at {self.path} is closed")
+        rid = self._next_id
+        self._next_id = rid + 1
+        payload = request.SerializeToString()
+        try:
+            sock.sendall(_pack(MIN_LENGTH + len(payload), method.number, 0, rid) + payload)
+        except OSError as exc:
+            self.close()
+            raise Unavailable(f"connection to clientd at {self.path} lost during {method.name}: {exc}") from None
+
     def _read_frame(self) -> tuple[int, int, Any]:
         """Read one whole frame: (code, request id, body)."""
         rb = self._rb

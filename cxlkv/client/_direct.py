@@ -84,6 +84,8 @@ class DirectPath:
 
     Args:
         call: ``call(method_name, request) -> response`` on the daemon (raises CxlkvError).
+        send: ``send(method_name, request)`` without waiting for the answer (lease
+            releases); default ``call``.
         regions: segment id → mapped :class:`cxlkv.transport.Region` (identity checked).
         flush: the daemon's coherence mode is ``flush``.
 
@@ -91,18 +93,22 @@ class DirectPath:
     lazily created hash thread pool).
     """
 
-    def __init__(self, call: Callable[[str, Any], Any], regions: dict[int, Any], *, flush: bool) -> None:
+    def __init__(self, call: Callable[[str, Any], Any], regions: dict[int, Any], *, flush: bool,
+                 send: Callable[[str, Any], None] | None = None) -> None:
         self._call = call
+        self._send = send or call
         self.regions = regions
         self.flush = flush
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        self._puts_in_flight = 0
         self._fused = all(hasattr(r, "copy_in_hashed") and hasattr(r, "copy_out_hashed")
                           for r in regions.values())
 
     # ------------------------------------------------------------ set-up
     @classmethod
-    def open(cls, call: Callable[[str, Any], Any], *, prefault: bool = False) -> tuple["DirectPath | None", str]:
+    def open(cls, call: Callable[[str, Any], Any], *, prefault: bool = False,
+             send: Callable[[str, Any], None] | None = None) -> tuple["DirectPath | None", str]:
         """Ask the daemon for the offer and map every region it lists, checking identity.
 
         Returns:
@@ -153,7 +159,7 @@ class DirectPath:
             log.info("direct mode: regions not mapped: %s", why)
         if not mapped:
             return None, why or "no region could be mapped"
-        return cls(call, mapped, flush=info.coherence == "flush"), why
+        return cls(call, mapped, flush=info.coherence == "flush", send=send), why
 
     def close(self) -> None:
         """Unmap the regions and stop the helper thread (idempotent)."""
@@ -200,9 +206,25 @@ class DirectPath:
         return out
 
     def _put_attempt(self, todo: list[_PutItem], out: dict[int, Any], *, retry_allowed: bool) -> list[_PutItem]:
-        for it in todo:  # hash large host values while the start call is in flight
-            if (it.checksum is None and (PUT_HASH_OVERLAP or not self._fused)
-                    and isinstance(it.src, np.ndarray) and it.size >= HASH_IN_THREAD_BYTES):
+        with self._pool_lock:
+            alone = self._puts_in_flight == 0
+            self._puts_in_flight += 1
+        try:
+            return self._put_attempt_counted(todo, out, retry_allowed=retry_allowed, alone=alone)
+        finally:
+            with self._pool_lock:
+                self._puts_in_flight -= 1
+
+    def _put_attempt_counted(self, todo: list[_PutItem], out: dict[int, Any], *, retry_allowed: bool,
+                             alone: bool) -> list[_PutItem]:
+        # A lone put hashes large host values in a helper thread while the start call
+        # is in flight and the copy runs (lowest latency); with other puts of this
+        # process in flight the cores are busy, so copy and hash in one pass (least
+        # CPU) when the transport can.
+        overlap = not self._fused or (PUT_HASH_OVERLAP and alone)
+        for it in todo:
+            if (it.checksum is None and overlap and isinstance(it.src, np.ndarray)
+                    and it.size >= HASH_IN_THREAD_BYTES):
                 it.checksum = self._hash_async(it.src)
         req = client_pb2.DirectPutStartRequest(pid=os.getpid())
         add = req.items.add
@@ -352,8 +374,8 @@ class DirectPath:
         finally:
             bad = sum(1 for i in todo if isinstance(out[i], ChecksumMismatch))
             if leases or bad:
-                try:
-                    self._call("DirectRelease", client_pb2.DirectReleaseRequest(
+                try:  # the answer does not matter: not waited for
+                    self._send("DirectRelease", client_pb2.DirectReleaseRequest(
                         lease_ids=leases, checksum_failures=bad))
                 except CxlkvError:  # the leases end by themselves after lease_ttl
                     pass
