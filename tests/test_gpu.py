@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cxlkv.client._cuda import CudaCopier, cuda_available, is_cuda_tensor
-from cxlkv.errors import InvalidArgument
+from cxlkv.errors import AlreadyExists, InvalidArgument, OutOfRange
 
 MiB = 1 << 20
 
@@ -75,4 +75,99 @@ def test_cuda_unregistered_and_without_direct_mode(make_cluster) -> None:
         assert torch.equal(x, y)
         b.put_from("gpu/v", y)
         assert a.get("gpu/v") == x.cpu().numpy().tobytes()
+    cl.assert_invariants()
+
+
+# ------------------------------------------------------------------ without a GPU
+class _FakeCudaTensor:
+    """Host memory posing as a contiguous CUDA tensor (the SDK's duck-typed view)."""
+
+    def __init__(self, array: np.ndarray, contiguous: bool = True) -> None:
+        self.array = array
+        self.contiguous = contiguous
+
+    def is_contiguous(self) -> bool:
+        return self.contiguous
+
+    def numel(self) -> int:
+        return self.array.size
+
+    def element_size(self) -> int:
+        return self.array.itemsize
+
+
+class _FakeCopier:
+    """Stands in for CudaCopier: the same calls, done with host copies."""
+
+    def __init__(self, *, register: bool = True) -> None:
+        self.calls: list[str] = []
+
+    def to_region(self, region, offset, tensor, n, *, hash_):
+        import xxhash
+
+        self.calls.append("to_region")
+        region.copy_in(offset, tensor.array.view(np.uint8)[:n])
+        return xxhash.xxh3_64_intdigest(tensor.array.view(np.uint8)[:n]) if hash_ else 0
+
+    def from_region(self, region, offset, tensor, n):
+        import xxhash
+
+        self.calls.append("from_region")
+        out = tensor.array.view(np.uint8)[:n]
+        region.copy_out(offset, out)
+        return xxhash.xxh3_64_intdigest(out)
+
+    def release(self, region) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_device_tensors_go_through_direct_mode_glue(cluster, monkeypatch) -> None:
+    """The SDK's handling of device tensors (single, batched, replicas, errors),
+    with a host-memory stand-in for the CUDA copies."""
+    import cxlkv.client._client as client_mod
+
+    monkeypatch.setattr(client_mod, "is_cuda_tensor", lambda o: isinstance(o, _FakeCudaTensor))
+    monkeypatch.setattr(client_mod, "CudaCopier", _FakeCopier)
+    rng = np.random.default_rng(3)
+    with cluster.client(0) as a, cluster.client(1) as b, cluster.client(1, direct=False) as d:
+        x = _FakeCudaTensor(rng.standard_normal(300_000).astype(np.float16))
+        a.put_from("dev/x", x)
+        assert d.get("dev/x") == x.array.tobytes()
+        y = _FakeCudaTensor(np.zeros_like(x.array))
+        assert b.get_into("dev/x", y) == x.array.nbytes and (y.array == x.array).all()
+        blocks = [_FakeCudaTensor(rng.integers(0, 255, 70_000 + i, dtype=np.uint8)) for i in range(8)]
+        res = a.put_from_many([f"dev/b{i}" for i in range(8)], blocks)
+        assert all(r.ok for r in res), [r.error for r in res if not r.ok]
+        outs = [_FakeCudaTensor(np.zeros(70_000 + i, np.uint8)) for i in range(8)]
+        got = b.get_into_many([f"dev/b{i}" for i in range(8)] + ["dev/none"],
+                              outs + [_FakeCudaTensor(np.zeros(10, np.uint8))])
+        assert all(r.ok for r in got[:8]) and not got[8].ok
+        assert all((o.array == t.array).all() for o, t in zip(outs, blocks))
+        assert a._cuda.calls.count("to_region") == 9 and b._cuda.calls.count("from_region") == 9
+        with pytest.raises(OutOfRange):
+            b.get_into("dev/x", _FakeCudaTensor(np.zeros(10, np.float16)))
+        with pytest.raises(InvalidArgument, match="contiguous"):
+            a.put_from("dev/nc", _FakeCudaTensor(np.zeros(10), contiguous=False))
+        with pytest.raises(AlreadyExists):
+            a.put_from("dev/x", x)
+    cluster.assert_invariants()
+
+
+def test_device_tensor_replicas(make_cluster, monkeypatch) -> None:
+    """Two replicas: the tensor is copied into both extents and hashed once."""
+    import cxlkv.client._client as client_mod
+
+    monkeypatch.setattr(client_mod, "is_cuda_tensor", lambda o: isinstance(o, _FakeCudaTensor))
+    monkeypatch.setattr(client_mod, "CudaCopier", _FakeCopier)
+    cl = make_cluster(segments=2)
+    with cl.client(0) as a, cl.client(1, direct=False) as d:
+        x = _FakeCudaTensor(np.arange(100_000, dtype=np.uint8))
+        a.put_from("rep/x", x, replica_num=2)
+        assert d.get("rep/x") == x.array.tobytes()
+        assert a._cuda.calls == ["to_region", "to_region"]
+        (e,) = cl.list_master_keys()
+        assert e.replica_count == 2
     cl.assert_invariants()
