@@ -104,8 +104,8 @@ class ReplayOptions:
     dram_fraction: float = 0.0
     promotion_threshold: int = 1
     dram_promotion_threshold: int = 4
-    tier_high_watermark: float = 0.99
-    tier_low_watermark: float = 0.98
+    tier_high_watermark: float = 0.995
+    tier_low_watermark: float = 0.99
 
 
 @dataclass

@@ -86,6 +86,8 @@ COUNTER_HELP: dict[str, str] = {
     "moves_dropped": "finished moves discarded: the object was removed, replaced or moved meanwhile",
     "ssd_puts": "puts placed on the SSD tier directly (CXL full while demotions run)",
     "ssd_evictions": "SSD-only objects dropped because the SSD tier was full",
+    "ssd_copies_started": "CXL → SSD copies queued ahead of demotion (CXL past low_watermark)",
+    "ssd_copies": "SSD copies committed beside a CXL replica (a later demotion frees CXL at once)",
     "replicas_lost": "replicas lost with an unmounted segment",
     "objects_lost": "objects whose last replica was lost with an unmounted segment",
     "objects_recovered": "objects rebuilt from a region scan at start (--recover-from-region)",

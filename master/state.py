@@ -46,7 +46,7 @@ from cxlkv.master.leases import Lease, LeaseTable
 from cxlkv.master.objects import ClientRecord, Extent, ObjectVersion, ObjState
 from cxlkv.master.segments import Segment, SegmentTable, Tier, tier_from_name
 from cxlkv.master.strategies import AllocationStrategy, PlacementRequest, load_strategy
-from cxlkv.master.tiering import CACHE, DEMOTE, PROMOTE, AccessSketch, MoveTask, TaskTable
+from cxlkv.master.tiering import CACHE, COPY, DEMOTE, PROMOTE, AccessSketch, MoveTask, TaskTable
 
 __all__ = ["MasterState", "PutSpec", "RegionReport", "RestoredObject", "RestoreReport", "COUNTERS", "Lease"]
 
@@ -61,7 +61,7 @@ COUNTERS = (
     # tiers (docs/tiers.md)
     "demotions_started", "demotions", "promotions_started", "promotions", "promotions_skipped",
     "dram_caches_started", "dram_caches", "moves_failed", "moves_retried", "moves_dropped",
-    "ssd_puts", "ssd_evictions", "dram_uncached",
+    "ssd_puts", "ssd_evictions", "dram_uncached", "ssd_copies_started", "ssd_copies",
 )
 
 _MAX_LIST_PAGE = 10000
@@ -139,6 +139,8 @@ class RestoreReport(NamedTuple):
 
 
 _ABSENT = object()
+#: Policy candidates a put looks at to free CXL space at once (objects with an SSD copy).
+_ROOM_CANDIDATES = 64
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 
 
@@ -524,6 +526,8 @@ class MasterState:
             fitting = [s for s in fitting if s.tier != Tier.DRAM]
         request = _new_tuple(PlacementRequest, (need, replica_num, preferred_segment, 0))
         candidates = self.strategy.select(fitting, request)
+        if self._has_ssd and candidates and candidates[0].tier == Tier.CXL:
+            self._room_in_cxl(candidates[0], need, now)
         extents = self._place(candidates, need, replica_num)
         if not extents:
             self._evict_until_fits(candidates, need, now)
@@ -649,6 +653,8 @@ class MasterState:
         self._objects[key] = obj
         if not obj.hard_pin:
             self._track(obj)
+            if self._has_ssd:
+                self._copy_ahead(obj, now)
         self.counters["puts_committed"] += 1
         return obj
 
@@ -989,7 +995,8 @@ class MasterState:
         return segment_ids is None or any(e[0] in segment_ids for e in obj.extents)
 
     def _evict(self, now: float, done: Callable[[], bool], segment_ids: frozenset[int] | None,
-               deadline: float | None, *, cold: bool = False, demote: bool = False) -> int:
+               deadline: float | None, *, cold: bool = False, demote: bool = False,
+               sync_only: bool = False) -> int:
         """Evict policy candidates until ``done()`` or the deadline (work clock).
 
         Unpinned objects go first; soft-pinned ones only in a second pass.
@@ -1001,6 +1008,8 @@ class MasterState:
             demote: move each candidate to the SSD tier instead of dropping it
                 (:meth:`_demote`); an object is dropped only when the SSD tier
                 has no room even after its own eviction.
+            sync_only: with ``demote``, only candidates that already have an
+                SSD replica (their CXL replica is freed at once); others are skipped.
 
         Returns:
             Objects evicted or demoted.
@@ -1018,7 +1027,8 @@ class MasterState:
                 progressed = False
                 for key in cands:
                     obj = objects.get(key)
-                    if obj is None or not self._evictable(obj, now, soft_ok, segment_ids):
+                    if obj is None or not self._evictable(obj, now, soft_ok, segment_ids) or (
+                            sync_only and not self._has_tier(obj, Tier.SSD)):
                         skipped += 1
                         continue
                     if demote and self._demote(obj, now):
@@ -1084,8 +1094,10 @@ class MasterState:
                 if not cap or seg.used_bytes <= high * cap:
                     continue
                 draining.add(sid)  # above high: drain down to low, over several passes if needed
-            if seg.tier == Tier.DRAM:
-                draining.discard(sid)  # DRAM caches make room on demand (_cache)
+            if seg.tier == Tier.DRAM or (seg.tier == Tier.SSD and self._has_ssd):
+                # DRAM caches make room on demand (_cache); the SSD tier drops objects
+                # only when full (_alloc_in, _evict_until_fits), never at a watermark
+                draining.discard(sid)
                 continue
             evicted += self._drain(seg, now, deadline)
             if seg.allocator.used_bytes - self._moving_out.get(sid, 0) <= low * cap:
@@ -1108,6 +1120,49 @@ class MasterState:
         else:
             self._cold[obj.key] = None
             self._cold.move_to_end(obj.key)
+
+    def _has_tier(self, obj: ObjectVersion, tier: int) -> bool:
+        by_id = self.segment_table.by_id
+        return any(by_id[e[0]].tier == tier for e in obj.extents)
+
+    def _room_in_cxl(self, seg: Segment, need: int, now: float) -> None:
+        """Free ``need`` bytes in a full CXL segment: the least recently used
+        objects (a bounded look) are demoted — at once for those that already
+        have an SSD copy (:meth:`_copy_ahead`), through a DEMOTE task for others
+        (the put then lands on SSD if nothing was freed at once)."""
+        alloc = seg.allocator
+        if alloc.largest_free_bytes >= need:
+            return
+        sid = seg.segment_id
+        objects = self._objects
+        by_version = self.tasks.by_version
+        for key in self.policy.candidates(_ROOM_CANDIDATES):  # O(1) per put: a bounded look
+            obj = objects.get(key)
+            if (obj is None or obj.leases or obj.hard_pin or obj.soft_pin_until > now
+                    or obj.version in by_version or not any(e[0] == sid for e in obj.extents)):
+                continue
+            # with an SSD copy: its CXL space is free now; without: a DEMOTE task frees it soon
+            if not self._demote(obj, now):
+                break  # the SSD tier is full
+            if alloc.largest_free_bytes >= need:
+                return
+
+    def _copy_ahead(self, obj: ObjectVersion, now: float) -> None:
+        """Queue a COPY of a new CXL object to the SSD tier once its CXL segment is
+        past ``low_watermark``: when it is later demoted, its CXL space is freed
+        at once (no copy on the eviction path, so CXL can run full). Skipped when
+        the SSD tier has no room without evicting."""
+        by_id = self.segment_table.by_id
+        src = obj.extents[0]
+        seg = by_id[src[0]]
+        if seg.tier != Tier.CXL or seg.used_bytes < self.config.low_watermark * seg.capacity_bytes:
+            return
+        if obj.version in self.tasks.by_version or self._has_tier(obj, Tier.SSD):
+            return
+        dst = self._alloc_in(obj, Tier.SSD, now)
+        if dst is not None:
+            self.tasks.add(COPY, obj, src, dst, "", now)
+            self.counters["ssd_copies_started"] += 1
 
     def _drain(self, seg: Segment, now: float, deadline: float) -> int:
         """Evict (CXL with an SSD tier: demote) in ``seg`` down to ``low_watermark``,
@@ -1213,6 +1268,13 @@ class MasterState:
 
     def _promote(self, obj: ObjectVersion, now: float) -> bool:
         dst = self._alloc_in(obj, Tier.CXL, now)
+        if dst is None:
+            need = obj.extents[0][2]
+            for seg in self.segment_table.mounted:
+                if seg.tier == Tier.CXL and seg.capacity_bytes >= need:
+                    self._room_in_cxl(seg, need, now)
+                    break
+            dst = self._alloc_in(obj, Tier.CXL, now)
         if dst is None:
             self.counters["promotions_skipped"] += 1
             return False
@@ -1330,6 +1392,8 @@ class MasterState:
                 self.policy.on_remove(obj.key, True)
                 self._cold[obj.key] = None
             self.counters["demotions"] += 1
+        elif task.kind == COPY:
+            self.counters["ssd_copies"] += 1
         elif task.kind == PROMOTE:
             if not obj.hard_pin and self._cold.pop(obj.key, _ABSENT) is not _ABSENT:
                 self.policy.on_put(obj.key)

@@ -19,16 +19,18 @@ from array import array
 from collections import OrderedDict, deque
 from typing import Iterator
 
+import numpy as np
 import xxhash
 
 from cxlkv.master.objects import Extent, ObjectVersion
 from cxlkv.v1 import master_pb2
 
-__all__ = ["AccessSketch", "MoveTask", "TaskTable", "DEMOTE", "PROMOTE", "CACHE"]
+__all__ = ["AccessSketch", "MoveTask", "TaskTable", "DEMOTE", "PROMOTE", "CACHE", "COPY"]
 
 DEMOTE = master_pb2.DEMOTE    # CXL → SSD; the CXL replica is dropped once the copy is verified
 PROMOTE = master_pb2.PROMOTE  # SSD → CXL; the SSD replica stays
 CACHE = master_pb2.CACHE      # → the executing clientd's DRAM tier
+COPY = master_pb2.COPY        # CXL → SSD ahead of demotion; the CXL replica stays
 
 _M64 = (1 << 64) - 1
 _MAX_COUNT = 0xFFFFFFFF
@@ -96,8 +98,9 @@ class AccessSketch:
         return min(row[j] for row, j in self._indices(key))
 
     def _halve(self) -> None:
-        for i, row in enumerate(self._rows):
-            self._rows[i] = array("I", (v >> 1 for v in row))
+        for row in self._rows:
+            counters = np.frombuffer(row, dtype=np.uint32)  # a view: halved in place
+            counters >>= 1
         self._adds = 0
         self.resets += 1
 
@@ -112,7 +115,7 @@ class MoveTask:
 
     Attributes:
         task_id: unique within a master run.
-        kind: :data:`DEMOTE`, :data:`PROMOTE` or :data:`CACHE`.
+        kind: :data:`DEMOTE`, :data:`PROMOTE`, :data:`CACHE` or :data:`COPY`.
         obj: the committed version being moved (the master re-checks at completion
             that it is still the key's committed version).
         source: the extent read (one of ``obj.extents`` when the task was made).
@@ -149,8 +152,9 @@ class MoveTask:
 class TaskTable:
     """Queued and running move tasks, at most one per object version.
 
-    Queued tasks wait in FIFO order; :meth:`give` hands a client the oldest ones
-    it may run. A task given but not reported by its deadline goes back to the
+    Queued tasks wait in FIFO order, promotions and DRAM caching (a reader
+    benefits as soon as they are done) ahead of demotions and copies;
+    :meth:`give` hands a client the oldest ones it may run. A task given but not reported by its deadline goes back to the
     queue (:meth:`overdue`). The master frees a task's destination extent when it
     fails or when the object changed meanwhile.
     """
@@ -162,6 +166,7 @@ class TaskTable:
         #: object version → its task (one move per version at a time).
         self.by_version: dict[int, MoveTask] = {}
         self._queue: deque[int] = deque()
+        self._urgent: deque[int] = deque()  # PROMOTE and CACHE
         self._running: OrderedDict[int, None] = OrderedDict()  # given order == deadline order
 
     def __len__(self) -> int:
@@ -184,7 +189,7 @@ class TaskTable:
         self._next_id += 1
         self.tasks[task.task_id] = task
         self.by_version[obj.version] = task
-        self._queue.append(task.task_id)
+        (self._urgent if kind in (PROMOTE, CACHE) else self._queue).append(task.task_id)
         return task
 
     def give(self, client_id: str, max_tasks: int, now: float, timeout_s: float,
@@ -193,8 +198,14 @@ class TaskTable:
         runs until ``now + timeout_s``. Tasks the client may not run stay queued
         in their order. O(tasks looked at)."""
         out: list[MoveTask] = []
+        for queue in (self._urgent, self._queue):
+            if len(out) < max_tasks:
+                self._give_from(queue, client_id, max_tasks, now, timeout_s, can_run, out)
+        return out
+
+    def _give_from(self, queue: deque[int], client_id: str, max_tasks: int, now: float, timeout_s: float,
+                   can_run: "callable[[MoveTask], bool]", out: list[MoveTask]) -> None:  # type: ignore[valid-type]
         kept: list[int] = []
-        queue = self._queue
         tasks = self.tasks
         while queue and len(out) < max_tasks:
             tid = queue.popleft()
@@ -212,7 +223,6 @@ class TaskTable:
             self._running[tid] = None
             out.append(task)
         queue.extendleft(reversed(kept))
-        return out
 
     def finish(self, task: MoveTask) -> None:
         """Forget ``task`` (completed, failed or dropped)."""
@@ -225,7 +235,7 @@ class TaskTable:
         """Give ``task`` again later (at the front: it is the oldest)."""
         self._running.pop(task.task_id, None)
         task.assigned_to = ""
-        self._queue.appendleft(task.task_id)
+        (self._urgent if task.kind in (PROMOTE, CACHE) else self._queue).appendleft(task.task_id)
 
     def overdue(self, now: float) -> list[MoveTask]:
         """Running tasks whose deadline passed (they stay running; the caller decides)."""

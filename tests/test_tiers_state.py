@@ -99,7 +99,7 @@ def test_demotion_of_a_leased_object_frees_its_cxl_extent_when_the_lease_ends() 
     for i in range(9):
         put(st, c, f"k{i}")
     tasks = st.fetch_tasks(*c, 100, 0.0)
-    victim = tasks[0].obj.key
+    victim = next(t for t in tasks if t.kind == DEMOTE).obj.key
     _, lease = st.get(c[0], victim, 0.0)  # a reader holds the CXL copy
     used_before = st.segment_table.by_name("cxl0").used_bytes
     st.complete_tasks(*c, [(t.task_id, 0, "") for t in tasks], 0.0)
@@ -134,7 +134,7 @@ def test_failed_and_timed_out_moves_are_retried_then_failed_and_the_object_stays
     assert isinstance(err, StaleToken)
     # the next sweep tries again with fresh tasks
     st.sweep(5.0)
-    assert len(st.tasks) == n and all(t.attempts == 0 for t in st.tasks.all())
+    assert st.tasks and all(t.attempts == 0 and t.kind == DEMOTE for t in st.tasks.all())
     st.check_invariants()
 
 

@@ -14,10 +14,12 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEMOTE: _ClassVar[TaskKind]
     PROMOTE: _ClassVar[TaskKind]
     CACHE: _ClassVar[TaskKind]
+    COPY: _ClassVar[TaskKind]
 TASK_KIND_UNSPECIFIED: TaskKind
 DEMOTE: TaskKind
 PROMOTE: TaskKind
 CACHE: TaskKind
+COPY: TaskKind
 
 class RegionIdentity(_message.Message):
     __slots__ = ("segment_name", "region_uuid", "size_bytes", "device_path")
