@@ -68,6 +68,17 @@ def summarize(json_dir: Path) -> str:
                 "",
             ]
             continue
+        if path.stem == "tiering":
+            lines += ["| config | policy | block hit rate | DRAM | CXL | SSD | LRU simulated (CXL size) | bound | "
+                      "requests/s | errors |", "|---|---|---|---|---|---|---|---|---|---|"]
+            for r in records:
+                lines.append(
+                    f"| {r['config']} | {r['policy']} | {100 * r['block_hit_rate']:.2f} % | "
+                    f"{100 * r['dram_hit_rate']:.2f} % | {100 * r['cxl_hit_rate']:.2f} % | "
+                    f"{100 * r['ssd_hit_rate']:.2f} % | {100 * r['lru_sim_hit_rate']:.2f} % | "
+                    f"{100 * r['bound_hit_rate']:.2f} % | {r['requests_per_s']:,.0f} | {r['errors']} |")
+            lines.append("")
+            continue
         lines += ["| op | size | details | ops/s | GB/s | p50 µs | p99 µs | limit GB/s | ratio |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in records:

@@ -168,6 +168,9 @@ class MasterConfig:
     access_sketch_depth: int = _f(4, "rows (hash functions) of the access-frequency count-min sketch")
     access_sketch_reset_adds: int = _f(
         0, "halve every counter after this many recorded reads (decay); 0 = 10 x access_sketch_width")
+    copy_ahead_watermark: float = _f(
+        0.8, "with an SSD tier: objects committed while their CXL segment is this full are copied to SSD "
+        "at once, so that demoting them later frees CXL without a copy (1 = only when full)")
     task_timeout_s: float = _f(5.0, "a tier-move task not reported within this long is given again", unit="s")
     task_retries: int = _f(3, "a tier-move task given this many times without success is failed and counted")
     recover_from_region: list[str] = _f(
@@ -211,6 +214,8 @@ class MasterConfig:
             raise ConfigError(f"access_sketch_depth: must be in [1, 16], got {self.access_sketch_depth}")
         if self.access_sketch_reset_adds < 0:
             raise ConfigError(f"access_sketch_reset_adds: must be >= 0, got {self.access_sketch_reset_adds}")
+        if not 0.0 <= self.copy_ahead_watermark <= 1.0:
+            raise ConfigError(f"copy_ahead_watermark: must be in [0, 1], got {self.copy_ahead_watermark}")
         if self.task_timeout_s <= 0:
             raise ConfigError("task_timeout_s: must be > 0")
         if self.task_retries < 1:

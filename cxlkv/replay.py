@@ -89,6 +89,7 @@ class ReplayOptions:
         tier_high_watermark, tier_low_watermark: the CXL watermarks of tiered
             runs: demotion to SSD starts and stops there (CXL-only runs evict at
             1.0 down to ``low_watermark``).
+        copy_ahead_watermark: the master's (tiered runs).
     """
 
     trace_path: str = DEFAULT_TRACE
@@ -106,6 +107,7 @@ class ReplayOptions:
     dram_promotion_threshold: int = 4
     tier_high_watermark: float = 0.995
     tier_low_watermark: float = 0.99
+    copy_ahead_watermark: float = 0.5
 
 
 @dataclass
@@ -492,6 +494,7 @@ def run_embedded(
             high_watermark=opts.tier_high_watermark, low_watermark=opts.tier_low_watermark,
             promotion_threshold=opts.promotion_threshold,
             dram_promotion_threshold=opts.dram_promotion_threshold if opts.dram_fraction else 0,
+            copy_ahead_watermark=opts.copy_ahead_watermark,
             evict_budget_s=0.02, sweep_interval_s=0.05,
         )
     if opts.ssd_fraction:

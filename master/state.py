@@ -1149,13 +1149,13 @@ class MasterState:
 
     def _copy_ahead(self, obj: ObjectVersion, now: float) -> None:
         """Queue a COPY of a new CXL object to the SSD tier once its CXL segment is
-        past ``low_watermark``: when it is later demoted, its CXL space is freed
-        at once (no copy on the eviction path, so CXL can run full). Skipped when
-        the SSD tier has no room without evicting."""
+        past ``copy_ahead_watermark``: when it is later demoted, its CXL space is
+        freed at once (no copy on the eviction path, so CXL can run full). Skipped
+        when the SSD tier has no room without evicting."""
         by_id = self.segment_table.by_id
         src = obj.extents[0]
         seg = by_id[src[0]]
-        if seg.tier != Tier.CXL or seg.used_bytes < self.config.low_watermark * seg.capacity_bytes:
+        if seg.tier != Tier.CXL or seg.used_bytes < self.config.copy_ahead_watermark * seg.capacity_bytes:
             return
         if obj.version in self.tasks.by_version or self._has_tier(obj, Tier.SSD):
             return

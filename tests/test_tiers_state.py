@@ -244,6 +244,7 @@ def test_access_sketch_never_underestimates_and_decays() -> None:
     ({"access_sketch_depth": 0}, "access_sketch_depth"),
     ({"task_timeout_s": 0}, "task_timeout_s"),
     ({"task_retries": 0}, "task_retries"),
+    ({"copy_ahead_watermark": 1.5}, "copy_ahead_watermark"),
     ({"segments": [SegmentConfig(name="d", size_bytes=MiB, tier="dram")]}, "tier"),
 ])
 def test_master_tier_settings_are_validated(cfg: dict[str, Any], match: str) -> None:
