@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict, deque
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import xxhash
@@ -193,7 +193,7 @@ class TaskTable:
         return task
 
     def give(self, client_id: str, max_tasks: int, now: float, timeout_s: float,
-             can_run: "callable[[MoveTask], bool]") -> list[MoveTask]:  # type: ignore[valid-type]
+             can_run: Callable[[MoveTask], bool]) -> list[MoveTask]:
         """Up to ``max_tasks`` queued tasks for ``client_id``, oldest first; each
         runs until ``now + timeout_s``. Tasks the client may not run stay queued
         in their order. O(tasks looked at)."""
@@ -204,7 +204,7 @@ class TaskTable:
         return out
 
     def _give_from(self, queue: deque[int], client_id: str, max_tasks: int, now: float, timeout_s: float,
-                   can_run: "callable[[MoveTask], bool]", out: list[MoveTask]) -> None:  # type: ignore[valid-type]
+                   can_run: Callable[[MoveTask], bool], out: list[MoveTask]) -> None:
         kept: list[int] = []
         tasks = self.tasks
         while queue and len(out) < max_tasks:
