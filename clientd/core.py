@@ -354,7 +354,10 @@ class ClientdCore:
                 st = _err_status(end_error)
                 for i, _ in ends:
                     results[i] = _PutResult(status=st)
+                if link.generation == gen:  # not committed, or committed (then this changes nothing)
+                    await self.release_fenced([(specs[i].key, r.put_token, 0) for i, r in ends])
                 return retry
+            fenced: list[tuple[str, int, int]] = []
             for (i, r), st in zip(ends, statuses):
                 if not st.code:
                     results[i] = _PutResult(version=r.version, replicas_placed=len(r.extents))
@@ -362,7 +365,22 @@ class ClientdCore:
                     retry.append(i)
                 else:
                     results[i] = _PutResult(status=st)
+                    if st.code == _STALE_TOKEN and link.generation == gen:
+                        fenced.append((specs[i].key, r.put_token, 0))
+            if fenced:
+                await self.release_fenced(fenced)
         return retry
+
+    async def release_fenced(self, items: list[tuple[str, int, int]]) -> None:
+        """End attempts the master revoked (put_timeout_s) while this daemon was still
+        writing them: the master holds such ("fenced") extents until the writer
+        says it is done, so no late copy lands in reused space. PutRevoke frees
+        them; a token that was not fenced answers STALE_TOKEN and changes nothing.
+        Never raises: the master also frees them when this registration ends."""
+        try:
+            await self.link.put_revoke.submit(items)
+        except CxlkvError as exc:
+            log.warning("PutRevoke of %d timed-out put(s) failed: %s", len(items), exc.message)
 
     async def _in_pool(
         self, fn: Callable[[list[_Copy]], dict[int, CxlkvError]], copies: list[_Copy]

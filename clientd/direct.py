@@ -241,9 +241,15 @@ class DirectPuts:
                 if out[i] is None:
                     out[i] = s
         if ends:
+            gen = link.generation
             statuses = await link.put_end.submit([e for _, e in ends], urgent=True)
-            for (i, _), s in zip(ends, statuses):
+            fenced: list[tuple[str, int, int]] = []
+            for (i, e), s in zip(ends, statuses):
                 out[i] = s
+                if s.code == _STALE_TOKEN and link.generation == gen:
+                    fenced.append((e[0], e[1], 0))  # timed out while the writer copied
+            if fenced:
+                await self.core.release_fenced(fenced)
         self.core.counters["direct_put_ends"] += len(ends)
         return client_pb2.DirectPutEndResponse(results=out)  # type: ignore[arg-type]
 

@@ -63,6 +63,12 @@ def check_invariants(state: "MasterState") -> None:
         add(obj, "in-flight")
     if len(state._pending) != len(state._puts):
         raise AssertionError("pending keys and put tokens disagree")
+    for token, obj in state._fenced.items():
+        if obj.version != token or obj.state != ObjState.FAILED or not obj.extents:
+            raise AssertionError(f"fenced put {token} inconsistent: {obj!r}")
+        if token in state._puts:
+            raise AssertionError(f"fenced put {token} is also in flight")
+        add(obj, "fenced")
     for version, obj in state._retired.items():
         if obj.state != ObjState.REMOVED or obj.leases <= 0 or obj.version != version:
             raise AssertionError(f"deferred {obj!r} should have been freed")

@@ -91,6 +91,8 @@ COUNTER_HELP: dict[str, str] = {
     "replicas_lost": "replicas lost with an unmounted segment",
     "objects_lost": "objects whose last replica was lost with an unmounted segment",
     "objects_recovered": "objects rebuilt from a region scan at start (--recover-from-region)",
+    "puts_fenced": ("puts revoked by put_timeout_s while their writer was alive: the space stays held "
+                    "until the writer ends the attempt or expires"),
 }
 
 #: Repeated field holding the items of each batch RPC (its length is the batch size).

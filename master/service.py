@@ -644,6 +644,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         resp = master_pb2.StatResponse(
             master_id=st.master_id, version=__version__,
             key_count=st.key_count, processing_count=st.processing_count, lease_count=len(st.leases),
+            fenced_count=st.fenced_count,
             capacity_bytes=sum(s.capacity_bytes for s in mounted),
             used_bytes=sum(s.used_bytes for s in mounted),
             counters=st.counters,

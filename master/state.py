@@ -57,7 +57,7 @@ COUNTERS = (
     "removes", "evictions", "evicted_bytes", "deferred_frees",
     "no_space", "too_large", "clients_registered", "clients_expired",
     "segments_mounted", "segments_unmounted", "replicas_lost", "objects_lost",
-    "objects_recovered",
+    "objects_recovered", "puts_fenced",
     # tiers (docs/tiers.md)
     "demotions_started", "demotions", "promotions_started", "promotions", "promotions_skipped",
     "dram_caches_started", "dram_caches", "moves_failed", "moves_retried", "moves_dropped",
@@ -199,6 +199,11 @@ class MasterState:
         self._puts: dict[int, ObjectVersion] = {}  # insertion order == start order == timeout order
         self._retired: dict[int, ObjectVersion] = {}
         self._revoked: OrderedDict[int, str] = OrderedDict()
+        # token → a put revoked by put_timeout_s while its writer was still
+        # registered: its extents stay allocated ("fenced") until the writer ends
+        # the attempt with PutRevoke or its registration ends, so a writer that
+        # is still copying never lands in space given to another object.
+        self._fenced: dict[int, ObjectVersion] = {}
         self._draining: set[int] = set()  # segment ids evicting down to the low watermark
         # clients
         self._clients: dict[str, ClientRecord] = {}
@@ -340,6 +345,10 @@ class MasterState:
         for obj in list(self._retired.values()):
             obj.extents = [e for e in obj.extents if e[0] != sid]
             obj.detached = [e for e in obj.detached if e[0] != sid]
+        for token, obj in list(self._fenced.items()):
+            obj.extents = [e for e in obj.extents if e[0] != sid]
+            if not obj.extents:
+                del self._fenced[token]
         self._dram_lru.pop(sid, None)
         if self._dram_of.get(seg.owner_client_id) is seg:
             del self._dram_of[seg.owner_client_id]
@@ -448,6 +457,9 @@ class MasterState:
             self._revoke(obj, why)
             self.counters["puts_reclaimed"] += 1
         client.puts.clear()
+        if self._fenced:  # its writers are gone (or fenced by the new epoch)
+            for token in [t for t, o in self._fenced.items() if o.client_id == client.client_id]:
+                self._free_extents(self._fenced.pop(token))
 
     def clients(self) -> list[ClientRecord]:
         """Live clients, then recently expired ones."""
@@ -502,7 +514,7 @@ class MasterState:
                 raise NotReady(f"key {_short(key)}: put {pend.version} by client {pend.client_id} "
                                "is in flight", key=key)
             if self._puts.get(pend.version) is pend:  # not already revoked by a client expiry
-                self._revoke(pend, why)
+                self._revoke(pend, why, fence=True)
                 self.counters["puts_reclaimed"] += 1
         a = self._align
         need = (value_size_bytes + header_bytes + a - 1) & ~(a - 1) or a
@@ -609,6 +621,12 @@ class MasterState:
     def _live_put(self, client_id: str, epoch: int, key: str, token: int, now: float) -> ObjectVersion:
         obj = self._puts.get(token)
         if obj is None or obj.key != key:
+            fenced = self._fenced.get(token)
+            if fenced is not None and fenced.key == key and fenced.client_id == client_id:
+                raise StaleToken(
+                    f"key {_short(key)}: put token {token} was revoked "
+                    f"({self._revoked.get(token, 'timed out')}); its space is held until this writer "
+                    "ends the attempt with PutRevoke", key=key)
             why = self._revoked.get(token)
             raise StaleToken(
                 f"key {_short(key)}: put token {token} is not the key's current attempt"
@@ -664,10 +682,22 @@ class MasterState:
         Raises:
             StaleToken, UnknownClient: as for :meth:`put_end`.
         """
+        fenced = self._fenced.get(put_token)
+        if fenced is not None and fenced.key == key and fenced.client_id == client_id:
+            # The writer ends an attempt the master revoked while it was still
+            # writing: the space is free to reuse now. The put itself stays revoked.
+            del self._fenced[put_token]
+            self._free_extents(fenced)
+            raise StaleToken(f"key {_short(key)}: put token {put_token} had been revoked "
+                             f"({self._revoked.get(put_token, 'timed out')}); its space is freed now", key=key)
         obj = self._live_put(client_id, epoch, key, put_token, now)
         self._revoke(obj, "revoked by its writer")
 
-    def _revoke(self, obj: ObjectVersion, why: str) -> None:
+    def _revoke(self, obj: ObjectVersion, why: str, *, fence: bool = False) -> None:
+        """Revoke an in-flight put. With ``fence`` (a timeout) and the writer still
+        registered under the put's epoch, its extents stay allocated in
+        ``_fenced`` until the writer ends the attempt or its registration ends:
+        a writer that is merely slow (or stopped) may still be copying into them."""
         token, key = obj.version, obj.key
         del self._puts[token]
         if self._pending.get(key) is obj:
@@ -676,7 +706,11 @@ class MasterState:
         if client is not None:
             client.puts.pop(token, None)
         obj.state = ObjState.FAILED
-        self._free_extents(obj)
+        if fence and client is not None and client.alive and client.epoch == obj.epoch and obj.extents:
+            self._fenced[token] = obj
+            self.counters["puts_fenced"] += 1
+        else:
+            self._free_extents(obj)
         self._revoked[token] = why
         if len(self._revoked) > _REVOKE_REASONS_KEPT:
             self._revoked.popitem(last=False)
@@ -1434,7 +1468,7 @@ class MasterState:
                 break
             stale.append(obj)
         for obj in stale:
-            self._revoke(obj, f"put timed out after {timeout:g} s")
+            self._revoke(obj, f"put timed out after {timeout:g} s", fence=True)
         timed_out = len(stale)
         self.counters["puts_reclaimed"] += timed_out
         reclaimed = self.counters["puts_reclaimed"] - reclaimed_before
@@ -1490,6 +1524,11 @@ class MasterState:
     def key_count(self) -> int:
         """Committed objects."""
         return len(self._objects)
+
+    @property
+    def fenced_count(self) -> int:
+        """Timed-out puts whose space is held until their live writer ends them."""
+        return len(self._fenced)
 
     @property
     def processing_count(self) -> int:

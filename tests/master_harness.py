@@ -153,6 +153,10 @@ class Writer:
             client_id=self.client_id, epoch=self.epoch,
             item=master_pb2.PutEndItem(key=key, put_token=token, checksum=checksum)))
 
+    def revoke(self, key: str, token: int) -> None:
+        self.stub.PutRevoke(master_pb2.PutRevokeRequest(
+            client_id=self.client_id, epoch=self.epoch, item=master_pb2.PutEndItem(key=key, put_token=token)))
+
     def put(self, key: str, size: int, **options: Any) -> master_pb2.PutStartResult:
         res = self.start(key, size, **options)
         self.end(key, res.put_token)
@@ -228,7 +232,7 @@ def assert_invariant(stub: master_pb2_grpc.MasterServiceStub) -> master_pb2.Stat
         for o, n in exts:
             assert REGION_HEADER_BYTES <= o and o + n <= seg.size_bytes
         committed = sum(n for _, n in exts)
-        if st.processing_count == 0 and st.lease_count == 0:
+        if st.processing_count == 0 and st.lease_count == 0 and st.fenced_count == 0:
             assert seg.used_bytes == committed, (seg.name, seg.used_bytes, committed)
         else:
             assert seg.used_bytes >= committed

@@ -103,6 +103,11 @@ def test_put_timeout_revokes_abandoned_put(tmp_path: Path) -> None:
         res = w.start("slow", MiB)
         _wait_for(lambda: stat(m.stub).processing_count == 0)
         assert rpc_error(w.end, "slow", res.put_token).code == ErrorCode.STALE_TOKEN
+        # The writer is alive and may still be copying: its space is held ("fenced")
+        # until it ends the attempt.
+        assert stat(m.stub).used_bytes == MiB
+        assert_invariant(m.stub)
+        assert rpc_error(w.revoke, "slow", res.put_token).code == ErrorCode.STALE_TOKEN
         assert stat(m.stub).used_bytes == 0
         assert_invariant(m.stub)
 

@@ -127,7 +127,7 @@ def test_sweep_expires_clients_puts_and_leases() -> None:
     a = client(st)
     b = client(st)
     st.put_start(*a, "a", MiB, 0.0)
-    st.put_start(*b, "b", MiB, 0.0)
+    pb = st.put_start(*b, "b", MiB, 0.0)
     put(st, b, "c", MiB)
     st.get(b[0], "c", 0.0)
     st.remove("c", 0.0, force=True)
@@ -138,8 +138,61 @@ def test_sweep_expires_clients_puts_and_leases() -> None:
     assert done == {"clients_expired": 1, "puts_reclaimed": 1, "leases_expired": 1, "evicted": 0}
     assert used(st) == MiB and st.counters["deferred_frees"] == 1
     st.heartbeat(*b, 5.0)
-    assert st.sweep(5.0)["puts_reclaimed"] == 1  # b's put timed out
-    assert used(st) == 0 and st.processing_count == 0
+    assert st.sweep(5.0)["puts_reclaimed"] == 1  # b's put timed out ...
+    assert used(st) == MiB and st.processing_count == 0  # ... and b, alive, may still be writing
+    st.check_invariants()
+    with pytest.raises(StaleToken):
+        st.put_revoke(*b, "b", pb.version, 5.0)  # b ends the attempt: now the space is free
+    assert used(st) == 0
+    st.check_invariants()
+
+
+def test_a_timed_out_put_of_a_live_writer_is_fenced_until_the_writer_ends_it() -> None:
+    """A writer that is slow (or stopped) past put_timeout_s may still copy into
+    its extent: the space is not reused before the writer ends the attempt."""
+    st = make_state(size=8 * MiB, client_ttl_s=100.0, put_timeout_s=5.0)
+    slow, other = client(st), client(st)
+    late = st.put_start(*slow, "k", 3 * MiB, 0.0)
+    st.heartbeat(*slow, 6.0)
+    st.heartbeat(*other, 6.0)
+    assert st.sweep(6.0)["puts_reclaimed"] == 1 and st.counters["puts_fenced"] == 1
+    assert not st.exists("k")
+    good = put(st, other, "k", 3 * MiB, 6.0, hard_pin=True)  # the key is free again, the space is not
+    assert good.extents[0][1] != late.extents[0][1]
+    with pytest.raises(NoSpace):
+        st.put_start(*other, "x", 3 * MiB, 6.0)  # the fenced 3 MiB are still held
+    with pytest.raises(StaleToken, match="PutRevoke"):
+        st.put_end(*slow, "k", late.version, 7.0)  # late PutEnd: refused, space still held
+    assert used(st) == 6 * MiB
+    st.check_invariants()
+    with pytest.raises(StaleToken, match="freed"):
+        st.put_revoke(*slow, "k", late.version, 7.0)
+    assert used(st) == 3 * MiB and st.get(other[0], "k", 7.0)[0].version == good.version
+    st.check_invariants()
+
+
+def test_fenced_space_returns_when_the_writer_expires_or_reregisters() -> None:
+    st = make_state(client_ttl_s=10.0, put_timeout_s=5.0)
+    a, b = client(st), client(st)
+    st.put_start(*a, "a", MiB, 0.0)
+    st.put_start(*b, "b", MiB, 0.0)
+    st.heartbeat(*a, 6.0)
+    st.heartbeat(*b, 6.0)
+    st.sweep(6.0)
+    assert used(st) == 2 * MiB and st.counters["puts_fenced"] == 2
+    client(st, 7.0, previous=a[0])  # a restarted: its old epoch's writers are gone
+    assert used(st) == MiB
+    st.sweep(17.0)  # b missed its heartbeats: expired
+    assert used(st) == 0
+    st.check_invariants()
+
+
+def test_a_dead_writers_timed_out_put_is_not_fenced() -> None:
+    st = make_state(client_ttl_s=2.0, put_timeout_s=5.0)
+    a = client(st)
+    st.put_start(*a, "a", MiB, 0.0)
+    st.sweep(6.0)  # expired and timed out: nobody can still be writing
+    assert used(st) == 0 and st.counters["puts_fenced"] == 0
     st.check_invariants()
 
 

@@ -1,0 +1,70 @@
+"""A writer that outlives its put's timeout never lands in space given to another object.
+
+The master revokes a put after ``put_timeout_s``; a writer that is merely slow
+(or a direct-mode SDK process that was stopped) may still be copying into the
+extent. The master holds such "fenced" space until the writer ends the attempt
+(clientd sends PutRevoke when PutEnd answers STALE_TOKEN) or its registration
+ends (docs/master.md, "Put timeout").
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+import cxlkv.client._direct as direct_mod
+from cxlkv.errors import CxlkvError, NotReady
+
+MiB = 1 << 20
+
+
+def test_a_stalled_direct_writer_never_lands_in_reused_space(make_cluster, monkeypatch) -> None:
+    cl = make_cluster(region_size_bytes=64 * MiB, master_options={"put_timeout_s": 1.0})
+    real_copy_in = direct_mod._copy_in
+    stalled = threading.Event()
+
+    def copy_in_after_a_stall(*args, **kwargs):
+        if not stalled.is_set():
+            stalled.set()
+            time.sleep(3.0)  # past put_timeout_s: the master revokes the put meanwhile
+        return real_copy_in(*args, **kwargs)
+
+    monkeypatch.setattr(direct_mod, "_copy_in", copy_in_after_a_stall)
+    late = np.full(20 * MiB, 0x11, np.uint8)
+    good = np.full(20 * MiB, 0x22, np.uint8)
+    outcome: list[object] = []
+    with cl.client(0, direct_threshold_bytes=0) as writer, cl.client(1, direct=False) as other, \
+            cl.client(0, direct=False) as same_host:
+        assert writer.direct, writer.direct_status
+
+        def slow_put() -> None:
+            try:
+                outcome.append(writer.put_from("k", late))
+            except CxlkvError as exc:  # the put timed out: refused, or already exists on a retry
+                outcome.append(exc)
+
+        t = threading.Thread(target=slow_put)
+        t.start()
+        assert stalled.wait(10)
+        deadline = time.monotonic() + 10
+        while True:  # NOT_READY while the slow put is in flight, then the key is free
+            try:
+                other.put_from("k", good)
+                break
+            except NotReady:
+                assert time.monotonic() < deadline, "the stalled put was never revoked"
+                time.sleep(0.05)
+        assert cl.master_stat().fenced_count == 1  # the slow writer's space is still held
+        t.join(30)
+        assert not t.is_alive() and outcome
+        # The late copy went into the fenced extent, not into "good"'s.
+        for c in (other, same_host):
+            assert c.get("k") == good.tobytes()
+        out = np.zeros(20 * MiB, np.uint8)
+        writer.get_into("k", out)
+        assert (out == 0x22).all()
+        cl.wait_until(lambda: cl.master_stat().fenced_count == 0, what="the fenced space to be freed")
+    st = cl.assert_invariants()
+    assert st.used_bytes < 2 * 20 * MiB + MiB  # only "good" (and nothing fenced) holds space
