@@ -179,6 +179,36 @@ class ReplayReport:
     ssd_fraction: float = 0.0
     dram_fraction: float = 0.0
     master_counters: dict[str, int] = field(default_factory=dict)
+    #: Where ``capacity_blocks`` (the simulations' capacity) comes from: ``"region"``
+    #: (an embedded cluster sized for it), ``"master"`` (a running cluster: its CXL
+    #: segments' capacity from the master's Stat), ``"fraction"`` (a running cluster
+    #: that could not be asked: ``capacity_fraction`` × unique blocks, not the store's
+    #: capacity, so the simulations are not comparable with the store).
+    capacity_source: str = "region"
+    #: ``capacity_source == "master"``: the CXL segments' allocatable bytes.
+    cxl_capacity_bytes: int = 0
+    #: ``capacity_source == "master"``: the master's high watermark (the simulations
+    #: evict only when full; a master evicting earlier keeps a little less).
+    master_high_watermark: float = 1.0
+
+    def _capacity_row(self) -> str:
+        per = f"{self.block_bytes // KiB} KiB each"
+        frac = self.capacity_blocks / self.unique_blocks if self.unique_blocks else 0.0
+        if self.capacity_source == "master":
+            return (f"{self.capacity_blocks:,} blocks = the cluster's CXL segments "
+                    f"({self.cxl_capacity_bytes / MiB:,.1f} MiB, from the master) ÷ "
+                    f"{region_bytes_for(1, self.block_bytes) - region_bytes_for(0, self.block_bytes):,} B "
+                    f"per block extent = {frac:.3g} × {self.unique_blocks:,} unique, {per}"
+                    + (f"; the master evicts from {self.master_high_watermark:g} full, the "
+                       f"simulations only when full" if self.master_high_watermark < 1 else ""))
+        if self.capacity_source == "fraction":
+            return (f"NOT the store's: simulations at --capacity-fraction {self.capacity_fraction:g} × "
+                    f"{self.unique_blocks:,} unique = {self.capacity_blocks:,} blocks (the master could "
+                    f"not be asked); not comparable with the store's hit rate")
+        return (f"{self.capacity_blocks:,} blocks = {self.capacity_fraction:g} × "
+                f"{self.unique_blocks:,} unique, {per}"
+                + (f"; SSD tier {self.ssd_fraction:g} ×" if self.ssd_fraction else "")
+                + (f"; DRAM tier {self.dram_fraction:g} × per clientd" if self.dram_fraction else ""))
 
     def table(self) -> str:
         """Human-readable report."""
@@ -195,10 +225,7 @@ class ReplayReport:
             ("  LRU, simulated", pct(self.lru_sim_hit_rate)),
             ("  unbounded cache (bound)", pct(self.bound_hit_rate)),
             ("token hit rate", pct(self.token_hit_rate)),
-            ("capacity", f"{self.capacity_blocks:,} blocks = {self.capacity_fraction:g} × "
-                         f"{self.unique_blocks:,} unique, {self.block_bytes // KiB} KiB each"
-                         + (f"; SSD tier {self.ssd_fraction:g} ×" if self.ssd_fraction else "")
-                         + (f"; DRAM tier {self.dram_fraction:g} × per clientd" if self.dram_fraction else "")),
+            ("capacity", self._capacity_row()),
             ("bytes read / written", f"{self.bytes_read / MiB:,.0f} MiB / {self.bytes_written / MiB:,.0f} MiB"),
             ("throughput", f"{self.requests_per_s:,.0f} requests/s, {self.gbps:.2f} GB/s"
                            + (f" ({self.ratio_to_limit:.3f} × memcpy {self.limit_gbps:.1f} GB/s at "
@@ -329,7 +356,8 @@ def run_replay(
         socket_paths: the clientds' sockets (workers are spread across them, one host each).
         show_progress: draw a progress bar on stderr.
         capacity_blocks: the cache capacity the store was given (for the simulations);
-            ``None`` derives it from ``opts.capacity_fraction``.
+            ``None`` (a running cluster) asks the master (:func:`cluster_capacity`),
+            else falls back to ``opts.capacity_fraction`` and labels the report so.
 
     Raises:
         FileNotFoundError / ValueError: unreadable trace.
@@ -337,7 +365,17 @@ def run_replay(
     """
     trace = load_trace(opts.trace_path, opts.limit)
     uniq = unique_blocks(trace)
-    cap = capacity_blocks or max(1, int(opts.capacity_fraction * uniq))
+    source, cxl_bytes, high_wm = "region", 0, 1.0
+    policy, low_wm = opts.policy, opts.low_watermark
+    if capacity_blocks is None:
+        found = cluster_capacity(socket_paths[0], opts.block_bytes)
+        if found is None:
+            source, cap = "fraction", max(1, int(opts.capacity_fraction * uniq))
+        else:
+            source = "master"
+            cap, cxl_bytes, policy, low_wm, high_wm = found
+    else:
+        cap = capacity_blocks
     ctx = mp.get_context("spawn")
     n_workers = max(1, min(opts.workers, len(trace)))
     # Helpers (workers, multiprocessing's resource tracker) start with SIGINT ignored:
@@ -392,9 +430,9 @@ def run_replay(
             p.join(5)
     elapsed = time.perf_counter() - t0
     lat = sorted(total.latencies_s)
-    lru = simulate(trace, cap, policy="lru_builtin", low_watermark=opts.low_watermark)
+    lru = simulate(trace, cap, policy="lru_builtin", low_watermark=low_wm)
     try:
-        same = simulate(trace, cap, policy=opts.policy, low_watermark=opts.low_watermark)
+        same = simulate(trace, cap, policy=policy, low_watermark=low_wm)
     except Exception:  # master package's policy unavailable: report LRU
         same = lru
     bound = simulate_unbounded(trace)
@@ -432,13 +470,55 @@ def run_replay(
         unique_blocks=uniq,
         clientds=len(socket_paths),
         workers=n_workers,
-        policy=opts.policy,
+        policy=policy,
         error_samples=total.error_samples[:10],
         limit_gbps=limit,
         ratio_to_limit=gbps / limit if limit else None,
         ssd_fraction=opts.ssd_fraction,
         dram_fraction=opts.dram_fraction,
+        capacity_source=source,
+        cxl_capacity_bytes=cxl_bytes,
+        master_high_watermark=high_wm,
     )
+
+
+def cluster_capacity(socket_path: str, block_bytes: int) -> tuple[int, int, str, float, float] | None:
+    """A running cluster's block capacity, as the master states it.
+
+    Asks the clientd at ``socket_path`` for the master's address, then the master's
+    Stat: the capacity is the mounted CXL segments' allocatable bytes divided by one
+    block's extent (object header, key and value, aligned: :func:`region_bytes_for`).
+    SSD and DRAM tiers are not counted (the simulations model the CXL tier).
+
+    Returns:
+        ``(capacity_blocks, cxl_capacity_bytes, eviction_policy, low_watermark,
+        high_watermark)``,
+        or ``None`` when the clientd or the master cannot be asked.
+    """
+    import grpc
+
+    from cxlkv import Client
+    from cxlkv.errors import CxlkvError
+    from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
+
+    try:
+        with Client(socket_path) as c:
+            address = c.stat().get("master_address", "")
+    except (CxlkvError, OSError):
+        return None
+    if not address:
+        return None
+    try:
+        with grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)]) as ch:
+            st = master_pb2_grpc.MasterServiceStub(ch).Stat(master_pb2.StatRequest(), timeout=10)
+    except grpc.RpcError:
+        return None
+    cxl = sum(s.capacity_bytes for s in st.segments if s.tier == common_pb2.CXL and s.mounted)
+    extent = region_bytes_for(1, block_bytes) - region_bytes_for(0, block_bytes)
+    if cxl < extent:
+        return None
+    low = st.low_watermark if 0 < st.low_watermark < 1 else 1.0
+    return cxl // extent, cxl, st.eviction_policy or "lru", low, st.high_watermark or 1.0
 
 
 #: Bytes before each block's value in its extent: the 64-byte object header and
@@ -541,7 +621,8 @@ def _master_counters(address: str) -> dict[str, int]:
 @click.option("--socket", "sockets", multiple=True, help="clientd socket(s) of a running cluster (repeat per host).")
 @click.option("--block-bytes", default="64KiB", show_default=True, help="Bytes per 512-token block.")
 @click.option("--capacity-fraction", default=0.1, show_default=True, type=float,
-              help="Cache capacity as a fraction of the trace's unique blocks (sizes the region).")
+              help="Embedded: cache capacity as a fraction of the trace's unique blocks (sizes the region); "
+                   "with --socket the capacity is the running cluster's, asked from the master.")
 @click.option("--clientds", default=2, show_default=True, type=int, help="Embedded: clientd processes (hosts).")
 @click.option("--workers", "--concurrency", default=4, show_default=True, type=int,
               help="Concurrent replay processes, spread across the clientds.")

@@ -149,3 +149,42 @@ def test_ctrl_c_leaves_no_process_or_region(tmp_path: Path) -> None:
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     assert str(p.pid) not in [ln.split()[0] for ln in ps.splitlines()[1:]]
     assert "cxlkv-replay-" not in ps  # no daemon of its temporary cluster
+
+
+def test_replay_socket_takes_capacity_from_master(cluster, tmp_path: Path) -> None:
+    """`replay --socket` against a running cluster: the simulations' capacity is the
+    cluster's (its CXL segments' bytes ÷ one block's extent, from the master), and
+    the report says so — never a made-up ``capacity_fraction`` × unique blocks."""
+    from cxlkv.replay import region_bytes_for, run_replay
+    from cxlkv.v1 import common_pb2
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(
+        json.dumps({"timestamp": i, "input_length": 1024, "output_length": 1, "hash_ids": [i % 3, 10 + i]}) + "\n"
+        for i in range(6)))
+    opts = ReplayOptions(trace_path=str(trace), workers=1, block_bytes=4096, capacity_fraction=0.1)
+    report = run_replay(opts, [cluster.socket_path(0)])
+    assert report.errors == 0, report.error_samples
+    st = cluster.master_stat()
+    cxl = sum(s.capacity_bytes for s in st.segments if s.tier == common_pb2.CXL)
+    extent = region_bytes_for(1, 4096) - region_bytes_for(0, 4096)
+    assert report.capacity_source == "master"
+    assert report.capacity_blocks == cxl // extent
+    assert report.policy == st.eviction_policy
+    row = report.table()
+    assert "from the master" in row and "--capacity-fraction" not in row
+
+
+def test_replay_socket_without_master_labels_the_fraction(tmp_path: Path) -> None:
+    """The master cannot be asked: the report says its capacity is --capacity-fraction's,
+    not the store's, and not comparable."""
+    from cxlkv.replay import cluster_capacity
+
+    assert cluster_capacity(str(tmp_path / "no.sock"), 4096) is None
+    from cxlkv.replay import ReplayReport
+
+    fields = {f: 0 for f in ReplayReport.__dataclass_fields__}
+    fields.update(policy="arc", error_samples=[], capacity_source="fraction", capacity_fraction=0.1,
+                  capacity_blocks=3, unique_blocks=30, block_bytes=4096, master_counters={})
+    text = ReplayReport(**fields).table()
+    assert "NOT the store's" in text and "--capacity-fraction 0.1" in text
