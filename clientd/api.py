@@ -20,6 +20,7 @@ from cxlkv.clientd.core import ClientdCore, PutSpec, ReadTarget
 from cxlkv.clientd.direct import DirectPuts
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument, TooLarge, error_for
 from cxlkv.keys import validate_key
+from cxlkv.lean import PEER_CRED
 from cxlkv.v1 import client_pb2, common_pb2
 
 if TYPE_CHECKING:
@@ -163,8 +164,14 @@ class ClientApi:
 
     # -- shared buffers -----------------------------------------------------
     async def RegisterBuffer(self, req: client_pb2.RegisterBufferRequest) -> client_pb2.RegisterBufferResponse:
-        """Map a caller's /dev/shm file. Raises INVALID_ARGUMENT with the reason."""
-        buf = self.buffers.register(req.path, req.size_bytes, req.pid)
+        """Map a caller's /dev/shm file. Raises INVALID_ARGUMENT with the reason.
+
+        The caller's pid and uid come from the socket (``SO_PEERCRED``) on the lean
+        socket; the gRPC server does not expose them (docs/clientd.md).
+        """
+        peer = PEER_CRED.get()
+        buf = self.buffers.register(req.path, req.size_bytes, req.pid,
+                                    peer_pid=peer[0] if peer else None, peer_uid=peer[1] if peer else None)
         return client_pb2.RegisterBufferResponse(buffer_id=buf.buffer_id)
 
     async def UnregisterBuffer(self, req: client_pb2.UnregisterBufferRequest) -> client_pb2.UnregisterBufferResponse:

@@ -25,15 +25,17 @@ import errno
 import logging
 import mmap
 import os
+import re
 import secrets
 import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 from cxlkv.errors import CxlkvError, InvalidArgument, OutOfRange, UnknownBuffer
 
-__all__ = ["SHM_DIR", "SharedBuffer", "BufferRegistry", "process_start_time"]
+__all__ = ["SHM_DIR", "BUFFER_NAME", "SharedBuffer", "BufferRegistry", "process_start_time"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,9 @@ log = logging.getLogger(__name__)
 SHM_DIR = Path("/dev/shm")
 #: Name prefix of the SDK's shared buffer files: ``cxlkv-buf-<pid>-<random>``.
 ORPHAN_PREFIX = "cxlkv-buf-"
+#: The only file names RegisterBuffer accepts: ``cxlkv-buf-<pid>-<12 hex digits>``,
+#: where ``<pid>`` is the registering process (cxlkv.client._pool names its files so).
+BUFFER_NAME = re.compile(r"cxlkv-buf-([1-9][0-9]{0,9})-[0-9a-f]{12}")
 
 
 def process_start_time(pid: int) -> int | None:
@@ -64,11 +69,12 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
-def _shared_read_write(mode: int) -> bool:
-    """Whether a file's owner shared it read-write with its group or with everyone."""
-    group = stat.S_IRGRP | stat.S_IWGRP
-    other = stat.S_IROTH | stat.S_IWOTH
-    return (mode & group) == group or (mode & other) == other
+def process_uid(pid: int) -> int | None:
+    """The uid owning ``pid`` (the owner of ``/proc/<pid>``), or ``None`` if it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
 
 
 @dataclass(eq=False)
@@ -79,7 +85,7 @@ class SharedBuffer:
         buffer_id: the id handed to the application (random, not guessable).
         path: the file it was registered from (it is usually unlinked since).
         size_bytes: mapped length.
-        pid: owning process (0: never reaped automatically).
+        pid: owning process (> 0; the buffer is dropped once it exits).
         pid_start_time: the owner's start time (clock ticks), to detect pid reuse.
         view: writable memoryview over the whole mapping.
     """
@@ -136,23 +142,45 @@ class BufferRegistry:
         self._max_buffers = max_buffers
         self._shm_dir = Path(os.path.realpath(shm_dir))
         self._uid = os.geteuid()
+        #: ``(st_dev, st_ino)`` of files this daemon maps or writes itself (regions,
+        #: the SSD tier file): never accepted as a buffer.
+        self._protected: frozenset[tuple[int, int]] = frozenset()
+
+    def protect(self, file_ids: Iterable[tuple[int, int]]) -> None:
+        """Refuse the files ``(st_dev, st_ino)`` as buffers from now on (the daemon's
+        regions and tier files)."""
+        self._protected = self._protected | frozenset(file_ids)
 
     # -- registration -------------------------------------------------------
-    def register(self, path: str, size_bytes: int, pid: int) -> SharedBuffer:
+    def register(self, path: str, size_bytes: int, pid: int, *,
+                 peer_pid: int | None = None, peer_uid: int | None = None) -> SharedBuffer:
         """Map the shared-memory file ``path`` of ``size_bytes`` bytes owned by ``pid``.
 
+        The rules (docs/clientd.md, "Shared buffers"): ``path`` is
+        ``<shm dir>/cxlkv-buf-<pid>-<12 hex digits>``, a regular file (not a
+        symbolic link: opened with ``O_NOFOLLOW``), not a file this daemon maps
+        itself (:meth:`protect`), owned by the caller's uid, exactly
+        ``size_bytes`` long; ``pid`` is the caller's running process.
+
         Args:
-            path: absolute path of a regular file under ``/dev/shm``.
+            path: absolute path of the buffer file.
             size_bytes: the file's size; must match exactly and be > 0.
-            pid: the owning process (0: kept until UnregisterBuffer).
+            pid: the registering (owning) process, > 0; the buffer is dropped once it exits.
+            peer_pid: the caller's pid from the socket (``SO_PEERCRED``), when known;
+                ``pid`` must equal it.
+            peer_uid: the caller's uid from the socket, when known; the file must be
+                owned by it. Unknown (the gRPC socket): the file must be owned by
+                the uid running ``pid``.
 
         Returns:
             The new buffer (its id is what the application passes in later calls).
 
         Raises:
-            InvalidArgument: bad path (not absolute, outside /dev/shm, a symlink, not
-                a regular file, missing, not accessible), size mismatch or 0,
-                owner pid not running, or too many buffers.
+            InvalidArgument: pid <= 0, not the caller's or not running; bad path
+                (not absolute, outside the shm dir, not named by the buffer
+                convention, a symbolic link, not a regular file, missing, not
+                accessible); one of the daemon's own region files; owned by another
+                uid; size mismatch or 0; or too many buffers.
         """
         if not isinstance(path, str) or not path or "\x00" in path:
             raise InvalidArgument("buffer path must be a non-empty string without NUL")
@@ -160,14 +188,25 @@ class BufferRegistry:
             raise InvalidArgument(f"buffer path {path!r} must be absolute")
         if size_bytes <= 0:
             raise InvalidArgument(f"buffer size must be > 0 bytes, got {size_bytes}")
+        if pid <= 0:
+            raise InvalidArgument(f"buffer owner pid must be the caller's pid (> 0), got {pid}")
+        if peer_pid is not None and pid != peer_pid:
+            raise InvalidArgument(f"buffer owner pid {pid} is not the caller's pid {peer_pid}")
         parent = Path(os.path.realpath(os.path.dirname(path)))
         if parent != self._shm_dir:
             raise InvalidArgument(f"buffer path {path!r} must name a file directly under {self._shm_dir}")
-        start_time = None
-        if pid:
-            start_time = process_start_time(pid)
-            if start_time is None:
-                raise InvalidArgument(f"buffer owner pid {pid} is not running")
+        m = BUFFER_NAME.fullmatch(os.path.basename(path))
+        if m is None:
+            raise InvalidArgument(
+                f"buffer file name {os.path.basename(path)!r} is not cxlkv-buf-<pid>-<12 hex digits>")
+        if int(m.group(1)) != pid:
+            raise InvalidArgument(f"buffer file {path} is not named after the owner pid {pid}")
+        start_time = process_start_time(pid)
+        if start_time is None:
+            raise InvalidArgument(f"buffer owner pid {pid} is not running")
+        owner_uid = peer_uid if peer_uid is not None else process_uid(pid)
+        if owner_uid is None:
+            raise InvalidArgument(f"buffer owner pid {pid} is not running")
         with self._lock:
             if len(self._buffers) >= self._max_buffers:
                 raise InvalidArgument(f"too many shared buffers registered (limit {self._max_buffers})")
@@ -185,9 +224,13 @@ class BufferRegistry:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise InvalidArgument(f"buffer file {path} is not a regular file")
-            if st.st_uid != self._uid and not _shared_read_write(st.st_mode):
+            if (st.st_dev, st.st_ino) in self._protected:
+                raise InvalidArgument(f"buffer file {path} is one of this daemon's region files")
+            if st.st_nlink != 1:
+                raise InvalidArgument(f"buffer file {path} has {st.st_nlink} links (a buffer file has exactly one)")
+            if st.st_uid != owner_uid:
                 raise InvalidArgument(
-                    f"buffer file {path} is owned by uid {st.st_uid} and not shared read-write with the daemon"
+                    f"buffer file {path} is owned by uid {st.st_uid}, not by the caller's uid {owner_uid}"
                 )
             if st.st_size != size_bytes:
                 raise InvalidArgument(
@@ -297,7 +340,7 @@ class BufferRegistry:
             The ids dropped.
         """
         with self._lock:
-            owned = [(b.buffer_id, b.pid, b.pid_start_time) for b in self._buffers.values() if b.pid]
+            owned = [(b.buffer_id, b.pid, b.pid_start_time) for b in self._buffers.values()]
         gone: list[int] = []
         starts: dict[int, int | None] = {}
         for buffer_id, pid, start in owned:

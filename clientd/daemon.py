@@ -164,6 +164,7 @@ class Daemon:
                         regions.add_local(open_dram_tier(cfg.name, cfg.dram_tier_bytes, prefault=cfg.prefault))
                     except CxlkvError as exc:
                         raise StartupError(f"DRAM tier of {cfg.dram_tier_bytes} bytes: {exc.message}") from None
+                buffers.protect(regions.file_ids())  # never a "buffer" the daemon writes into
                 for path in (self.socket_path, self.lean_socket_path):
                     _prepare_socket_path(path)
                 metrics_url = ""

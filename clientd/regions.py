@@ -12,6 +12,7 @@ wrong device and is equally fatal.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
@@ -139,6 +140,18 @@ class RegionSet:
             )
             for m in self._by_name.values() if not m.local
         ]
+
+    def file_ids(self) -> set[tuple[int, int]]:
+        """``(st_dev, st_ino)`` of every region and tier file this daemon maps or
+        writes (the shared-buffer registry refuses them as buffers)."""
+        ids: set[tuple[int, int]] = set()
+        for m in self._by_name.values():
+            try:
+                st = os.stat(m.path)
+            except OSError:
+                continue  # unlinked (the DRAM tier): nobody can name it
+            ids.add((st.st_dev, st.st_ino))
+        return ids
 
     def add_local(self, m: MappedRegion) -> None:
         """Add this daemon's DRAM tier (bound once the master has mounted it)."""

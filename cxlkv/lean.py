@@ -25,6 +25,7 @@ pipelined client). clientd serves ClientService with the same pieces.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import logging
 import os
@@ -39,9 +40,29 @@ from cxlkv.client.framing import DEFAULT_MAX_FRAME_BYTES, HEADER, HEADER_BYTES, 
 from cxlkv.errors import CxlkvError, ErrorCode, Internal, InvalidArgument, Unavailable, error_for
 from cxlkv.v1 import common_pb2
 
-__all__ = ["service_methods", "LeanRoute", "LeanProtocol", "LeanServer", "LeanChannel", "LeanConnectError"]
+__all__ = ["service_methods", "LeanRoute", "LeanProtocol", "LeanServer", "LeanChannel", "LeanConnectError",
+           "PEER_CRED", "peer_cred"]
 
 log = logging.getLogger(__name__)
+
+#: ``(pid, uid, gid)`` of the process at the other end of the Unix socket whose
+#: request the current task serves (``SO_PEERCRED``, taken when the connection was
+#: accepted); ``None`` outside a lean Unix-socket call (TCP, gRPC).
+PEER_CRED: contextvars.ContextVar[tuple[int, int, int] | None] = contextvars.ContextVar("PEER_CRED", default=None)
+
+
+def peer_cred(sock: socket.socket | None) -> tuple[int, int, int] | None:
+    """``(pid, uid, gid)`` of a connected Unix socket's peer, or ``None`` (not Unix, or unknown)."""
+    if sock is None or getattr(sock, "family", None) != socket.AF_UNIX or not hasattr(socket, "SO_PEERCRED"):
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    except OSError:
+        return None
+    import struct
+
+    pid, uid, gid = struct.unpack("3i", raw)
+    return (pid, uid, gid) if pid > 0 else None
 
 
 def service_methods(service: _descriptor.ServiceDescriptor) -> tuple[Method, ...]:
@@ -107,12 +128,14 @@ class LeanProtocol(asyncio.Protocol):
         self._paused_writing = False
         self._paused_reading = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._peer: tuple[int, int, int] | None = None
 
     # -- asyncio callbacks --------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
         self._loop = asyncio.get_running_loop()
         sock = transport.get_extra_info("socket")
+        self._peer = peer_cred(sock)
         if sock is not None:
             try:  # large answers (inline values) in one send: fewer wake-ups of both sides
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
@@ -209,6 +232,7 @@ class LeanProtocol(asyncio.Protocol):
 
     # -- calls --------------------------------------------------------------
     async def _call(self, route: LeanRoute, request: Any, rid: int) -> None:
+        PEER_CRED.set(self._peer)  # this task's own context: seen by the handler only
         try:
             response = await route.handler(request)
         except CxlkvError as err:

@@ -44,13 +44,23 @@ class RegionRecovery:
         restored: objects committed under their key.
         replicas: extents added as replicas of a version restored from another region.
         restored_bytes: bytes of extents claimed (alignment included).
-        skipped: objects that would be live but whose value checksum fails (a
-            corrupt value, or a removed object's leftovers whose space was
-            partly reused since), plus live objects the master refused (extent
-            conflict, invalid key) or that a newer version from another region
-            superseded. When a key's newest version is corrupt, an older intact
-            version of it that nothing overwrote is restored instead.
+        skipped: objects left out for a real reason: a value checksum that fails
+            with no intact copy of that version (or a newer one) restored from
+            any region — a corrupt value, or a removed or evicted object's
+            leftovers whose space was partly reused since — plus live objects the
+            master refused (extent conflict, invalid key). When a key's newest
+            version is corrupt, an older intact version of it that nothing
+            overwrote is restored instead.
+        stale: objects left out that lose nothing: an older version of a key
+            whose newer version was restored from another region (a leftover in
+            freed space), and copies whose value fails its checksum while an
+            intact copy of the same or a newer version was restored — in a
+            tiered cluster typically a freed CXL extent of a demoted object whose
+            space an unfinished put or tier move (value written, header not yet)
+            was rewriting when the master stopped.
         seconds: wall time of this region's recovery (map, scan, restore).
+        corrupt_keys: ``(key, version)`` of the objects whose checksum failed
+            (classified into ``skipped`` or ``stale`` by :func:`recover_regions`).
     """
 
     path: str
@@ -63,6 +73,8 @@ class RegionRecovery:
     restored_bytes: int
     skipped: int
     seconds: float
+    stale: int = 0
+    corrupt_keys: tuple[tuple[str, int], ...] = ()
 
 
 def parse_recover_spec(spec: str) -> tuple[str, str]:
@@ -150,22 +162,34 @@ def recover_region(state: MasterState, spec: str, now: float) -> RegionRecovery:
             raise
         raise ConfigError(f"recover_from_region: {exc.message}") from None
     live = live_objects(found)
-    corrupt = 0
+    corrupt: list[tuple[str, int]] = []
     if any(o.checksum_ok is False for o in found):
         # What would be live were every value intact: those whose value fails are the corrupt ones.
         intact = {(o.offset_bytes, o.version): o.checksum_ok for o in found}
         candidates = live_objects([dataclasses.replace(o, checksum_ok=None) for o in found])
-        corrupt = sum(1 for o in candidates if intact[(o.offset_bytes, o.version)] is False)
+        corrupt = [(o.key, o.version) for o in candidates if intact[(o.offset_bytes, o.version)] is False]
     report = state.restore_objects(seg.segment_id, (
         RestoredObject(o.key, o.offset_bytes, o.value_len_bytes, o.header_bytes, o.version, o.value_checksum)
         for o in live
     ), now)
-    refused = report.superseded + report.conflicts + report.invalid
+    refused = report.conflicts + report.invalid
     return RegionRecovery(
         path=path, segment=name, region_uuid=uuid, headers=len(found), live=len(live),
         restored=report.restored, replicas=report.replicas, restored_bytes=report.restored_bytes,
-        skipped=corrupt + refused, seconds=time.perf_counter() - t0,
+        skipped=len(corrupt) + refused, seconds=time.perf_counter() - t0,
+        stale=report.superseded, corrupt_keys=tuple(corrupt),
     )
+
+
+def _classify(state: MasterState, r: RegionRecovery) -> RegionRecovery:
+    """Move the checksum failures of ``r`` that an intact restored copy covers
+    (same or newer version of the key, from any region) from ``skipped`` to ``stale``."""
+    covered = 0
+    for key, version in r.corrupt_keys:
+        obj = state.get_object(key)
+        if obj is not None and obj.version >= version:
+            covered += 1
+    return dataclasses.replace(r, skipped=r.skipped - covered, stale=r.stale + covered)
 
 
 def recover_regions(state: MasterState, specs: Sequence[str], now: float) -> list[RegionRecovery]:
@@ -181,15 +205,23 @@ def recover_regions(state: MasterState, specs: Sequence[str], now: float) -> lis
         return []
     t0 = time.perf_counter()
     done = [recover_region(state, spec, now) for spec in specs]
+    done = [_classify(state, r) for r in done]  # after every region: copies restored anywhere count
     for r in done:
         if r.skipped:
-            log.warning("recovery: region %s (segment %s): skipped %d object(s) whose checksum failed "
-                        "or that the master refused", r.path, r.segment, r.skipped)
+            log.warning("recovery: region %s (segment %s): skipped %d object(s) whose value checksum "
+                        "failed with no intact copy restored, or that the master refused "
+                        "(extent conflict, invalid key)", r.path, r.segment, r.skipped)
+        if r.stale:
+            log.info("recovery: region %s (segment %s): left out %d stale cop(ies), nothing lost: an "
+                     "older version superseded by a newer one, or a freed copy an unfinished put or "
+                     "tier move was rewriting, its key restored from an intact copy",
+                     r.path, r.segment, r.stale)
     seconds = time.perf_counter() - t0
     objects = sum(r.restored for r in done)
     log.info(
         "recovery: rebuilt the index from %d region(s): %d object(s), %d replica(s), %d bytes, "
-        "%d skipped, %.3f s", len(done), objects, sum(r.replicas for r in done),
-        sum(r.restored_bytes for r in done), sum(r.skipped for r in done), seconds,
+        "%d skipped, %d stale, %.3f s", len(done), objects, sum(r.replicas for r in done),
+        sum(r.restored_bytes for r in done), sum(r.skipped for r in done),
+        sum(r.stale for r in done), seconds,
     )
     return done

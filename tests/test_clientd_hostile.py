@@ -93,7 +93,7 @@ def grpc_code(fn, *args) -> int:
 
 
 def shm_buffer(size: int) -> tuple[str, mmap.mmap]:
-    path = f"/dev/shm/cxlkv-buf-{os.getpid()}-hostile-{time.monotonic_ns()}"
+    path = f"/dev/shm/cxlkv-buf-{os.getpid()}-{os.urandom(6).hex()}"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     os.ftruncate(fd, size)
     mm = mmap.mmap(fd, size)
@@ -205,9 +205,9 @@ def test_register_buffer_refusals(raw, tmp_path) -> None:
         assert code == CODE.INVALID_ARGUMENT and err.message, req
     path, mm = shm_buffer(8192)
     try:
-        code, err = raw.call("RegisterBuffer", client_pb2.RegisterBufferRequest(path=path, size_bytes=4096))
+        code, err = raw.call("RegisterBuffer", client_pb2.RegisterBufferRequest(path=path, size_bytes=4096, pid=os.getpid()))
         assert code == CODE.INVALID_ARGUMENT and "8192" in err.message
-        code, err = raw.call("RegisterBuffer", client_pb2.RegisterBufferRequest(path=path, size_bytes=0))
+        code, err = raw.call("RegisterBuffer", client_pb2.RegisterBufferRequest(path=path, size_bytes=0, pid=os.getpid()))
         assert code == CODE.INVALID_ARGUMENT
     finally:
         os.unlink(path)

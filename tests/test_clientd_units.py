@@ -144,7 +144,7 @@ def _shm_file(tmp_name: str, size: int, mode: int = 0o600) -> str:
 
 @pytest.fixture()
 def shm_path(request):
-    name = f"cxlkv-test-{os.getpid()}-{request.node.name[:40]}"
+    name = f"cxlkv-buf-{os.getpid()}-{os.urandom(6).hex()}"  # the SDK's naming convention
     path = _shm_file(name, 1 << 16)
     yield path
     Path(path).unlink(missing_ok=True)
@@ -172,7 +172,7 @@ def test_register_acquire_release_unregister(shm_path: str) -> None:
 ])
 def test_acquire_out_of_range(shm_path: str, offset: int, length: int) -> None:
     reg = BufferRegistry()
-    buf = reg.register(shm_path, 1 << 16, 0)
+    buf = reg.register(shm_path, 1 << 16, os.getpid())
     with pytest.raises(OutOfRange):
         reg.acquire(buf.buffer_id, offset, length)
     reg.acquire(buf.buffer_id, 1 << 16, 0)  # empty range at the end is fine
@@ -181,31 +181,63 @@ def test_acquire_out_of_range(shm_path: str, offset: int, length: int) -> None:
 
 def test_register_refusals(shm_path: str, tmp_path: Path) -> None:
     reg = BufferRegistry()
+    me = os.getpid()
     with pytest.raises(InvalidArgument, match="exists|does not exist"):
-        reg.register("/dev/shm/cxlkv-test-no-such-file", 4096, 0)
+        reg.register(f"/dev/shm/cxlkv-buf-{me}-000000000000", 4096, me)
     with pytest.raises(InvalidArgument, match="absolute"):
-        reg.register("relative/path", 4096, 0)
-    outside = tmp_path / "buf"
+        reg.register("relative/path", 4096, me)
+    outside = tmp_path / f"cxlkv-buf-{me}-000000000000"
     outside.write_bytes(b"\0" * 4096)
     with pytest.raises(InvalidArgument, match="/dev/shm"):
-        reg.register(str(outside), 4096, 0)
+        reg.register(str(outside), 4096, me)
     with pytest.raises(InvalidArgument, match="bytes"):
-        reg.register(shm_path, 4096, 0)  # size mismatch
+        reg.register(shm_path, 4096, me)  # size mismatch
     with pytest.raises(InvalidArgument, match="> 0"):
-        reg.register(shm_path, 0, 0)
-    link = f"/dev/shm/cxlkv-test-link-{os.getpid()}"
+        reg.register(shm_path, 0, me)
+    for pid in (0, -1):
+        with pytest.raises(InvalidArgument, match="pid"):
+            reg.register(shm_path, 1 << 16, pid)
+    with pytest.raises(InvalidArgument, match="not the caller's pid"):
+        reg.register(shm_path, 1 << 16, me, peer_pid=me + 1, peer_uid=os.geteuid())
+    with pytest.raises(InvalidArgument, match="owned by uid"):
+        reg.register(shm_path, 1 << 16, me, peer_pid=me, peer_uid=os.geteuid() + 1)
+    link = f"/dev/shm/cxlkv-buf-{me}-{os.urandom(6).hex()}"
     os.symlink(shm_path, link)
     try:
         with pytest.raises(InvalidArgument, match="symbolic link"):
-            reg.register(link, 1 << 16, 0)
+            reg.register(link, 1 << 16, me)
     finally:
         os.unlink(link)
+    hard = f"/dev/shm/cxlkv-buf-{me}-{os.urandom(6).hex()}"
+    os.link(shm_path, hard)
+    try:
+        with pytest.raises(InvalidArgument, match="2 links"):
+            reg.register(hard, 1 << 16, me)
+    finally:
+        os.unlink(hard)
+    st = os.stat(shm_path)
+    reg.protect([(st.st_dev, st.st_ino)])
+    with pytest.raises(InvalidArgument, match="region files"):
+        reg.register(shm_path, 1 << 16, me)
+    reg = BufferRegistry()
+    bad_name = _shm_file(f"cxlkv-test-{me}-{os.urandom(4).hex()}", 4096)
+    try:
+        with pytest.raises(InvalidArgument, match="cxlkv-buf-<pid>"):
+            reg.register(bad_name, 4096, me)
+    finally:
+        os.unlink(bad_name)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    with pytest.raises(InvalidArgument, match="not running"):
-        reg.register(shm_path, 1 << 16, dead.pid)
+    dead_file = _shm_file(f"cxlkv-buf-{dead.pid}-{os.urandom(6).hex()}", 4096)
+    try:
+        with pytest.raises(InvalidArgument, match="not running"):
+            reg.register(dead_file, 4096, dead.pid)
+        with pytest.raises(InvalidArgument, match="named after"):
+            reg.register(dead_file, 4096, me)
+    finally:
+        os.unlink(dead_file)
     with pytest.raises(InvalidArgument, match="NUL"):
-        reg.register("/dev/shm/a\x00b", 1 << 16, 0)
+        reg.register("/dev/shm/a\x00b", 1 << 16, me)
     assert len(reg) == 0
 
 
@@ -214,7 +246,11 @@ def test_reaper_drops_buffers_of_exited_owners(shm_path: str) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         mine = reg.register(shm_path, 1 << 16, os.getpid())
-        theirs = reg.register(shm_path, 1 << 16, child.pid)
+        their_path = _shm_file(f"cxlkv-buf-{child.pid}-{os.urandom(6).hex()}", 1 << 16)
+        try:
+            theirs = reg.register(their_path, 1 << 16, child.pid)
+        finally:
+            os.unlink(their_path)
         assert reg.reap_dead_owners() == []
     finally:
         child.kill()
