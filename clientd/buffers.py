@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Iterable
 
 from cxlkv.errors import CxlkvError, InvalidArgument, OutOfRange, UnknownBuffer
+from cxlkv.procs import process_start_time
 
 __all__ = ["SHM_DIR", "BUFFER_NAME", "SharedBuffer", "BufferRegistry", "process_start_time"]
 
@@ -46,27 +47,6 @@ ORPHAN_PREFIX = "cxlkv-buf-"
 #: The only file names RegisterBuffer accepts: ``cxlkv-buf-<pid>-<12 hex digits>``,
 #: where ``<pid>`` is the registering process (cxlkv.client._pool names its files so).
 BUFFER_NAME = re.compile(r"cxlkv-buf-([1-9][0-9]{0,9})-[0-9a-f]{12}")
-
-
-def process_start_time(pid: int) -> int | None:
-    """The start time of ``pid`` in clock ticks since boot, or ``None`` if it is gone.
-
-    Read from ``/proc/<pid>/stat`` (field 22); together with the pid it names a
-    process uniquely across pid reuse.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may contain spaces.
-    rest = data[data.rfind(b")") + 2:].split()
-    try:
-        return int(rest[19])  # field 22 overall; rest starts at field 3
-    except (IndexError, ValueError):
-        return None
 
 
 def process_uid(pid: int) -> int | None:

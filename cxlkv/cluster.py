@@ -26,6 +26,7 @@ from typing import Any, Mapping
 import tomli_w
 
 from cxlkv.errors import CxlkvError
+from cxlkv.procs import process_start_time
 
 __all__ = ["ClusterError", "ManagedProcess", "LocalCluster", "wait_for_file"]
 
@@ -328,9 +329,12 @@ class LocalCluster:
             "cluster_id": self.cluster_id,
             "master_address": self.master_address,
             "master_pid": self.master.pid if self.master else None,
+            # start times (clock ticks since boot) name the processes across pid reuse
+            "master_start_time": process_start_time(self.master.pid) if self.master else None,
             "clientds": [
-                {"name": p.name, "pid": p.pid, "socket_path": self.socket_path(i),
-                 "log": str(p.log_path)}
+                {"name": p.name, "pid": p.pid, "start_time": process_start_time(p.pid),
+                 "socket_path": self.socket_path(i), "lean_socket_path": self.lean_socket_path(i),
+                 "ready_file": str(self.run_dir / f"clientd-{i}.ready"), "log": str(p.log_path)}
                 for i, p in enumerate(self.clientds)
             ],
             "regions": self.region_paths,

@@ -4,7 +4,13 @@
 returns, leaving them running; their configs, logs and sockets live in one run
 directory (``--run-dir``, default ``./run/cluster``) with a ``cluster.json`` that
 ``status`` and ``down`` read. ``down`` stops every process (SIGTERM, then SIGKILL)
-and deletes the region files.
+and deletes the region files and the sockets and ready files of clientds that
+did not remove them (killed ones).
+
+``cluster.json`` records each process's pid *and* start time (``/proc/PID/stat``
+field 22): a pid is signalled or reported alive only while the process with that
+pid has the recorded start time and a command line naming cxlkv, so a pid reused
+by an unrelated process after the cluster died is reported gone, never killed.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from pathlib import Path
 import click
 
 from cxlkv.config import format_size, parse_size
+from cxlkv.procs import same_process
 
 DEFAULT_RUN_DIR = "run/cluster"
 
@@ -30,32 +37,43 @@ def _load_state(run_dir: Path) -> dict:
         raise click.ClickException(f"no cluster in {run_dir} (no cluster.json); start one with `cxlkv cluster up`") from None
 
 
-def _alive(pid: int | None) -> bool:
-    if not pid:
+def _processes(state: dict) -> list[tuple[str, int | None, int | None]]:
+    """``(name, pid, start time)`` of every process ``cluster.json`` records."""
+    procs = [("master", state.get("master_pid"), state.get("master_start_time"))]
+    procs += [(c["name"], c.get("pid"), c.get("start_time")) for c in state.get("clientds", [])]
+    return procs
+
+
+def _alive(pid: int | None, start_time: int | None) -> bool:
+    """Whether ``pid`` is still the recorded cluster process (same start time, a cxlkv
+    command line, not a zombie) — a recycled pid is not."""
+    return same_process(pid, start_time, cmdline_contains="cxlkv")
+
+
+def _stop_pid(pid: int | None, start_time: int | None, timeout_s: float) -> bool:
+    """SIGTERM then SIGKILL the recorded process, if it is still that process.
+
+    Returns:
+        True if SIGKILL was needed.
+    """
+    if not _alive(pid, start_time):
         return False
+    assert pid is not None
     try:
-        os.kill(pid, 0)
+        os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _stop_pid(pid: int, timeout_s: float) -> bool:
-    """SIGTERM then SIGKILL; returns True if SIGKILL was needed."""
-    if not _alive(pid):
-        return False
-    os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if not _alive(pid, start_time):
             return False
         time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
+    if not _alive(pid, start_time):
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
     return True
 
 
@@ -80,8 +98,7 @@ def up_cmd(run_dir: str, clientds: int, region_size: str, segments: int, prefaul
         state = json.loads((rd / "cluster.json").read_text())
         # Any live process or region left by the previous cluster would be orphaned when
         # this one overwrites (or, failing, deletes) cluster.json: `down` must clean it first.
-        alive = [name for name, pid in [("master", state.get("master_pid"))]
-                 + [(c["name"], c["pid"]) for c in state.get("clientds", [])] if _alive(pid)]
+        alive = [name for name, pid, start in _processes(state) if _alive(pid, start)]
         if alive:
             raise click.ClickException(f"a cluster is already running in {rd} ({', '.join(alive)} alive; "
                                        f"`cxlkv cluster down --run-dir {run_dir}` first)")
@@ -110,17 +127,25 @@ def up_cmd(run_dir: str, clientds: int, region_size: str, segments: int, prefaul
 @click.option("--run-dir", default=DEFAULT_RUN_DIR, show_default=True, type=click.Path(file_okay=False))
 @click.option("--timeout", "timeout_s", default=10.0, show_default=True, help="Seconds before SIGKILL.")
 def down_cmd(run_dir: str, timeout_s: float) -> None:
-    """Stop a local cluster and delete its regions."""
+    """Stop a local cluster; delete its regions and the sockets and ready files left
+    by killed clientds. A recorded pid now used by another process is left alone."""
     rd = Path(run_dir)
     state = _load_state(rd)
     killed = []
     for c in state.get("clientds", []):
-        if _stop_pid(c["pid"], timeout_s):
+        if _stop_pid(c.get("pid"), c.get("start_time"), timeout_s):
             killed.append(c["name"])
-    if state.get("master_pid") and _stop_pid(state["master_pid"], timeout_s):
+    if _stop_pid(state.get("master_pid"), state.get("master_start_time"), timeout_s):
         killed.append("master")
     for path in state.get("regions", []):
         Path(path).unlink(missing_ok=True)
+    for i, c in enumerate(state.get("clientds", [])):
+        sock = c.get("socket_path")
+        leftovers = [sock, c.get("lean_socket_path") or (sock + ".lean" if sock else None),
+                     c.get("ready_file") or str(rd / f"clientd-{i}.ready")]
+        for path in leftovers:
+            if path:
+                Path(path).unlink(missing_ok=True)  # every clientd is stopped: these are stale
     (rd / "cluster.json").unlink(missing_ok=True)
     click.echo("cluster stopped" + (f" (killed: {', '.join(killed)})" if killed else ""))
 
@@ -133,10 +158,12 @@ def status_cmd(run_dir: str, as_json: bool) -> None:
     from tabulate import tabulate
 
     state = _load_state(Path(run_dir))
-    rows = [{"process": "master", "pid": state.get("master_pid"), "alive": _alive(state.get("master_pid")),
+    rows = [{"process": "master", "pid": state.get("master_pid"),
+             "alive": _alive(state.get("master_pid"), state.get("master_start_time")),
              "address": state.get("master_address")}]
     for c in state.get("clientds", []):
-        rows.append({"process": c["name"], "pid": c["pid"], "alive": _alive(c["pid"]), "address": c["socket_path"]})
+        rows.append({"process": c["name"], "pid": c.get("pid"), "alive": _alive(c.get("pid"), c.get("start_time")),
+                     "address": c["socket_path"]})
     if as_json:
         click.echo(json.dumps({"processes": rows, "regions": state.get("regions", [])}, indent=2))
         return

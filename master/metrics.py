@@ -73,8 +73,11 @@ COUNTER_HELP: dict[str, str] = {
     "clients_expired": "clientd registrations expired (no heartbeat for client_ttl_s)",
     "segments_mounted": "segments mounted",
     "segments_unmounted": "segments unmounted",
-    "demotions_started": "CXL → SSD move tasks queued (docs/tiers.md)",
-    "demotions": "objects whose CXL replica was dropped after an SSD copy (demoted)",
+    "demotions_started": "DEMOTE tasks queued: CXL → SSD copies of objects with no SSD replica (docs/tiers.md)",
+    "demotions": ("objects demoted: CXL replica dropped, SSD replica kept; = demotions_no_copy + "
+                  "DEMOTE tasks completed"),
+    "demotions_no_copy": ("demotions that needed no task: the object already had an SSD replica (copied "
+                          "ahead, promoted earlier, or both found by --recover-from-region)"),
     "promotions_started": "SSD → CXL move tasks queued for hot SSD-only objects",
     "promotions": "objects copied back into CXL (promoted)",
     "promotions_skipped": "promotions not started: no CXL room",
@@ -86,7 +89,7 @@ COUNTER_HELP: dict[str, str] = {
     "moves_dropped": "finished moves discarded: the object was removed, replaced or moved meanwhile",
     "ssd_puts": "puts placed on the SSD tier directly (CXL full while demotions run)",
     "ssd_evictions": "SSD-only objects dropped because the SSD tier was full",
-    "ssd_copies_started": "CXL → SSD copies queued ahead of demotion (CXL past low_watermark)",
+    "ssd_copies_started": "CXL → SSD copies queued ahead of demotion (CXL past copy_ahead_watermark)",
     "ssd_copies": "SSD copies committed beside a CXL replica (a later demotion frees CXL at once)",
     "replicas_lost": "replicas lost with an unmounted segment",
     "objects_lost": "objects whose last replica was lost with an unmounted segment",

@@ -209,7 +209,8 @@ def recover_regions(state: MasterState, specs: Sequence[str], now: float) -> lis
     for r in done:
         if r.skipped:
             log.warning("recovery: region %s (segment %s): skipped %d object(s) whose value checksum "
-                        "failed with no intact copy restored, or that the master refused "
+                        "failed with no intact copy restored (a corrupt value, or the leftover of a removed or "
+                        "evicted object whose space was being reused), or that the master refused "
                         "(extent conflict, invalid key)", r.path, r.segment, r.skipped)
         if r.stale:
             log.info("recovery: region %s (segment %s): left out %d stale cop(ies), nothing lost: an "

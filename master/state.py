@@ -59,7 +59,7 @@ COUNTERS = (
     "segments_mounted", "segments_unmounted", "replicas_lost", "objects_lost",
     "objects_recovered", "puts_fenced",
     # tiers (docs/tiers.md)
-    "demotions_started", "demotions", "promotions_started", "promotions", "promotions_skipped",
+    "demotions_started", "demotions", "demotions_no_copy", "promotions_started", "promotions", "promotions_skipped",
     "dram_caches_started", "dram_caches", "moves_failed", "moves_retried", "moves_dropped",
     "ssd_puts", "ssd_evictions", "dram_uncached", "ssd_copies_started", "ssd_copies",
 )
@@ -1263,6 +1263,7 @@ class MasterState:
             self._detach(obj, cxl)
             self._cold[obj.key] = None
             self.counters["demotions"] += 1
+            self.counters["demotions_no_copy"] += 1  # no task: demotions_started not counted
             return True
         dst = self._alloc_in(obj, Tier.SSD, now, evict_cold=True)
         if dst is None:

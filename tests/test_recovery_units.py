@@ -238,3 +238,39 @@ def test_recover_spec_parsing_and_config_key(tmp_path) -> None:
     assert cfg.recover_from_region == ["/x"]
     with pytest.raises(ConfigError, match="recover_from_region"):
         load_config(MasterConfig, None, overrides={"recover_from_region": ["=cxl0"]})
+
+
+def test_recovery_tells_stale_copies_from_skipped_ones(tmp_path: Path, caplog) -> None:
+    """Two regions (a tiered cluster's CXL and SSD): a copy whose value fails its
+    checksum while the same version is intact in the other region (a freed CXL
+    extent an unfinished move was rewriting), and an older leftover version
+    superseded by the other region's newer one, are counted ``stale`` — never
+    "skipped … checksum failed" — and nothing is lost."""
+    pa, pb = tmp_path / "a", tmp_path / "b"
+    with Region.open(pa, size=8 * MiB, create=True) as ra, Region.open(pb, size=8 * MiB, create=True) as rb:
+        format_region(ra, "cxl0")
+        format_region(rb, "cxl1")
+        src = _state(size=8 * MiB)
+        w = _Writer(ra, src)
+        m = w.put("m", b"moved" * 100)
+        x = w.put("x", b"newer" * 10)
+        ra.copy_in(m.extents[0][1] + m.header_bytes + 3, b"Z")  # an unfinished write over m's value
+        for off, key, version, value in ((BASE, "m", m.version, b"moved" * 100),
+                                         (BASE + 64 * KiB, "x", x.version - 1, b"older")):
+            kb = key.encode()
+            hb = header_bytes_for(len(kb))
+            rb.copy_in(off + 64, kb)
+            rb.copy_in(off + hb, value)
+            rb.copy_in(off, pack_header(kb, version, len(value), xxhash.xxh3_64_intdigest(value)))
+    dst = _state(size=8 * MiB)
+    caplog.set_level(logging.INFO, logger="cxlkv.master")
+    ra_rep, rb_rep = recover_regions(dst, [str(pa), str(pb)], now=1.0)
+    assert (ra_rep.skipped, ra_rep.stale) == (0, 1)
+    assert (rb_rep.skipped, rb_rep.stale) == (0, 1)
+    got_m, got_x = dst.get_object("m"), dst.get_object("x")
+    assert got_m is not None and got_m.version == m.version and len(got_m.extents) == 1
+    assert got_x is not None and got_x.version == x.version
+    msgs = [r.getMessage() for r in caplog.records]
+    assert not any("checksum" in t and "skipped" in t and "region" in t for t in msgs), msgs
+    assert any("0 skipped, 2 stale" in t for t in msgs), msgs
+    dst.check_invariants()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,6 +116,7 @@ def test_cluster_up_refuses_over_a_half_dead_cluster(tmp_path: Path) -> None:
     state = json.loads((run_dir / "cluster.json").read_text())
     try:
         os.kill(state["master_pid"], signal.SIGKILL)
+        os.kill(state["clientds"][1]["pid"], signal.SIGKILL)  # leaves its sockets and ready file
         again = subprocess.run(cli + ["up", "--run-dir", str(run_dir), "--region-size", "32MiB"],
                                capture_output=True, text=True, timeout=120)
         assert again.returncode != 0 and "already running" in again.stderr and "clientd-0" in again.stderr
@@ -125,6 +128,56 @@ def test_cluster_up_refuses_over_a_half_dead_cluster(tmp_path: Path) -> None:
     assert not any(Path(p).exists() for p in state["regions"])
     for c in state["clientds"]:
         assert not Path(f"/proc/{c['pid']}").exists() or "Z" in Path(f"/proc/{c['pid']}/stat").read_text().split(") ")[1][:1]
+    left = [p for c in state["clientds"] for p in (c["socket_path"], c["lean_socket_path"], c["ready_file"])
+            if os.path.lexists(p)]
+    assert left == []  # the killed clientd's stale .sock, .sock.lean and .ready are gone too
+
+
+def test_cluster_down_and_status_never_touch_a_recycled_pid(tmp_path: Path) -> None:
+    """cluster.json names processes by pid *and* start time: a pid now held by an
+    unrelated process (or by a cxlkv-looking one started later) is reported gone and
+    not signalled; the recorded process itself is stopped."""
+    from click.testing import CliRunner
+
+    from cxlkv.clustercli import cluster_group
+    from cxlkv.procs import process_start_time
+
+    run_dir = tmp_path / "c"
+    run_dir.mkdir()
+    unrelated = subprocess.Popen(["sleep", "60"])                      # no cxlkv in its command line
+    lookalike = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "cxlkv"])
+    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "cxlkv-clientd"])
+    try:
+        for p in (unrelated, lookalike, ours):
+            while process_start_time(p.pid) is None:
+                time.sleep(0.01)
+        stale = [run_dir / n for n in ("clientd-0.sock", "clientd-0.sock.lean", "clientd-0.ready")]
+        for f in stale:
+            f.write_text("")
+        state = {
+            "master_address": "127.0.0.1:1", "regions": [],
+            "master_pid": unrelated.pid, "master_start_time": process_start_time(unrelated.pid),
+            "clientds": [
+                {"name": "clientd-0", "pid": lookalike.pid, "start_time": process_start_time(lookalike.pid) - 1,
+                 "socket_path": str(stale[0]), "lean_socket_path": str(stale[1]), "ready_file": str(stale[2])},
+                {"name": "clientd-1", "pid": ours.pid, "start_time": process_start_time(ours.pid),
+                 "socket_path": str(run_dir / "clientd-1.sock")},
+            ],
+        }
+        (run_dir / "cluster.json").write_text(json.dumps(state))
+        st = CliRunner().invoke(cluster_group, ["status", "--run-dir", str(run_dir), "--json"])
+        assert st.exit_code == 0, st.output
+        assert [p["alive"] for p in json.loads(st.output)["processes"]] == [False, False, True]
+        down = CliRunner().invoke(cluster_group, ["down", "--run-dir", str(run_dir), "--timeout", "5"])
+        assert down.exit_code == 0 and "killed" not in down.output, down.output
+        assert ours.wait(timeout=5) == -signal.SIGTERM
+        assert unrelated.poll() is None and lookalike.poll() is None   # never signalled
+        assert not any(f.exists() for f in stale)
+        assert not (run_dir / "cluster.json").exists()
+    finally:
+        for p in (unrelated, lookalike, ours):
+            p.kill()
+            p.wait()
 
 
 @needs_trace

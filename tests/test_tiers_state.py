@@ -266,3 +266,24 @@ def test_unknown_policy_name_lists_the_known_ones() -> None:
         load_policy("nope")
     with pytest.raises(ConfigError, match="nope"):
         make_state(eviction_policy="nope")
+
+
+def test_demotion_counters_add_up_with_copies_ahead() -> None:
+    """Objects copied ahead are demoted without a task: counted in ``demotions`` and
+    ``demotions_no_copy``, never in ``demotions_started``; the completed DEMOTE tasks
+    are ``demotions − demotions_no_copy`` ≤ ``demotions_started`` (docs/operations.md)."""
+    st = make_state(copy_ahead_watermark=0.2)
+    c = client(st)
+    for i in range(5):
+        put(st, c, f"k{i}")
+    run_all(st, c)  # the copies ahead
+    assert st.counters["ssd_copies"] >= 2
+    for i in range(5, 9):
+        put(st, c, f"k{i}")
+        run_all(st, c)
+    n = st.counters
+    assert n["demotions_no_copy"] >= 1
+    assert n["demotions"] > n["demotions_no_copy"] or n["demotions_started"] == 0
+    assert 0 <= n["demotions"] - n["demotions_no_copy"] <= n["demotions_started"]
+    assert st.key_count == 9 and n["evictions"] == 0
+    st.check_invariants()
