@@ -274,3 +274,35 @@ def test_recovery_tells_stale_copies_from_skipped_ones(tmp_path: Path, caplog) -
     assert not any("checksum" in t and "skipped" in t and "region" in t for t in msgs), msgs
     assert any("0 skipped, 2 stale" in t for t in msgs), msgs
     dst.check_invariants()
+
+
+def test_recovery_restores_the_shared_ssd_tier_file(tmp_path: Path) -> None:
+    """The SSD tier file is recovered like a region when its segment is declared with
+    tier = "ssd": an object in CXL and on SSD at the same version gets both replicas,
+    an SSD-only one comes back on SSD (docs/master.md, what recovery restores)."""
+    from cxlkv.master.segments import Tier
+
+    pc, ps = tmp_path / "cxl", tmp_path / "ssd"
+    cfg = MasterConfig(segments=[SegmentConfig(name="cxl0", size_bytes=4 * MiB),
+                                 SegmentConfig(name="ssd0", size_bytes=4 * MiB, tier="ssd")])
+    cfg.validate()
+    with Region.open(pc, size=4 * MiB, create=True) as rc, Region.open(ps, size=4 * MiB, create=True) as rs:
+        format_region(rc, "cxl0")
+        format_region(rs, "ssd0")
+        for region, objs in ((rc, [("both", 7)]), (rs, [("both", 7), ("cold", 3)])):
+            off = BASE
+            for key, version in objs:
+                kb, value = key.encode(), key.encode() * 50
+                hb = header_bytes_for(len(kb))
+                region.copy_in(off + 64, kb)
+                region.copy_in(off + hb, value)
+                region.copy_in(off, pack_header(kb, version, len(value), xxhash.xxh3_64_intdigest(value)))
+                off += 64 * KiB
+    dst = MasterState(cfg)
+    reps = recover_regions(dst, [str(pc), str(ps)], now=1.0)
+    assert [(r.segment, r.skipped, r.stale) for r in reps] == [("cxl0", 0, 0), ("ssd0", 0, 0)]
+    tier = {s.segment_id: s.tier for s in dst.segments()}
+    both, cold = dst.get_object("both"), dst.get_object("cold")
+    assert both is not None and sorted(tier[e[0]] for e in both.extents) == sorted([Tier.CXL, Tier.SSD])
+    assert cold is not None and [tier[e[0]] for e in cold.extents] == [Tier.SSD]
+    dst.check_invariants()
