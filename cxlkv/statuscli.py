@@ -199,6 +199,12 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
                 t["used_bytes"] += s["used_bytes"]
                 t["segments"] += 1
         out["tiers"] = tiers
+        # What the store can hold: CXL + SSD. A DRAM tier only caches extra copies of
+        # objects that live in CXL or on SSD, so it adds no capacity.
+        homes = [v for t, v in tiers.items() if t != "dram"]
+        out["space"] = {"capacity_bytes": sum(v["capacity_bytes"] for v in homes),
+                        "used_bytes": sum(v["used_bytes"] for v in homes),
+                        "excludes": "dram (extra copies only)"}
         c = master["counters"]
         out["evictions"] = {"evictions": c.get("evictions", 0), "evicted_bytes": c.get("evicted_bytes", 0),
                             "puts_reclaimed": c.get("puts_reclaimed", 0), "lease_expiries": c.get("lease_expiries", 0),
@@ -231,6 +237,27 @@ def _age(seconds: float) -> str:
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
 
 
+_TIER_ORDER = {"dram": 0, "cxl": 1, "ssd": 2}
+
+
+def _space_rows(st: dict[str, Any]) -> list[tuple[str, str]]:
+    """``space`` (what the store holds: CXL + SSD, never DRAM), then one row per tier."""
+    sp, tiers = st["space"], st["tiers"]
+    rows = [("space", f"{usage_bar(sp['used_bytes'], sp['capacity_bytes'])}  "
+                      f"{format_size(sp['used_bytes'])} of {format_size(sp['capacity_bytes'])}"
+                      + (f"  ({' + '.join(t for t in sorted(tiers, key=lambda t: _TIER_ORDER.get(t, 9)) if t != 'dram')})"
+                         if len(tiers) > 1 else ""))]
+    if len(tiers) > 1:
+        for t in sorted(tiers, key=lambda t: _TIER_ORDER.get(t, 9)):
+            v = tiers[t]
+            note = f"{v['segments']} segment(s)"
+            if t == "dram":
+                note = f"{v['segments']} clientd(s), extra copies: not in space"
+            rows.append((f"  {t}", f"{usage_bar(v['used_bytes'], v['capacity_bytes'])}  "
+                                   f"{format_size(v['used_bytes'])} of {format_size(v['capacity_bytes'])}  ({note})"))
+    return rows
+
+
 def _render(st: dict[str, Any]) -> str:
     from tabulate import tabulate
 
@@ -246,8 +273,7 @@ def _render(st: dict[str, Any]) -> str:
                          f"watermarks {m['low_watermark']:.2f}/{m['high_watermark']:.2f}"),
             ("metrics", m["metrics_url"] or "(disabled: set metrics_address)"),
             ("keys", f"{m['key_count']}  ({m['processing_count']} puts in flight, {m['lease_count']} leases)"),
-            ("space", f"{usage_bar(m['used_bytes'], m['capacity_bytes'])}  "
-                      f"{format_size(m['used_bytes'])} of {format_size(m['capacity_bytes'])}"),
+            *_space_rows(st),
             ("clients", f"{st['clients_alive']} alive, {st['clients_expired']} expired"),
         ]
         ev = st["evictions"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from cxlkv.statuscli import usage_bar
 from ops_helpers import METRICS_ON
 
-KiB = 1 << 10
+KiB, MiB = 1 << 10, 1 << 20
 FAST_EXPIRY = {"client_ttl_s": 1.5, "heartbeat_interval_s": 0.25}
 
 
@@ -91,3 +91,27 @@ def test_status_unreachable_is_one_line(tmp_path: Path) -> None:
     r = _status("--master", "127.0.0.1:1")
     assert r.returncode == 22 and len(r.stderr.splitlines()) == 1, r.stderr
     assert "--master HOST:PORT" not in r.stderr
+
+
+def test_status_space_is_per_tier_and_excludes_dram(make_cluster) -> None:
+    """16 MiB CXL + 8 MiB SSD + 2 × 2 MiB DRAM: `space` is CXL + SSD (a DRAM tier holds
+    only extra copies), and each tier has its own row (docs/operations.md)."""
+    cl = make_cluster(region_size_bytes=16 * MiB, ssd_size_bytes=8 * MiB,
+                      clientd_options={"dram_tier_bytes": 2 * MiB})
+    cl.wait_until(lambda: sum(s.tier == 2 for s in cl.master_stat().segments if s.mounted) == 2,
+                  what="both DRAM tiers mounted")
+    r = _status("--socket", cl.socket_path(0), "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    t = st["tiers"]
+    assert set(t) == {"cxl", "ssd", "dram"} and t["dram"]["segments"] == 2
+    assert st["space"]["capacity_bytes"] == t["cxl"]["capacity_bytes"] + t["ssd"]["capacity_bytes"]
+    assert st["space"]["capacity_bytes"] < st["master"]["capacity_bytes"]  # the master's sum counts DRAM
+    r = _status("--socket", cl.socket_path(0))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    space = next(line for line in out.splitlines() if line.startswith("space"))
+    assert "of 24.0 MiB" in space or "of 23.9 MiB" in space, space
+    assert "(cxl + ssd)" in space, space
+    dram = next(line for line in out.splitlines() if line.strip().startswith("dram") and "clientd(s)" in line)
+    assert "not in space" in dram and "of 4.0 MiB" in dram, dram
