@@ -23,6 +23,7 @@ from cxlkv.client.framing import METHODS
 from cxlkv.clientd.api import ClientApi
 from cxlkv.errors import CxlkvError, Internal, rpc_status_for
 from cxlkv.v1 import client_pb2, client_pb2_grpc
+from cxlkv.wire import add_service
 
 __all__ = ["SERVICE_NAME", "make_servicer", "GrpcFrontEnd"]
 
@@ -94,7 +95,8 @@ class GrpcFrontEnd:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
         ])
-        client_pb2_grpc.add_ClientServiceServicer_to_server(make_servicer(api), self.server)
+        # safe deserializers: a request that does not parse answers INVALID_ARGUMENT/INVALID_KEY (cxlkv.wire)
+        add_service(self.server, client_pb2.DESCRIPTOR.services_by_name["ClientService"], make_servicer(api))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)

@@ -41,7 +41,7 @@ class LeanServer(_LeanServer):
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_in_flight: int = 1024,
     ) -> None:
-        routes = {m.number: LeanRoute(m.name, m.request_type.FromString, getattr(api, m.name)) for m in METHODS}
+        routes = {m.number: LeanRoute(m.name, m.request_type.FromString, getattr(api, m.name), m.request_type) for m in METHODS}
         super().__init__(routes, max_frame_bytes=max_frame_bytes, max_in_flight=max_in_flight)
         self.api = api
         self.socket_path = socket_path

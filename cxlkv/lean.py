@@ -85,12 +85,15 @@ class LeanRoute:
     :class:`~cxlkv.errors.CxlkvError` (sent as an ErrorDetail frame).
     """
 
-    __slots__ = ("name", "parse", "handler")
+    __slots__ = ("name", "parse", "handler", "request_type")
 
-    def __init__(self, name: str, parse: Callable[[bytes], Any], handler: Callable[[Any], Awaitable[Any]]):
+    def __init__(self, name: str, parse: Callable[[bytes], Any], handler: Callable[[Any], Awaitable[Any]],
+                 request_type: Any = None):
         self.name = name
         self.parse = parse
         self.handler = handler
+        #: The request message class (names the field of a non-UTF-8 string in errors).
+        self.request_type = request_type
 
 
 _pack = HEADER.pack
@@ -199,7 +202,11 @@ class LeanProtocol(asyncio.Protocol):
             try:
                 request = route.parse(payload)
             except (DecodeError, ValueError, TypeError) as exc:
-                self._answer_error(rid, InvalidArgument(f"{route.name}: malformed request message: {exc}"))
+                from cxlkv.wire import malformed_request_error
+
+                self._answer_error(rid, malformed_request_error(route.name, route.request_type, payload, exc)
+                                   if route.request_type is not None
+                                   else InvalidArgument(f"{route.name}: malformed request message: {exc}"))
                 continue
             task = self._loop.create_task(self._call(route, request, rid))
             self._tasks.add(task)

@@ -40,7 +40,8 @@ from cxlkv.master.recovery import recover_regions
 from cxlkv.master.service import MasterServicer
 from cxlkv.master.state import MasterState
 from cxlkv.systemd import Notifier
-from cxlkv.v1 import master_pb2, master_pb2_grpc
+from cxlkv.v1 import master_pb2
+from cxlkv.wire import add_service
 
 __all__ = ["MasterServer", "ListenError", "run_master", "SERVICE_NAME"]
 
@@ -152,7 +153,8 @@ class MasterServer:
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
         ])
-        master_pb2_grpc.add_MasterServiceServicer_to_server(self.servicer, server)
+        # safe deserializers: a request that does not parse answers INVALID_ARGUMENT/INVALID_KEY (cxlkv.wire)
+        add_service(server, master_pb2.DESCRIPTOR.services_by_name["MasterService"], self.servicer)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(

@@ -162,10 +162,11 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         routes: dict[int, LeanRoute] = {}
         for m in service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"]):
             if m.name == "FetchTasks":
-                routes[m.number] = LeanRoute(m.name, m.request_type.FromString, self._lean_fetch_tasks)
+                routes[m.number] = LeanRoute(m.name, m.request_type.FromString, self._lean_fetch_tasks, m.request_type)
                 continue
             fn = getattr(type(self), m.name).__wrapped__
-            routes[m.number] = LeanRoute(m.name, m.request_type.FromString, self._lean_handler(fn, m.name))
+            routes[m.number] = LeanRoute(m.name, m.request_type.FromString, self._lean_handler(fn, m.name),
+                                       m.request_type)
         return routes
 
     def _lean_handler(self, fn: Handler, name: str) -> Callable[[Any], Awaitable[Any]]:

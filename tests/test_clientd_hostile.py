@@ -232,8 +232,63 @@ def test_key_with_invalid_utf8_in_a_lean_frame(raw) -> None:
     m = framing.METHODS_BY_NAME["Get"]
     rid = raw.frame(m.number, payload)
     code, got, body = raw.read()
-    assert got == rid and code == CODE.INVALID_ARGUMENT
-    assert "malformed" in common_pb2.ErrorDetail.FromString(body).message
+    assert got == rid and code == CODE.INVALID_KEY
+    assert "not valid UTF-8" in common_pb2.ErrorDetail.FromString(body).message
+
+
+def _raw_grpc(channel: grpc.Channel, service: str, method: str, payload: bytes):
+    """Call ``method`` with raw request bytes; the typed error (from the status details)."""
+    call = channel.unary_unary(f"/{service}/{method}")  # no serializers: bytes in, bytes out
+    try:
+        call(payload, timeout=10)
+    except grpc.RpcError as exc:
+        assert exc.code() != grpc.StatusCode.UNKNOWN, exc.details()
+        return exc.code(), from_rpc_error(exc)
+    raise AssertionError("the call succeeded")
+
+
+def _field(request_type, name: str) -> int:
+    return request_type.DESCRIPTOR.fields_by_name[name].number
+
+
+def _string_field(number: int, raw: bytes) -> bytes:
+    return bytes([number << 3 | 2, len(raw)]) + raw
+
+
+def test_requests_that_do_not_parse_over_grpc(module_cluster) -> None:
+    """A request that fails to parse answers INVALID_KEY (a non-UTF-8 key) or
+    INVALID_ARGUMENT with an ErrorDetail — never UNKNOWN with Python text — on the
+    clientd's gRPC socket and on the master's gRPC port."""
+    svc = "cxlkv.v1.ClientService"
+    bad = b"\xff\xfe"
+    with grpc.insecure_channel(f"unix:{module_cluster.socket_path(0)}") as ch:
+        for method, req in (("Get", client_pb2.GetRequest), ("Put", client_pb2.PutRequest),
+                            ("Exist", client_pb2.ExistRequest)):
+            status, err = _raw_grpc(ch, svc, method, _string_field(_field(req, "key"), bad))
+            assert status == grpc.StatusCode.INVALID_ARGUMENT and err.code == CODE.INVALID_KEY, err
+            assert err.message == f"{method}: key is not valid UTF-8 (field key)"
+        # a repeated key field, and a key inside a nested message
+        status, err = _raw_grpc(ch, svc, "BatchExist", _string_field(_field(client_pb2.BatchExistRequest, "keys"), bad))
+        assert err.code == CODE.INVALID_KEY and "field keys" in err.message
+        item = _string_field(_field(client_pb2.PutRequest, "key"), bad)
+        status, err = _raw_grpc(ch, svc, "BatchPut", _string_field(_field(client_pb2.BatchPutRequest, "items"), item))
+        assert err.code == CODE.INVALID_KEY and "field items.key" in err.message
+        # another string field: INVALID_ARGUMENT naming the field and UTF-8
+        path = _string_field(_field(client_pb2.RegisterBufferRequest, "path"), bad)
+        status, err = _raw_grpc(ch, svc, "RegisterBuffer", path)
+        assert err.code == CODE.INVALID_ARGUMENT and err.message == "RegisterBuffer: field path is not valid UTF-8"
+        # bytes that are no protobuf message at all
+        status, err = _raw_grpc(ch, svc, "Get", b"\x0a\x7f")  # length past the end
+        assert err.code == CODE.INVALID_ARGUMENT and "malformed request message" in err.message
+        assert "\n" not in err.message
+    from cxlkv.v1 import master_pb2
+
+    with grpc.insecure_channel(module_cluster.master_address) as ch:
+        key_field = _field(master_pb2.ExistKeyRequest, "key")
+        status, err = _raw_grpc(ch, "cxlkv.v1.MasterService", "ExistKey", _string_field(key_field, bad))
+        assert status == grpc.StatusCode.INVALID_ARGUMENT and err.code == CODE.INVALID_KEY, err
+        status, err = _raw_grpc(ch, "cxlkv.v1.MasterService", "Stat", b"\xff\xff\xff")
+        assert err.code == CODE.INVALID_ARGUMENT and "malformed request message" in err.message
 
 
 def test_oversized_inline_values(stub, raw, module_cluster) -> None:
