@@ -253,7 +253,7 @@ def _space_rows(st: dict[str, Any]) -> list[tuple[str, str]]:
             note = f"{v['segments']} segment(s)"
             if t == "dram":
                 note = f"{v['segments']} clientd(s), extra copies: not in space"
-            rows.append((f"  {t}", f"{usage_bar(v['used_bytes'], v['capacity_bytes'])}  "
+            rows.append((f"tier {t}", f"{usage_bar(v['used_bytes'], v['capacity_bytes'])}  "
                                    f"{format_size(v['used_bytes'])} of {format_size(v['capacity_bytes'])}  ({note})"))
     return rows
 

@@ -113,5 +113,5 @@ def test_status_space_is_per_tier_and_excludes_dram(make_cluster) -> None:
     space = next(line for line in out.splitlines() if line.startswith("space"))
     assert "of 24.0 MiB" in space or "of 23.9 MiB" in space, space
     assert "(cxl + ssd)" in space, space
-    dram = next(line for line in out.splitlines() if line.strip().startswith("dram") and "clientd(s)" in line)
+    dram = next(line for line in out.splitlines() if line.startswith("tier dram"))
     assert "not in space" in dram and "of 4.0 MiB" in dram, dram
