@@ -373,5 +373,8 @@ def from_rpc_error(exc: grpc.RpcError, *, target: str = "") -> CxlkvError:
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     cls = _FROM_GRPC.get(code, Internal)  # type: ignore[arg-type]
+    name = getattr(code, "name", "error")
+    if name == cls.code.name:  # the error's own code says it: never "UNAVAILABLE: UNAVAILABLE (…)"
+        return cls(f"{target}: {details}" if target else str(details))
     where = f" ({target})" if target else ""
-    return cls(f"{getattr(code, 'name', 'error')}{where}: {details}")
+    return cls(f"gRPC {name}{where}: {details}")

@@ -115,10 +115,25 @@ def put_cmd(client: Any, key: str, source: str, upsert: bool, replica_num: int, 
                         mm.close()
                     except BufferError:  # a failed put's traceback still views the map; it goes with it
                         pass
+    placed = _replicas_placed(client, key, version) if replica_num > 1 else 1
     if as_json:
-        click.echo(json.dumps({"key": key, "version": version, "size_bytes": size}))
+        rec: dict[str, Any] = {"key": key, "version": version, "size_bytes": size}
+        if replica_num > 1:
+            rec.update(replicas_wanted=replica_num, replicas_placed=placed)
+        click.echo(json.dumps(rec))
     else:
         click.echo(f"{key}: version {version}, {size} bytes")
+        if placed is not None and placed < replica_num:
+            click.echo(f"{key}: {placed} of {replica_num} replicas placed (best effort: only {placed} "
+                       f"segment(s) had room or exist)", err=True)
+
+
+def _replicas_placed(client: Any, key: str, version: int) -> int | None:
+    """Replicas the committed ``version`` of ``key`` has (``None`` if it cannot be told:
+    replaced or removed meanwhile)."""
+    for e in client.list(key, page_size=1):
+        return e.replica_count if e.key == key and e.version == version else None
+    return None
 
 
 @click.command("get")
@@ -191,6 +206,53 @@ def ls_cmd(client: Any, prefix: str, limit: int, as_json: bool) -> None:
         click.echo(tabulate(rows, headers=["key", "size_bytes", "version", "replicas"]))
 
 
+def _is_repeated(fd: Any) -> bool:
+    rep = getattr(fd, "is_repeated", None)  # protobuf ≥ 6; older ones have only ``label``
+    if rep is not None:
+        return bool(rep)
+    from google.protobuf.descriptor import FieldDescriptor
+
+    return bool(fd.label == FieldDescriptor.LABEL_REPEATED)
+
+
+def _message_dict(msg: Any) -> dict[str, Any]:
+    """A protobuf message as a dict with proto field names, every field present,
+    integers as ints (``MessageToDict`` writes 64-bit ones as strings), enums by name."""
+    from google.protobuf.descriptor import FieldDescriptor as F
+
+    def value(fd: Any, v: Any) -> Any:
+        if fd.type == F.TYPE_MESSAGE:
+            return _message_dict(v)
+        if fd.type == F.TYPE_ENUM:
+            ev = fd.enum_type.values_by_number.get(v)
+            return ev.name if ev is not None else v
+        return v
+
+    out: dict[str, Any] = {}
+    for fd in msg.DESCRIPTOR.fields:
+        v = getattr(msg, fd.name)
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            vf = fd.message_type.fields_by_name["value"]
+            out[fd.name] = {k: value(vf, x) for k, x in v.items()}
+        elif _is_repeated(fd):
+            out[fd.name] = [value(fd, x) for x in v]
+        else:
+            out[fd.name] = value(fd, v)
+    return out
+
+
+def _with_ints(st: dict[str, Any]) -> dict[str, Any]:
+    """``Client.stat()``'s dict with its 64-bit integers as ints, not strings."""
+    from google.protobuf.json_format import ParseDict
+
+    from cxlkv.v1 import client_pb2
+
+    try:
+        return _message_dict(ParseDict(st, client_pb2.ClientStatResponse(), ignore_unknown_fields=True))
+    except Exception:  # an SDK that already answers ints (or another shape): as given
+        return st
+
+
 @click.command("stat")
 @click.option("--json", "as_json", is_flag=True, help="Print the full state as JSON.")
 @_kv_command
@@ -200,7 +262,7 @@ def stat_cmd(client: Any, as_json: bool) -> None:
 
     from cxlkv.config import format_size
 
-    st = client.stat()
+    st = _with_ints(client.stat())
     if as_json:
         click.echo(json.dumps(st, indent=2, sort_keys=True))
         return

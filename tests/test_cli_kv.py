@@ -96,7 +96,21 @@ def test_stat_table_and_json(run) -> None:
     assert "clientd-1" in r.output and "connected" in r.output and "cxl0" in r.output
     st = json.loads(run("stat", "--json").output)
     assert st["name"] == "clientd-1" and st["master_connected"] is True
-    assert int(st["capacity_bytes"]) > 0
+    assert isinstance(st["capacity_bytes"], int) and st["capacity_bytes"] > 0
+    for name in ("key_count", "epoch", "used_bytes", "buffer_bytes"):
+        assert isinstance(st[name], int), (name, st[name])  # never "9"
+    assert all(isinstance(s["capacity_bytes"], int) and s["tier"] == "CXL" for s in st["segments"])
+    assert all(isinstance(v, int) for v in st["counters"].values())
+
+
+def test_put_replicas_says_how_many_were_placed(run) -> None:
+    """One segment: `put --replicas 2` commits with 1 replica and says so."""
+    r = run("put", "cli/rep", "-", "--replicas", "2", input=b"r")
+    assert r.exit_code == 0, r.output
+    assert "1 of 2 replicas placed" in r.stderr, r.stderr
+    rec = json.loads(run("put", "cli/rep2", "-", "--replicas", "2", "--json", input=b"r").stdout)
+    assert rec["replicas_wanted"] == 2 and rec["replicas_placed"] == 1
+    assert "replicas placed" not in run("put", "cli/rep3", "-", input=b"r").stderr
 
 
 def test_cli_as_a_subprocess_uses_cxlkv_socket(module_cluster) -> None:

@@ -90,6 +90,9 @@ def test_status_unreachable_is_one_line(tmp_path: Path) -> None:
     assert "--master HOST:PORT" in r.stderr  # the way round a dead local clientd
     r = _status("--master", "127.0.0.1:1")
     assert r.returncode == 22 and len(r.stderr.splitlines()) == 1, r.stderr
+    # the code is said once: "error: UNAVAILABLE: master 127.0.0.1:1: …"
+    assert r.stderr.startswith("error: UNAVAILABLE: ") and r.stderr.count("UNAVAILABLE") == 1, r.stderr
+    assert "127.0.0.1:1" in r.stderr, r.stderr
     assert "--master HOST:PORT" not in r.stderr
 
 
