@@ -96,7 +96,9 @@ def summarize(json_dir: Path) -> str:
 @click.option("--json-dir", default="bench/results", show_default=True, type=click.Path(file_okay=False))
 @click.option("--quick", is_flag=True, help="Smoke run: fewer sizes and a 1,000-request replay.")
 @click.option("--only", multiple=True, help="Run only these (repeatable): " + ", ".join(BENCHMARKS) + ", replay.")
-@click.option("--trace", default=DEFAULT_TRACE, show_default=True, type=click.Path(dir_okay=False))
+@click.option("--trace", default=None, type=click.Path(dir_okay=False),
+              help="Trace for the replay and `bench tiering`  [default: ../shared/traces/"
+                   "conversation_trace.jsonl beside the checkout]")
 @click.option("--compare", type=click.Choice(["mooncake"]), default=None,
               help="Also run the peer (Mooncake Store, ../shared/peer/) beside `bench kv`.")
 def all_cmd(json_dir: str, quick: bool, only: tuple[str, ...], trace: str, compare: str | None) -> None:
@@ -107,19 +109,27 @@ def all_cmd(json_dir: str, quick: bool, only: tuple[str, ...], trace: str, compa
     unknown = set(only) - set(names)
     if unknown:
         raise click.ClickException(f"unknown benchmark(s) {sorted(unknown)}; known: {names}")
+    from cxlkv.replay import resolve_trace
+
+    try:
+        trace_path: str | None = resolve_trace(trace)
+    except FileNotFoundError as exc:
+        trace_path, trace_missing = None, str(exc)
     failed = []
     for name in names:
         if only and name not in only:
             continue
         out = out_dir / f"{name}.json"
         if name == "replay":
-            if not Path(trace).is_file():
-                click.echo(f"skipping replay: trace {trace} not found", err=True)
+            if trace_path is None:
+                click.echo(f"skipping replay: {trace_missing}", err=True)
                 continue
-            argv = ["replay", trace, "--embedded", "--block-bytes", "64KiB", "--capacity-fraction", "0.1",
+            argv = ["replay", trace_path, "--embedded", "--block-bytes", "64KiB", "--capacity-fraction", "0.1",
                     "--out", str(out)] + (["--limit", "1000"] if quick else [])
         else:
             argv = ["bench", name, "--out", str(out)] + (["--quick"] if quick else [])
+            if name == "tiering" and trace_path is not None:
+                argv += ["--trace", trace_path]
             if name == "kv":
                 argv += ["--coherence", "both"]  # flush mode's cost beside coherent, same run
                 if compare:

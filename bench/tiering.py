@@ -40,8 +40,8 @@ CONFIGS: dict[str, tuple[float, float]] = {
 
 
 @click.command("tiering")
-@click.option("--trace", default="../shared/traces/conversation_trace.jsonl", show_default=True,
-              type=click.Path(dir_okay=False, exists=True))
+@click.option("--trace", default=None, type=click.Path(dir_okay=False),
+              help="JSON-lines trace  [default: ../shared/traces/conversation_trace.jsonl beside the checkout]")
 @click.option("--block-bytes", default="4KiB", show_default=True, help="Bytes per 512-token block.")
 @click.option("--capacity-fraction", default=0.1, show_default=True, type=float,
               help="CXL tier as a fraction of the trace's unique blocks.")
@@ -60,8 +60,12 @@ def tiering_cmd(trace: str, block_bytes: str, capacity_fraction: float, ssd_frac
                 limit: int | None, as_json: bool, out: str | None, quick: bool) -> None:
     """Hit rates per tier: CXL-only vs CXL+SSD vs DRAM+CXL+SSD, per policy, on the real trace."""
     from cxlkv.config import parse_size
-    from cxlkv.replay import ReplayOptions, run_embedded
+    from cxlkv.replay import ReplayOptions, resolve_trace, run_embedded
 
+    try:
+        trace = resolve_trace(trace)
+    except FileNotFoundError as exc:
+        raise click.ClickException(str(exc)) from None
     bb = parse_size(block_bytes, name="--block-bytes")
     if quick and limit is None:
         limit = 1000

@@ -40,7 +40,7 @@ from cxlkv.clientd.master_link import Located, MasterLink
 from cxlkv.clientd.regions import MappedRegion, RegionSet
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode
-from cxlkv.keys import key_error
+from cxlkv.keys import key_error, options_error
 from cxlkv.objheader import header_bytes_for, pack_header, parse_header
 from cxlkv.v1 import client_pb2, common_pb2, master_pb2
 
@@ -69,6 +69,7 @@ REMOVE_RETRY_FIRST_S = 0.002
 _OK = int(ErrorCode.OK)
 _NOT_FOUND = int(ErrorCode.NOT_FOUND)
 _INVALID_KEY = int(ErrorCode.INVALID_KEY)
+_INVALID_ARGUMENT = int(ErrorCode.INVALID_ARGUMENT)
 _STALE_TOKEN = int(ErrorCode.STALE_TOKEN)
 _UNKNOWN_CLIENT = int(ErrorCode.UNKNOWN_CLIENT)
 _LEASE_EXPIRED = int(ErrorCode.LEASE_EXPIRED)
@@ -220,6 +221,8 @@ class ClientdCore:
             why = key_error(s.key)
             if why is not None:
                 results[i] = _PutResult(status=_status(_INVALID_KEY, why))
+            elif s.options is not None and (why := options_error(s.options)) is not None:
+                results[i] = _PutResult(status=_status(_INVALID_ARGUMENT, why))
             else:
                 todo.append(i)
         self.counters["put_items"] += n

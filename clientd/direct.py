@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from cxlkv.clientd.buffers import process_start_time
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument
-from cxlkv.keys import key_error
+from cxlkv.keys import key_error, options_error
 from cxlkv.objheader import header_bytes_for, parse_header
 from cxlkv.v1 import client_pb2, common_pb2
 
@@ -157,6 +157,8 @@ class DirectPuts:
             why = key_error(it.key)
             if why is not None:
                 results[i] = client_pb2.DirectPutStartResult(status=_status(_INVALID_KEY, why))
+            elif it.HasField("options") and (why := options_error(it.options)) is not None:
+                results[i] = client_pb2.DirectPutStartResult(status=_status(_INVALID_ARGUMENT, why))
             elif len(self._pending) + len(todo) >= MAX_PENDING:
                 results[i] = client_pb2.DirectPutStartResult(status=_status(
                     int(ErrorCode.NOT_READY), f"{MAX_PENDING} direct puts are pending; end some first"))

@@ -1,17 +1,57 @@
-"""Key rules shared by every component (DESIGN.md, Contracts).
+"""Key and put-option rules shared by every component (DESIGN.md, Contracts).
 
 A key is a UTF-8 string of 1–4096 bytes without NUL. Keys are compared as exact
-strings; ``/``, spaces and any Unicode are allowed.
+strings; ``/``, spaces and any Unicode are allowed. A put asks for 1 to
+:data:`MAX_REPLICA_NUM` replicas (on the wire, ``replica_num`` 0 means 1).
 """
 
 from __future__ import annotations
 
-from cxlkv.errors import InvalidKey
+from typing import Any
 
-__all__ = ["MAX_KEY_BYTES", "validate_key", "key_error"]
+from cxlkv.errors import InvalidArgument, InvalidKey
+
+__all__ = ["MAX_KEY_BYTES", "MAX_REPLICA_NUM", "validate_key", "key_error", "replica_num_error",
+           "validate_replica_num", "options_error"]
 
 #: Longest key, in UTF-8 bytes.
 MAX_KEY_BYTES = 4096
+#: Most replicas one put may ask for (each on a distinct segment; best effort).
+MAX_REPLICA_NUM = 16
+
+
+def replica_num_error(replica_num: object, *, zero_means_one: bool = False) -> str | None:
+    """Why ``replica_num`` is not a valid replica count, or ``None`` when it is.
+
+    Args:
+        replica_num: the count asked for (1..:data:`MAX_REPLICA_NUM`).
+        zero_means_one: accept 0 (the protobuf default on the wire: one replica).
+    """
+    if isinstance(replica_num, bool) or not isinstance(replica_num, int):
+        return f"replica_num must be an int, got {type(replica_num).__name__}"
+    low = 0 if zero_means_one else 1
+    if not low <= replica_num <= MAX_REPLICA_NUM:
+        return f"replica_num must be 1..{MAX_REPLICA_NUM}, got {replica_num}"
+    return None
+
+
+def validate_replica_num(replica_num: object) -> int:
+    """Return ``replica_num`` if it is 1..:data:`MAX_REPLICA_NUM`.
+
+    Raises:
+        InvalidArgument: not an int, or outside 1..MAX_REPLICA_NUM.
+    """
+    why = replica_num_error(replica_num)
+    if why is not None:
+        raise InvalidArgument(why)
+    return replica_num  # type: ignore[return-value]
+
+
+def options_error(options: Any) -> str | None:
+    """Why wire ``PutOptions`` (or ``None``) are invalid, or ``None`` when they are fine."""
+    if options is None:
+        return None
+    return replica_num_error(options.replica_num, zero_means_one=True)
 
 
 def key_error(key: object) -> str | None:

@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 import click
 
+from cxlkv.keys import MAX_REPLICA_NUM
+
 __all__ = ["put_cmd", "get_cmd", "exists_cmd", "rm_cmd", "ls_cmd", "stat_cmd", "EXIT_ERROR_BASE", "exit_code_for"]
 
 #: A cxlkv error exits with ``EXIT_ERROR_BASE + ErrorCode``.
@@ -74,7 +76,7 @@ def _kv_command(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _put_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     for opt in reversed([
         click.option("--upsert", is_flag=True, help="Replace a committed key (new version)."),
-        click.option("--replicas", "replica_num", type=click.IntRange(1, 64), default=1, show_default=True,
+        click.option("--replicas", "replica_num", type=click.IntRange(1, MAX_REPLICA_NUM), default=1, show_default=True,
                      help="Replicas on distinct segments (best effort)."),
         click.option("--soft-pin", is_flag=True, help="Evict last (the pin expires)."),
         click.option("--hard-pin", is_flag=True, help="Never evict."),

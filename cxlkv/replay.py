@@ -52,6 +52,42 @@ __all__ = ["ReplayOptions", "ReplayReport", "block_content", "run_replay", "repl
 KiB = 1024
 MiB = 1 << 20
 DEFAULT_TRACE = "../shared/traces/conversation_trace.jsonl"
+#: Where the default trace is looked for, in this order: beside the checkout this
+#: package runs from (``<checkout>/../shared/traces/``, as the README says), then
+#: relative to the current directory.
+DEFAULT_TRACE_HELP = "../shared/traces/conversation_trace.jsonl beside the checkout"
+
+
+def default_trace_candidates() -> list[Path]:
+    """The places the default trace is looked for (absolute, without duplicates)."""
+    checkout = Path(__file__).resolve().parents[1]
+    out: list[Path] = []
+    for p in (checkout / DEFAULT_TRACE, Path.cwd() / DEFAULT_TRACE):
+        p = Path(os.path.normpath(p))
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def resolve_trace(trace: str | None) -> str:
+    """The trace file to read: ``trace`` as given (relative to the current
+    directory), or with ``None`` the default trace beside the checkout.
+
+    Raises:
+        FileNotFoundError: the file is not there; the message names every place looked.
+    """
+    if trace is not None:
+        p = Path(trace)
+        if p.is_file():
+            return str(p)
+        raise FileNotFoundError(f"trace {trace} not found (looked at {p.resolve()})")
+    candidates = default_trace_candidates()
+    for p in candidates:
+        if p.is_file():
+            return str(p)
+    raise FileNotFoundError(
+        "trace not found: no TRACE given and the default conversation trace is not at "
+        + " nor at ".join(str(p) for p in candidates) + "; give its path")
 _CXL, _DRAM, _SSD = 1, 2, 3  # cxlkv.v1.Tier values
 
 
@@ -616,7 +652,7 @@ def _master_counters(address: str) -> dict[str, int]:
 
 
 @click.command("replay")
-@click.argument("trace", type=click.Path(dir_okay=False), default=DEFAULT_TRACE, required=False)
+@click.argument("trace", type=click.Path(dir_okay=False), default=None, required=False)
 @click.option("--embedded", is_flag=True, help="Start and stop a local cluster (master + clientds on /dev/shm).")
 @click.option("--socket", "sockets", multiple=True, help="clientd socket(s) of a running cluster (repeat per host).")
 @click.option("--block-bytes", default="64KiB", show_default=True, help="Bytes per 512-token block.")
@@ -641,13 +677,16 @@ def replay_cmd(trace, embedded, sockets, block_bytes, capacity_fraction, clientd
                limit, policy, ssd_fraction, dram_fraction, key_prefix, as_json, out) -> None:
     """Replay a KV-cache trace: longest cached prefix, fetch + verify hits, put misses.
 
-    TRACE defaults to the Mooncake conversation trace in ../shared/traces/.
+    TRACE defaults to the Mooncake conversation trace in ../shared/traces/ beside
+    the checkout (then beside the current directory).
     """
     from cxlkv.config import parse_size
     from cxlkv.errors import CxlkvError
 
-    if not Path(trace).is_file():
-        raise click.ClickException(f"trace {trace} not found")
+    try:
+        trace = resolve_trace(trace)
+    except FileNotFoundError as exc:
+        raise click.ClickException(str(exc)) from None
     if not 0 < capacity_fraction <= 1:
         raise click.ClickException("--capacity-fraction must be in (0, 1]")
     try:

@@ -241,3 +241,36 @@ def test_replay_socket_without_master_labels_the_fraction(tmp_path: Path) -> Non
                   capacity_blocks=3, unique_blocks=30, block_bytes=4096, master_counters={})
     text = ReplayReport(**fields).table()
     assert "NOT the store's" in text and "--capacity-fraction 0.1" in text
+
+
+@needs_trace
+def test_default_trace_is_found_beside_the_checkout_from_any_directory(tmp_path: Path) -> None:
+    """`cxlkv replay` without TRACE, run from another directory, reads
+    ../shared/traces/ beside the checkout (README), not beside the current directory."""
+    from cxlkv.replay import resolve_trace
+
+    assert Path(resolve_trace(None)).resolve() == TRACE.resolve()
+    out = subprocess.run(
+        [sys.executable, "-m", "cxlkv.cli", "replay", "--embedded", "--json", "--limit", "20",
+         "--workers", "1", "--block-bytes", "4KiB", "--clientds", "1"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout)["requests"] == 20
+
+
+def test_missing_trace_names_where_it_looked(tmp_path: Path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    import cxlkv.replay as replay
+    from cxlkv.bench.tiering import tiering_cmd
+
+    places = [tmp_path / "a" / "t.jsonl", tmp_path / "b" / "t.jsonl"]
+    monkeypatch.setattr(replay, "default_trace_candidates", lambda: places)
+    for cmd, args in ((replay.replay_cmd, ["--embedded"]), (tiering_cmd, [])):
+        r = CliRunner().invoke(cmd, args)
+        assert r.exit_code != 0
+        assert "trace not found" in r.output and all(str(p) in r.output for p in places), r.output
+    r = CliRunner().invoke(replay.replay_cmd, ["rel/missing.jsonl", "--embedded"])
+    assert r.exit_code != 0 and "rel/missing.jsonl not found" in r.output
+    assert str(Path.cwd() / "rel" / "missing.jsonl") in r.output

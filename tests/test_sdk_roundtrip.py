@@ -229,3 +229,60 @@ def test_lone_surrogate_keys_are_invalid_keys(ab) -> None:
             call()
     a.put("surrogate/ok", b"still serving")
     assert a.get("surrogate/ok") == b"still serving"
+
+
+@pytest.mark.parametrize("protocol", ["lean", "grpc"])
+def test_bad_argument_types_raise_cxlkv_errors(module_cluster, protocol: str) -> None:
+    """Wrong types and out-of-range options raise the cxlkv.errors hierarchy with a
+    clear message, never a raw protobuf ValueError/TypeError — and nothing is stored."""
+    from cxlkv.errors import CxlkvError, InvalidArgument
+    from cxlkv.keys import MAX_REPLICA_NUM
+
+    with module_cluster.client(0, protocol=protocol) as c:
+        for key in (123, None, b"bytes-key", 1.5, ["k"]):
+            for call in (lambda k: c.put(k, b"x"), c.get, c.exists, c.remove,
+                         lambda k: c.put_from(k, b"x"), lambda k: c.get_into(k, bytearray(4))):
+                with pytest.raises(InvalidKey, match="key must be a str"):
+                    call(key)
+        with pytest.raises(InvalidKey, match=r"keys\[1\] must be a str, got int"):
+            c.get_many(["ok", 7])
+        with pytest.raises(InvalidKey, match=r"keys\[0\] must be a str"):
+            c.put_many([(None, b"x")])
+        with pytest.raises(InvalidArgument, match="sequence of str"):
+            c.exists_many("abc")
+        for n in (0, -1, MAX_REPLICA_NUM + 1, 2**40, 1.0, True, "2"):
+            with pytest.raises(InvalidArgument, match="replica_num must be"):
+                c.put(f"types/{protocol}/r", b"x", replica_num=n)
+            with pytest.raises(InvalidArgument, match="replica_num must be"):
+                c.put_many([(f"types/{protocol}/r", b"x")], replica_num=n)
+        assert not c.exists(f"types/{protocol}/r")
+        assert c.put(f"types/{protocol}/ok", b"x", replica_num=MAX_REPLICA_NUM) > 0  # the max is allowed
+        try:
+            c.put(123, b"x")
+        except CxlkvError as exc:
+            assert "\n" not in str(exc)
+
+
+def test_clientd_refuses_replica_num_over_the_max(module_cluster) -> None:
+    """The daemon applies the SDK's rules itself (raw messages, both sockets)."""
+    import grpc
+
+    from cxlkv.errors import ErrorCode, from_rpc_error
+    from cxlkv.keys import MAX_REPLICA_NUM
+    from cxlkv.v1 import client_pb2, client_pb2_grpc, common_pb2
+
+    opts = common_pb2.PutOptions(replica_num=MAX_REPLICA_NUM + 1)
+    with grpc.insecure_channel(f"unix:{module_cluster.socket_path(0)}") as ch:
+        stub = client_pb2_grpc.ClientServiceStub(ch)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Put(client_pb2.PutRequest(key="types/raw", value=b"x", options=opts), timeout=10)
+        err = from_rpc_error(info.value)
+        assert err.code == ErrorCode.INVALID_ARGUMENT and f"1..{MAX_REPLICA_NUM}" in err.message
+        resp = stub.BatchPut(client_pb2.BatchPutRequest(items=[
+            client_pb2.PutRequest(key="types/raw1", value=b"x", options=opts),
+            client_pb2.PutRequest(key="types/raw2", value=b"x"),
+        ]), timeout=10)
+        assert [r.status.code for r in resp.results] == [ErrorCode.INVALID_ARGUMENT, 0]
+        # 0 on the wire is the protobuf default: one replica
+        stub.Put(client_pb2.PutRequest(key="types/raw0", value=b"x", options=common_pb2.PutOptions(replica_num=0)),
+                 timeout=10)

@@ -22,6 +22,7 @@ from cxlkv.client._memory import address_of, dst_array, nbytes_of, src_array
 from cxlkv.client._pool import BufferPool, Segment
 from cxlkv.client.framing import METHODS_BY_NAME
 from cxlkv.errors import CxlkvError, InvalidArgument, InvalidKey, OutOfRange, TooLarge, Unavailable, error_for
+from cxlkv.keys import validate_key, validate_replica_num
 from cxlkv.v1 import client_pb2, common_pb2
 
 __all__ = ["Client", "Result", "KeyInfo", "DEFAULT_POOL_BYTES", "default_socket_path"]
@@ -96,12 +97,46 @@ class KeyInfo:
     replica_count: int
 
 
+def _check_keys(keys: Any) -> list[str]:
+    """``keys`` as a list, every one a ``str`` (empty, too long or NUL-holding keys
+    are answered per position by the daemon).
+
+    Raises:
+        InvalidArgument: ``keys`` is a single ``str``/``bytes`` or not iterable.
+        InvalidKey: a key is not a ``str`` (the message gives its position).
+    """
+    if isinstance(keys, (str, bytes, bytearray, memoryview)):
+        raise InvalidArgument(f"keys must be a sequence of str, got a single {type(keys).__name__}")
+    try:
+        out = list(keys)
+    except TypeError:
+        raise InvalidArgument(f"keys must be a sequence of str, got {type(keys).__name__}") from None
+    for i, k in enumerate(out):
+        if not isinstance(k, str):
+            raise InvalidKey(f"keys[{i}] must be a str, got {type(k).__name__}")
+    return out
+
+
 def _utf8_keys(fn: Any) -> Any:
-    """Turn protobuf's UnicodeEncodeError (a key or prefix holding a lone surrogate,
-    which no UTF-8 string can carry) into the documented :class:`InvalidKey`."""
+    """Check the key argument before anything is sent, and turn protobuf's
+    UnicodeEncodeError (a key or prefix holding a lone surrogate, which no UTF-8
+    string can carry) into the documented :class:`InvalidKey`.
+
+    A method whose first parameter is ``key`` gets the full key rules
+    (:func:`cxlkv.keys.validate_key`); one whose first parameter is ``keys`` gets
+    a list of ``str`` (:func:`_check_keys`).
+    """
+    first = fn.__code__.co_varnames[1] if fn.__code__.co_argcount > 1 else ""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if first in ("key", "keys"):
+            if len(args) > 1:
+                value = args[1]
+                checked = validate_key(value) if first == "key" else _check_keys(value)
+                args = (args[0], checked) + args[2:]
+            elif first in kwargs:
+                kwargs[first] = validate_key(kwargs[first]) if first == "key" else _check_keys(kwargs[first])
         try:
             return fn(*args, **kwargs)
         except UnicodeEncodeError as exc:
@@ -115,12 +150,16 @@ def _status_error(st: common_pb2.Status, key: str | None) -> CxlkvError:
 
 
 def _options(upsert: bool, replica_num: int, soft_pin: bool, hard_pin: bool) -> common_pb2.PutOptions | None:
-    if replica_num < 0:
-        raise InvalidArgument(f"replica_num must be >= 1, got {replica_num}")
-    if not upsert and replica_num <= 1 and not soft_pin and not hard_pin:
+    """Wire options for a put.
+
+    Raises:
+        InvalidArgument: ``replica_num`` is not an int in 1..``cxlkv.keys.MAX_REPLICA_NUM``.
+    """
+    validate_replica_num(replica_num)
+    if not upsert and replica_num == 1 and not soft_pin and not hard_pin:
         return None
-    return common_pb2.PutOptions(upsert=upsert, replica_num=max(replica_num, 0),
-                                 soft_pin=soft_pin, hard_pin=hard_pin)
+    return common_pb2.PutOptions(upsert=bool(upsert), replica_num=replica_num,
+                                 soft_pin=bool(soft_pin), hard_pin=bool(hard_pin))
 
 
 def _chunks(n: int, size: int) -> Iterator[range]:
@@ -618,10 +657,14 @@ class Client:
             Unavailable: the daemon cannot be reached.
             InvalidArgument: a value is not bytes-like.
         """
-        pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
-        keys = [k for k, _ in pairs]
+        opts = _options(upsert, replica_num, soft_pin, hard_pin)
+        try:
+            pairs = list(items.items()) if isinstance(items, Mapping) else [(k, v) for k, v in items]
+        except (TypeError, ValueError):
+            raise InvalidArgument("items must be a mapping or (key, value) pairs") from None
+        keys = _check_keys([k for k, _ in pairs])
         values = [v for _, v in pairs]
-        return self._put_values(keys, values, _options(upsert, replica_num, soft_pin, hard_pin))
+        return self._put_values(keys, values, opts)
 
     @_utf8_keys
     def put_from_many(self, keys: Sequence[str], srcs: Sequence[Any], *, upsert: bool = False,

@@ -13,9 +13,11 @@ lifetime (docs/compat-mooncake.md).
 from __future__ import annotations
 
 import enum
+import operator
 from typing import Any
 
 from cxlkv.errors import InvalidArgument
+from cxlkv.keys import validate_replica_num
 
 __all__ = ["SoftPinAction", "ReplicateConfig", "put_options"]
 
@@ -77,16 +79,18 @@ def put_options(config: ReplicateConfig | None) -> dict[str, Any]:
         ``{"replica_num": int, "soft_pin": bool, "hard_pin": bool}``.
 
     Raises:
-        InvalidArgument: ``config`` is not a ``ReplicateConfig``, ``replica_num < 1``,
+        InvalidArgument: ``config`` is not a ``ReplicateConfig``, ``replica_num`` not an int in 1..16,
             or ``preferred_segments`` is non-empty and not ``replica_num`` long.
     """
     if config is None:
         return {}
     if not isinstance(config, ReplicateConfig):
         raise InvalidArgument(f"config must be a ReplicateConfig, got {type(config).__name__}")
-    replica_num = int(config.replica_num)
-    if replica_num < 1:
-        raise InvalidArgument(f"replica_num must be >= 1, got {replica_num}")
+    try:
+        replica_num = operator.index(config.replica_num)
+    except TypeError:
+        raise InvalidArgument(f"replica_num must be an int, got {type(config.replica_num).__name__}") from None
+    validate_replica_num(replica_num)
     if config.preferred_segments and len(config.preferred_segments) != replica_num:
         raise InvalidArgument(
             f"preferred_segments holds {len(config.preferred_segments)} entries; replica_num is {replica_num}")
