@@ -399,21 +399,31 @@ def load_config(
             raise ConfigError(f"config file {p}: {exc}") from None
         except OSError as exc:  # a directory, an I/O error
             raise ConfigError(f"config file {p}: {exc.strerror or exc}") from None
+    from_env: dict[str, str] = {}  # field → the environment variable that set it
     if env and env_prefix:
-        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         for k, v in env.items():
             if k.startswith(env_prefix):
                 fname = k[len(env_prefix):].lower()
-                if fname not in names:
+                if fname not in fields:
                     raise ConfigError(f"environment variable {k}: no config key {fname!r}")
-                data[fname] = v
+                # a bad value is the variable's fault, not the file's: name the variable
+                data[fname] = _coerce(cls, fields[fname], v, f"environment variable {k} ({fname})")
+                from_env[fname] = k
     for k, v in (overrides or {}).items():
         if v is not None:
             data[k] = v
+            from_env.pop(k, None)
     cfg = _build(cls, data, "")
     validate = getattr(cfg, "validate", None)
     if validate is not None:
-        validate()
+        try:
+            validate()
+        except ConfigError as exc:
+            named = [k for f, k in from_env.items() if re.search(rf"\b{re.escape(f)}\b", exc.message)]
+            if named:
+                raise ConfigError(f"{exc.message} (set by environment variable {', '.join(named)})") from None
+            raise
     return cfg
 
 

@@ -218,7 +218,8 @@ def check_cmd(file: str, kind: str | None, use_env: bool) -> None:
     try:
         kind, cfg = check_config(file, kind, dict(os.environ) if use_env else None)
     except ConfigError as exc:
-        click.echo(f"cxlkv config check: {file}: {exc}", err=True)
+        where = "" if str(exc).startswith("environment variable") else f"{file}: "
+        click.echo(f"cxlkv config check: {where}{exc}", err=True)
         sys.exit(EXIT_CONFIG)
     click.echo(f"# {file}: valid {kind} configuration; effective values"
                + (" (environment applied)" if use_env else "") + ":")

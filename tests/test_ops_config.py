@@ -189,3 +189,13 @@ def test_json_log_lines(tmp_path: Path) -> None:
     assert any(m.startswith("master ") and " serving on 127.0.0.1:" in m for m in msgs), msgs
     assert any(m.startswith("metrics on http://127.0.0.1:") for m in msgs), msgs
     assert all(r["level"] == "info" for r in records), records
+
+
+def test_config_check_names_a_bad_environment_variable_not_the_file() -> None:
+    """A bad CXLKV_CLIENTD_* value is the variable's fault: the one line names it."""
+    r = _cxlkv("config", "check", str(EXAMPLES / "clientd.toml"), env={"CXLKV_CLIENTD_DRAM_TIER_BYTES": "abc"})
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "environment variable CXLKV_CLIENTD_DRAM_TIER_BYTES" in r.stderr, r.stderr
+    assert "clientd.toml" not in r.stderr, r.stderr
+    r = _cxlkv("config", "check", str(EXAMPLES / "clientd.toml"), env={"CXLKV_CLIENTD_DRAM_TIER_BYTES": "5"})
+    assert r.returncode == 2 and "set by environment variable CXLKV_CLIENTD_DRAM_TIER_BYTES" in r.stderr, r.stderr
