@@ -146,3 +146,25 @@ def test_non_utf8_key_from_argv_is_invalid_key(module_cluster) -> None:
         assert p.returncode == 10 + ErrorCode.INVALID_KEY, (args, p.stderr)
         assert p.stderr.startswith(b"error: INVALID_KEY:") and b"UTF-8" in p.stderr, p.stderr
         assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_a_key_twice_in_one_put_batch(module_cluster) -> None:
+    """Duplicates in a batch are answered per position (docs/master.md, protocol.md):
+    the first position's put commits, a later one of the same key finds that put in
+    flight and answers NOT_READY, with or without upsert; the key holds the first value."""
+    from cxlkv.errors import NotReady
+
+    with module_cluster.client(0) as c:
+        for upsert in (False, True):
+            key = f"dup/batch/{upsert}"
+            res = c.put_many([(key, b"first"), ("dup/other", b"x") if not upsert else ("dup/other2", b"y"),
+                              (key, b"second")], upsert=upsert)
+            assert res[0].ok and res[1].ok, res
+            assert not res[2].ok and isinstance(res[2].error, NotReady), res[2]
+            assert c.get(key) == b"first"
+        res = c.get_many(["dup/batch/False", "dup/batch/False"])
+        assert [r.value for r in res] == [b"first", b"first"]
+        from cxlkv.errors import NotFound
+
+        res = c.remove_many(["dup/batch/False", "dup/batch/False"])
+        assert res[0].ok and isinstance(res[1].error, NotFound), res
