@@ -270,19 +270,26 @@ def stat_cmd(client: Any, as_json: bool) -> None:
         return
     cap = int(st.get("capacity_bytes", 0))
     used = int(st.get("used_bytes", 0))
+    segs = st.get("segments", [])
+    space_note = ""
+    if any(s.get("tier") == "DRAM" for s in segs):  # DRAM tiers hold extra copies only: not space
+        homes = [s for s in segs if s.get("mounted") and s.get("tier") != "DRAM"]
+        cap = sum(int(s.get("capacity_bytes", 0)) for s in homes)
+        used = sum(int(s.get("used_bytes", 0)) for s in homes)
+        space_note = " (CXL + SSD; DRAM tiers hold extra copies only)"
     summary = [
         ("name", st.get("name", "")),
         ("hostname", st.get("hostname", "")),
         ("client id", f"{st.get('client_id', '')} (epoch {st.get('epoch', 0)})"),
         ("master", f"{st.get('master_address', '')} ({'connected' if st.get('master_connected') else 'NOT connected'})"),
         ("keys", st.get("key_count", 0)),
-        ("space", f"{format_size(used)} used of {format_size(cap)}" + (f" ({used / cap:.1%})" if cap else "")),
+        ("space", f"{format_size(used)} used of {format_size(cap)}" + (f" ({used / cap:.1%})" if cap else "")
+                  + space_note),
         ("shared buffers", f"{st.get('buffers_registered', 0)} ({format_size(int(st.get('buffer_bytes', 0)))})"),
         ("version", st.get("version", "")),
         ("uptime", f"{float(st.get('uptime_s', 0)):.0f} s"),
     ]
     click.echo(tabulate(summary, tablefmt="plain"))
-    segs = st.get("segments", [])
     if segs:
         click.echo()
         click.echo(tabulate(

@@ -118,3 +118,10 @@ def test_status_space_is_per_tier_and_excludes_dram(make_cluster) -> None:
     assert "(cxl + ssd)" in space, space
     dram = next(line for line in out.splitlines() if line.startswith("tier dram"))
     assert "not in space" in dram and "of 4.0 MiB" in dram, dram
+    # `cxlkv stat` (one clientd) counts space the same way
+    env = {k: v for k, v in os.environ.items() if k != "CXLKV_SOCKET"}
+    r = subprocess.run([sys.executable, "-m", "cxlkv.cli", "stat", "--socket", cl.socket_path(0)],
+                       capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    space = next(line for line in r.stdout.splitlines() if line.startswith("space"))
+    assert "DRAM tiers hold extra copies only" in space and "used of 24.0 MiB" in space, space
