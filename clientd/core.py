@@ -41,7 +41,7 @@ from cxlkv.clientd.regions import MappedRegion, RegionSet
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode
 from cxlkv.keys import key_error, options_error
-from cxlkv.objheader import header_bytes_for, pack_header, parse_header
+from cxlkv.objheader import header_bytes_for, pack_header, object_mismatch
 from cxlkv.v1 import client_pb2, common_pb2, master_pb2
 
 __all__ = ["PutSpec", "ReadTarget", "ReadOutcome", "ClientdCore", "LARGE_COPY_BYTES"]
@@ -707,19 +707,7 @@ class ClientdCore:
             head = region.read(start, hb)
         except CxlkvError as exc:
             return f"object header unreadable: {exc.message}"
-        key_utf8 = key.encode("utf-8")
-        h = parse_header(head, head[64:64 + len(key_utf8)])
-        if h is None:
-            return "no valid object header (bad magic or header checksum)"
-        if head[64:64 + len(key_utf8)] != key_utf8:
-            return "the object header belongs to another key"
-        if h.version != version:
-            return f"the object header holds version {h.version}, the master committed {version}"
-        if h.value_len_bytes != c.length or h.header_bytes != hb:
-            return f"the object header holds a {h.value_len_bytes}-byte value, expected {c.length}"
-        if h.value_checksum != got:
-            return "bytes read do not match the object header's checksum"
-        return None
+        return object_mismatch(head, key.encode("utf-8"), version, c.length, hb, got)
 
     # ========================================================== prefix reads
     async def get_prefix(self, keys: list[str], targets: list[ReadTarget]) -> tuple[int, list[ReadOutcome]]:

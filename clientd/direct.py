@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from cxlkv.clientd.buffers import process_start_time
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument
 from cxlkv.keys import key_error, options_error
-from cxlkv.objheader import header_bytes_for, parse_header
+from cxlkv.objheader import header_bytes_for, object_mismatch
 from cxlkv.v1 import client_pb2, common_pb2
 
 if TYPE_CHECKING:
@@ -267,12 +267,9 @@ class DirectPuts:
                 head = m.region.read(ext.offset_bytes, p.header_bytes)
             except CxlkvError as exc:
                 return f"object header unreadable: {exc.message}"
-            h = parse_header(head, head[64:64 + len(key_utf8)])
-            if h is None or head[64:64 + len(key_utf8)] != key_utf8:
-                return "no valid object header for this key at the extent (written before DirectPutEnd?)"
-            if h.version != p.version or h.value_len_bytes != p.size or h.value_checksum != checksum:
-                return (f"the object header holds version {h.version}, {h.value_len_bytes} bytes, checksum "
-                        f"{h.value_checksum:#x}; expected {p.version}, {p.size}, {checksum:#x}")
+            why = object_mismatch(head, key_utf8, p.version, p.size, p.header_bytes, checksum)
+            if why is not None:
+                return f"{why} (was the header written before DirectPutEnd?)"
         return None
 
     async def _revoke(self, items: list[tuple[str, int, int]]) -> list[common_pb2.Status]:

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import xxhash
 
 from cxlkv.errors import CxlkvError, ErrorCode, RegionError
-from cxlkv.objheader import parse_header
+from cxlkv.objheader import object_mismatch
 from cxlkv.v1 import common_pb2, master_pb2
 
 __all__ = ["FileRegion", "open_dram_tier", "TaskWorker", "dram_segment_name"]
@@ -373,16 +373,4 @@ def check_extent(data: bytes, t: master_pb2.MoveTask) -> str | None:
         return "value does not match the committed checksum"
     if not hb:
         return None
-    key_utf8 = t.key.encode("utf-8")
-    h = parse_header(data[:64], data[64:64 + len(key_utf8)])
-    if h is None:
-        return "no valid object header (bad magic or header checksum)"
-    if data[64:64 + len(key_utf8)] != key_utf8:
-        return "the object header belongs to another key"
-    if h.version != t.version:
-        return f"the object header holds version {h.version}, the task is for {t.version}"
-    if h.value_len_bytes != t.value_size_bytes or h.header_bytes != hb:
-        return "the object header's lengths differ"
-    if h.value_checksum != got:
-        return "value does not match the object header's checksum"
-    return None
+    return object_mismatch(memoryview(data)[:hb], t.key.encode("utf-8"), t.version, t.value_size_bytes, hb, got)

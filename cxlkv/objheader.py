@@ -55,6 +55,7 @@ __all__ = [
     "key_hash",
     "pack_header",
     "parse_header",
+    "object_mismatch",
 ]
 
 #: First 8 bytes of every object header.
@@ -164,3 +165,31 @@ def parse_header(header: bytes | memoryview, key_utf8: bytes | memoryview | None
         if _xxh3(key_utf8) != khash:
             return None
     return ObjectHeader(klen, khash, version, vlen, vsum, hbytes, fmt)
+
+
+def object_mismatch(head: bytes | memoryview, key_utf8: bytes, version: int, value_len_bytes: int,
+                    header_bytes: int, value_checksum: int) -> str | None:
+    """Why an extent's first ``header_bytes`` bytes (header + key) do not describe
+    ``key_utf8`` at ``version`` with a ``value_len_bytes``-byte value whose xxh3_64
+    is ``value_checksum``; ``None`` when they do.
+
+    The one check every reader of an extent makes (clientd reads, the SDK's direct
+    reads, tier moves), so they agree on what a valid object is.
+
+    Returns:
+        A one-line reason (for logs and CHECKSUM_MISMATCH messages), or ``None``.
+    """
+    stored_key = bytes(head[OBJECT_HEADER_BYTES:OBJECT_HEADER_BYTES + len(key_utf8)])
+    h = parse_header(head, stored_key)
+    if h is None:
+        return "no valid object header (bad magic or header checksum)"
+    if stored_key != key_utf8:
+        return "the object header belongs to another key"
+    if h.version != version:
+        return f"the object header holds version {h.version}, expected {version}"
+    if h.value_len_bytes != value_len_bytes or h.header_bytes != header_bytes:
+        return (f"the object header holds a {h.value_len_bytes}-byte value after {h.header_bytes} "
+                f"header bytes, expected {value_len_bytes} after {header_bytes}")
+    if h.value_checksum != value_checksum:
+        return "bytes read do not match the object header's checksum"
+    return None

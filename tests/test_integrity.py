@@ -50,6 +50,23 @@ def test_header_round_trip_and_every_field_is_checked() -> None:
     assert parse_header(bytes(64), key) is None
 
 
+def test_object_mismatch_names_what_differs() -> None:
+    """The one check clientd reads, SDK direct reads and tier moves share."""
+    from cxlkv.objheader import header_bytes_for, object_mismatch, pack_header
+
+    key = "blk/7".encode()
+    hb = header_bytes_for(len(key))
+    head = (pack_header(key, 9, 1000, 0xABC) + key).ljust(hb, b"\0")
+    assert object_mismatch(head, key, 9, 1000, hb, 0xABC) is None
+    assert "another key" in object_mismatch(head, b"blk/8", 9, 1000, hb, 0xABC)
+    assert "version 9, expected 10" in object_mismatch(head, key, 10, 1000, hb, 0xABC)
+    assert "1000-byte value" in object_mismatch(head, key, 9, 999, hb, 0xABC)
+    assert "checksum" in object_mismatch(head, key, 9, 1000, hb, 0xABD)
+    torn = bytearray(head)
+    torn[30] ^= 1
+    assert "no valid object header" in object_mismatch(bytes(torn), key, 9, 1000, hb, 0xABC)
+
+
 # ------------------------------------------------------------- corrupted values
 @pytest.mark.parametrize("coherence", ["coherent", "flush"])
 def test_a_corrupted_byte_is_reported_never_returned(make_cluster, coherence: str) -> None:

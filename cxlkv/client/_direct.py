@@ -38,7 +38,7 @@ import numpy as np
 import xxhash
 
 from cxlkv.errors import ChecksumMismatch, CxlkvError, ErrorCode, LeaseExpired, OutOfRange, error_for
-from cxlkv.objheader import header_bytes_for, pack_header, parse_header
+from cxlkv.objheader import header_bytes_for, pack_header, object_mismatch
 from cxlkv.v1 import client_pb2, common_pb2
 
 __all__ = ["DirectPath", "Fallback", "HASH_IN_THREAD_BYTES"]
@@ -466,16 +466,5 @@ def _check_header(region: Any, ext: client_pb2.DirectExtent, key: str, r: client
         head = region.read(start, hb)
     except CxlkvError as exc:
         return f"object header unreadable: {exc.message}"
-    key_utf8 = key.encode("utf-8")
-    h = parse_header(head, head[64:64 + len(key_utf8)])
-    if h is None:
-        return "no valid object header (bad magic or header checksum)"
-    if head[64:64 + len(key_utf8)] != key_utf8:
-        return "the object header belongs to another key"
-    if h.version != r.version:
-        return f"the object header holds version {h.version}, the master committed {r.version}"
-    if h.value_len_bytes != size or h.header_bytes != hb:
-        return f"the object header holds a {h.value_len_bytes}-byte value, expected {size}"
-    if h.value_checksum != got:
-        return "bytes read do not match the object header's checksum"
+    return object_mismatch(head, key.encode("utf-8"), r.version, size, hb, got)
     return None
