@@ -21,6 +21,7 @@ from typing import Any, Callable
 import click
 
 from cxlkv.keys import MAX_REPLICA_NUM
+from cxlkv.protodict import message_dict
 
 __all__ = ["put_cmd", "get_cmd", "exists_cmd", "rm_cmd", "ls_cmd", "stat_cmd", "EXIT_ERROR_BASE", "exit_code_for"]
 
@@ -208,41 +209,6 @@ def ls_cmd(client: Any, prefix: str, limit: int, as_json: bool) -> None:
         click.echo(tabulate(rows, headers=["key", "size_bytes", "version", "replicas"]))
 
 
-def _is_repeated(fd: Any) -> bool:
-    rep = getattr(fd, "is_repeated", None)  # protobuf ≥ 6; older ones have only ``label``
-    if rep is not None:
-        return bool(rep)
-    from google.protobuf.descriptor import FieldDescriptor
-
-    return bool(fd.label == FieldDescriptor.LABEL_REPEATED)
-
-
-def _message_dict(msg: Any) -> dict[str, Any]:
-    """A protobuf message as a dict with proto field names, every field present,
-    integers as ints (``MessageToDict`` writes 64-bit ones as strings), enums by name."""
-    from google.protobuf.descriptor import FieldDescriptor as F
-
-    def value(fd: Any, v: Any) -> Any:
-        if fd.type == F.TYPE_MESSAGE:
-            return _message_dict(v)
-        if fd.type == F.TYPE_ENUM:
-            ev = fd.enum_type.values_by_number.get(v)
-            return ev.name if ev is not None else v
-        return v
-
-    out: dict[str, Any] = {}
-    for fd in msg.DESCRIPTOR.fields:
-        v = getattr(msg, fd.name)
-        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
-            vf = fd.message_type.fields_by_name["value"]
-            out[fd.name] = {k: value(vf, x) for k, x in v.items()}
-        elif _is_repeated(fd):
-            out[fd.name] = [value(fd, x) for x in v]
-        else:
-            out[fd.name] = value(fd, v)
-    return out
-
-
 def _with_ints(st: dict[str, Any]) -> dict[str, Any]:
     """``Client.stat()``'s dict with its 64-bit integers as ints, not strings."""
     from google.protobuf.json_format import ParseDict
@@ -250,7 +216,7 @@ def _with_ints(st: dict[str, Any]) -> dict[str, Any]:
     from cxlkv.v1 import client_pb2
 
     try:
-        return _message_dict(ParseDict(st, client_pb2.ClientStatResponse(), ignore_unknown_fields=True))
+        return message_dict(ParseDict(st, client_pb2.ClientStatResponse(), ignore_unknown_fields=True))
     except Exception:  # an SDK that already answers ints (or another shape): as given
         return st
 

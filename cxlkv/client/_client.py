@@ -1008,15 +1008,15 @@ class Client:
     # ============================================================ inspection
     def stat(self) -> dict[str, Any]:
         """The daemon's state: identity, master connection, segments, key count,
-        space, buffers, counters (ClientStatResponse as a dict, proto field names).
+        space, buffers, counters (ClientStatResponse as a dict: proto field names,
+        every field present, integers as ints, enums by name).
 
         Raises:
             Unavailable: the daemon cannot be reached.
         """
-        from google.protobuf.json_format import MessageToDict
+        from cxlkv.protodict import message_dict
 
-        r = self._call("Stat", client_pb2.ClientStatRequest())
-        return MessageToDict(r, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        return message_dict(self._call("Stat", client_pb2.ClientStatRequest()))
 
     def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[KeyInfo]:
         """Committed keys starting with ``prefix``, in key order (fetched page by page).
