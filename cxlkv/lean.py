@@ -32,11 +32,11 @@ import os
 import socket
 from typing import Any, Awaitable, Callable
 
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 
-from cxlkv.client.framing import DEFAULT_MAX_FRAME_BYTES, HEADER, HEADER_BYTES, LENGTH_BYTES, MIN_LENGTH, Method
+from cxlkv.client.framing import (
+    DEFAULT_MAX_FRAME_BYTES, HEADER, HEADER_BYTES, LENGTH_BYTES, MIN_LENGTH, Method, service_methods,
+)
 from cxlkv.errors import CxlkvError, ErrorCode, Internal, InvalidArgument, Unavailable, error_for
 from cxlkv.v1 import common_pb2
 
@@ -63,19 +63,6 @@ def peer_cred(sock: socket.socket | None) -> tuple[int, int, int] | None:
 
     pid, uid, gid = struct.unpack("3i", raw)
     return (pid, uid, gid) if pid > 0 else None
-
-
-def service_methods(service: _descriptor.ServiceDescriptor) -> tuple[Method, ...]:
-    """Every RPC of ``service`` in declaration order, numbered from 1 (the frame's method field)."""
-    return tuple(
-        Method(
-            number=i + 1,
-            name=m.name,
-            request_type=message_factory.GetMessageClass(m.input_type),
-            response_type=message_factory.GetMessageClass(m.output_type),
-        )
-        for i, m in enumerate(service.methods)
-    )
 
 
 class LeanRoute:

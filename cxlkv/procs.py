@@ -10,12 +10,9 @@ from __future__ import annotations
 __all__ = ["process_start_time", "process_state", "process_cmdline", "same_process"]
 
 
-def process_start_time(pid: int) -> int | None:
-    """The start time of ``pid`` in clock ticks since boot, or ``None`` if it is gone.
-
-    Read from ``/proc/<pid>/stat`` (field 22); together with the pid it names a
-    process uniquely across pid reuse. A zombie still has its start time.
-    """
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """``/proc/<pid>/stat`` from field 3 on (after the parenthesised command name,
+    which may contain spaces), or ``None`` if the process is gone."""
     if not isinstance(pid, int) or pid <= 0:
         return None
     try:
@@ -23,22 +20,25 @@ def process_start_time(pid: int) -> int | None:
             data = f.read()
     except OSError:
         return None
-    # The command name (field 2) is in parentheses and may contain spaces.
-    rest = data[data.rfind(b")") + 2:].split()
+    return data[data.rfind(b")") + 2:].split()
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot, or ``None`` if it is gone.
+
+    Read from ``/proc/<pid>/stat`` (field 22); together with the pid it names a
+    process uniquely across pid reuse. A zombie still has its start time.
+    """
+    rest = _stat_fields(pid)
     try:
-        return int(rest[19])  # field 22 overall; rest starts at field 3
+        return int(rest[19]) if rest is not None else None  # field 22 overall; rest starts at field 3
     except (IndexError, ValueError):
         return None
 
 
 def process_state(pid: int) -> str | None:
     """The one-letter state of ``pid`` (``R``, ``S``, ``Z``, …), or ``None`` if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    rest = data[data.rfind(b")") + 2:].split()
+    rest = _stat_fields(pid)
     return rest[0].decode("ascii", "replace") if rest else None
 
 

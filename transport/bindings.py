@@ -352,10 +352,25 @@ def cxlkv_copy_out(r: Handle, offset: int, dst: BufferLike) -> int:
 
 
 
+def _copy_hashed(c_fn: Any, r: Handle, offset: int, buf: Any, op: str) -> int:
+    """Run a fused copy+hash C function over the cdata buffer ``buf``; its xxh3_64."""
+    n = len(buf)
+    out = _new("uint64_t *")
+    try:
+        rc = c_fn(r, offset, buf, n, out)
+    except OverflowError:
+        _raise_overflow(op, offset, n)
+    except TypeError:
+        raise InvalidArgument(f"{op}: offset must be an int, got {type(offset).__name__}") from None
+    if rc != _OK:
+        _raise_range(r, rc, op, offset, n)
+    return int(out[0])
+
+
 def cxlkv_copy_in_hashed(r: Handle, offset: int, src: BufferLike) -> int:
     """:func:`cxlkv_copy_in` and the xxh3_64 of the bytes copied, in one pass.
 
-    The copy runs in 64 KiB chunks, each hashed while still in cache (see
+    The copy runs in 256 KiB chunks, each hashed while still in cache (see
     ``cxlkv_copy_in_hashed`` in cxlkv_transport.h); GIL released throughout.
 
     Returns:
@@ -372,22 +387,13 @@ def cxlkv_copy_in_hashed(r: Handle, offset: int, src: BufferLike) -> int:
         buf = _from_buffer(src)
     except (TypeError, ValueError, BufferError):
         buf = _buffer(src, False, "src")
-    n = len(buf)
-    out = _new("uint64_t *")
-    try:
-        rc = _c_copy_in_hashed(r, offset, buf, n, out)
-    except OverflowError:
-        _raise_overflow("copy_in_hashed", offset, n)
-    except TypeError:
-        raise InvalidArgument(f"copy_in_hashed: offset must be an int, got {type(offset).__name__}") from None
-    if rc != _OK:
-        _raise_range(r, rc, "copy_in_hashed", offset, n)
-    return int(out[0])
+    return _copy_hashed(_c_copy_in_hashed, r, offset, buf, "copy_in_hashed")
 
 
 def cxlkv_copy_out_hashed(r: Handle, offset: int, dst: BufferLike) -> int:
-    """:func:`cxlkv_copy_out` and the xxh3_64 of the bytes delivered into ``dst``
-    (hashed from ``dst``, chunk by chunk while in cache), in one pass; GIL released.
+    """:func:`cxlkv_copy_out` and the xxh3_64 of the bytes delivered (see
+    ``cxlkv_copy_out_hashed`` in cxlkv_transport.h for which side is hashed), in
+    one pass; GIL released.
 
     Returns:
         xxh3_64 (seed 0) of what ``dst`` now holds, as an unsigned 64-bit int.
@@ -401,17 +407,7 @@ def cxlkv_copy_out_hashed(r: Handle, offset: int, dst: BufferLike) -> int:
         buf = _from_buffer("char[]", dst, True)
     except (TypeError, ValueError, BufferError):
         buf = _buffer(dst, True, "dst")
-    n = len(buf)
-    out = _new("uint64_t *")
-    try:
-        rc = _c_copy_out_hashed(r, offset, buf, n, out)
-    except OverflowError:
-        _raise_overflow("copy_out_hashed", offset, n)
-    except TypeError:
-        raise InvalidArgument(f"copy_out_hashed: offset must be an int, got {type(offset).__name__}") from None
-    if rc != _OK:
-        _raise_range(r, rc, "copy_out_hashed", offset, n)
-    return int(out[0])
+    return _copy_hashed(_c_copy_out_hashed, r, offset, buf, "copy_out_hashed")
 
 
 def cxlkv_xxh3_64(src: BufferLike) -> int:

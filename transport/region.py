@@ -230,7 +230,7 @@ class Region:
 
     def copy_in_hashed(self, offset: int, src: BufferLike) -> int:
         """Copy all of ``src`` into the region at ``offset`` and return its xxh3_64,
-        in one pass (64 KiB chunks hashed while in cache); GIL released.
+        in one pass (256 KiB chunks hashed while in cache); GIL released.
 
         Returns:
             ``xxhash.xxh3_64_intdigest(src)`` (unsigned 64-bit).

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from google.protobuf import message_factory
 from google.protobuf.message import Message
@@ -41,6 +42,7 @@ __all__ = [
     "MIN_LENGTH",
     "DEFAULT_MAX_FRAME_BYTES",
     "Method",
+    "service_methods",
     "METHODS",
     "METHODS_BY_NAME",
     "METHODS_BY_NUMBER",
@@ -77,8 +79,9 @@ class Method:
     response_type: type[Message]
 
 
-def _derive_methods() -> tuple[Method, ...]:
-    service = client_pb2.DESCRIPTOR.services_by_name["ClientService"]
+def service_methods(service: Any) -> tuple[Method, ...]:
+    """Every RPC of ``service`` (a protobuf ServiceDescriptor) in declaration order,
+    numbered from 1 (the frame's method field)."""
     return tuple(
         Method(
             number=i + 1,
@@ -91,7 +94,7 @@ def _derive_methods() -> tuple[Method, ...]:
 
 
 #: Every RPC in declaration order; ``METHODS[n - 1].number == n``.
-METHODS: tuple[Method, ...] = _derive_methods()
+METHODS: tuple[Method, ...] = service_methods(client_pb2.DESCRIPTOR.services_by_name["ClientService"])
 #: RPC name → :class:`Method`.
 METHODS_BY_NAME: dict[str, Method] = {m.name: m for m in METHODS}
 #: Method number → :class:`Method`.
