@@ -15,6 +15,8 @@ methods are called on the master's event-loop thread and must be O(1) per call
 from __future__ import annotations
 
 import abc
+import itertools
+import math
 from collections import OrderedDict
 
 from cxlkv.config import MasterConfig
@@ -89,12 +91,7 @@ class LruPolicy(EvictionPolicy):
 
     def candidates(self, n: int) -> list[str]:
         """See :meth:`EvictionPolicy.candidates`."""
-        out: list[str] = []
-        for key in self._order:
-            if len(out) >= n:
-                break
-            out.append(key)
-        return out
+        return list(itertools.islice(self._order, n))
 
     def __len__(self) -> int:
         return len(self._order)
@@ -177,17 +174,18 @@ class ArcPolicy(EvictionPolicy):
             self._b2.popitem(last=False)
 
     def candidates(self, n: int) -> list[str]:
-        """See :meth:`EvictionPolicy.candidates` (ARC's REPLACE, repeated ``n`` times)."""
-        out: list[str] = []
-        it1, it2 = iter(self._t1), iter(self._t2)
-        left1, left2 = len(self._t1), len(self._t2)
-        while len(out) < n and (left1 or left2):
-            if left1 and (left1 > self._p or not left2):
-                out.append(next(it1))
-                left1 -= 1
-            else:
-                out.append(next(it2))
-                left2 -= 1
+        """See :meth:`EvictionPolicy.candidates` (ARC's REPLACE, repeated ``n`` times).
+
+        REPLACE takes from ``T1`` while ``|T1| > p`` (``|T1|`` counting down as it
+        takes), then from ``T2``, then what is left of ``T1``: three slices.
+        """
+        t1, t2 = self._t1, self._t2
+        k1 = min(n, len(t1), max(0, math.ceil(len(t1) - self._p)))
+        out = list(itertools.islice(t1, k1))
+        if len(out) < n:
+            out.extend(itertools.islice(t2, n - len(out)))
+            if len(out) < n:
+                out.extend(itertools.islice(t1, k1, k1 + n - len(out)))
         return out
 
     def __len__(self) -> int:

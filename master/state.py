@@ -1054,7 +1054,10 @@ class MasterState:
         cold_keys = self._cold
         source = (lambda n: list(itertools.islice(cold_keys, n))) if cold else policy.candidates
         for soft_ok in (False, True):
-            n = 32
+            # A put usually needs one victim (same-sized blocks): ask for a few
+            # candidates first, more each round (the policies build the list per call).
+            base = 4
+            n = base
             while not done():
                 cands = source(n)
                 skipped = 0
@@ -1084,8 +1087,9 @@ class MasterState:
                         return evicted
                 if deadline is not None and self._work_clock() > deadline:
                     return evicted
+                base = min(2 * base, 64)
                 if progressed:
-                    n = skipped + 32  # the skipped ones stay at the front: look past them
+                    n = skipped + base  # the skipped ones stay at the front: look past them
                 elif len(cands) < n:
                     break  # the policy has nothing more to offer in this pass
                 else:

@@ -94,3 +94,35 @@ def test_clientd_falls_back_to_grpc_when_the_lean_port_is_unreachable(make_clust
     log = cl.clientds[0].log_path.read_text()
     assert log.count("using gRPC for every master call") == 1
     cl.assert_invariants()
+
+
+def test_lean_call_times_out_against_a_silent_server() -> None:
+    """A server that accepts but never answers: the call fails with Unavailable after
+    its timeout, forgets the request, and a late answer for it is dropped."""
+    from cxlkv.errors import Unavailable
+
+    async def scenario() -> None:
+        accepted: list[asyncio.StreamWriter] = []
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(writer)
+            await reader.read(1 << 16)  # swallow the request, answer nothing
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        ch = LeanChannel("127.0.0.1", port, METHODS)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(Unavailable, match=r"ExistKey to 127\.0\.0\.1:\d+: no answer within 0\.2 s"):
+            await ch.call("ExistKey", master_pb2.ExistKeyRequest(key="k"), timeout=0.2)
+        assert 0.15 < loop.time() - t0 < 2.0
+        assert ch._pending == {}
+        # A late answer to the expired request id 1 is ignored (no exception, no leak).
+        payload = master_pb2.ExistKeyResponse(exists=True).SerializeToString()
+        accepted[0].write(struct.pack("<IHHQ", 12 + len(payload), 0, 0, 1) + payload)
+        await accepted[0].drain()
+        await asyncio.sleep(0.05)
+        ch.close()
+        server.close()
+
+    asyncio.run(scenario())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cxlkv.replay import block_content, region_bytes_for
+from cxlkv.replay import block_content, fill_blocks, region_bytes_for, verify_blocks
 from cxlkv.tracesim import Request, load_trace, simulate, simulate_unbounded, unique_blocks
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
@@ -77,3 +77,17 @@ def test_store_policies_in_the_simulator_beat_lru_at_ten_percent() -> None:
     assert lru == pytest.approx(simulate(trace, cap, policy="lru_builtin", low_watermark=0.999).block_hit_rate)
     arc = simulate(trace, cap, policy="arc", low_watermark=0.999).block_hit_rate
     assert arc >= 0.279 > lru
+
+
+@pytest.mark.parametrize("block_bytes", [65536, 4096, 16, 100, 7])
+def test_fill_and_verify_blocks_match_block_content(block_bytes: int) -> None:
+    ids = [0, 1, 2**63 + 5, 2**64 - 1, 12345]
+    buf = bytearray(len(ids) * block_bytes + 3)
+    fill_blocks(buf, ids, block_bytes)
+    assert bytes(buf[:len(ids) * block_bytes]) == b"".join(block_content(b, block_bytes) for b in ids)
+    assert verify_blocks(buf, ids, block_bytes) == [True] * len(ids)
+    assert verify_blocks(buf, [1, 0, 2**63 + 5, 2**64 - 1, 12345], block_bytes) == [False, False, True, True, True]
+    buf[3 * block_bytes + block_bytes // 2] ^= 1  # one flipped bit in block 3
+    assert verify_blocks(buf, ids, block_bytes) == [True, True, True, False, True]
+    fill_blocks(buf, [], block_bytes)
+    assert verify_blocks(buf, [], block_bytes) == []
