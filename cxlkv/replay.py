@@ -245,6 +245,8 @@ class ReplayReport:
     verified_blocks: int
     put_blocks: int
     no_space: int
+    #: Seconds from the moment every worker had loaded the trace and connected
+    #: until the last one finished (``requests_per_s`` and ``gbps`` use it).
     elapsed_s: float
     block_bytes: int
     capacity_fraction: float
@@ -336,11 +338,16 @@ def _replay_worker(
     n_workers: int,
     socket_path: str,
     opts: ReplayOptions,
-    start_at: float,
+    start: Any,
     progress: Any,
     results: Any,
 ) -> None:
-    """Replay requests ``worker, worker + n_workers, …`` through ``socket_path``."""
+    """Replay requests ``worker, worker + n_workers, …`` through ``socket_path``.
+
+    Loads the trace and connects first, then sets ``start.ready[worker]`` and waits
+    for ``start.go``: the parent times the replay from there, without process
+    start-up and trace loading. ``start.at`` is the monotonic start (for pacing).
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
     # The parent stops workers with SIGTERM: exit through `finally`/`with`, so the
     # SDK unlinks a shared buffer it was creating and closes its connections.
@@ -357,6 +364,9 @@ def _replay_worker(
         with Client(socket_path, buffer_pool_bytes=max(64 * MiB, 2 * max_blocks * B + MiB)) as client:
             buf = client.buffer(max_blocks * B)
             views = [buf[i * B:(i + 1) * B] for i in range(max_blocks)]
+            start.ready[worker] = 1
+            start.go.wait()
+            start_at = start.at.value
             for req in mine:
                 if opts.speedup > 0:
                     delay = start_at + req.timestamp_s / opts.speedup - time.monotonic()
@@ -416,7 +426,27 @@ def _replay_worker(
     except Exception as exc:  # report, never hang the parent
         stats.errors += 1
         stats.error_samples.append(f"worker {worker} stopped: {exc!r}")
+    start.ready[worker] = 1
     results.put(stats)
+
+
+@dataclass
+class _Start:
+    """The start line shared with the workers: who is ready, the go signal, when."""
+
+    ready: Any  # RawArray of bytes, one per worker
+    go: Any  # Event
+    at: Any  # RawValue double: time.monotonic() at go
+
+    def wait_ready(self, procs: Sequence[Any], timeout_s: float = 300.0) -> None:
+        """Wait until every worker is ready (or has stopped), then start them all."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(r or not p.is_alive() for r, p in zip(self.ready, procs)):
+                break
+            time.sleep(0.01)
+        self.at.value = time.monotonic()
+        self.go.set()
 
 
 # --------------------------------------------------------------------------- main
@@ -466,11 +496,11 @@ def run_replay(
     try:
         progress = ctx.RawArray("q", n_workers)
         results = ctx.Queue()
-        start_at = time.monotonic() + 0.5
+        start = _Start(ctx.RawArray("b", n_workers), ctx.Event(), ctx.RawValue("d", 0.0))
         procs = [
             ctx.Process(
                 target=_replay_worker,
-                args=(w, n_workers, socket_paths[w % len(socket_paths)], opts, start_at, progress, results),
+                args=(w, n_workers, socket_paths[w % len(socket_paths)], opts, start, progress, results),
                 name=f"replay-{w}",
                 daemon=True,
             )
@@ -482,8 +512,9 @@ def run_replay(
         if old_sigint is not None:
             signal.signal(signal.SIGINT, old_sigint)
     total = WorkerStats()
-    t0 = time.perf_counter()
     try:
+        start.wait_ready(procs)  # timed from here: no process start-up, no trace loading
+        t0 = time.perf_counter()
         got = 0
         bar = click.progressbar(length=len(trace), label="replaying", file=sys.stderr) if show_progress else None
         done_shown = 0
@@ -516,7 +547,7 @@ def run_replay(
     except Exception:  # master package's policy unavailable: report LRU
         same = lru
     bound = simulate_unbounded(trace)
-    busy_s = max(elapsed - 0.5, 1e-9)
+    busy_s = max(elapsed, 1e-9)
     gbps = (total.bytes_read + total.bytes_written) / busy_s / 1e9
     from cxlkv.bench.common import measure_memcpy_gbps
 
