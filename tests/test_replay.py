@@ -274,3 +274,28 @@ def test_missing_trace_names_where_it_looked(tmp_path: Path, monkeypatch) -> Non
     r = CliRunner().invoke(replay.replay_cmd, ["rel/missing.jsonl", "--embedded"])
     assert r.exit_code != 0 and "rel/missing.jsonl not found" in r.output
     assert str(Path.cwd() / "rel" / "missing.jsonl") in r.output
+
+
+def test_start_line_waits_for_ready_or_stopped_workers() -> None:
+    """The replay is timed from the start line; a worker that stopped before getting
+    ready does not hold the others back (its missing report is counted as an error)."""
+    import multiprocessing as mp
+    import threading
+
+    from cxlkv.replay import _Start
+
+    class Proc:
+        def __init__(self, alive: bool) -> None:
+            self.alive = alive
+
+        def is_alive(self) -> bool:
+            return self.alive
+
+    ctx = mp.get_context("spawn")
+    start = _Start(ctx.RawArray("b", 2), ctx.Event(), ctx.RawValue("d", 0.0))
+    procs = [Proc(True), Proc(False)]  # worker 1 died before it was ready
+    threading.Timer(0.2, lambda: start.ready.__setitem__(0, 1)).start()
+    t0 = time.monotonic()
+    start.wait_ready(procs, timeout_s=10)
+    assert 0.15 < time.monotonic() - t0 < 5
+    assert start.go.is_set() and start.at.value >= t0
