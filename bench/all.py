@@ -46,15 +46,45 @@ def _size(n: int | None) -> str:
     return f"{n} B"
 
 
+#: Beside the results: when each was measured (``{name: "YYYY-MM-DD HH:MM UTC"}``),
+#: so a partial run (``--only``) does not relabel the others.
+MEASURED_AT = "measured_at.json"
+
+
+def _now_utc() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def _measured_at(json_dir: Path) -> dict[str, str]:
+    try:
+        data = json.loads((json_dir / MEASURED_AT).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _stamp(json_dir: Path, name: str) -> None:
+    """Record that ``name``'s result was measured now."""
+    data = _measured_at(json_dir)
+    data[name] = _now_utc()
+    (json_dir / MEASURED_AT).write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n")
+
+
 def summarize(json_dir: Path) -> str:
-    """A markdown summary of every ``*.json`` result in ``json_dir``."""
+    """A markdown summary of every ``*.json`` result in ``json_dir``, each section
+    headed by when it was measured (from ``measured_at.json``, when known)."""
     lines = ["# Benchmark summary", "",
-             f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; every figure beside the memcpy "
-             "limit measured in the same run (`limit_gbps`; `ratio_to_limit` = gbps / limit).", ""]
+             f"Written {_now_utc()}; every figure beside the memcpy limit measured in the same run "
+             "(`limit_gbps`; `ratio_to_limit` = gbps / limit).", ""]
+    measured = _measured_at(json_dir)
     for path in sorted(json_dir.glob("*.json")):
+        if path.name == MEASURED_AT:
+            continue
         data = json.loads(path.read_text())
         records = data if isinstance(data, list) else [data]
         lines += [f"## {path.stem}", ""]
+        if path.stem in measured:
+            lines += [f"Measured {measured[path.stem]}.", ""]
         if path.stem == "replay":
             r = records[0]
             lines += [
@@ -138,6 +168,8 @@ def all_cmd(json_dir: str, quick: bool, only: tuple[str, ...], trace: str, compa
         rc = subprocess.call([sys.executable, "-m", "cxlkv.cli", *argv])
         if rc != 0:
             failed.append(f"{name} (exit {rc})")
+        else:
+            _stamp(out_dir, name)
     summary = summarize(out_dir)
     (out_dir / "summary.md").write_text(summary + "\n")
     click.echo(f"\nwrote {out_dir}/*.json and {out_dir / 'summary.md'}", err=True)

@@ -26,6 +26,25 @@ def test_summary_has_every_record_beside_its_limit(tmp_path: Path) -> None:
     assert "| get | 16 MiB | path=shared_buffer, concurrency=2 | 700 | 11.70 |" in md
     assert "batch=128" in md and "| 17.40 | 0.67 |" in md
     assert "| 12,031 | 27.91 % | 28.41 % | 27.84 % | 36.64 % | 1,400 |" in md
+    assert "Measured" not in md  # no record of when: no claim
+
+
+def test_summary_heads_each_section_with_when_it_was_measured(tmp_path: Path) -> None:
+    """A partial run (--only) stamps only what it measured; the others keep their time."""
+    from cxlkv.bench.all import MEASURED_AT, _stamp
+
+    (tmp_path / "replay.json").write_text(json.dumps({
+        "bench": "replay", "requests": 1, "block_hit_rate": 0.0, "policy_sim_hit_rate": 0.0,
+        "lru_sim_hit_rate": 0.0, "bound_hit_rate": 0.0, "requests_per_s": 1.0, "gbps": 0.0,
+        "limit_gbps": 1.0, "p50_ms": 1.0, "p99_ms": 1.0, "errors": 0}))
+    (tmp_path / "kv.json").write_text("[]")
+    (tmp_path / MEASURED_AT).write_text(json.dumps({"kv": "2026-01-02 03:04 UTC"}))
+    _stamp(tmp_path, "replay")
+    md = summarize(tmp_path)
+    assert "## measured_at" not in md
+    kv, replay = md.split("## kv")[1].split("## replay")
+    assert "Measured 2026-01-02 03:04 UTC." in kv
+    assert "Measured 20" in replay and "2026-01-02" not in replay
 
 
 def test_unknown_benchmark_is_refused(tmp_path: Path) -> None:
