@@ -457,9 +457,9 @@ class ClientdCore:
                     errs[c.index] = exc
                 except (TypeError, ValueError, BufferError) as exc:
                     errs[c.index] = CxlkvError(f"copy failed: {exc}")
-            errs.update(_run_copies(plain, into_region=True))
+            errs.update(_run_writes(plain))
         else:
-            errs = _run_copies(copies, into_region=True)
+            errs = _run_writes(copies)
         if self.flush_mode:
             for c in copies:
                 if c.index not in errs:
@@ -655,9 +655,10 @@ class ClientdCore:
                 except (TypeError, ValueError, BufferError) as exc:
                     errs[c.index] = CxlkvError(f"copy failed: {exc}")
             else:
+                c.checksum = None
                 to_buffers.append(c)
         if to_buffers:
-            errs.update(_run_copies(to_buffers, into_region=False))
+            errs.update(_run_reads(to_buffers))
         return errs
 
     def _verify_reads(self, checks: list[tuple[_Copy, int, str, int, int]]) -> dict[int, str]:
@@ -674,6 +675,7 @@ class ClientdCore:
             a pool thread; touches no shared state but the copy's buffer.
         """
         bad: dict[int, str] = {}
+        checks = self._verify_batch(checks)  # the ones it cannot vouch for, checked one by one
         for c, hb, key, version, expected in checks:
             why = self._check_object(c, hb, key, version, expected)
             if why is None:
@@ -691,6 +693,39 @@ class ClientdCore:
             if again is not None:
                 bad[c.index] = again
         return bad
+
+    def _verify_batch(
+        self, checks: list[tuple[_Copy, int, str, int, int]]
+    ) -> list[tuple[_Copy, int, str, int, int]]:
+        """Check in C (``Region.verify_headers``, one call per region) every item
+        whose bytes were hashed as they were copied; returns the items not found
+        valid there, or not checkable there, for :meth:`_check_object`."""
+        rest: list[tuple[_Copy, int, str, int, int]] = []
+        groups: dict[int, list[tuple[_Copy, int, str, int, int]]] = {}
+        for chk in checks:
+            c, hb, _, _, expected = chk
+            if c.checksum is None or not hb or (expected and c.checksum != expected):
+                rest.append(chk)
+            else:
+                groups.setdefault(id(c.mapped), []).append(chk)
+        for group in groups.values():
+            keys = [chk[2].encode("utf-8") for chk in group]
+            key_offsets = []
+            pos = 0
+            for k in keys:
+                key_offsets.append(pos)
+                pos += len(k)
+            try:
+                ok = group[0][0].mapped.region.verify_headers(
+                    [c.region_offset - hb for c, hb, _, _, _ in group], [chk[1] for chk in group],
+                    b"".join(keys), key_offsets, [len(k) for k in keys], [chk[3] for chk in group],
+                    [chk[0].length for chk in group], [chk[0].checksum for chk in group],
+                    invalidate=self.flush_mode)
+            except CxlkvError:
+                rest.extend(group)  # one by one: each gets its own reason
+                continue
+            rest.extend(chk for chk, good in zip(group, ok) if not good)
+        return rest
 
     def _check_object(self, c: _Copy, hb: int, key: str, version: int, expected: int) -> str | None:
         """Why the bytes copied for ``c`` are not ``key`` at ``version`` (``None``: they are)."""
@@ -938,37 +973,55 @@ def _partition(copies: list[_Copy], jobs: int) -> list[list[_Copy]]:
     return [j for j in out if j]
 
 
-def _run_copies(copies: list[_Copy], *, into_region: bool) -> dict[int, CxlkvError]:
-    """Run copies, grouping those between one buffer and one region into one C call.
+def _run_writes(copies: list[_Copy]) -> dict[int, CxlkvError]:
+    """Copy values into their extents, grouping those from one buffer into one
+    region into one C call (``copy_in_ranges``).
 
     Returns:
         Position → error for failed copies (a failed group is retried item by
         item, so one bad item never fails the others).
     """
     errs: dict[int, CxlkvError] = {}
-    if len(copies) == 1:
-        _copy_one(copies[0], into_region, errs)
-        return errs
     groups: dict[tuple[int, int], list[_Copy]] = {}
     for c in copies:
         groups.setdefault((id(c.mapped), id(c.buf)), []).append(c)
     for group in groups.values():
         if len(group) == 1:
-            _copy_one(group[0], into_region, errs)
+            _copy_one(group[0], True, errs)
             continue
-        region = group[0].mapped.region
-        buf = group[0].buf
-        buf_offsets = [c.buf_offset for c in group]
-        region_offsets = [c.region_offset for c in group]
-        lengths = [c.length for c in group]
         try:
-            if into_region:
-                region.copy_in_ranges(buf, buf_offsets, region_offsets, lengths)
-            else:
-                region.copy_out_ranges(buf, buf_offsets, region_offsets, lengths)
+            group[0].mapped.region.copy_in_ranges(
+                group[0].buf, [c.buf_offset for c in group], [c.region_offset for c in group],
+                [c.length for c in group])
         except CxlkvError:
             for c in group:
-                _copy_one(c, into_region, errs)
+                _copy_one(c, True, errs)
+    return errs
+
+
+def _run_reads(copies: list[_Copy]) -> dict[int, CxlkvError]:
+    """Copy extents out into shared buffers, one C call per (region, buffer) pair,
+    hashing each value as it lands (``copy_out_ranges_hashed``: ``c.checksum``).
+
+    Returns:
+        Position → error for failed copies (a failed group is retried item by
+        item, without the hash, so one bad item never fails the others).
+    """
+    errs: dict[int, CxlkvError] = {}
+    groups: dict[tuple[int, int], list[_Copy]] = {}
+    for c in copies:
+        groups.setdefault((id(c.mapped), id(c.buf)), []).append(c)
+    for group in groups.values():
+        try:
+            hashes = group[0].mapped.region.copy_out_ranges_hashed(
+                group[0].buf, [c.buf_offset for c in group], [c.region_offset for c in group],
+                [c.length for c in group])
+        except CxlkvError:
+            for c in group:
+                _copy_one(c, False, errs)
+            continue
+        for c, h in zip(group, hashes):
+            c.checksum = h
     return errs
 
 

@@ -51,6 +51,8 @@ __all__ = [
     "cxlkv_copy_out_many",
     "cxlkv_copy_in_ranges",
     "cxlkv_copy_out_ranges",
+    "cxlkv_copy_out_ranges_hashed",
+    "cxlkv_verify_headers",
     "cxlkv_flush",
     "cxlkv_invalidate",
     "cxlkv_fence",
@@ -482,6 +484,7 @@ def _ranges(
     lengths: U64Array,
     writable: bool,
     op: str,
+    hashes: list[int] | None = None,
 ) -> None:
     try:
         cbuf = _from_buffer("char[]", buf, writable)
@@ -497,6 +500,13 @@ def _ranges(
             f"lengths ({n}) must have the same length"
         )
     bad = _new("uint64_t *")
+    if hashes is not None:
+        out = _new("uint64_t[]", n)
+        rc = lib.cxlkv_copy_out_ranges_hashed(r, cbuf, len(cbuf), n, boffs, roffs, lens, out, bad)
+        if rc != _OK:
+            _raise_many(r, rc, op, int(bad[0]), n)
+        hashes.extend(out)
+        return
     fn = lib.cxlkv_copy_out_ranges if writable else lib.cxlkv_copy_in_ranges
     rc = fn(r, cbuf, len(cbuf), n, boffs, roffs, lens, bad)
     if rc != _OK:
@@ -530,6 +540,71 @@ def cxlkv_copy_out_ranges(
         OutOfRange, InvalidArgument, RegionError: as :func:`cxlkv_copy_in_ranges`.
     """
     _ranges(r, buf, buf_offsets, region_offsets, lengths, True, "copy_out_ranges")
+
+
+def cxlkv_copy_out_ranges_hashed(
+    r: Handle, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+) -> list[int]:
+    """:func:`cxlkv_copy_out_ranges`, hashing each range as it lands.
+
+    Returns:
+        Per range, the xxh3_64 (seed 0) of the bytes delivered to ``buf``.
+
+    Raises:
+        OutOfRange, InvalidArgument, RegionError: as :func:`cxlkv_copy_in_ranges`.
+    """
+    hashes: list[int] = []
+    _ranges(r, buf, buf_offsets, region_offsets, lengths, True, "copy_out_ranges_hashed", hashes)
+    return hashes
+
+
+def cxlkv_verify_headers(
+    r: Handle,
+    extent_offsets: U64Array,
+    header_bytes: U64Array,
+    keys: bytes,
+    key_offsets: U64Array,
+    key_lens: U64Array,
+    versions: U64Array,
+    value_lens: U64Array,
+    value_hashes: U64Array,
+    invalidate: bool,
+) -> bytes:
+    """Check N object headers in ONE C call (layout: :mod:`cxlkv.objheader`).
+
+    Object i's extent starts at ``extent_offsets[i]``; it must describe the key
+    ``keys[key_offsets[i]:+key_lens[i]]`` at ``versions[i]`` with a
+    ``value_lens[i]``-byte value whose xxh3_64 is ``value_hashes[i]``, with
+    ``header_bytes[i]`` bytes before the value. ``invalidate`` invalidates the
+    header lines first (non-coherent mode).
+
+    Returns:
+        N bytes: 1 where the object is valid, 0 where it is not (find out why
+        with :func:`cxlkv.objheader.object_mismatch`).
+
+    Raises:
+        OutOfRange: a header span outside the region (index named); nothing checked.
+        InvalidArgument: arrays of different lengths, a key range outside ``keys``.
+        RegionError: the region is closed.
+    """
+    arrays = [_u64_array(a, what) for a, what in (
+        (extent_offsets, "extent_offsets"), (header_bytes, "header_bytes"), (key_offsets, "key_offsets"),
+        (key_lens, "key_lens"), (versions, "versions"), (value_lens, "value_lens"),
+        (value_hashes, "value_hashes"))]
+    n = len(arrays[0])
+    if any(len(a) != n for a in arrays):
+        raise InvalidArgument("verify_headers: every array must have the same length")
+    ok = _new("uint8_t[]", n)
+    bad = _new("uint64_t *")
+    ext, hb, koffs, klens, vers, vlens, vhashes = arrays
+    rc = lib.cxlkv_verify_headers(r, n, ext, hb, keys, len(keys), koffs, klens, vers, vlens, vhashes,
+                                  1 if invalidate else 0, ok, bad)
+    if rc != _OK:
+        if rc == _E_RANGE:
+            raise OutOfRange(f"verify_headers: header #{int(bad[0])} of {n} is outside the region "
+                             f"({r.size_bytes} bytes); nothing was checked")
+        _raise_many(r, rc, "verify_headers", int(bad[0]), n)
+    return bytes(ffi.buffer(ok, n)) if n else b""
 
 
 # -- cache maintenance -------------------------------------------------------------

@@ -919,6 +919,151 @@ cxlkv_copy_out_ranges(const cxlkv_region_t *r, void *buf, uint64_t buf_bytes,
     return CXLKV_OK;
 }
 
+int
+cxlkv_copy_out_ranges_hashed(const cxlkv_region_t *r, void *buf,
+                             uint64_t buf_bytes, uint64_t n,
+                             const uint64_t *buf_offsets,
+                             const uint64_t *region_offsets,
+                             const uint64_t *lengths, uint64_t *hashes_out,
+                             uint64_t *bad_index)
+{
+    const char *base;
+    uint64_t i;
+    int rc;
+
+    if (bad_index == NULL || (n != 0 && hashes_out == NULL))
+        return CXLKV_E_INVAL;
+    rc = check_ranges(r, buf, buf_bytes, n, buf_offsets, region_offsets,
+                      lengths, bad_index);
+    if (rc != CXLKV_OK)
+        return rc;
+    base = (const char *)r->base;
+    for (i = 0; i < n; i++) {
+        char *dst = (char *)buf + buf_offsets[i];
+        if (lengths[i] > CXLKV_HASH_CHUNK_BYTES) {
+            /* large: the chunked kernel keeps each hashed chunk in cache */
+            rc = copy_hashed(dst, base + region_offsets[i], lengths[i], 1, &hashes_out[i]);
+            if (rc != CXLKV_OK) {
+                *bad_index = i;
+                return rc;
+            }
+            continue;
+        }
+        if (lengths[i] != 0)
+            copy_bytes(dst, base + region_offsets[i], (size_t)lengths[i]);
+        hashes_out[i] = XXH3_64bits(dst, (size_t)lengths[i]);
+    }
+    return CXLKV_OK;
+}
+
+/* Object header layout (cxlkv/objheader.py): little-endian fields. */
+#define OBJ_HEADER_BYTES 64
+#define OBJ_FIELDS_BYTES 56
+#define OBJ_FORMAT_VERSION 1
+#define OBJ_MAX_KEY_BYTES 4096
+
+static inline uint64_t
+load_u64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, sizeof v); /* x86-64 and aarch64 Linux are little-endian */
+    return v;
+}
+
+static inline uint32_t
+load_u32(const unsigned char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static int
+header_ok(const unsigned char *h, const char *key, uint64_t key_len,
+          uint64_t header_bytes, uint64_t version, uint64_t value_len,
+          uint64_t value_hash)
+{
+    XXH3_state_t state;
+    uint32_t klen;
+
+    if (memcmp(h, "CXLKVOB1", 8) != 0)
+        return 0;
+    if ((uint32_t)h[8] + ((uint32_t)h[9] << 8) != OBJ_FORMAT_VERSION)
+        return 0;
+    klen = load_u32(h + 12);
+    if (klen < 1 || klen > OBJ_MAX_KEY_BYTES || klen != key_len)
+        return 0;
+    if (load_u32(h + 48) != header_bytes ||
+        header_bytes != OBJ_HEADER_BYTES + (((uint64_t)klen + 63) & ~(uint64_t)63))
+        return 0;
+    if (memcmp(h + OBJ_HEADER_BYTES, key, (size_t)klen) != 0)
+        return 0;
+    if (load_u64(h + 16) != XXH3_64bits(key, (size_t)klen))
+        return 0;
+    if (load_u64(h + 24) != version || load_u64(h + 32) != value_len ||
+        load_u64(h + 40) != value_hash)
+        return 0;
+    if (XXH3_64bits_reset(&state) != XXH_OK ||
+        XXH3_64bits_update(&state, h, OBJ_FIELDS_BYTES) != XXH_OK ||
+        XXH3_64bits_update(&state, h + OBJ_HEADER_BYTES, (size_t)klen) != XXH_OK)
+        return 0;
+    return XXH3_64bits_digest(&state) == load_u64(h + OBJ_FIELDS_BYTES);
+}
+
+int
+cxlkv_verify_headers(const cxlkv_region_t *r, uint64_t n,
+                     const uint64_t *extent_offsets,
+                     const uint64_t *header_bytes,
+                     const char *keys, uint64_t keys_bytes,
+                     const uint64_t *key_offsets, const uint64_t *key_lens,
+                     const uint64_t *versions, const uint64_t *value_lens,
+                     const uint64_t *value_hashes, int invalidate,
+                     uint8_t *ok_out, uint64_t *bad_index)
+{
+    uint64_t i;
+
+    if (bad_index == NULL)
+        return CXLKV_E_INVAL;
+    *bad_index = 0;
+    if (r == NULL || r->base == NULL)
+        return CXLKV_E_CLOSED;
+    if (n != 0 && (extent_offsets == NULL || header_bytes == NULL ||
+                   key_offsets == NULL || key_lens == NULL || versions == NULL ||
+                   value_lens == NULL || value_hashes == NULL || ok_out == NULL))
+        return CXLKV_E_INVAL;
+    if (keys == NULL && keys_bytes != 0)
+        return CXLKV_E_INVAL;
+    for (i = 0; i < n; i++) {
+        if (header_bytes[i] < OBJ_HEADER_BYTES ||
+            !in_bounds(r->size_bytes, extent_offsets[i], header_bytes[i])) {
+            *bad_index = i;
+            return CXLKV_E_RANGE;
+        }
+        if (!in_bounds(keys_bytes, key_offsets[i], key_lens[i])) {
+            *bad_index = i;
+            return CXLKV_E_INVAL;
+        }
+    }
+    if (invalidate && n != 0)
+        ensure_ready();
+    for (i = 0; i < n; i++) {
+        const unsigned char *h = (const unsigned char *)r->base + extent_offsets[i];
+        /* the key must fit the header span the reader was given */
+        if (key_lens[i] > header_bytes[i] - OBJ_HEADER_BYTES) {
+            ok_out[i] = 0;
+            continue;
+        }
+        if (invalidate) {
+            uintptr_t start = (uintptr_t)h & ~(uintptr_t)(g_line_bytes - 1);
+            g_invalidate_fn((char *)start, (char *)h + header_bytes[i], g_line_bytes);
+        }
+        ok_out[i] = (uint8_t)header_ok(h, keys + key_offsets[i], key_lens[i],
+                                       header_bytes[i], versions[i], value_lens[i],
+                                       value_hashes[i]);
+    }
+    return CXLKV_OK;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Cache maintenance and prefault                                            */
 /* ------------------------------------------------------------------------ */

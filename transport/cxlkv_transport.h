@@ -145,6 +145,41 @@ int cxlkv_copy_out_ranges(const cxlkv_region_t *r, void *buf,
                           const uint64_t *lengths, uint64_t *bad_index);
 
 /*
+ * cxlkv_copy_out_ranges, hashing each range (xxh3_64, seed 0) right after its
+ * copy, from the destination while it is in cache: hashes_out[i] is the hash of
+ * the lengths[i] bytes delivered to buf[buf_offsets[i]..).
+ */
+int cxlkv_copy_out_ranges_hashed(const cxlkv_region_t *r, void *buf,
+                                 uint64_t buf_bytes, uint64_t n,
+                                 const uint64_t *buf_offsets,
+                                 const uint64_t *region_offsets,
+                                 const uint64_t *lengths, uint64_t *hashes_out,
+                                 uint64_t *bad_index);
+
+/*
+ * Check N object headers (layout: cxlkv/objheader.py) against what a reader
+ * expects, in one call. Object i's extent starts at region offset
+ * extent_offsets[i] and its value at extent_offsets[i] + header_bytes[i]; it
+ * must describe the key keys[key_offsets[i] .. +key_lens[i]) (UTF-8 bytes) at
+ * version versions[i] with a value_lens[i]-byte value whose xxh3_64 is
+ * value_hashes[i]: magic, format version, key length, stored key bytes, key
+ * hash, header_bytes, header checksum, version, value length and value
+ * checksum all match. With `invalidate` the header and key lines are
+ * invalidated first (non-coherent mode). ok_out[i] is 1 when object i is
+ * valid, else 0 (the caller finds out why the slow way). Returns CXLKV_OK, or
+ * CXLKV_E_RANGE (a header span outside the region: *bad_index names it;
+ * nothing is checked), CXLKV_E_CLOSED, CXLKV_E_INVAL.
+ */
+int cxlkv_verify_headers(const cxlkv_region_t *r, uint64_t n,
+                         const uint64_t *extent_offsets,
+                         const uint64_t *header_bytes,
+                         const char *keys, uint64_t keys_bytes,
+                         const uint64_t *key_offsets, const uint64_t *key_lens,
+                         const uint64_t *versions, const uint64_t *value_lens,
+                         const uint64_t *value_hashes, int invalidate,
+                         uint8_t *ok_out, uint64_t *bad_index);
+
+/*
  * Write back every cache line of [offset, offset+length) towards memory
  * (CLWB, else CLFLUSHOPT, else CLFLUSH; DC CVAC on aarch64), then SFENCE.
  */

@@ -210,6 +210,39 @@ class NoncoherentRegion(Region):
             for piece, r in self._ranges("copy_out_ranges", buf, buf_offsets, region_offsets, lengths, True):
                 self._out("copy_out_ranges", r, piece)
 
+    def copy_out_ranges_hashed(self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array,
+                               lengths: U64Array) -> list[int]:
+        hashes = []
+        with self._lock:
+            for piece, r in self._ranges("copy_out_ranges_hashed", buf, buf_offsets, region_offsets,
+                                         lengths, True):
+                self._out("copy_out_ranges_hashed", r, piece)
+                hashes.append(xxhash.xxh3_64_intdigest(piece))
+        return hashes
+
+    def verify_headers(self, extent_offsets: U64Array, header_bytes: U64Array, keys: bytes,
+                       key_offsets: U64Array, key_lens: U64Array, versions: U64Array,
+                       value_lens: U64Array, value_hashes: U64Array, *, invalidate: bool = False) -> bytes:
+        """Through this cache: each header read as this process would see it."""
+        from cxlkv.objheader import object_mismatch
+
+        cols = [[int(x) for x in a] for a in (extent_offsets, header_bytes, key_offsets, key_lens,
+                                               versions, value_lens, value_hashes)]
+        if len({len(c) for c in cols}) > 1:
+            raise InvalidArgument("verify_headers: every array must have the same length")
+        for i, (off, hb) in enumerate(zip(cols[0], cols[1])):
+            if hb < 64:
+                raise OutOfRange(f"verify_headers[{i}]: header_bytes {hb} is under the 64-byte header")
+            self._check(f"verify_headers[{i}]", off, hb)
+        out = bytearray()
+        for off, hb, ko, kl, ver, vlen, vhash in zip(*cols):
+            if invalidate:
+                self.invalidate(off, hb)
+            key = keys[ko:ko + kl]
+            ok = kl <= hb - 64 and object_mismatch(self.read(off, hb), key, ver, vlen, hb, vhash) is None
+            out.append(1 if ok else 0)
+        return bytes(out)
+
     def flush(self, offset: int = 0, length: int | None = None) -> None:
         offset, length = self._span(offset, length)
         with self._lock:

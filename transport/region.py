@@ -334,6 +334,52 @@ class Region:
         """
         _b.cxlkv_copy_out_ranges(self._r, buf, buf_offsets, region_offsets, lengths)
 
+    def copy_out_ranges_hashed(
+        self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+    ) -> list[int]:
+        """:meth:`copy_out_ranges`, hashing each range as it lands (from cache).
+
+        Returns:
+            Per range, the xxh3_64 (seed 0) of the bytes delivered to ``buf``.
+
+        Raises:
+            OutOfRange, InvalidArgument, RegionError: as :meth:`copy_in_ranges`.
+        """
+        return _b.cxlkv_copy_out_ranges_hashed(self._r, buf, buf_offsets, region_offsets, lengths)
+
+    def verify_headers(
+        self,
+        extent_offsets: U64Array,
+        header_bytes: U64Array,
+        keys: bytes,
+        key_offsets: U64Array,
+        key_lens: U64Array,
+        versions: U64Array,
+        value_lens: U64Array,
+        value_hashes: U64Array,
+        *,
+        invalidate: bool = False,
+    ) -> bytes:
+        """Check N object headers in ONE C call: object i (extent at
+        ``extent_offsets[i]``, value ``header_bytes[i]`` bytes in) must describe the
+        key ``keys[key_offsets[i]:+key_lens[i]]`` (UTF-8) at ``versions[i]`` with a
+        ``value_lens[i]``-byte value whose xxh3_64 is ``value_hashes[i]`` — the
+        checks of :func:`cxlkv.objheader.object_mismatch`, without the reason.
+
+        Args:
+            invalidate: invalidate the header lines first (non-coherent mode).
+
+        Returns:
+            N bytes: 1 where the object is valid, 0 where not.
+
+        Raises:
+            OutOfRange: a header span outside the region; nothing is checked.
+            InvalidArgument: arrays of different lengths; a key range outside ``keys``.
+            RegionError: the region is closed.
+        """
+        return _b.cxlkv_verify_headers(self._r, extent_offsets, header_bytes, keys, key_offsets, key_lens,
+                                       versions, value_lens, value_hashes, invalidate)
+
     # -- cache maintenance -----------------------------------------------------------
     def _span(self, offset: int, length: int | None) -> tuple[int, int]:
         return offset, (self._size - offset if length is None else length)
