@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import xxhash
 
-from cxlkv.clientd.master_link import Located, MasterLink
+from cxlkv.clientd.master_link import Located, Location, MasterLink
 from cxlkv.clientd.regions import MappedRegion, RegionSet
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode
@@ -518,7 +518,7 @@ class ClientdCore:
     ) -> list[int]:
         """Copy out located objects into ``out``; returns positions whose lease expired (to retry)."""
         copies: list[_Copy] = []
-        meta: list[tuple[int, master_pb2.ObjectLocation, float]] = []
+        meta: list[tuple[int, Location, float]] = []
         leases: list[int] = []
         total = 0
         t0 = located.t0
@@ -582,7 +582,7 @@ class ClientdCore:
         self,
         i: int,
         key: str,
-        loc: master_pb2.ObjectLocation,
+        loc: Location,
         target: ReadTarget | None,
         out: list[ReadOutcome | None],
     ) -> _Copy | None:

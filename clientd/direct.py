@@ -30,7 +30,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cxlkv.clientd.buffers import process_start_time
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument
@@ -76,7 +76,7 @@ class _Pending:
     version: int
     size: int
     header_bytes: int
-    extents: list[common_pb2.Extent]
+    extents: list[Any]  # Extent-like: segment_id, offset_bytes, length_bytes
     pid: int
     pid_start: int | None
     generation: int
@@ -113,10 +113,15 @@ class DirectPuts:
                 return int(s.tier)
         return int(_UNSPECIFIED)
 
-    def _extent(self, ext: common_pb2.Extent, tier: int | None = None) -> client_pb2.DirectExtent:
+    def _extent(self, ext: Any, tier: int | None = None) -> client_pb2.DirectExtent:
+        """``ext``: anything with the fields of ``cxlkv.v1.Extent`` (a started put's
+        extent, a located replica)."""
         direct = self._direct_region(ext.segment_id) is not None
-        return client_pb2.DirectExtent(extent=ext, tier=self._tier(ext.segment_id) if tier is None else tier,  # type: ignore[arg-type]
-                                       direct=direct)
+        return client_pb2.DirectExtent(
+            extent=common_pb2.Extent(segment_id=ext.segment_id, offset_bytes=ext.offset_bytes,
+                                     length_bytes=ext.length_bytes),
+            tier=self._tier(ext.segment_id) if tier is None else tier,  # type: ignore[arg-type]
+            direct=direct)
 
     def info(self) -> client_pb2.DirectInfoResponse:
         """DirectInfo: the offer and the regions a direct caller may map."""
@@ -186,8 +191,7 @@ class DirectPuts:
                 if r.status.code:
                     results[i] = client_pb2.DirectPutStartResult(status=r.status)
                     continue
-                exts = [common_pb2.Extent(segment_id=e.segment_id, offset_bytes=e.offset_bytes,
-                                          length_bytes=e.length_bytes) for e in r.extents]
+                exts = list(r.extents)
                 if not exts or any(self._direct_region(e.segment_id) is None for e in exts):
                     revokes.append((key, r.put_token, 0))
                     results[i] = client_pb2.DirectPutStartResult(

@@ -39,7 +39,8 @@ _LEAN_METHODS = frozenset(m.name for m in _MASTER_METHODS if m.name.startswith((
     "ReleaseLeases", "PutStart", "PutEnd", "PutRevoke", "GetReplicaList", "ExistKey", "MatchPrefix",
     "Remove", "RemoveAll", "RemoveByRegex", "ListKeys", "Stat", "ListSegments", "FetchTasks", "CompleteTasks"}
 
-__all__ = ["MasterLink", "Located", "RELEASE_DELAY_S", "MAX_BATCH_ITEMS"]
+__all__ = ["MasterLink", "Located", "Location", "LocatedReplica", "PrefixMatch", "unpack_locations",
+           "RELEASE_DELAY_S", "MAX_BATCH_ITEMS"]
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,71 @@ def unpack_put_starts(resp: master_pb2.PackedPutStartResponse) -> list[StartedPu
     return out
 
 
+class LocatedReplica(NamedTuple):
+    """One readable replica of a located object (the fields of ``cxlkv.v1.Extent``
+    plus its tier; ``extent`` is the replica itself, as ``Replica.extent`` is)."""
+
+    segment_id: int
+    offset_bytes: int
+    length_bytes: int
+    tier: int
+
+    @property
+    def extent(self) -> "LocatedReplica":
+        return self
+
+
+class Location(NamedTuple):
+    """One position of a packed locate answer, with the attribute names of
+    ``master_pb2.ObjectLocation`` (``status`` is a real ``common_pb2.Status``)."""
+
+    status: common_pb2.Status
+    value_size_bytes: int
+    version: int
+    replicas: tuple[LocatedReplica, ...]
+    lease_id: int
+    lease_ttl_ms: int
+    checksum: int
+    header_bytes: int
+
+
+class PrefixMatch(NamedTuple):
+    """One query of a packed prefix match: ``keys[:matched]`` are located (and leased)."""
+
+    matched: int
+    locations: list[Location]
+
+
+def unpack_locations(resp: master_pb2.PackedLocations) -> list[Location]:
+    """A PackedLocations answer as one :class:`Location` per position.
+
+    Raises:
+        Internal: the columns disagree in length (a master bug).
+    """
+    codes = resp.codes
+    n = len(codes)
+    counts = resp.replica_counts
+    sids, offs, lens, tiers = resp.segment_ids, resp.offsets_bytes, resp.lengths_bytes, resp.tiers
+    sizes, versions, leases, ttls = resp.value_size_bytes, resp.versions, resp.lease_ids, resp.lease_ttl_ms
+    checksums, hbytes = resp.checksums, resp.header_bytes
+    if not (len(sizes) == len(versions) == len(leases) == len(ttls) == len(checksums) == len(hbytes)
+            == len(counts) == n) or not (len(sids) == len(offs) == len(lens) == len(tiers) == sum(counts)):
+        raise Internal(f"PackedLocations columns disagree ({n} codes, {len(counts)} replica counts, "
+                       f"{len(sids)} replicas)")
+    statuses = _statuses(codes, resp.error_positions, resp.messages)
+    out: list[Location] = []
+    j = 0
+    for i in range(n):
+        c = counts[i]
+        if c == 1:
+            reps: tuple[LocatedReplica, ...] = (LocatedReplica(sids[j], offs[j], lens[j], tiers[j]),)
+        else:
+            reps = tuple(LocatedReplica(sids[k], offs[k], lens[k], tiers[k]) for k in range(j, j + c))
+        j += c
+        out.append(Location(statuses[i], sizes[i], versions[i], reps, leases[i], ttls[i], checksums[i], hbytes[i]))
+    return out
+
+
 class Located:
     """Locations from one BatchGetReplicaList call and when it was sent.
 
@@ -130,7 +196,7 @@ class Located:
 
     __slots__ = ("locations", "t0")
 
-    def __init__(self, locations: Sequence[master_pb2.ObjectLocation], t0: float) -> None:
+    def __init__(self, locations: Sequence[Location], t0: float) -> None:
         self.locations = locations
         self.t0 = t0
 
@@ -201,13 +267,13 @@ class MasterLink:
         self.put_revoke: Coalescer[tuple[str, int, int], common_pb2.Status] = Coalescer(
             "BatchPutRevoke", self._send_put_revoke, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
-        self.locate: Coalescer[str, master_pb2.ObjectLocation] = Coalescer(
+        self.locate: Coalescer[str, Location] = Coalescer(
             "BatchGetReplicaList", self._send_locate, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.exist: Coalescer[str, tuple[bool, common_pb2.Status]] = Coalescer(
             "BatchExistKey", self._send_exist, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
-        self.match_prefix: Coalescer[list[str], tuple[master_pb2.MatchPrefixResponse, float]] = Coalescer(
+        self.match_prefix: Coalescer[list[str], tuple[PrefixMatch, float]] = Coalescer(
             "BatchMatchPrefix", self._send_match_prefix, max_items=64)
         self.remove = {
             force: Coalescer(f"BatchRemove(force={force})",
@@ -511,27 +577,34 @@ class MasterLink:
         releases = self._take_releases()
         t0 = self.clock()
         try:
-            resp = await self.call("BatchGetReplicaList", lambda: master_pb2.BatchGetReplicaListRequest(
+            resp = await self.call("PackedGetReplicaList", lambda: master_pb2.BatchGetReplicaListRequest(
                 client_id=self.client_id, keys=keys, release_lease_ids=releases))
         except BaseException:
             self._return_releases(releases)
             raise
-        return Located(resp.locations, t0)
+        return Located(unpack_locations(resp), t0)
 
-    async def _send_match_prefix(
-        self, queries: list[list[str]]
-    ) -> list[tuple[master_pb2.MatchPrefixResponse, float]]:
+    async def _send_match_prefix(self, queries: list[list[str]]) -> list[tuple[PrefixMatch, float]]:
         releases = self._take_releases()
         t0 = self.clock()
         try:
-            resp = await self.call("BatchMatchPrefix", lambda: master_pb2.BatchMatchPrefixRequest(
+            resp = await self.call("PackedMatchPrefix", lambda: master_pb2.BatchMatchPrefixRequest(
                 client_id=self.client_id,
                 queries=[master_pb2.PrefixQuery(keys=q) for q in queries],
                 release_lease_ids=releases))
         except BaseException:
             self._return_releases(releases)
             raise
-        return [(r, t0) for r in resp.results]
+        locations = unpack_locations(resp.locations)
+        if len(resp.matched) != len(queries) or sum(resp.matched) != len(locations):
+            raise Internal(f"PackedMatchPrefix: {len(resp.matched)} answers for {len(queries)} queries, "
+                           f"{len(locations)} locations for {sum(resp.matched)} matched keys")
+        out: list[tuple[PrefixMatch, float]] = []
+        j = 0
+        for m in resp.matched:
+            out.append((PrefixMatch(m, locations[j:j + m]), t0))
+            j += m
+        return out
 
     async def _send_exist(self, keys: list[str]) -> list[tuple[bool, common_pb2.Status]]:
         resp = await self.call("BatchExistKey", lambda: master_pb2.BatchExistKeyRequest(keys=keys))

@@ -111,6 +111,8 @@ BATCH_FIELDS: dict[str, str] = {
     "PackedPutStart": "keys",
     "PackedPutEnd": "keys",
     "PackedPutRevoke": "keys",
+    "PackedGetReplicaList": "keys",
+    "PackedMatchPrefix": "queries",
 }
 
 

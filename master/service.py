@@ -120,6 +120,70 @@ def _after_key(token: str) -> str | None:
         raise InvalidArgument(f"page_token {token[:40]!r} is not one this master returned") from None
 
 
+class _LocationColumns:
+    """Builds a ``PackedLocations`` answer position by position (columns, no
+    message per key)."""
+
+    __slots__ = ("_servicer", "_client_id", "_ttl_ms", "codes", "sizes", "versions", "leases", "ttls",
+                 "checksums", "header_bytes", "counts", "sids", "offs", "lens", "tiers", "err_pos", "err_msg")
+
+    def __init__(self, servicer: "MasterServicer", client_id: str) -> None:
+        self._servicer = servicer
+        self._client_id = client_id
+        self._ttl_ms = servicer._lease_ttl_ms
+        self.codes: list[int] = []
+        self.sizes: list[int] = []
+        self.versions: list[int] = []
+        self.leases: list[int] = []
+        self.ttls: list[int] = []
+        self.checksums: list[int] = []
+        self.header_bytes: list[int] = []
+        self.counts: list[int] = []
+        self.sids: list[int] = []
+        self.offs: list[int] = []
+        self.lens: list[int] = []
+        self.tiers: list[int] = []
+        self.err_pos: list[int] = []
+        self.err_msg: list[str] = []
+
+    def add(self, obj: ObjectVersion, lease: Any) -> None:
+        """One located object (``lease`` ``None``: not leased)."""
+        self.codes.append(0)
+        self.sizes.append(obj.size_bytes)
+        self.versions.append(obj.version)
+        if lease is not None:
+            self.leases.append(lease.lease_id)
+            self.ttls.append(self._ttl_ms)
+        else:
+            self.leases.append(0)
+            self.ttls.append(0)
+        self.checksums.append(obj.checksum or 0)
+        self.header_bytes.append(obj.header_bytes or 0)
+        reps = self._servicer._replicas(obj, self._client_id)
+        self.counts.append(len(reps))
+        for sid, off, n, tier in reps:
+            self.sids.append(sid)
+            self.offs.append(off)
+            self.lens.append(n)
+            self.tiers.append(int(tier))
+
+    def add_error(self, err: CxlkvError) -> None:
+        """One failed position."""
+        self.err_pos.append(len(self.codes))
+        self.err_msg.append(err.message)
+        self.codes.append(int(err.code))
+        for col in (self.sizes, self.versions, self.leases, self.ttls, self.checksums, self.header_bytes,
+                    self.counts):
+            col.append(0)
+
+    def message(self) -> master_pb2.PackedLocations:
+        return master_pb2.PackedLocations(
+            codes=self.codes, value_size_bytes=self.sizes, versions=self.versions, lease_ids=self.leases,
+            lease_ttl_ms=self.ttls, checksums=self.checksums, header_bytes=self.header_bytes,
+            replica_counts=self.counts, segment_ids=self.sids, offsets_bytes=self.offs,
+            lengths_bytes=self.lens, tiers=self.tiers, error_positions=self.err_pos, messages=self.err_msg)
+
+
 class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     """The ``cxlkv.v1.MasterService`` over one :class:`MasterState`.
 
@@ -204,6 +268,23 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return _invoke(self, type(self)._fetch_tasks_now, "FetchTasks", request, None)
 
     # -------------------------------------------------------------- helpers
+    def _replicas(self, obj: ObjectVersion, client_id: str) -> list[tuple[int, int, int, int]]:
+        """``(segment_id, offset, length, tier)`` of the replicas a reader on
+        ``client_id`` may use, best first: its own DRAM, CXL, SSD; others' DRAM never."""
+        segment = self.state.segment
+        extents = obj.extents
+        if len(extents) == 1:
+            sid, off, n = extents[0]
+            return [(sid, off, n, segment(sid).tier)]  # type: ignore[union-attr]
+        ranked = []
+        for sid, off, n in extents:
+            seg = segment(sid)
+            if seg.tier == Tier.DRAM and seg.owner_client_id != client_id:  # type: ignore[union-attr]
+                continue
+            ranked.append((_TIER_RANK.get(seg.tier, 3), (sid, off, n, seg.tier)))  # type: ignore[union-attr]
+        ranked.sort(key=lambda r: r[0])
+        return [r[1] for r in ranked]
+
     def _fill_location(self, loc: master_pb2.ObjectLocation, obj: ObjectVersion, lease: Any,
                        client_id: str = "") -> None:
         loc.value_size_bytes = obj.size_bytes
@@ -212,29 +293,12 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             loc.checksum = obj.checksum
         if obj.header_bytes:
             loc.header_bytes = obj.header_bytes
-        segment = self.state.segment
         add = loc.replicas.add
-        extents = obj.extents
-        if len(extents) > 1:  # best first: the reader's own DRAM, CXL, SSD; others' DRAM never
-            ranked = []
-            for ext in extents:
-                seg = segment(ext[0])
-                if seg.tier == Tier.DRAM and seg.owner_client_id != client_id:  # type: ignore[union-attr]
-                    continue
-                ranked.append((_TIER_RANK.get(seg.tier, 3), ext, seg.tier))  # type: ignore[union-attr]
-            ranked.sort(key=lambda r: r[0])
-            for _, (sid, off, n), tier in ranked:
-                e = add(state=_COMPLETE, tier=tier).extent
-                e.segment_id = sid
-                e.offset_bytes = off
-                e.length_bytes = n
-        else:
-            for sid, off, n in extents:
-                r = add(state=_COMPLETE, tier=segment(sid).tier)  # type: ignore[union-attr]
-                e = r.extent
-                e.segment_id = sid
-                e.offset_bytes = off
-                e.length_bytes = n
+        for sid, off, n, tier in self._replicas(obj, client_id):
+            e = add(state=_COMPLETE, tier=tier).extent
+            e.segment_id = sid
+            e.offset_bytes = off
+            e.length_bytes = n
         if lease is not None:
             loc.lease_id = lease.lease_id
             loc.lease_ttl_ms = self._lease_ttl_ms
@@ -495,6 +559,23 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return resp
 
     @_rpc
+    def PackedGetReplicaList(self, request, context):
+        st = self.state
+        client_id, no_lease, now = request.client_id, request.no_lease, self.clock()
+        if request.release_lease_ids:
+            st.release_leases(client_id, request.release_lease_ids)
+        get = st.get
+        cols = _LocationColumns(self, client_id)
+        for key in request.keys:
+            try:
+                obj, lease = get(client_id, key, now, no_lease)
+            except CxlkvError as err:
+                cols.add_error(err)
+                continue
+            cols.add(obj, lease)
+        return cols.message()
+
+    @_rpc
     def ReleaseLeases(self, request, context):
         return master_pb2.ReleaseLeasesResponse(
             released=self.state.release_leases(request.client_id, request.lease_ids)
@@ -549,6 +630,22 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         for query in request.queries:
             self._match(add(), client_id, query.keys, no_lease, now)
         return resp
+
+    @_rpc
+    def PackedMatchPrefix(self, request, context):
+        now = self.clock()
+        client_id, no_lease = request.client_id, request.no_lease
+        if request.release_lease_ids:
+            self.state.release_leases(client_id, request.release_lease_ids)
+        match = self.state.match_prefix
+        cols = _LocationColumns(self, client_id)
+        matched: list[int] = []
+        for query in request.queries:
+            found = match(client_id, query.keys, now, no_lease)
+            matched.append(len(found))
+            for obj, lease in found:
+                cols.add(obj, lease)
+        return master_pb2.PackedMatchPrefixResponse(matched=matched, locations=cols.message())
 
     # -------------------------------------------------------------- removal
     @_rpc

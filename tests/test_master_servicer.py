@@ -161,3 +161,68 @@ def test_unpacking_a_ragged_answer_is_an_internal_error() -> None:
         unpack_put_starts(master_pb2.PackedPutStartResponse(
             codes=[0], put_tokens=[1], versions=[1], replicas_wanted=[1], extent_counts=[2],
             segment_ids=[1], offsets_bytes=[0], lengths_bytes=[64]))
+
+
+def _commit(servicer: MasterServicer, cid: str, ep: int, keys: list[str], replica_num: int = 1) -> None:
+    resp, _ = call(servicer, "PackedPutStart", master_pb2.PackedPutStartRequest(
+        client_id=cid, epoch=ep, keys=keys, value_size_bytes=[100] * len(keys), header_bytes=[128] * len(keys),
+        options=[common_pb2.PutOptions(replica_num=replica_num)] * len(keys)))
+    end, _ = call(servicer, "PackedPutEnd", master_pb2.PackedPutEndRequest(
+        client_id=cid, epoch=ep, keys=keys, put_tokens=list(resp.put_tokens), checksums=[11] * len(keys)))
+    assert list(end.codes) == [0] * len(keys)
+
+
+def _as_tuple(loc: Any) -> tuple:
+    """The fields a reader uses, from an ObjectLocation or a clientd Location."""
+    return (loc.status.code, loc.value_size_bytes, loc.version, bool(loc.lease_id), loc.lease_ttl_ms,
+            loc.checksum, loc.header_bytes,
+            [(r.extent.segment_id, r.extent.offset_bytes, r.extent.length_bytes, int(r.tier)) for r in loc.replicas])
+
+
+def test_packed_reads_answer_like_the_message_forms() -> None:
+    """PackedGetReplicaList and PackedMatchPrefix: the same locations, leases and
+    errors as BatchGetReplicaList and BatchMatchPrefix, replicas best first."""
+    from cxlkv.clientd.master_link import unpack_locations
+
+    st = MasterState(MasterConfig(segments=[SegmentConfig(name="cxl0", size_bytes=8 * MiB),
+                                            SegmentConfig(name="cxl1", size_bytes=8 * MiB)]))
+    servicer = MasterServicer(st, clock=lambda: 100.0)
+    reg, _ = call(servicer, "RegisterClient", master_pb2.RegisterClientRequest(hostname="h"))
+    cid, ep = reg.client_id, reg.epoch
+    _commit(servicer, cid, ep, ["a", "b"])
+    _commit(servicer, cid, ep, ["two"], replica_num=2)
+    keys = ["a", "missing", "", "two", "b", "a"]
+    req = master_pb2.BatchGetReplicaListRequest(client_id=cid, keys=keys)
+    items, _ = call(servicer, "BatchGetReplicaList", req)
+    packed, ctx = call(servicer, "PackedGetReplicaList", req)
+    assert ctx.status is None
+    locs = unpack_locations(packed)
+    assert [_as_tuple(x) for x in locs] == [_as_tuple(x) for x in items.locations]
+    assert [x.status.code for x in locs] == [0, ErrorCode.NOT_FOUND, ErrorCode.INVALID_KEY, 0, 0, 0]
+    assert locs[1].status.message and locs[1].replicas == () and locs[1].lease_id == 0
+    assert len(locs[3].replicas) == 2 and locs[0].checksum == 11 and locs[0].header_bytes == 128
+    assert len({x.lease_id for x in locs if x.lease_id}) == 4  # a lease per located key
+    # Prefix: per query, the matched keys' locations, concatenated.
+    preq = master_pb2.BatchMatchPrefixRequest(client_id=cid, queries=[
+        master_pb2.PrefixQuery(keys=["a", "b", "missing", "two"]), master_pb2.PrefixQuery(keys=["missing"]),
+        master_pb2.PrefixQuery(keys=["two", "a"])])
+    items, _ = call(servicer, "BatchMatchPrefix", preq)
+    packed, ctx = call(servicer, "PackedMatchPrefix", preq)
+    assert ctx.status is None and list(packed.matched) == [r.matched for r in items.results] == [2, 0, 2]
+    flat = [_as_tuple(x) for r in items.results for x in r.locations]
+    assert [_as_tuple(x) for x in unpack_locations(packed.locations)] == flat
+    # No lease asked: none granted.
+    nolease, _ = call(servicer, "PackedGetReplicaList", master_pb2.BatchGetReplicaListRequest(
+        client_id=cid, keys=["a"], no_lease=True))
+    assert list(nolease.lease_ids) == [0] and list(nolease.lease_ttl_ms) == [0]
+
+
+def test_unpacking_ragged_locations_is_an_internal_error() -> None:
+    from cxlkv.clientd.master_link import unpack_locations
+    from cxlkv.errors import Internal
+
+    with pytest.raises(Internal, match="disagree"):
+        unpack_locations(master_pb2.PackedLocations(
+            codes=[0], value_size_bytes=[1], versions=[1], lease_ids=[0], lease_ttl_ms=[0], checksums=[0],
+            header_bytes=[64], replica_counts=[2], segment_ids=[1], offsets_bytes=[0], lengths_bytes=[64],
+            tiers=[1]))

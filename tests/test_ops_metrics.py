@@ -113,7 +113,7 @@ def test_values_move_with_operations(module_cluster) -> None:
     assert d_master("cxlkv_master_rpcs_total", method="PackedPutStart", result="OK") >= 1
     assert d_master("cxlkv_master_rpc_duration_seconds_count", method="PackedPutEnd") >= 1
     assert d_master("cxlkv_master_rpc_batch_items_sum", method="PackedPutStart") == n
-    assert d_master("cxlkv_master_rpc_batch_items_sum", method="BatchMatchPrefix") == 1
+    assert d_master("cxlkv_master_rpc_batch_items_sum", method="PackedMatchPrefix") == 1
     # clientd: bytes both ways, requests by result, prefix hits and misses
     assert d_clientd("cxlkv_clientd_copied_bytes_total", direction="in") == n * size
     assert d_clientd("cxlkv_clientd_copied_bytes_total", direction="out") == (n + 5) * size
@@ -169,8 +169,8 @@ def test_replay_moves_hit_rate_and_bytes_in_scrapes(module_cluster, tmp_path: Pa
     assert moved_out == report.bytes_read > 0
     assert m1.value("cxlkv_master_puts_committed_total") - m0.value("cxlkv_master_puts_committed_total") \
         == report.put_blocks
-    assert m1.value("cxlkv_master_rpcs_total", method="BatchMatchPrefix") > m0.value(
-        "cxlkv_master_rpcs_total", method="BatchMatchPrefix")
+    assert m1.value("cxlkv_master_rpcs_total", method="PackedMatchPrefix") > m0.value(
+        "cxlkv_master_rpcs_total", method="PackedMatchPrefix")
 
 
 def _dashboard_exprs() -> list[str]:

@@ -367,6 +367,38 @@ class BatchGetReplicaListResponse(_message.Message):
     locations: _containers.RepeatedCompositeFieldContainer[ObjectLocation]
     def __init__(self, locations: _Optional[_Iterable[_Union[ObjectLocation, _Mapping]]] = ...) -> None: ...
 
+class PackedLocations(_message.Message):
+    __slots__ = ("codes", "value_size_bytes", "versions", "lease_ids", "lease_ttl_ms", "checksums", "header_bytes", "replica_counts", "segment_ids", "offsets_bytes", "lengths_bytes", "tiers", "error_positions", "messages")
+    CODES_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    HEADER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    codes: _containers.RepeatedScalarFieldContainer[int]
+    value_size_bytes: _containers.RepeatedScalarFieldContainer[int]
+    versions: _containers.RepeatedScalarFieldContainer[int]
+    lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    lease_ttl_ms: _containers.RepeatedScalarFieldContainer[int]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    header_bytes: _containers.RepeatedScalarFieldContainer[int]
+    replica_counts: _containers.RepeatedScalarFieldContainer[int]
+    segment_ids: _containers.RepeatedScalarFieldContainer[int]
+    offsets_bytes: _containers.RepeatedScalarFieldContainer[int]
+    lengths_bytes: _containers.RepeatedScalarFieldContainer[int]
+    tiers: _containers.RepeatedScalarFieldContainer[_common_pb2.Tier]
+    error_positions: _containers.RepeatedScalarFieldContainer[int]
+    messages: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, codes: _Optional[_Iterable[int]] = ..., value_size_bytes: _Optional[_Iterable[int]] = ..., versions: _Optional[_Iterable[int]] = ..., lease_ids: _Optional[_Iterable[int]] = ..., lease_ttl_ms: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., header_bytes: _Optional[_Iterable[int]] = ..., replica_counts: _Optional[_Iterable[int]] = ..., segment_ids: _Optional[_Iterable[int]] = ..., offsets_bytes: _Optional[_Iterable[int]] = ..., lengths_bytes: _Optional[_Iterable[int]] = ..., tiers: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ..., error_positions: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ReleaseLeasesRequest(_message.Message):
     __slots__ = ("client_id", "lease_ids")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -450,6 +482,14 @@ class BatchMatchPrefixResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[MatchPrefixResponse]
     def __init__(self, results: _Optional[_Iterable[_Union[MatchPrefixResponse, _Mapping]]] = ...) -> None: ...
+
+class PackedMatchPrefixResponse(_message.Message):
+    __slots__ = ("matched", "locations")
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    LOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    matched: _containers.RepeatedScalarFieldContainer[int]
+    locations: PackedLocations
+    def __init__(self, matched: _Optional[_Iterable[int]] = ..., locations: _Optional[_Union[PackedLocations, _Mapping]] = ...) -> None: ...
 
 class RemoveRequest(_message.Message):
     __slots__ = ("key", "force")

@@ -179,6 +179,16 @@ class MasterServiceStub:
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
                 _registered_method=True)
+        self.PackedGetReplicaList = channel.unary_unary(
+                '/cxlkv.v1.MasterService/PackedGetReplicaList',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.BatchGetReplicaListRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedLocations.FromString,
+                _registered_method=True)
+        self.PackedMatchPrefix = channel.unary_unary(
+                '/cxlkv.v1.MasterService/PackedMatchPrefix',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedMatchPrefixResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -402,6 +412,21 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PackedGetReplicaList(self, request, context):
+        """--- packed reads (docs/protocol.md) ------------------------------------------
+        BatchGetReplicaList / BatchMatchPrefix answering one packed array per field
+        instead of one ObjectLocation per key: same semantics, leases and errors.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PackedMatchPrefix(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -549,6 +574,16 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.PackedPutRevoke,
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.SerializeToString,
+            ),
+            'PackedGetReplicaList': grpc.unary_unary_rpc_method_handler(
+                    servicer.PackedGetReplicaList,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchGetReplicaListRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedLocations.SerializeToString,
+            ),
+            'PackedMatchPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.PackedMatchPrefix,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedMatchPrefixResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1334,6 +1369,60 @@ class MasterService:
             '/cxlkv.v1.MasterService/PackedPutRevoke',
             cxlkv_dot_v1_dot_master__pb2.PackedPutEndRequest.SerializeToString,
             cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PackedGetReplicaList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/PackedGetReplicaList',
+            cxlkv_dot_v1_dot_master__pb2.BatchGetReplicaListRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.PackedLocations.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PackedMatchPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/PackedMatchPrefix',
+            cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.PackedMatchPrefixResponse.FromString,
             options,
             channel_credentials,
             insecure,
