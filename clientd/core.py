@@ -643,6 +643,7 @@ class ClientdCore:
             if c.buf is None:
                 try:
                     c.buf = bytes(c.mapped.region.view(c.region_offset, c.length))
+                    c.checksum = _xxh3(c.buf)  # of the bytes answered, for the batch check
                 except CxlkvError as exc:
                     errs[c.index] = exc
             elif c.fuse:
