@@ -316,19 +316,19 @@ class ClientdCore:
                 if hashing is not None:
                     checksums.update(await hashing)
             else:
-                errs = self._copy_in_and_flush(live)
-                checksums = _hash_sources(specs, hashed)
+                # One C call per source buffer and region copies and hashes.
+                errs = self._copy_in_and_flush(live, checksums=checksums)
+                missing = [i for i in hashed if i not in checksums]
+                if missing:
+                    checksums.update(_hash_sources(specs, missing))
             for i, copy_error in errs.items():
                 failed.setdefault(i, copy_error)
             self.counters["bytes_in"] += total
         else:
             checksums = _hash_sources(specs, hashed)
         # The header goes in after the value is in memory (flushed, in flush mode).
-        for i, r in accepted:
-            if i not in failed:
-                header_error = self._write_header(key_bytes[i], r, specs[i].size, checksums[i])
-                if header_error is not None:
-                    failed[i] = header_error
+        failed.update(self._write_headers(
+            [(i, r) for i, r in accepted if i not in failed], key_bytes, specs, checksums))
 
         ends: list[tuple[int, master_pb2.PutStartResult]] = []
         revokes: list[tuple[int, master_pb2.PutStartResult]] = []
@@ -404,6 +404,52 @@ class ClientdCore:
                 errs.setdefault(i, exc)
         return errs
 
+    def _write_headers(
+        self, items: list[tuple[int, Any]], key_bytes: dict[int, bytes], specs: list[PutSpec],
+        checksums: dict[int, int],
+    ) -> dict[int, CxlkvError]:
+        """Write (and in flush mode flush) the headers of ``items`` (position, started
+        put) on every replica, one ``Region.write_headers`` call per region; call
+        only once the values are written (and flushed).
+
+        Returns:
+            Position → the error that stopped its header (a region that refused
+            the batch is written item by item, so each item gets its own outcome).
+        """
+        errs: dict[int, CxlkvError] = {}
+        groups: dict[int, tuple[MappedRegion, list[tuple[int, Any, Any]]]] = {}
+        by_id = self.regions.by_segment_id
+        for i, r in items:
+            for ext in r.extents:
+                m = by_id(ext.segment_id)
+                if m is None:
+                    errs[i] = _unmapped(ext.segment_id)
+                    break
+                groups.setdefault(id(m), (m, []))[1].append((i, r, ext))
+        for m, group in groups.values():
+            group = [g for g in group if g[0] not in errs]
+            if not group:
+                continue
+            keys = [key_bytes[i] for i, _, _ in group]
+            key_offsets = []
+            pos = 0
+            for k in keys:
+                key_offsets.append(pos)
+                pos += len(k)
+            try:
+                m.region.write_headers(
+                    [ext.offset_bytes for _, _, ext in group], [header_bytes_for(len(k)) for k in keys],
+                    b"".join(keys), key_offsets, [len(k) for k in keys], [r.version for _, r, _ in group],
+                    [specs[i].size for i, _, _ in group], [checksums[i] for i, _, _ in group],
+                    flush=self.flush_mode)
+            except CxlkvError:
+                for i, r, _ in group:
+                    if i not in errs:
+                        why = self._write_header(key_bytes[i], r, specs[i].size, checksums[i])
+                        if why is not None:
+                            errs[i] = why
+        return errs
+
     def _write_header(
         self, key_utf8: bytes, r: master_pb2.PutStartResult, size: int, checksum: int
     ) -> CxlkvError | None:
@@ -435,15 +481,18 @@ class ClientdCore:
         """Copy values into their extents (and flush them in flush mode).
 
         Runs inline or in a pool thread. Copies of one source buffer into one
-        region go in one ``copy_in_ranges`` call; the copies in ``fused`` (ids of
-        :class:`_Copy` objects from :func:`_fusable`) go through
-        ``Region.copy_in_hashed`` instead and put the value's xxh3_64 in
-        ``checksums[position]``.
+        region go in one ``copy_in_ranges`` call (``copy_in_ranges_hashed`` when
+        ``checksums`` is given without ``fused``: each value's xxh3_64 goes in
+        ``checksums[position]``); the copies in ``fused`` (ids of :class:`_Copy`
+        objects from :func:`_fusable`) go through ``Region.copy_in_hashed``
+        instead and put the value's xxh3_64 in ``checksums[position]``.
 
         Returns:
             Position → error for the items whose copy failed.
         """
-        if fused and checksums is not None:
+        if checksums is not None and not fused:
+            errs = _run_writes(copies, checksums)
+        elif fused and checksums is not None:
             plain = []
             errs = {}
             for c in copies:
@@ -974,26 +1023,31 @@ def _partition(copies: list[_Copy], jobs: int) -> list[list[_Copy]]:
     return [j for j in out if j]
 
 
-def _run_writes(copies: list[_Copy]) -> dict[int, CxlkvError]:
+def _run_writes(copies: list[_Copy], checksums: dict[int, int] | None = None) -> dict[int, CxlkvError]:
     """Copy values into their extents, grouping those from one buffer into one
-    region into one C call (``copy_in_ranges``).
+    region into one C call (``copy_in_ranges``; ``copy_in_ranges_hashed`` with
+    ``checksums``, which then receives each copied value's xxh3_64 by position).
 
     Returns:
         Position → error for failed copies (a failed group is retried item by
-        item, so one bad item never fails the others).
+        item, without the hash, so one bad item never fails the others).
     """
     errs: dict[int, CxlkvError] = {}
     groups: dict[tuple[int, int], list[_Copy]] = {}
     for c in copies:
         groups.setdefault((id(c.mapped), id(c.buf)), []).append(c)
     for group in groups.values():
-        if len(group) == 1:
+        if len(group) == 1 and checksums is None:
             _copy_one(group[0], True, errs)
             continue
+        region = group[0].mapped.region
+        cols = ([c.buf_offset for c in group], [c.region_offset for c in group], [c.length for c in group])
         try:
-            group[0].mapped.region.copy_in_ranges(
-                group[0].buf, [c.buf_offset for c in group], [c.region_offset for c in group],
-                [c.length for c in group])
+            if checksums is None:
+                region.copy_in_ranges(group[0].buf, *cols)
+            else:
+                for c, h in zip(group, region.copy_in_ranges_hashed(group[0].buf, *cols)):
+                    checksums[c.index] = h
         except CxlkvError:
             for c in group:
                 _copy_one(c, True, errs)

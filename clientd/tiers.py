@@ -29,8 +29,9 @@ from typing import Any, Sequence
 
 import xxhash
 
-from cxlkv.errors import CxlkvError, ErrorCode, RegionError
+from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument, OutOfRange, RegionError
 from cxlkv.objheader import object_mismatch
+from cxlkv.transport import portable
 from cxlkv.v1 import common_pb2, master_pb2
 
 __all__ = ["FileRegion", "open_dram_tier", "TaskWorker", "dram_segment_name"]
@@ -172,8 +173,9 @@ class FileRegion:
                        lengths: Sequence[int]) -> int:
         """``copy_in`` of ``buf[b:b+n]`` to ``r`` for each range; returns bytes written."""
         view = memoryview(buf).cast("B")
+        ranges = self._buffer_ranges("copy_in_ranges", len(view), buf_offsets, region_offsets, lengths)
         total = 0
-        for b, r, n in zip(buf_offsets, region_offsets, lengths):
+        for b, r, n in ranges:
             total += self.copy_in(r, view[b:b + n])
         return total
 
@@ -181,10 +183,50 @@ class FileRegion:
                         lengths: Sequence[int]) -> int:
         """``copy_out`` of ``r`` into ``buf[b:b+n]`` for each range; returns bytes read."""
         view = _writable(buf, "copy_out_ranges")
+        ranges = self._buffer_ranges("copy_out_ranges", len(view), buf_offsets, region_offsets, lengths)
         total = 0
-        for b, r, n in zip(buf_offsets, region_offsets, lengths):
+        for b, r, n in ranges:
             total += self.copy_out(r, view[b:b + n])
         return total
+
+    def _buffer_ranges(self, op: str, buf_bytes: int, buf_offsets: Sequence[int], region_offsets: Sequence[int],
+                       lengths: Sequence[int]) -> list[tuple[int, int, int]]:
+        """The ranges as int triples, every one checked on both sides before any byte moves.
+
+        Raises:
+            OutOfRange: a range outside the buffer; InvalidArgument: ragged arrays;
+            RegionError: a range outside the file.
+        """
+        bo, ro, ln = ([int(x) for x in a] for a in (buf_offsets, region_offsets, lengths))
+        if not len(bo) == len(ro) == len(ln):
+            raise InvalidArgument(f"{op}: index arrays differ in length ({len(bo)}, {len(ro)}, {len(ln)})")
+        for i, (b, r, n) in enumerate(zip(bo, ro, ln)):
+            if b < 0 or n < 0 or b + n > buf_bytes:
+                raise OutOfRange(f"{op}[{i}]: buffer range [{b}, {b} + {n}) outside a {buf_bytes}-byte buffer")
+            self._check(f"{op}[{i}]", r, n)
+        return list(zip(bo, ro, ln))
+
+    # The batch calls of Region, through pread/pwrite (cxlkv.transport.portable).
+    def copy_in_ranges_hashed(self, *args: Any) -> list[int]:
+        """:meth:`copy_in_ranges` and the xxh3_64 of each source range."""
+        return portable.copy_in_ranges_hashed(self, *args)
+
+    def copy_out_ranges_hashed(self, *args: Any) -> list[int]:
+        """:meth:`copy_out_ranges` and the xxh3_64 of each range read."""
+        return portable.copy_out_ranges_hashed(self, *args)
+
+    def write_headers(self, *args: Any, flush: bool = False) -> None:
+        """``Region.write_headers`` (every span checked before any write)."""
+        for i, (off, hb) in enumerate(zip(args[0], args[1])):
+            self._check(f"write_headers[{i}]", int(off), int(hb))
+        portable.write_headers(self, *args, flush=flush)
+
+    def verify_headers(self, *args: Any, invalidate: bool = False) -> bytes:
+        """``Region.verify_headers``: 1 per valid object, 0 per invalid one (every
+        span checked first)."""
+        for i, (off, hb) in enumerate(zip(args[0], args[1])):
+            self._check(f"verify_headers[{i}]", int(off), int(hb))
+        return portable.verify_headers(self, *args, invalidate=invalidate)
 
     def flush(self, offset: int = 0, length: int | None = None) -> None:
         """No-op (see the class docstring)."""

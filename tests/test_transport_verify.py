@@ -9,16 +9,23 @@ import random
 import pytest
 import xxhash
 
-from cxlkv.errors import InvalidArgument, OutOfRange
+from cxlkv.errors import InvalidArgument, OutOfRange, RegionError
 from cxlkv.objheader import header_bytes_for, object_mismatch, pack_header
 from cxlkv.transport import Region
 
 SIZE = 4 << 20
+#: What a span outside the region raises: OutOfRange (mappings), RegionError (the SSD file).
+OUTSIDE = (OutOfRange, RegionError)
 
 
-@pytest.fixture(params=["plain", "noncoherent"])
+@pytest.fixture(params=["plain", "noncoherent", "ssd_file"])
 def region(request, tmp_path):
-    r = Region.open(tmp_path / "r", SIZE, create=True, emulate_noncoherent=request.param == "noncoherent")
+    if request.param == "ssd_file":  # the SSD tier's pread/pwrite region (cxlkv.transport.portable)
+        from cxlkv.clientd.tiers import FileRegion
+
+        r = FileRegion.open(str(tmp_path / "r"), SIZE, create=True)
+    else:
+        r = Region.open(tmp_path / "r", SIZE, create=True, emulate_noncoherent=request.param == "noncoherent")
     yield r
     r.close()
 
@@ -96,7 +103,7 @@ def test_verify_headers_catches_every_flipped_bit_of_header_and_key(region: Regi
 
 
 def test_verify_headers_refuses_bad_arguments(region: Region) -> None:
-    with pytest.raises(OutOfRange, match="outside"):
+    with pytest.raises(OUTSIDE, match="outside"):
         region.verify_headers([SIZE - 32], [64], b"k", [0], [1], [1], [0], [0])
     with pytest.raises(OutOfRange):
         region.verify_headers([0], [32], b"k", [0], [1], [1], [0], [0])  # under one header
@@ -123,8 +130,59 @@ def test_copy_out_ranges_hashed_delivers_and_hashes(region: Region, length: int)
 
 def test_copy_out_ranges_hashed_checks_bounds_first(region: Region) -> None:
     buf = bytearray(4096)
-    with pytest.raises(OutOfRange):
+    with pytest.raises(OUTSIDE):
         region.copy_out_ranges_hashed(buf, [0, 0], [0, SIZE - 100], [100, 200])
-    with pytest.raises(OutOfRange):
+    with pytest.raises((*OUTSIDE, ValueError)):
         region.copy_out_ranges_hashed(buf, [4000], [0], [200])
     assert region.copy_out_ranges_hashed(buf, [], [], []) == []
+
+
+def test_write_headers_writes_exactly_what_pack_header_describes(region: Region) -> None:
+    """The C writer and the Python definition agree byte for byte, and what one
+    writes the other verifies."""
+    rng = random.Random(9)
+    items = []
+    off = 0
+    for klen in (1, 5, 63, 64, 65, 200, 4096):
+        key = bytes(rng.randrange(1, 256) for _ in range(klen))
+        hb = header_bytes_for(klen)
+        items.append((off, hb, key, rng.randrange(1 << 64), rng.randrange(1 << 40), rng.randrange(1 << 64)))
+        off += hb + 4096
+    keys = b"".join(it[2] for it in items)
+    koffs = [sum(len(it[2]) for it in items[:i]) for i in range(len(items))]
+    region.copy_in(0, b"\xff" * off)  # garbage where the padding goes
+    region.write_headers([it[0] for it in items], [it[1] for it in items], keys, koffs,
+                         [len(it[2]) for it in items], [it[3] for it in items], [it[4] for it in items],
+                         [it[5] for it in items], flush=True)
+    for o, hb, key, ver, vlen, vhash in items:
+        want = pack_header(key, ver, vlen, vhash) + key + bytes(hb - 64 - len(key))
+        assert region.read(o, hb) == want
+    assert _verify(region, items) == b"\x01" * len(items)
+
+
+def test_write_headers_checks_everything_before_writing(region: Region) -> None:
+    region.copy_in(0, b"\x00" * 4096)
+    good = ([0], [128], b"key", [0], [3], [1], [0], [0])
+    for bad, exc in (
+        (([SIZE - 64], [128], b"key", [0], [3], [1], [0], [0]), OUTSIDE),      # span outside
+        (([0], [192], b"key", [0], [3], [1], [0], [0]), InvalidArgument),      # header_bytes != 64 + align64(3)
+        (([0], [128], b"key", [1], [3], [1], [0], [0]), InvalidArgument),      # key range outside keys
+        (([0], [64], b"", [0], [0], [1], [0], [0]), InvalidArgument),          # empty key
+        (([0, 256], [128], b"key", [0], [3], [1], [0], [0]), InvalidArgument),  # ragged
+    ):
+        with pytest.raises(exc):
+            region.write_headers(*bad[:2], bad[2], *bad[3:])
+        assert region.read(0, 4096) == b"\x00" * 4096  # nothing written
+    region.write_headers(*good[:2], good[2], *good[3:])
+    assert region.read(0, 8) == b"CXLKVOB1"
+
+
+@pytest.mark.parametrize("length", [0, 1, 4096, (256 << 10) + 7])
+def test_copy_in_ranges_hashed_copies_and_hashes_the_source(region: Region, length: int) -> None:
+    data = random.Random(length).randbytes(2 * length + 64)
+    hashes = region.copy_in_ranges_hashed(data, [0, length + 64], [8192, 2 << 20], [length, length])
+    region.flush(0, SIZE)
+    assert region.read(8192, length) == data[:length]
+    assert region.read(2 << 20, length) == data[length + 64:2 * length + 64]
+    assert hashes == [xxhash.xxh3_64_intdigest(data[:length]),
+                      xxhash.xxh3_64_intdigest(data[length + 64:2 * length + 64])]

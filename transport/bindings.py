@@ -52,6 +52,8 @@ __all__ = [
     "cxlkv_copy_in_ranges",
     "cxlkv_copy_out_ranges",
     "cxlkv_copy_out_ranges_hashed",
+    "cxlkv_copy_in_ranges_hashed",
+    "cxlkv_write_headers",
     "cxlkv_verify_headers",
     "cxlkv_flush",
     "cxlkv_invalidate",
@@ -502,7 +504,8 @@ def _ranges(
     bad = _new("uint64_t *")
     if hashes is not None:
         out = _new("uint64_t[]", n)
-        rc = lib.cxlkv_copy_out_ranges_hashed(r, cbuf, len(cbuf), n, boffs, roffs, lens, out, bad)
+        fn = lib.cxlkv_copy_out_ranges_hashed if writable else lib.cxlkv_copy_in_ranges_hashed
+        rc = fn(r, cbuf, len(cbuf), n, boffs, roffs, lens, out, bad)
         if rc != _OK:
             _raise_many(r, rc, op, int(bad[0]), n)
         hashes.extend(out)
@@ -558,6 +561,71 @@ def cxlkv_copy_out_ranges_hashed(
     return hashes
 
 
+def cxlkv_copy_in_ranges_hashed(
+    r: Handle, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+) -> list[int]:
+    """:func:`cxlkv_copy_in_ranges`, hashing each source range as it is copied.
+
+    Returns:
+        Per range, the xxh3_64 (seed 0) of the bytes taken from ``buf``.
+
+    Raises:
+        OutOfRange, InvalidArgument, RegionError: as :func:`cxlkv_copy_in_ranges`.
+    """
+    hashes: list[int] = []
+    _ranges(r, buf, buf_offsets, region_offsets, lengths, False, "copy_in_ranges_hashed", hashes)
+    return hashes
+
+
+def _header_columns(op: str, columns: list[tuple[U64Array, str]]) -> list[Any]:
+    arrays = [_u64_array(a, what) for a, what in columns]
+    n = len(arrays[0])
+    if any(len(a) != n for a in arrays):
+        raise InvalidArgument(f"{op}: every array must have the same length")
+    return arrays
+
+
+def cxlkv_write_headers(
+    r: Handle,
+    extent_offsets: U64Array,
+    header_bytes: U64Array,
+    keys: bytes,
+    key_offsets: U64Array,
+    key_lens: U64Array,
+    versions: U64Array,
+    value_lens: U64Array,
+    value_hashes: U64Array,
+    flush: bool,
+) -> None:
+    """Write N object headers with their keys in ONE C call (layout:
+    :mod:`cxlkv.objheader`; the same bytes as :func:`~cxlkv.objheader.pack_header`
+    followed by the key and zero padding to ``header_bytes[i]``).
+
+    Raises:
+        OutOfRange: a header span outside the region; nothing is written.
+        InvalidArgument: arrays of different lengths, a key range outside ``keys``,
+            a key of 0 or more than 4,096 bytes, or ``header_bytes[i]`` not
+            ``64 + align64(key length)``; nothing is written.
+        RegionError: the region is closed.
+    """
+    ext, hb, koffs, klens, vers, vlens, vhashes = _header_columns("write_headers", [
+        (extent_offsets, "extent_offsets"), (header_bytes, "header_bytes"), (key_offsets, "key_offsets"),
+        (key_lens, "key_lens"), (versions, "versions"), (value_lens, "value_lens"),
+        (value_hashes, "value_hashes")])
+    n = len(ext)
+    bad = _new("uint64_t *")
+    rc = lib.cxlkv_write_headers(r, n, ext, hb, keys, len(keys), koffs, klens, vers, vlens, vhashes,
+                                 1 if flush else 0, bad)
+    if rc != _OK:
+        if rc == _E_RANGE:
+            raise OutOfRange(f"write_headers: header #{int(bad[0])} of {n} is outside the region "
+                             f"({r.size_bytes} bytes); nothing was written")
+        if rc == _E_CLOSED:
+            raise _closed_error(r)
+        raise InvalidArgument(f"write_headers: header #{int(bad[0])} of {n}: bad key range, key length "
+                              "or header_bytes; nothing was written")
+
+
 def cxlkv_verify_headers(
     r: Handle,
     extent_offsets: U64Array,
@@ -587,16 +655,13 @@ def cxlkv_verify_headers(
         InvalidArgument: arrays of different lengths, a key range outside ``keys``.
         RegionError: the region is closed.
     """
-    arrays = [_u64_array(a, what) for a, what in (
+    ext, hb, koffs, klens, vers, vlens, vhashes = _header_columns("verify_headers", [
         (extent_offsets, "extent_offsets"), (header_bytes, "header_bytes"), (key_offsets, "key_offsets"),
         (key_lens, "key_lens"), (versions, "versions"), (value_lens, "value_lens"),
-        (value_hashes, "value_hashes"))]
-    n = len(arrays[0])
-    if any(len(a) != n for a in arrays):
-        raise InvalidArgument("verify_headers: every array must have the same length")
+        (value_hashes, "value_hashes")])
+    n = len(ext)
     ok = _new("uint8_t[]", n)
     bad = _new("uint64_t *")
-    ext, hb, koffs, klens, vers, vlens, vhashes = arrays
     rc = lib.cxlkv_verify_headers(r, n, ext, hb, keys, len(keys), koffs, klens, vers, vlens, vhashes,
                                   1 if invalidate else 0, ok, bad)
     if rc != _OK:

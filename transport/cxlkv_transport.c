@@ -956,6 +956,42 @@ cxlkv_copy_out_ranges_hashed(const cxlkv_region_t *r, void *buf,
     return CXLKV_OK;
 }
 
+int
+cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
+                            uint64_t buf_bytes, uint64_t n,
+                            const uint64_t *buf_offsets,
+                            const uint64_t *region_offsets,
+                            const uint64_t *lengths, uint64_t *hashes_out,
+                            uint64_t *bad_index)
+{
+    char *base;
+    uint64_t i;
+    int rc;
+
+    if (bad_index == NULL || (n != 0 && hashes_out == NULL))
+        return CXLKV_E_INVAL;
+    rc = check_ranges(r, buf, buf_bytes, n, buf_offsets, region_offsets,
+                      lengths, bad_index);
+    if (rc != CXLKV_OK)
+        return rc;
+    base = (char *)r->base;
+    for (i = 0; i < n; i++) {
+        const char *src = (const char *)buf + buf_offsets[i];
+        if (lengths[i] > CXLKV_HASH_CHUNK_BYTES) {
+            rc = copy_hashed(base + region_offsets[i], src, lengths[i], 0, &hashes_out[i]);
+            if (rc != CXLKV_OK) {
+                *bad_index = i;
+                return rc;
+            }
+            continue;
+        }
+        if (lengths[i] != 0)
+            copy_bytes(base + region_offsets[i], src, (size_t)lengths[i]);
+        hashes_out[i] = XXH3_64bits(src, (size_t)lengths[i]);
+    }
+    return CXLKV_OK;
+}
+
 /* Object header layout (cxlkv/objheader.py): little-endian fields. */
 #define OBJ_HEADER_BYTES 64
 #define OBJ_FIELDS_BYTES 56
@@ -1008,6 +1044,90 @@ header_ok(const unsigned char *h, const char *key, uint64_t key_len,
         XXH3_64bits_update(&state, h + OBJ_HEADER_BYTES, (size_t)klen) != XXH_OK)
         return 0;
     return XXH3_64bits_digest(&state) == load_u64(h + OBJ_FIELDS_BYTES);
+}
+
+static inline void
+store_u64(unsigned char *p, uint64_t v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+static inline void
+store_u32(unsigned char *p, uint32_t v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+int
+cxlkv_write_headers(const cxlkv_region_t *r, uint64_t n,
+                    const uint64_t *extent_offsets,
+                    const uint64_t *header_bytes,
+                    const char *keys, uint64_t keys_bytes,
+                    const uint64_t *key_offsets, const uint64_t *key_lens,
+                    const uint64_t *versions, const uint64_t *value_lens,
+                    const uint64_t *value_hashes, int flush,
+                    uint64_t *bad_index)
+{
+    uint64_t i;
+
+    if (bad_index == NULL)
+        return CXLKV_E_INVAL;
+    *bad_index = 0;
+    if (r == NULL || r->base == NULL)
+        return CXLKV_E_CLOSED;
+    if (n != 0 && (extent_offsets == NULL || header_bytes == NULL ||
+                   key_offsets == NULL || key_lens == NULL || versions == NULL ||
+                   value_lens == NULL || value_hashes == NULL))
+        return CXLKV_E_INVAL;
+    if (keys == NULL && keys_bytes != 0)
+        return CXLKV_E_INVAL;
+    for (i = 0; i < n; i++) {
+        if (!in_bounds(r->size_bytes, extent_offsets[i], header_bytes[i])) {
+            *bad_index = i;
+            return CXLKV_E_RANGE;
+        }
+        if (key_lens[i] < 1 || key_lens[i] > OBJ_MAX_KEY_BYTES ||
+            !in_bounds(keys_bytes, key_offsets[i], key_lens[i]) ||
+            header_bytes[i] != OBJ_HEADER_BYTES + ((key_lens[i] + 63) & ~(uint64_t)63)) {
+            *bad_index = i;
+            return CXLKV_E_INVAL;
+        }
+    }
+    if (flush && n != 0)
+        ensure_ready();
+    for (i = 0; i < n; i++) {
+        unsigned char *h = (unsigned char *)r->base + extent_offsets[i];
+        const char *key = keys + key_offsets[i];
+        uint64_t klen = key_lens[i];
+        unsigned char head[OBJ_HEADER_BYTES];
+        XXH3_state_t state;
+
+        memset(head, 0, sizeof head);
+        memcpy(head, "CXLKVOB1", 8);
+        head[8] = OBJ_FORMAT_VERSION; /* u16 format version, u16 flags = 0 */
+        store_u32(head + 12, (uint32_t)klen);
+        store_u64(head + 16, XXH3_64bits(key, (size_t)klen));
+        store_u64(head + 24, versions[i]);
+        store_u64(head + 32, value_lens[i]);
+        store_u64(head + 40, value_hashes[i]);
+        store_u32(head + 48, (uint32_t)header_bytes[i]);
+        if (XXH3_64bits_reset(&state) != XXH_OK ||
+            XXH3_64bits_update(&state, head, OBJ_FIELDS_BYTES) != XXH_OK ||
+            XXH3_64bits_update(&state, key, (size_t)klen) != XXH_OK) {
+            *bad_index = i;
+            return CXLKV_E_INVAL;
+        }
+        store_u64(head + OBJ_FIELDS_BYTES, XXH3_64bits_digest(&state));
+        /* key and padding first, the header line last */
+        memcpy(h + OBJ_HEADER_BYTES, key, (size_t)klen);
+        memset(h + OBJ_HEADER_BYTES + klen, 0, (size_t)(header_bytes[i] - OBJ_HEADER_BYTES - klen));
+        memcpy(h, head, sizeof head);
+        if (flush) {
+            uintptr_t start = (uintptr_t)h & ~(uintptr_t)(g_line_bytes - 1);
+            g_flush_fn((char *)start, (char *)h + header_bytes[i], g_line_bytes);
+        }
+    }
+    return CXLKV_OK;
 }
 
 int

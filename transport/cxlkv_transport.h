@@ -157,6 +157,37 @@ int cxlkv_copy_out_ranges_hashed(const cxlkv_region_t *r, void *buf,
                                  uint64_t *bad_index);
 
 /*
+ * cxlkv_copy_in_ranges, hashing each source range (xxh3_64, seed 0) right
+ * after its copy, while it is in cache: hashes_out[i] is the hash of the
+ * lengths[i] bytes taken from buf[buf_offsets[i]..).
+ */
+int cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
+                                uint64_t buf_bytes, uint64_t n,
+                                const uint64_t *buf_offsets,
+                                const uint64_t *region_offsets,
+                                const uint64_t *lengths, uint64_t *hashes_out,
+                                uint64_t *bad_index);
+
+/*
+ * Write N object headers (layout: cxlkv/objheader.py), each followed by its key
+ * and zero padding up to header_bytes[i], at region offset extent_offsets[i]:
+ * the key keys[key_offsets[i] .. +key_lens[i]), version versions[i], a
+ * value_lens[i]-byte value whose xxh3_64 is value_hashes[i]. header_bytes[i]
+ * must be 64 + the key length rounded up to 64. With `flush` each written span
+ * is written back (then one fence). Every span and key range is checked before
+ * anything is written: CXLKV_E_RANGE (a span outside the region) or
+ * CXLKV_E_INVAL (a bad key range or header_bytes) names it in *bad_index.
+ */
+int cxlkv_write_headers(const cxlkv_region_t *r, uint64_t n,
+                        const uint64_t *extent_offsets,
+                        const uint64_t *header_bytes,
+                        const char *keys, uint64_t keys_bytes,
+                        const uint64_t *key_offsets, const uint64_t *key_lens,
+                        const uint64_t *versions, const uint64_t *value_lens,
+                        const uint64_t *value_hashes, int flush,
+                        uint64_t *bad_index);
+
+/*
  * Check N object headers (layout: cxlkv/objheader.py) against what a reader
  * expects, in one call. Object i's extent starts at region offset
  * extent_offsets[i] and its value at extent_offsets[i] + header_bytes[i]; it

@@ -42,6 +42,7 @@ import numpy as np
 import xxhash
 
 from cxlkv.errors import InvalidArgument, OutOfRange
+from cxlkv.transport import portable
 from cxlkv.transport.bindings import CACHE_LINE_BYTES, BufferLike, U64Array, ffi
 from cxlkv.transport.region import Region
 
@@ -210,38 +211,23 @@ class NoncoherentRegion(Region):
             for piece, r in self._ranges("copy_out_ranges", buf, buf_offsets, region_offsets, lengths, True):
                 self._out("copy_out_ranges", r, piece)
 
-    def copy_out_ranges_hashed(self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array,
-                               lengths: U64Array) -> list[int]:
-        hashes = []
-        with self._lock:
-            for piece, r in self._ranges("copy_out_ranges_hashed", buf, buf_offsets, region_offsets,
-                                         lengths, True):
-                self._out("copy_out_ranges_hashed", r, piece)
-                hashes.append(xxhash.xxh3_64_intdigest(piece))
-        return hashes
+    # The batch calls go through this cache's copy/read/flush/invalidate above.
+    def copy_in_ranges_hashed(self, *args: Any) -> list[int]:
+        return portable.copy_in_ranges_hashed(self, *args)
 
-    def verify_headers(self, extent_offsets: U64Array, header_bytes: U64Array, keys: bytes,
-                       key_offsets: U64Array, key_lens: U64Array, versions: U64Array,
-                       value_lens: U64Array, value_hashes: U64Array, *, invalidate: bool = False) -> bytes:
-        """Through this cache: each header read as this process would see it."""
-        from cxlkv.objheader import object_mismatch
+    def copy_out_ranges_hashed(self, *args: Any) -> list[int]:
+        return portable.copy_out_ranges_hashed(self, *args)
 
-        cols = [[int(x) for x in a] for a in (extent_offsets, header_bytes, key_offsets, key_lens,
-                                               versions, value_lens, value_hashes)]
-        if len({len(c) for c in cols}) > 1:
-            raise InvalidArgument("verify_headers: every array must have the same length")
-        for i, (off, hb) in enumerate(zip(cols[0], cols[1])):
-            if hb < 64:
-                raise OutOfRange(f"verify_headers[{i}]: header_bytes {hb} is under the 64-byte header")
-            self._check(f"verify_headers[{i}]", off, hb)
-        out = bytearray()
-        for off, hb, ko, kl, ver, vlen, vhash in zip(*cols):
-            if invalidate:
-                self.invalidate(off, hb)
-            key = keys[ko:ko + kl]
-            ok = kl <= hb - 64 and object_mismatch(self.read(off, hb), key, ver, vlen, hb, vhash) is None
-            out.append(1 if ok else 0)
-        return bytes(out)
+    def write_headers(self, *args: Any, flush: bool = False) -> None:
+        for i, (off, hb) in enumerate(zip(args[0], args[1])):  # every span before any write
+            self._check(f"write_headers[{i}]", int(off), int(hb))
+        portable.write_headers(self, *args, flush=flush)
+
+    def verify_headers(self, *args: Any, invalidate: bool = False) -> bytes:
+        for i, (off, hb) in enumerate(zip(args[0], args[1])):
+            if int(hb) >= 64:
+                self._check(f"verify_headers[{i}]", int(off), int(hb))
+        return portable.verify_headers(self, *args, invalidate=invalidate)
 
     def flush(self, offset: int = 0, length: int | None = None) -> None:
         offset, length = self._span(offset, length)

@@ -347,6 +347,51 @@ class Region:
         """
         return _b.cxlkv_copy_out_ranges_hashed(self._r, buf, buf_offsets, region_offsets, lengths)
 
+    def copy_in_ranges_hashed(
+        self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+    ) -> list[int]:
+        """:meth:`copy_in_ranges`, hashing each source range as it is copied (from cache).
+
+        Returns:
+            Per range, the xxh3_64 (seed 0) of the bytes taken from ``buf``.
+
+        Raises:
+            OutOfRange, InvalidArgument, RegionError: as :meth:`copy_in_ranges`.
+        """
+        return _b.cxlkv_copy_in_ranges_hashed(self._r, buf, buf_offsets, region_offsets, lengths)
+
+    def write_headers(
+        self,
+        extent_offsets: U64Array,
+        header_bytes: U64Array,
+        keys: bytes,
+        key_offsets: U64Array,
+        key_lens: U64Array,
+        versions: U64Array,
+        value_lens: U64Array,
+        value_hashes: U64Array,
+        *,
+        flush: bool = False,
+    ) -> None:
+        """Write N object headers, each followed by its key and zero padding, in ONE
+        C call: object i's extent starts at ``extent_offsets[i]`` and its value
+        ``header_bytes[i]`` bytes in; the header describes the key
+        ``keys[key_offsets[i]:+key_lens[i]]`` (UTF-8) at ``versions[i]`` with a
+        ``value_lens[i]``-byte value whose xxh3_64 is ``value_hashes[i]`` — the
+        bytes of :func:`cxlkv.objheader.pack_header` + key + padding.
+
+        Args:
+            flush: write each span back to memory (non-coherent mode).
+
+        Raises:
+            OutOfRange: a span outside the region; nothing is written.
+            InvalidArgument: ragged arrays, a bad key range or length, or
+                ``header_bytes[i]`` not ``64 + align64(key length)``; nothing is written.
+            RegionError: the region is closed.
+        """
+        _b.cxlkv_write_headers(self._r, extent_offsets, header_bytes, keys, key_offsets, key_lens,
+                               versions, value_lens, value_hashes, flush)
+
     def verify_headers(
         self,
         extent_offsets: U64Array,
