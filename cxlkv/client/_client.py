@@ -922,7 +922,7 @@ class Client:
         locate = self._pool.locate
         for i, a in enumerate(arrays):
             n = a.nbytes
-            loc = locate(a.__array_interface__["data"][0], n) if n else None
+            loc = locate(address_of(a), n) if n else None
             if loc is None:
                 seg, off = st.take(n)
                 copy_back.append((i, seg, off))

