@@ -306,7 +306,8 @@ class ClientdCore:
                 # memory, chunks hashed while in cache); values split over several
                 # copy threads are hashed in another pool thread while they copy.
                 fused = _fusable(live, specs)
-                rest = [i for i in hashed if i not in fused]
+                fused_positions = {c.index for c in live if id(c) in fused}
+                rest = [i for i in hashed if i not in fused_positions]
                 hashing = None
                 if rest:
                     hashing = asyncio.get_running_loop().run_in_executor(
@@ -317,7 +318,7 @@ class ClientdCore:
                     checksums.update(await hashing)
             else:
                 # One C call per source buffer and region copies and hashes.
-                errs = self._copy_in_and_flush(live, checksums=checksums)
+                errs = self._copy_in_and_flush(live, checksums=checksums, hash_ranges=True)
                 missing = [i for i in hashed if i not in checksums]
                 if missing:
                     checksums.update(_hash_sources(specs, missing))
@@ -476,21 +477,22 @@ class ClientdCore:
 
     def _copy_in_and_flush(
         self, copies: list[_Copy], fused: frozenset[int] = frozenset(),
-        checksums: dict[int, int] | None = None,
+        checksums: dict[int, int] | None = None, *, hash_ranges: bool = False,
     ) -> dict[int, CxlkvError]:
         """Copy values into their extents (and flush them in flush mode).
 
         Runs inline or in a pool thread. Copies of one source buffer into one
-        region go in one ``copy_in_ranges`` call (``copy_in_ranges_hashed`` when
-        ``checksums`` is given without ``fused``: each value's xxh3_64 goes in
+        region go in one ``copy_in_ranges`` call (``copy_in_ranges_hashed`` with
+        ``hash_ranges``, for copies of whole values: each value's xxh3_64 goes in
         ``checksums[position]``); the copies in ``fused`` (ids of :class:`_Copy`
         objects from :func:`_fusable`) go through ``Region.copy_in_hashed``
-        instead and put the value's xxh3_64 in ``checksums[position]``.
+        instead and put the value's xxh3_64 in ``checksums[position]``. Pieces of
+        a split value are never hashed here (their hash is not the value's).
 
         Returns:
             Position → error for the items whose copy failed.
         """
-        if checksums is not None and not fused:
+        if hash_ranges and checksums is not None:
             errs = _run_writes(copies, checksums)
         elif fused and checksums is not None:
             plain = []

@@ -84,9 +84,22 @@ _OK_STATUS = common_pb2.Status()
 
 def _statuses(codes: Sequence[int], error_positions: Sequence[int],
               messages: Sequence[str]) -> list[common_pb2.Status]:
-    """Per-position statuses of a packed answer (one shared OK status object)."""
-    out = [_OK_STATUS] * len(codes)
+    """Per-position statuses of a packed answer (one shared OK status object).
+
+    Raises:
+        Internal: the error columns disagree with the codes (a master bug): a
+            message without a position, a position out of range or with code 0,
+            or a failed position that is not listed.
+    """
+    n = len(codes)
+    failed = sum(1 for c in codes if c)
+    if len(error_positions) != len(messages) or len(error_positions) != failed:
+        raise Internal(f"packed answer: {len(error_positions)} error positions and {len(messages)} messages "
+                       f"for {failed} failed positions")
+    out = [_OK_STATUS] * n
     for pos, msg in zip(error_positions, messages):
+        if not 0 <= pos < n or not codes[pos]:
+            raise Internal(f"packed answer: error position {pos} is out of range or not failed")
         out[pos] = common_pb2.Status(code=codes[pos], message=msg)  # type: ignore[arg-type]
     return out
 

@@ -516,12 +516,14 @@ def run_replay(
         start.wait_ready(procs)  # timed from here: no process start-up, no trace loading
         t0 = time.perf_counter()
         got = 0
+        t_end = None
         bar = click.progressbar(length=len(trace), label="replaying", file=sys.stderr) if show_progress else None
         done_shown = 0
         while got < n_workers:
             try:
                 total.merge(results.get(timeout=0.2))
                 got += 1
+                t_end = time.perf_counter()  # the last report: the replay's end
             except Exception:  # queue.Empty: check the workers are alive
                 if not any(p.is_alive() for p in procs) and results.empty():
                     total.errors += n_workers - got
@@ -539,7 +541,7 @@ def run_replay(
             if p.is_alive():
                 p.terminate()
             p.join(5)
-    elapsed = time.perf_counter() - t0
+    elapsed = (t_end if t_end is not None else time.perf_counter()) - t0
     lat = sorted(total.latencies_s)
     lru = simulate(trace, cap, policy="lru_builtin", low_watermark=low_wm)
     try:

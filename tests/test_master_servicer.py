@@ -226,3 +226,21 @@ def test_unpacking_ragged_locations_is_an_internal_error() -> None:
             codes=[0], value_size_bytes=[1], versions=[1], lease_ids=[0], lease_ttl_ms=[0], checksums=[0],
             header_bytes=[64], replica_counts=[2], segment_ids=[1], offsets_bytes=[0], lengths_bytes=[64],
             tiers=[1]))
+
+
+@pytest.mark.parametrize("codes,positions,messages", [
+    ([0, 5], [], []),            # a failed position not listed
+    ([0, 5], [1], []),           # a position without its message
+    ([0, 5], [2], ["x"]),        # a position out of range
+    ([0, 5], [0], ["x"]),        # a listed position whose code is OK
+])
+def test_unpacking_inconsistent_error_columns_is_an_internal_error(codes, positions, messages) -> None:
+    from cxlkv.clientd.master_link import unpack_locations
+    from cxlkv.errors import Internal
+
+    n = len(codes)
+    with pytest.raises(Internal, match="packed answer"):
+        unpack_locations(master_pb2.PackedLocations(
+            codes=codes, value_size_bytes=[0] * n, versions=[0] * n, lease_ids=[0] * n, lease_ttl_ms=[0] * n,
+            checksums=[0] * n, header_bytes=[0] * n, replica_counts=[0] * n,
+            error_positions=positions, messages=messages))

@@ -186,3 +186,37 @@ def test_copy_in_ranges_hashed_copies_and_hashes_the_source(region: Region, leng
     assert region.read(2 << 20, length) == data[length + 64:2 * length + 64]
     assert hashes == [xxhash.xxh3_64_intdigest(data[:length]),
                       xxhash.xxh3_64_intdigest(data[length + 64:2 * length + 64])]
+
+
+def test_hashed_range_copies_refuse_overlapping_sides(tmp_path) -> None:
+    """A hashed copy whose two sides overlap would hash bytes it has just
+    overwritten: refused before any byte moves (the plain copies use memmove)."""
+    r = Region.open(tmp_path / "r", SIZE, create=True)
+    try:
+        n = 1 << 20
+        before = r.read(0, 2 * n)
+        for fn in (r.copy_in_ranges_hashed, r.copy_out_ranges_hashed):
+            with pytest.raises(InvalidArgument, match="overlaps"):
+                fn(r.view(0, n + 64), [0], [64], [n])
+        assert r.read(0, 2 * n) == before
+    finally:
+        r.close()
+
+
+def test_portable_checks_values_and_key_ranges_like_c(tmp_path) -> None:
+    from cxlkv.transport import portable
+
+    r = Region.open(tmp_path / "r", SIZE, create=True)
+    try:
+        for bad in ([1 << 64], [-1]):
+            with pytest.raises(OutOfRange):
+                portable.write_headers(r, [0], [128], b"key", [0], [3], bad, [0], [0])
+            with pytest.raises(OutOfRange):
+                r.write_headers([0], [128], b"key", [0], [3], bad, [0], [0])
+        for verify in (r.verify_headers, lambda *a: portable.verify_headers(r, *a)):
+            with pytest.raises(InvalidArgument):
+                verify([0], [128], b"key", [2], [3], [1], [0], [0])  # key range outside the keys
+        r.write_headers([0], [128], bytearray(b"key"), [0], [3], [1], [0], [0])  # any bytes-like keys
+        assert r.verify_headers([0], [128], memoryview(b"key"), [0], [3], [1], [0], [0]) == b"\x01"
+    finally:
+        r.close()

@@ -96,6 +96,7 @@ _c_copy_out_hashed = lib.cxlkv_copy_out_hashed
 _OK = lib.CXLKV_OK
 _E_RANGE = lib.CXLKV_E_RANGE
 _E_CLOSED = lib.CXLKV_E_CLOSED
+_E_INVAL = lib.CXLKV_E_INVAL
 _U64_FORMATS = frozenset({"Q", "L", "<Q", "<L", "=Q", "=L", "@Q", "@L"})
 
 
@@ -506,6 +507,9 @@ def _ranges(
         out = _new("uint64_t[]", n)
         fn = lib.cxlkv_copy_out_ranges_hashed if writable else lib.cxlkv_copy_in_ranges_hashed
         rc = fn(r, cbuf, len(cbuf), n, boffs, roffs, lens, out, bad)
+        if rc == _E_INVAL:
+            raise InvalidArgument(f"{op}: extent #{int(bad[0])} of {n}: its buffer range overlaps its "
+                                  "region range (a hashed copy needs two separate sides); nothing was copied")
         if rc != _OK:
             _raise_many(r, rc, op, int(bad[0]), n)
         hashes.extend(out)
@@ -577,6 +581,16 @@ def cxlkv_copy_in_ranges_hashed(
     return hashes
 
 
+def _keys_blob(keys: Any, op: str) -> bytes:
+    """The concatenated keys as ``bytes`` (any bytes-like object is copied once)."""
+    if isinstance(keys, bytes):
+        return keys
+    try:
+        return bytes(memoryview(keys).cast("B"))
+    except TypeError:
+        raise InvalidArgument(f"{op}: keys must be bytes-like, got {type(keys).__name__}") from None
+
+
 def _header_columns(op: str, columns: list[tuple[U64Array, str]]) -> list[Any]:
     arrays = [_u64_array(a, what) for a, what in columns]
     n = len(arrays[0])
@@ -608,6 +622,7 @@ def cxlkv_write_headers(
             ``64 + align64(key length)``; nothing is written.
         RegionError: the region is closed.
     """
+    keys = _keys_blob(keys, "write_headers")
     ext, hb, koffs, klens, vers, vlens, vhashes = _header_columns("write_headers", [
         (extent_offsets, "extent_offsets"), (header_bytes, "header_bytes"), (key_offsets, "key_offsets"),
         (key_lens, "key_lens"), (versions, "versions"), (value_lens, "value_lens"),
@@ -655,6 +670,7 @@ def cxlkv_verify_headers(
         InvalidArgument: arrays of different lengths, a key range outside ``keys``.
         RegionError: the region is closed.
     """
+    keys = _keys_blob(keys, "verify_headers")
     ext, hb, koffs, klens, vers, vlens, vhashes = _header_columns("verify_headers", [
         (extent_offsets, "extent_offsets"), (header_bytes, "header_bytes"), (key_offsets, "key_offsets"),
         (key_lens, "key_lens"), (versions, "versions"), (value_lens, "value_lens"),

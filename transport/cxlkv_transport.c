@@ -938,6 +938,13 @@ cxlkv_copy_out_ranges_hashed(const cxlkv_region_t *r, void *buf,
     if (rc != CXLKV_OK)
         return rc;
     base = (const char *)r->base;
+    /* the hash is of the bytes delivered: refuse a destination overlapping its source */
+    for (i = 0; i < n; i++) {
+        if (!disjoint((const char *)buf + buf_offsets[i], base + region_offsets[i], lengths[i])) {
+            *bad_index = i;
+            return CXLKV_E_INVAL;
+        }
+    }
     for (i = 0; i < n; i++) {
         char *dst = (char *)buf + buf_offsets[i];
         if (lengths[i] > CXLKV_HASH_CHUNK_BYTES) {
@@ -975,6 +982,13 @@ cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
     if (rc != CXLKV_OK)
         return rc;
     base = (char *)r->base;
+    /* the hash is of the source's bytes: refuse a source overlapping its destination */
+    for (i = 0; i < n; i++) {
+        if (!disjoint(base + region_offsets[i], (const char *)buf + buf_offsets[i], lengths[i])) {
+            *bad_index = i;
+            return CXLKV_E_INVAL;
+        }
+    }
     for (i = 0; i < n; i++) {
         const char *src = (const char *)buf + buf_offsets[i];
         if (lengths[i] > CXLKV_HASH_CHUNK_BYTES) {

@@ -147,7 +147,8 @@ int cxlkv_copy_out_ranges(const cxlkv_region_t *r, void *buf,
 /*
  * cxlkv_copy_out_ranges, hashing each range (xxh3_64, seed 0) right after its
  * copy, from the destination while it is in cache: hashes_out[i] is the hash of
- * the lengths[i] bytes delivered to buf[buf_offsets[i]..).
+ * the lengths[i] bytes delivered to buf[buf_offsets[i]..). A range whose two
+ * sides overlap is refused (CXLKV_E_INVAL, *bad_index) before any byte moves.
  */
 int cxlkv_copy_out_ranges_hashed(const cxlkv_region_t *r, void *buf,
                                  uint64_t buf_bytes, uint64_t n,
@@ -159,7 +160,8 @@ int cxlkv_copy_out_ranges_hashed(const cxlkv_region_t *r, void *buf,
 /*
  * cxlkv_copy_in_ranges, hashing each source range (xxh3_64, seed 0) right
  * after its copy, while it is in cache: hashes_out[i] is the hash of the
- * lengths[i] bytes taken from buf[buf_offsets[i]..).
+ * lengths[i] bytes taken from buf[buf_offsets[i]..). A range whose two sides
+ * overlap is refused (CXLKV_E_INVAL, *bad_index) before any byte moves.
  */
 int cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
                                 uint64_t buf_bytes, uint64_t n,

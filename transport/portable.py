@@ -24,10 +24,29 @@ _xxh3 = xxhash.xxh3_64_intdigest
 
 
 def _ints(*columns: Any) -> list[list[int]]:
-    cols = [[int(x) for x in c] for c in columns]
+    """The columns as lists of ints, as the C calls take them: each an unsigned
+    64-bit value, all of one length.
+
+    Raises:
+        OutOfRange: a value outside [0, 2**64).
+        InvalidArgument: columns of different lengths, or not ints.
+    """
+    try:
+        cols = [[int(x) for x in c] for c in columns]
+    except (TypeError, ValueError):
+        raise InvalidArgument("every array must be a sequence of ints") from None
     if len({len(c) for c in cols}) > 1:
         raise InvalidArgument("every array must have the same length")
+    if any(x < 0 or x >> 64 for c in cols for x in c):
+        raise OutOfRange("every value must be in [0, 2**64)")
     return cols
+
+
+def _keys(keys: Any) -> bytes:
+    try:
+        return keys if isinstance(keys, bytes) else bytes(memoryview(keys).cast("B"))
+    except TypeError:
+        raise InvalidArgument(f"keys must be bytes-like, got {type(keys).__name__}") from None
 
 
 def copy_in_ranges_hashed(region: Any, buf: Any, buf_offsets: Sequence[int], region_offsets: Sequence[int],
@@ -58,10 +77,11 @@ def write_headers(region: Any, extent_offsets: Sequence[int], header_bytes: Sequ
         InvalidArgument: ragged arrays, a bad key range or length, a wrong ``header_bytes``.
         OutOfRange / RegionError: as ``region.copy_in``.
     """
+    keys = _keys(keys)
     cols = _ints(extent_offsets, header_bytes, key_offsets, key_lens, versions, value_lens, value_hashes)
     heads = []
     for i, (off, hb, ko, kl, ver, vlen, vhash) in enumerate(zip(*cols)):
-        if not 1 <= kl <= MAX_KEY_BYTES or ko < 0 or ko + kl > len(keys) or hb != header_bytes_for(kl):
+        if not 1 <= kl <= MAX_KEY_BYTES or ko + kl > len(keys) or hb != header_bytes_for(kl):
             raise InvalidArgument(f"write_headers: header #{i}: bad key range, key length or header_bytes; "
                                   "nothing was written")
         key = bytes(keys[ko:ko + kl])
@@ -83,10 +103,13 @@ def verify_headers(region: Any, extent_offsets: Sequence[int], header_bytes: Seq
         InvalidArgument: ragged arrays.
         RegionError: as ``region.read``.
     """
+    keys = _keys(keys)
     cols = _ints(extent_offsets, header_bytes, key_offsets, key_lens, versions, value_lens, value_hashes)
-    for i, hb in enumerate(cols[1]):
+    for i, (hb, ko, kl) in enumerate(zip(cols[1], cols[2], cols[3])):
         if hb < OBJECT_HEADER_BYTES:
             raise OutOfRange(f"verify_headers: header #{i}: header_bytes {hb} is under one header")
+        if ko + kl > len(keys):
+            raise InvalidArgument(f"verify_headers: header #{i}: key range outside the keys; nothing was checked")
     out = bytearray()
     for off, hb, ko, kl, ver, vlen, vhash in zip(*cols):
         if invalidate:
