@@ -593,10 +593,11 @@ class ClientdCore:
                 errs = self._copy_out(copies)
             checks = [(c, loc.header_bytes, keys[i], loc.version, loc.checksum)
                       for c, (i, loc, _) in zip(copies, meta) if i not in errs]
-            if total >= self.large_copy_bytes:
+            if total >= self.large_copy_bytes and any(c.checksum is None for c, *_ in checks):
+                # values still to hash (split copies): off the loop
                 bad = await asyncio.get_running_loop().run_in_executor(
                     self.executor, self._verify_reads, checks)
-            else:
+            else:  # only headers left to check (one C call), or small values
                 bad = self._verify_reads(checks)
             now = self.clock()
             for c, (i, loc, deadline) in zip(copies, meta):
