@@ -404,7 +404,11 @@ def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
             if size >= 16 * MiB:
                 plan.append((size, "direct", LARGE_CONCURRENCY))
         for size, path, conc in plan:
-            n = ops_for(size, bytes_per_run=bytes_per_run, min_ops=max(4, conc * 2), max_ops=500 if quick else 2000)
+            # Large values: longer runs (start and tail of a run weigh less), and
+            # as many operations per caller.
+            per_run = bytes_per_run if size < 16 * MiB else 3 * bytes_per_run
+            n = ops_for(size, bytes_per_run=per_run, min_ops=max(4, conc * 2), max_ops=500 if quick else 2000)
+            n = -(-n // conc) * conc
             puts: list[tuple[float, np.ndarray]] = []
             gets: list[tuple[float, np.ndarray]] = []
             for r in range(runs + 1):  # run 0 warms up
