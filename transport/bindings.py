@@ -591,12 +591,31 @@ def _keys_blob(keys: Any, op: str) -> bytes:
         raise InvalidArgument(f"{op}: keys must be bytes-like, got {type(keys).__name__}") from None
 
 
-def _header_columns(op: str, columns: list[tuple[U64Array, str]]) -> list[Any]:
-    arrays = [_u64_array(a, what) for a, what in columns]
-    n = len(arrays[0])
-    if any(len(a) != n for a in arrays):
-        raise InvalidArgument(f"{op}: every array must have the same length")
-    return arrays
+def _header_columns(op: str, columns: list[tuple[U64Array, str]]) -> tuple[Any, list[Any]]:
+    """The seven columns of a header batch as ``uint64_t *`` into ONE C array
+    (one allocation, not seven: the calls also serve batches of one key).
+
+    Returns:
+        ``(owner, pointers)``: keep ``owner`` referenced until the C call has
+        returned (the pointers do not keep the array alive).
+
+    Raises:
+        InvalidArgument: columns of different lengths, or not ints.
+        OutOfRange: a value outside [0, 2**64).
+    """
+    n = len(columns[0][0])
+    flat: list[int] = []
+    for values, _ in columns:
+        if len(values) != n:
+            raise InvalidArgument(f"{op}: every array must have the same length")
+        flat.extend(values)
+    try:
+        arr = _new("uint64_t[]", flat)
+    except OverflowError:
+        raise OutOfRange(f"{op}: every value must be in [0, 2**64)") from None
+    except TypeError:
+        raise InvalidArgument(f"{op}: every array must be a sequence of ints") from None
+    return arr, [arr + k * n for k in range(len(columns))]
 
 
 def cxlkv_write_headers(
@@ -623,14 +642,15 @@ def cxlkv_write_headers(
         RegionError: the region is closed.
     """
     keys = _keys_blob(keys, "write_headers")
-    ext, hb, koffs, klens, vers, vlens, vhashes = _header_columns("write_headers", [
+    owner, (ext, hb, koffs, klens, vers, vlens, vhashes) = _header_columns("write_headers", [
         (extent_offsets, "extent_offsets"), (header_bytes, "header_bytes"), (key_offsets, "key_offsets"),
         (key_lens, "key_lens"), (versions, "versions"), (value_lens, "value_lens"),
         (value_hashes, "value_hashes")])
-    n = len(ext)
+    n = len(extent_offsets)
     bad = _new("uint64_t *")
     rc = lib.cxlkv_write_headers(r, n, ext, hb, keys, len(keys), koffs, klens, vers, vlens, vhashes,
                                  1 if flush else 0, bad)
+    del owner  # the columns' memory: alive until here
     if rc != _OK:
         if rc == _E_RANGE:
             raise OutOfRange(f"write_headers: header #{int(bad[0])} of {n} is outside the region "
@@ -671,15 +691,16 @@ def cxlkv_verify_headers(
         RegionError: the region is closed.
     """
     keys = _keys_blob(keys, "verify_headers")
-    ext, hb, koffs, klens, vers, vlens, vhashes = _header_columns("verify_headers", [
+    owner, (ext, hb, koffs, klens, vers, vlens, vhashes) = _header_columns("verify_headers", [
         (extent_offsets, "extent_offsets"), (header_bytes, "header_bytes"), (key_offsets, "key_offsets"),
         (key_lens, "key_lens"), (versions, "versions"), (value_lens, "value_lens"),
         (value_hashes, "value_hashes")])
-    n = len(ext)
+    n = len(extent_offsets)
     ok = _new("uint8_t[]", n)
     bad = _new("uint64_t *")
     rc = lib.cxlkv_verify_headers(r, n, ext, hb, keys, len(keys), koffs, klens, vers, vlens, vhashes,
                                   1 if invalidate else 0, ok, bad)
+    del owner  # the columns' memory: alive until here
     if rc != _OK:
         if rc == _E_RANGE:
             raise OutOfRange(f"verify_headers: header #{int(bad[0])} of {n} is outside the region "
