@@ -569,15 +569,22 @@ class MasterState:
     @staticmethod
     def _place(candidates: Sequence[Segment], need: int, replica_num: int) -> list[Extent]:
         """Allocate up to ``replica_num`` extents on distinct candidates, in order."""
+        # A full segment is skipped without asking its allocator (a failing alloc
+        # searches its size class: the common case of a cache that evicts on put).
         if replica_num == 1:
             for seg in candidates:
-                off = seg.allocator.alloc(need)
+                allocator = seg.allocator
+                if allocator.capacity_bytes - allocator.used_bytes < need:
+                    continue
+                off = allocator.alloc(need)
                 if off >= 0:
                     seg.object_count += 1
                     return [(seg.segment_id, off, need)]
             return []
         extents: list[Extent] = []
         for seg in candidates:
+            if seg.allocator.free_bytes < need:
+                continue
             off = seg.allocator.alloc(need)
             if off >= 0:
                 seg.object_count += 1
@@ -1100,7 +1107,8 @@ class MasterState:
         if not candidates:
             return 0
         ids = frozenset(s.segment_id for s in candidates)
-        fits = lambda: any(s.allocator.largest_free_bytes >= need for s in candidates)  # noqa: E731
+        fits = lambda: any(s.allocator.free_bytes >= need and s.allocator.largest_free_bytes >= need  # noqa: E731
+                           for s in candidates)
         n = 0
         if self._cold and any(s.tier == Tier.SSD for s in candidates):
             n = self._evict(now, fits, ids, None, cold=True)  # SSD-only objects first
