@@ -1026,6 +1026,14 @@ def _partition(copies: list[_Copy], jobs: int) -> list[list[_Copy]]:
     return [j for j in out if j]
 
 
+def _by_region_and_buffer(copies: list[_Copy]) -> list[list[_Copy]]:
+    """The copies grouped by (mapped region, caller buffer): one C call each."""
+    groups: dict[tuple[int, int], list[_Copy]] = {}
+    for c in copies:
+        groups.setdefault((id(c.mapped), id(c.buf)), []).append(c)
+    return list(groups.values())
+
+
 def _run_writes(copies: list[_Copy], checksums: dict[int, int] | None = None) -> dict[int, CxlkvError]:
     """Copy values into their extents, grouping those from one buffer into one
     region into one C call (``copy_in_ranges``; ``copy_in_ranges_hashed`` with
@@ -1036,10 +1044,7 @@ def _run_writes(copies: list[_Copy], checksums: dict[int, int] | None = None) ->
         item, without the hash, so one bad item never fails the others).
     """
     errs: dict[int, CxlkvError] = {}
-    groups: dict[tuple[int, int], list[_Copy]] = {}
-    for c in copies:
-        groups.setdefault((id(c.mapped), id(c.buf)), []).append(c)
-    for group in groups.values():
+    for group in _by_region_and_buffer(copies):
         if len(group) == 1 and checksums is None:
             _copy_one(group[0], True, errs)
             continue
@@ -1066,10 +1071,7 @@ def _run_reads(copies: list[_Copy]) -> dict[int, CxlkvError]:
         item, without the hash, so one bad item never fails the others).
     """
     errs: dict[int, CxlkvError] = {}
-    groups: dict[tuple[int, int], list[_Copy]] = {}
-    for c in copies:
-        groups.setdefault((id(c.mapped), id(c.buf)), []).append(c)
-    for group in groups.values():
+    for group in _by_region_and_buffer(copies):
         try:
             hashes = group[0].mapped.region.copy_out_ranges_hashed(
                 group[0].buf, [c.buf_offset for c in group], [c.region_offset for c in group],

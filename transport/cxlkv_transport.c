@@ -919,57 +919,16 @@ cxlkv_copy_out_ranges(const cxlkv_region_t *r, void *buf, uint64_t buf_bytes,
     return CXLKV_OK;
 }
 
-int
-cxlkv_copy_out_ranges_hashed(const cxlkv_region_t *r, void *buf,
-                             uint64_t buf_bytes, uint64_t n,
-                             const uint64_t *buf_offsets,
-                             const uint64_t *region_offsets,
-                             const uint64_t *lengths, uint64_t *hashes_out,
-                             uint64_t *bad_index)
-{
-    const char *base;
-    uint64_t i;
-    int rc;
-
-    if (bad_index == NULL || (n != 0 && hashes_out == NULL))
-        return CXLKV_E_INVAL;
-    rc = check_ranges(r, buf, buf_bytes, n, buf_offsets, region_offsets,
-                      lengths, bad_index);
-    if (rc != CXLKV_OK)
-        return rc;
-    base = (const char *)r->base;
-    /* the hash is of the bytes delivered: refuse a destination overlapping its source */
-    for (i = 0; i < n; i++) {
-        if (!disjoint((const char *)buf + buf_offsets[i], base + region_offsets[i], lengths[i])) {
-            *bad_index = i;
-            return CXLKV_E_INVAL;
-        }
-    }
-    for (i = 0; i < n; i++) {
-        char *dst = (char *)buf + buf_offsets[i];
-        if (lengths[i] > CXLKV_HASH_CHUNK_BYTES) {
-            /* large: the chunked kernel keeps each hashed chunk in cache */
-            rc = copy_hashed(dst, base + region_offsets[i], lengths[i], 1, &hashes_out[i]);
-            if (rc != CXLKV_OK) {
-                *bad_index = i;
-                return rc;
-            }
-            continue;
-        }
-        if (lengths[i] != 0)
-            copy_bytes(dst, base + region_offsets[i], (size_t)lengths[i]);
-        hashes_out[i] = XXH3_64bits(dst, (size_t)lengths[i]);
-    }
-    return CXLKV_OK;
-}
-
-int
-cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
-                            uint64_t buf_bytes, uint64_t n,
-                            const uint64_t *buf_offsets,
-                            const uint64_t *region_offsets,
-                            const uint64_t *lengths, uint64_t *hashes_out,
-                            uint64_t *bad_index)
+/*
+ * Both hashed range copies: `out` copies region -> buf and hashes what lands in
+ * buf, else buf -> region hashing the source. Overlapping sides are refused
+ * before any byte moves (the hash would be of bytes the copy overwrote).
+ */
+static int
+copy_ranges_hashed(const cxlkv_region_t *r, char *buf, uint64_t buf_bytes,
+                   uint64_t n, const uint64_t *buf_offsets,
+                   const uint64_t *region_offsets, const uint64_t *lengths,
+                   uint64_t *hashes_out, uint64_t *bad_index, int out)
 {
     char *base;
     uint64_t i;
@@ -982,17 +941,20 @@ cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
     if (rc != CXLKV_OK)
         return rc;
     base = (char *)r->base;
-    /* the hash is of the source's bytes: refuse a source overlapping its destination */
     for (i = 0; i < n; i++) {
-        if (!disjoint(base + region_offsets[i], (const char *)buf + buf_offsets[i], lengths[i])) {
+        if (!disjoint(buf + buf_offsets[i], base + region_offsets[i], lengths[i])) {
             *bad_index = i;
             return CXLKV_E_INVAL;
         }
     }
     for (i = 0; i < n; i++) {
-        const char *src = (const char *)buf + buf_offsets[i];
+        char *b = buf + buf_offsets[i];
+        char *reg = base + region_offsets[i];
+        char *dst = out ? b : reg;
+        const char *src = out ? reg : b;
         if (lengths[i] > CXLKV_HASH_CHUNK_BYTES) {
-            rc = copy_hashed(base + region_offsets[i], src, lengths[i], 0, &hashes_out[i]);
+            /* large: the chunked kernel keeps each hashed chunk in cache */
+            rc = copy_hashed(dst, src, lengths[i], out, &hashes_out[i]);
             if (rc != CXLKV_OK) {
                 *bad_index = i;
                 return rc;
@@ -1000,10 +962,35 @@ cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
             continue;
         }
         if (lengths[i] != 0)
-            copy_bytes(base + region_offsets[i], src, (size_t)lengths[i]);
-        hashes_out[i] = XXH3_64bits(src, (size_t)lengths[i]);
+            copy_bytes(dst, src, (size_t)lengths[i]);
+        hashes_out[i] = XXH3_64bits(b, (size_t)lengths[i]);
     }
     return CXLKV_OK;
+}
+
+int
+cxlkv_copy_out_ranges_hashed(const cxlkv_region_t *r, void *buf,
+                             uint64_t buf_bytes, uint64_t n,
+                             const uint64_t *buf_offsets,
+                             const uint64_t *region_offsets,
+                             const uint64_t *lengths, uint64_t *hashes_out,
+                             uint64_t *bad_index)
+{
+    return copy_ranges_hashed(r, (char *)buf, buf_bytes, n, buf_offsets, region_offsets,
+                              lengths, hashes_out, bad_index, 1);
+}
+
+int
+cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
+                            uint64_t buf_bytes, uint64_t n,
+                            const uint64_t *buf_offsets,
+                            const uint64_t *region_offsets,
+                            const uint64_t *lengths, uint64_t *hashes_out,
+                            uint64_t *bad_index)
+{
+    /* buf is only read: copy_ranges_hashed writes to the region when !out */
+    return copy_ranges_hashed(r, (char *)buf, buf_bytes, n, buf_offsets, region_offsets,
+                              lengths, hashes_out, bad_index, 0);
 }
 
 /* Object header layout (cxlkv/objheader.py): little-endian fields. */
