@@ -432,15 +432,11 @@ class ClientdCore:
             if not group:
                 continue
             keys = [key_bytes[i] for i, _, _ in group]
-            key_offsets = []
-            pos = 0
-            for k in keys:
-                key_offsets.append(pos)
-                pos += len(k)
+            blob, key_offsets = _concat(keys)
             try:
                 m.region.write_headers(
                     [ext.offset_bytes for _, _, ext in group], [header_bytes_for(len(k)) for k in keys],
-                    b"".join(keys), key_offsets, [len(k) for k in keys], [r.version for _, r, _ in group],
+                    blob, key_offsets, [len(k) for k in keys], [r.version for _, r, _ in group],
                     [specs[i].size for i, _, _ in group], [checksums[i] for i, _, _ in group],
                     flush=self.flush_mode)
             except CxlkvError:
@@ -763,15 +759,11 @@ class ClientdCore:
                 groups.setdefault(id(c.mapped), []).append(chk)
         for group in groups.values():
             keys = [chk[2].encode("utf-8") for chk in group]
-            key_offsets = []
-            pos = 0
-            for k in keys:
-                key_offsets.append(pos)
-                pos += len(k)
+            blob, key_offsets = _concat(keys)
             try:
                 ok = group[0][0].mapped.region.verify_headers(
                     [c.region_offset - hb for c, hb, _, _, _ in group], [chk[1] for chk in group],
-                    b"".join(keys), key_offsets, [len(k) for k in keys], [chk[3] for chk in group],
+                    blob, key_offsets, [len(k) for k in keys], [chk[3] for chk in group],
                     [chk[0].length for chk in group], [chk[0].checksum for chk in group],
                     invalidate=self.flush_mode)
             except CxlkvError:
@@ -1024,6 +1016,16 @@ def _partition(copies: list[_Copy], jobs: int) -> list[list[_Copy]]:
         out[j].append(p)
         load[j] += p.length
     return [j for j in out if j]
+
+
+def _concat(keys: list[bytes]) -> tuple[bytes, list[int]]:
+    """The keys concatenated (as the header batches take them) and each one's offset."""
+    offsets = []
+    pos = 0
+    for k in keys:
+        offsets.append(pos)
+        pos += len(k)
+    return b"".join(keys), offsets
 
 
 def _by_region_and_buffer(copies: list[_Copy]) -> list[list[_Copy]]:

@@ -1059,18 +1059,14 @@ store_u32(unsigned char *p, uint32_t v)
     memcpy(p, &v, sizeof v);
 }
 
-int
-cxlkv_write_headers(const cxlkv_region_t *r, uint64_t n,
-                    const uint64_t *extent_offsets,
-                    const uint64_t *header_bytes,
-                    const char *keys, uint64_t keys_bytes,
-                    const uint64_t *key_offsets, const uint64_t *key_lens,
-                    const uint64_t *versions, const uint64_t *value_lens,
-                    const uint64_t *value_hashes, int flush,
-                    uint64_t *bad_index)
+/* The checks both header batches start with (no pointer dereferenced per item yet). */
+static int
+header_args(const cxlkv_region_t *r, uint64_t n, const uint64_t *extent_offsets,
+            const uint64_t *header_bytes, const char *keys, uint64_t keys_bytes,
+            const uint64_t *key_offsets, const uint64_t *key_lens,
+            const uint64_t *versions, const uint64_t *value_lens,
+            const uint64_t *value_hashes, uint64_t *bad_index)
 {
-    uint64_t i;
-
     if (bad_index == NULL)
         return CXLKV_E_INVAL;
     *bad_index = 0;
@@ -1082,6 +1078,25 @@ cxlkv_write_headers(const cxlkv_region_t *r, uint64_t n,
         return CXLKV_E_INVAL;
     if (keys == NULL && keys_bytes != 0)
         return CXLKV_E_INVAL;
+    return CXLKV_OK;
+}
+
+int
+cxlkv_write_headers(const cxlkv_region_t *r, uint64_t n,
+                    const uint64_t *extent_offsets,
+                    const uint64_t *header_bytes,
+                    const char *keys, uint64_t keys_bytes,
+                    const uint64_t *key_offsets, const uint64_t *key_lens,
+                    const uint64_t *versions, const uint64_t *value_lens,
+                    const uint64_t *value_hashes, int flush,
+                    uint64_t *bad_index)
+{
+    uint64_t i;
+    int rc = header_args(r, n, extent_offsets, header_bytes, keys, keys_bytes, key_offsets,
+                         key_lens, versions, value_lens, value_hashes, bad_index);
+
+    if (rc != CXLKV_OK)
+        return rc;
     for (i = 0; i < n; i++) {
         if (!in_bounds(r->size_bytes, extent_offsets[i], header_bytes[i])) {
             *bad_index = i;
@@ -1142,17 +1157,12 @@ cxlkv_verify_headers(const cxlkv_region_t *r, uint64_t n,
                      uint8_t *ok_out, uint64_t *bad_index)
 {
     uint64_t i;
+    int rc = header_args(r, n, extent_offsets, header_bytes, keys, keys_bytes, key_offsets,
+                         key_lens, versions, value_lens, value_hashes, bad_index);
 
-    if (bad_index == NULL)
-        return CXLKV_E_INVAL;
-    *bad_index = 0;
-    if (r == NULL || r->base == NULL)
-        return CXLKV_E_CLOSED;
-    if (n != 0 && (extent_offsets == NULL || header_bytes == NULL ||
-                   key_offsets == NULL || key_lens == NULL || versions == NULL ||
-                   value_lens == NULL || value_hashes == NULL || ok_out == NULL))
-        return CXLKV_E_INVAL;
-    if (keys == NULL && keys_bytes != 0)
+    if (rc != CXLKV_OK)
+        return rc;
+    if (n != 0 && ok_out == NULL)
         return CXLKV_E_INVAL;
     for (i = 0; i < n; i++) {
         if (header_bytes[i] < OBJ_HEADER_BYTES ||
