@@ -21,7 +21,7 @@ import logging
 import os
 import socket
 import time
-from typing import Any, Awaitable, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import grpc
 

@@ -46,7 +46,7 @@ from typing import Any, Sequence
 import click
 import numpy as np
 
-from cxlkv.tracesim import Request, load_trace, simulate, simulate_unbounded, unique_blocks
+from cxlkv.tracesim import load_trace, simulate, simulate_unbounded, unique_blocks
 
 __all__ = ["ReplayOptions", "ReplayReport", "block_content", "fill_blocks", "verify_blocks", "run_replay", "replay_cmd"]
 

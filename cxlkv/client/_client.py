@@ -18,10 +18,10 @@ import numpy as np
 from cxlkv.client._conn import GrpcConnection, LeanConnection
 from cxlkv.client._cuda import CudaCopier, CudaSource, CudaTarget, is_cuda_tensor
 from cxlkv.client._direct import FALLBACK, DirectPath
-from cxlkv.client._memory import address_of, dst_array, nbytes_of, src_array
+from cxlkv.client._memory import address_of, dst_array, src_array
 from cxlkv.client._pool import BufferPool, Segment
 from cxlkv.client.framing import METHODS_BY_NAME
-from cxlkv.errors import CxlkvError, InvalidArgument, InvalidKey, OutOfRange, TooLarge, Unavailable, error_for
+from cxlkv.errors import CxlkvError, InvalidArgument, InvalidKey, OutOfRange, TooLarge, error_for
 from cxlkv.keys import validate_key, validate_replica_num
 from cxlkv.v1 import client_pb2, common_pb2
 
