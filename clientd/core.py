@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 #: request): 4 MiB instead of 1 MiB cut clientd's CPU per request by 15 %, and
 #: a 4 MiB copy holds the loop for ~0.3 ms.
 LARGE_COPY_BYTES = 4 << 20
+#: Calls moving at least this many bytes never wait for a cohort in the master
+#: link's coalescers (their copies bring callers back at scattered times).
+URGENT_BYTES = 1 << 20
 #: Copies are split across the copy threads only into pieces of at least this
 #: many bytes: the transport's streaming (non-temporal) kernel, which large copies
 #: need, starts at 16 MiB, and halves of a 16 MiB copy run slower on two threads
@@ -251,7 +254,7 @@ class ClientdCore:
         """One PutStart → copy → PutEnd round for ``todo``; returns the positions to retry."""
         link = self.link
         gen = link.generation
-        urgent = sum(specs[i].size for i in todo) >= self.large_copy_bytes
+        urgent = sum(specs[i].size for i in todo) >= URGENT_BYTES
         key_bytes = {i: specs[i].key.encode("utf-8") for i in todo}
         try:
             starts = await link.put_start.submit([
@@ -534,7 +537,7 @@ class ClientdCore:
                 todo.append(i)
         self.counters["get_items"] += n
         # A large read makes its caller come back late: do not hold others for it.
-        urgent = n == 1 and targets[0] is not None and targets[0].capacity >= self.large_copy_bytes
+        urgent = n == 1 and targets[0] is not None and targets[0].capacity >= URGENT_BYTES
         for attempt in range(2):
             if not todo:
                 break

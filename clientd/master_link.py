@@ -50,8 +50,11 @@ log = logging.getLogger(__name__)
 RELEASE_DELAY_S = 0.01
 #: Most items in one coalesced master call.
 MAX_BATCH_ITEMS = 1024
-#: Concurrent coalesced calls of one kind (1: classic group commit).
-MAX_IN_FLIGHT = 1
+#: Concurrent coalesced calls of one kind (1: classic group commit; 2 keeps the
+#: master busy while an answer travels back: 16 callers' single 4 KiB puts 5.7k ->
+#: 6.9k/s, batched gets and the replay no worse). Items of one submission never
+#: split across calls; calls of one kind carry independent items.
+MAX_IN_FLIGHT = 2
 #: Adaptive linger of coalesced calls (see :class:`~cxlkv.clientd.batcher.Coalescer`):
 #: fraction of the last call's latency, and its cap in seconds.
 LINGER_FRACTION = 1.0
