@@ -488,31 +488,32 @@ def run_replay(
         cap = capacity_blocks
     ctx = mp.get_context("spawn")
     n_workers = max(1, min(opts.workers, len(trace)))
-    # Helpers (workers, multiprocessing's resource tracker) start with SIGINT ignored:
-    # a terminal's Ctrl-C reaches the whole process group, and only this process
-    # handles it (stopping the workers, then the cluster).
+    # A terminal's Ctrl-C reaches the whole process group, and only this process
+    # handles it (stopping the workers, then the cluster). Helpers (workers,
+    # multiprocessing's resource tracker) start with SIGINT blocked — the mask is
+    # inherited across fork and exec — and ignore it themselves. A Ctrl-C that comes
+    # while they start stays pending here and is raised once they are started,
+    # inside the block that stops them (ignoring it instead lost it: the replay ran on).
     main_thread = threading.current_thread() is threading.main_thread()
-    old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
-    try:
-        progress = ctx.RawArray("q", n_workers)
-        results = ctx.Queue()
-        start = _Start(ctx.RawArray("b", n_workers), ctx.Event(), ctx.RawValue("d", 0.0))
-        procs = [
-            ctx.Process(
-                target=_replay_worker,
-                args=(w, n_workers, socket_paths[w % len(socket_paths)], opts, start, progress, results),
-                name=f"replay-{w}",
-                daemon=True,
-            )
-            for w in range(n_workers)
-        ]
-        for p in procs:
-            p.start()
-    finally:
-        if old_sigint is not None:
-            signal.signal(signal.SIGINT, old_sigint)
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if main_thread else None
+    procs: list[Any] = []
     total = WorkerStats()
     try:
+        try:
+            progress = ctx.RawArray("q", n_workers)
+            results = ctx.Queue()
+            start = _Start(ctx.RawArray("b", n_workers), ctx.Event(), ctx.RawValue("d", 0.0))
+            for w in range(n_workers):
+                procs.append(ctx.Process(
+                    target=_replay_worker,
+                    args=(w, n_workers, socket_paths[w % len(socket_paths)], opts, start, progress, results),
+                    name=f"replay-{w}",
+                    daemon=True,
+                ))
+                procs[-1].start()
+        finally:
+            if old_mask is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # a pending Ctrl-C is raised here
         start.wait_ready(procs)  # timed from here: no process start-up, no trace loading
         t0 = time.perf_counter()
         got = 0

@@ -181,9 +181,11 @@ def test_cluster_down_and_status_never_touch_a_recycled_pid(tmp_path: Path) -> N
 
 
 @needs_trace
-def test_ctrl_c_leaves_no_process_or_region(tmp_path: Path) -> None:
-    """SIGINT to the replay's process group (a terminal's Ctrl-C) mid-run: it exits,
-    and no daemon, worker or region file of it remains."""
+@pytest.mark.parametrize("delay_s", [0.2, 2.0])
+def test_ctrl_c_leaves_no_process_or_region(tmp_path: Path, delay_s: float) -> None:
+    """SIGINT to the replay's process group (a terminal's Ctrl-C) mid-run — also
+    while the workers are being started (the shorter delay) —: it exits, and no
+    daemon, worker or region file of it remains."""
     import signal
     import time
 
@@ -192,8 +194,8 @@ def test_ctrl_c_leaves_no_process_or_region(tmp_path: Path) -> None:
                          start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (set(Path("/dev/shm").glob("cxlkv-*")) - before):
-        time.sleep(0.1)  # wait until its cluster is up
-    time.sleep(2.0)
+        time.sleep(0.05)  # wait until its cluster is up
+    time.sleep(delay_s)
     os.killpg(p.pid, signal.SIGINT)
     out, _ = p.communicate(timeout=60)
     assert p.returncode != 0 and b"Traceback" not in out, out[-2000:]
