@@ -490,12 +490,15 @@ def run_replay(
     n_workers = max(1, min(opts.workers, len(trace)))
     # A terminal's Ctrl-C reaches the whole process group, and only this process
     # handles it (stopping the workers, then the cluster). Helpers (workers,
-    # multiprocessing's resource tracker) start with SIGINT blocked — the mask is
-    # inherited across fork and exec — and ignore it themselves. A Ctrl-C that comes
-    # while they start stays pending here and is raised once they are started,
-    # inside the block that stops them (ignoring it instead lost it: the replay ran on).
+    # multiprocessing's resource tracker) start with SIGINT ignored (an ignored
+    # signal stays ignored across exec; they keep ignoring it). Here it is also
+    # blocked meanwhile: on Linux a blocked signal is kept pending even while
+    # ignored, so a Ctrl-C that comes while they start is raised once the handler
+    # is back and the signal unblocked — inside the block that stops them — instead
+    # of being lost (the replay ran on).
     main_thread = threading.current_thread() is threading.main_thread()
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if main_thread else None
+    old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
     procs: list[Any] = []
     total = WorkerStats()
     try:
@@ -512,6 +515,8 @@ def run_replay(
                 ))
                 procs[-1].start()
         finally:
+            if old_sigint is not None:
+                signal.signal(signal.SIGINT, old_sigint)  # the handler first, then unblock:
             if old_mask is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # a pending Ctrl-C is raised here
         start.wait_ready(procs)  # timed from here: no process start-up, no trace loading
