@@ -41,7 +41,7 @@ from cxlkv.clientd.regions import MappedRegion, RegionSet
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode
 from cxlkv.keys import key_error, options_error
-from cxlkv.objheader import header_bytes_for, pack_header, object_mismatch
+from cxlkv.objheader import header_bytes_for, object_mismatch
 from cxlkv.v1 import client_pb2, common_pb2, master_pb2
 
 __all__ = ["PutSpec", "ReadTarget", "ReadOutcome", "ClientdCore", "LARGE_COPY_BYTES"]
@@ -432,47 +432,32 @@ class ClientdCore:
                 groups.setdefault(id(m), (m, []))[1].append((i, r, ext))
         for m, group in groups.values():
             group = [g for g in group if g[0] not in errs]
-            if not group:
-                continue
-            keys = [key_bytes[i] for i, _, _ in group]
-            blob, key_offsets = _concat(keys)
-            try:
-                m.region.write_headers(
-                    [ext.offset_bytes for _, _, ext in group], [header_bytes_for(len(k)) for k in keys],
-                    blob, key_offsets, [len(k) for k in keys], [r.version for _, r, _ in group],
-                    [specs[i].size for i, _, _ in group], [checksums[i] for i, _, _ in group],
-                    flush=self.flush_mode)
-            except CxlkvError:
-                for i, r, _ in group:
-                    if i not in errs:
-                        why = self._write_header(key_bytes[i], r, specs[i].size, checksums[i])
-                        if why is not None:
-                            errs[i] = why
+            if group:
+                self._write_header_batch(m, group, key_bytes, specs, checksums, errs)
         return errs
 
-    def _write_header(
-        self, key_utf8: bytes, r: master_pb2.PutStartResult, size: int, checksum: int
-    ) -> CxlkvError | None:
-        """Write (and in flush mode flush) the object header and key at the start of
-        every replica's extent; call only once the value is written (and flushed).
-
-        Returns:
-            The error that stopped it, or ``None``.
-        """
-        head = pack_header(key_utf8, r.version, size, checksum) + key_utf8
-        head += bytes(header_bytes_for(len(key_utf8)) - len(head))
-        by_id = self.regions.by_segment_id
+    def _write_header_batch(
+        self, m: MappedRegion, group: list[tuple[int, Any, Any]], key_bytes: dict[int, bytes],
+        specs: list[PutSpec], checksums: dict[int, int], errs: dict[int, CxlkvError],
+    ) -> None:
+        """One ``Region.write_headers`` call for ``(position, started put, extent)``
+        entries of region ``m``; a refused batch is written again entry by entry,
+        so each position gets its own outcome in ``errs``."""
+        keys = [key_bytes[i] for i, _, _ in group]
+        blob, key_offsets = _concat(keys)
         try:
-            for ext in r.extents:
-                m = by_id(ext.segment_id)
-                if m is None:
-                    return _unmapped(ext.segment_id)
-                m.region.copy_in(ext.offset_bytes, head)
-                if self.flush_mode:
-                    m.region.flush(ext.offset_bytes, len(head))
+            m.region.write_headers(
+                [ext.offset_bytes for _, _, ext in group], [header_bytes_for(len(k)) for k in keys],
+                blob, key_offsets, [len(k) for k in keys], [r.version for _, r, _ in group],
+                [specs[i].size for i, _, _ in group], [checksums[i] for i, _, _ in group],
+                flush=self.flush_mode)
         except CxlkvError as exc:
-            return exc
-        return None
+            if len(group) == 1:
+                errs.setdefault(group[0][0], exc)
+                return
+            for entry in group:
+                if entry[0] not in errs:
+                    self._write_header_batch(m, [entry], key_bytes, specs, checksums, errs)
 
     def _copy_in_and_flush(
         self, copies: list[_Copy], fused: frozenset[int] = frozenset(),
