@@ -22,7 +22,7 @@ import functools
 import logging
 import time
 from time import perf_counter
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
 import grpc
 from grpc_status import rpc_status
@@ -538,41 +538,41 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         self._fill_location(resp.location, obj, lease, request.client_id)
         return resp
 
-    @_rpc
-    def BatchGetReplicaList(self, request, context):
+    def _locate_each(self, request: Any) -> Iterator[tuple[ObjectVersion, Any] | CxlkvError]:
+        """Per key of a BatchGetReplicaListRequest: ``(object, lease)`` or the error,
+        after ending the leases the request releases."""
         st = self.state
         client_id, no_lease, now = request.client_id, request.no_lease, self.clock()
         if request.release_lease_ids:
             st.release_leases(client_id, request.release_lease_ids)
         get = st.get
+        for key in request.keys:
+            try:
+                yield get(client_id, key, now, no_lease)
+            except CxlkvError as err:
+                yield err
+
+    @_rpc
+    def BatchGetReplicaList(self, request, context):
         fill = self._fill_location
         resp = master_pb2.BatchGetReplicaListResponse()
         add = resp.locations.add
-        for key in request.keys:
+        for found in self._locate_each(request):
             loc = add()
-            try:
-                obj, lease = get(client_id, key, now, no_lease)
-            except CxlkvError as err:
-                _set_status(loc.status, err)
-                continue
-            fill(loc, obj, lease, client_id)
+            if isinstance(found, CxlkvError):
+                _set_status(loc.status, found)
+            else:
+                fill(loc, found[0], found[1], request.client_id)
         return resp
 
     @_rpc
     def PackedGetReplicaList(self, request, context):
-        st = self.state
-        client_id, no_lease, now = request.client_id, request.no_lease, self.clock()
-        if request.release_lease_ids:
-            st.release_leases(client_id, request.release_lease_ids)
-        get = st.get
-        cols = _LocationColumns(self, client_id)
-        for key in request.keys:
-            try:
-                obj, lease = get(client_id, key, now, no_lease)
-            except CxlkvError as err:
-                cols.add_error(err)
-                continue
-            cols.add(obj, lease)
+        cols = _LocationColumns(self, request.client_id)
+        for found in self._locate_each(request):
+            if isinstance(found, CxlkvError):
+                cols.add_error(found)
+            else:
+                cols.add(*found)
         return cols.message()
 
     @_rpc
