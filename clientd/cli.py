@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 
@@ -65,4 +64,11 @@ def clientd_cmd(config_path, name, master_address, socket_path, lean_socket_path
     async def _main() -> int:
         return await Daemon(cfg, notifier=Notifier.from_env(os.environ)).run()
 
-    sys.exit(asyncio.run(_main()))
+    from cxlkv.loops import run
+
+    try:
+        rc = run(_main(), cfg.event_loop)
+    except ConfigError as exc:  # uvloop asked for but missing
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    sys.exit(rc)

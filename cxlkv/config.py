@@ -159,6 +159,7 @@ class MasterConfig:
     sweep_interval_s: float = _f(0.5, "period of the lease/put/client expiry sweep", unit="s")
     log_level: str = _f("info", "debug, info, warning or error")
     log_json: bool = _f(False, "log JSON lines instead of text")
+    event_loop: str = _f("uvloop", "uvloop (libuv, in C: less CPU per call) or asyncio (the standard library's)")
     promotion_threshold: int = _f(
         2, "an SSD-only object read this often (count-min estimate, decayed) is copied back into CXL; 0 = never")
     dram_promotion_threshold: int = _f(
@@ -225,6 +226,7 @@ class MasterConfig:
         _check_address("listen_address", self.listen_address)
         _check_address("metrics_address", self.metrics_address, empty_ok=True)
         _check_level(self.log_level)
+        _check_event_loop(self.event_loop)
 
 
 # -------------------------------------------------------------------------- clientd
@@ -263,6 +265,7 @@ class ClientdConfig:
     master_timeout_s: float = _f(10.0, "deadline of each call to the master", unit="s")
     log_level: str = _f("info", "debug, info, warning or error")
     log_json: bool = _f(False, "log JSON lines instead of text")
+    event_loop: str = _f("uvloop", "uvloop (libuv, in C: less CPU per call) or asyncio (the standard library's)")
 
     def validate(self) -> None:
         """Check cross-field rules. Raises :class:`ConfigError` naming the key."""
@@ -283,6 +286,7 @@ class ClientdConfig:
             raise ConfigError("master_timeout_s: must be > 0")
         _check_address("metrics_address", self.metrics_address, empty_ok=True)
         _check_level(self.log_level)
+        _check_event_loop(self.event_loop)
 
     def resolved_socket_path(self) -> str:
         """The gRPC socket path, defaults filled in."""
@@ -300,6 +304,11 @@ def _check_address(key: str, address: str, *, empty_ok: bool = False) -> None:
     _, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"{key}: expected HOST:PORT (port 0 picks a free one), got {address!r}")
+
+
+def _check_event_loop(name: str) -> None:
+    if name not in ("uvloop", "asyncio"):
+        raise ConfigError(f"event_loop: must be uvloop or asyncio, got {name!r}")
 
 
 def _check_level(level: str) -> None:

@@ -30,7 +30,7 @@ import itertools
 import logging
 import os
 import socket
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from google.protobuf.message import DecodeError
 
@@ -66,21 +66,28 @@ def peer_cred(sock: socket.socket | None) -> tuple[int, int, int] | None:
 
 
 class LeanRoute:
-    """One served method: how to parse its request and the coroutine that answers it.
+    """One served method: how to parse its request and the code that answers it.
 
     ``handler(request)`` returns the response message or raises a
-    :class:`~cxlkv.errors.CxlkvError` (sent as an ErrorDetail frame).
+    :class:`~cxlkv.errors.CxlkvError` (sent as an ErrorDetail frame). It is a
+    coroutine function, run as a task of its own, unless ``inline`` is true: then
+    it is a plain function, called as soon as its frame is parsed (no task, no
+    extra turn of the event loop: the master's handlers, which never wait, save
+    about a fifth of their per-call CPU this way), and the answers of all the
+    frames that arrived together leave in one write.
     """
 
-    __slots__ = ("name", "parse", "handler", "request_type")
+    __slots__ = ("name", "parse", "handler", "request_type", "inline")
 
-    def __init__(self, name: str, parse: Callable[[bytes], Any], handler: Callable[[Any], Awaitable[Any]],
-                 request_type: Any = None):
+    def __init__(self, name: str, parse: Callable[[bytes], Any], handler: Callable[[Any], Any],
+                 request_type: Any = None, *, inline: bool = False):
         self.name = name
         self.parse = parse
         self.handler = handler
         #: The request message class (names the field of a non-UTF-8 string in errors).
         self.request_type = request_type
+        #: ``handler`` is synchronous: answer while parsing (see above).
+        self.inline = inline
 
 
 _pack = HEADER.pack
@@ -119,6 +126,8 @@ class LeanProtocol(asyncio.Protocol):
         self._paused_reading = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._peer: tuple[int, int, int] | None = None
+        #: While frames are dispatched: the answers to write together afterwards.
+        self._batch: list[bytes] | None = None
 
     # -- asyncio callbacks --------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -167,9 +176,25 @@ class LeanProtocol(asyncio.Protocol):
     # -- framing ------------------------------------------------------------
     def _frames(self, data: bytes | bytearray) -> int:
         """Dispatch every complete frame of ``data``; returns bytes consumed."""
+        self._batch = []  # answers of inline routes, written together below
+        try:
+            return self._dispatch(data, self._routes)
+        finally:
+            self._flush()
+            self._batch = None
+
+    def _flush(self) -> None:
+        """Write the answers gathered in ``_batch`` (one send)."""
+        batch = self._batch
+        if batch:
+            t = self._transport
+            if t is not None and not t.is_closing():
+                t.write(b"".join(batch) if len(batch) > 1 else batch[0])
+            batch.clear()
+
+    def _dispatch(self, data: bytes | bytearray, routes: dict[int, LeanRoute]) -> int:
         pos = 0
         end_all = len(data)
-        routes = self._routes
         while end_all - pos >= HEADER_BYTES:
             length, method, _flags, rid = _unpack_from(data, pos)
             if length < MIN_LENGTH or length > self._max_frame:
@@ -195,6 +220,9 @@ class LeanProtocol(asyncio.Protocol):
                                    if route.request_type is not None
                                    else InvalidArgument(f"{route.name}: malformed request message: {exc}"))
                 continue
+            if route.inline:
+                self._call_inline(route, request, rid)
+                continue
             task = self._loop.create_task(self._call(route, request, rid))
             self._tasks.add(task)
             task.add_done_callback(self._task_done)
@@ -219,6 +247,7 @@ class LeanProtocol(asyncio.Protocol):
             msg = f"frame of {length} bytes is over the limit of {self._max_frame} bytes"
         log.warning("lean connection closed: %s", msg)
         self._answer_error(rid, InvalidArgument(msg))
+        self._flush()
         self._closed = True
         self._buf = bytearray()
         if self._transport is not None:
@@ -238,14 +267,31 @@ class LeanProtocol(asyncio.Protocol):
             return
         self._write(0, rid, response.SerializeToString())
 
+    def _call_inline(self, route: LeanRoute, request: Any, rid: int) -> None:
+        try:
+            response = route.handler(request)
+        except CxlkvError as err:
+            self._answer_error(rid, err)
+            return
+        except Exception as exc:  # a bug: answer INTERNAL, keep serving
+            log.exception("%s failed", route.name)
+            self._answer_error(rid, Internal(f"{route.name}: {type(exc).__name__}: {exc}"))
+            return
+        self._write(0, rid, response.SerializeToString())
+
     def _answer_error(self, rid: int, err: CxlkvError) -> None:
         self._write(int(err.code), rid, err.to_detail().SerializeToString())
 
     def _write(self, code: int, rid: int, payload: bytes) -> None:
+        header = _pack(MIN_LENGTH + len(payload), code, 0, rid)
+        batch = self._batch
+        if batch is not None and len(payload) <= _JOIN_BYTES:
+            batch.append(header + payload)  # sent when this read's frames are done
+            return
+        self._flush()  # keep the answers in order
         t = self._transport
         if t is None or t.is_closing():
             return
-        header = _pack(MIN_LENGTH + len(payload), code, 0, rid)
         if len(payload) <= _JOIN_BYTES:
             t.write(header + payload)
         else:  # two sends rather than a joined copy of a large answer

@@ -8,7 +8,6 @@ and exits with code 2, without a traceback.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import sys
@@ -55,11 +54,12 @@ def master_cmd(config_path: str | None, listen: str | None, address_file: str | 
         click.echo(f"cxlkv master: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
     setup_logging(cfg.log_level, json_lines=cfg.log_json, component="master")
+    from cxlkv.loops import run
     from cxlkv.master.server import run_master  # grpc import only once the config is good
     from cxlkv.systemd import Notifier
 
     try:
-        rc = asyncio.run(run_master(cfg, notifier=Notifier.from_env(os.environ)))
+        rc = run(run_master(cfg, notifier=Notifier.from_env(os.environ)), cfg.event_loop)
     except ConfigError as exc:
         logging.getLogger("cxlkv.master").debug("start-up failed", exc_info=True)
         click.echo(f"cxlkv master: {exc}", err=True)

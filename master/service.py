@@ -230,11 +230,14 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
                 continue
             fn = getattr(type(self), m.name).__wrapped__
             routes[m.number] = LeanRoute(m.name, m.request_type.FromString, self._lean_handler(fn, m.name),
-                                       m.request_type)
+                                       m.request_type, inline=True)
         return routes
 
-    def _lean_handler(self, fn: Handler, name: str) -> Callable[[Any], Awaitable[Any]]:
-        async def handler(request: Any) -> Any:
+    def _lean_handler(self, fn: Handler, name: str) -> Callable[[Any], Any]:
+        """``fn`` as an inline lean route: every master handler but FetchTasks
+        answers without waiting."""
+
+        def handler(request: Any) -> Any:
             response, error = _invoke(self, fn, name, request, None)
             if error is not None:
                 raise error

@@ -126,3 +126,98 @@ def test_lean_call_times_out_against_a_silent_server() -> None:
         server.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_inline_routes_answer_in_order_in_one_read(event_loop: str) -> None:
+    """Inline routes (plain functions, the master's handlers) are answered while
+    their frames are parsed: the answers of frames that arrived together, errors
+    and a handler's bug (INTERNAL) included, come back in frame order before the
+    answer of a task-run route sent in the same read, and the server goes on."""
+    from cxlkv.errors import Internal, NotFound
+    from cxlkv.lean import LeanRoute, LeanServer
+    from cxlkv.loops import run
+
+    def exist(req: master_pb2.ExistKeyRequest) -> master_pb2.ExistKeyResponse:
+        if req.key == "missing":
+            raise NotFound("no such key", key=req.key)
+        if req.key == "bug":
+            raise ValueError("a handler bug")
+        return master_pb2.ExistKeyResponse(exists=True)
+
+    async def slow_exist(req: master_pb2.ExistKeyRequest) -> master_pb2.ExistKeyResponse:
+        await asyncio.sleep(0)
+        return master_pb2.ExistKeyResponse(exists=req.key == "slow")
+
+    parse = master_pb2.ExistKeyRequest.FromString
+    routes = {1: LeanRoute("Exist", parse, exist, inline=True), 2: LeanRoute("SlowExist", parse, slow_exist)}
+
+    def frame(method: int, rid: int, key: str) -> bytes:
+        body = master_pb2.ExistKeyRequest(key=key).SerializeToString()
+        return struct.pack("<IHHQ", 12 + len(body), method, 0, rid) + body
+
+    async def scenario() -> None:
+        server = LeanServer(routes)
+        port = await server.start_tcp("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(frame(2, 1, "slow") + frame(1, 2, "k") + frame(1, 3, "missing") + frame(1, 4, "bug")
+                     + frame(1, 5, "k2"))
+        answers = []
+        for _ in range(5):
+            length, code, _f, rid = struct.unpack("<IHHQ", await reader.readexactly(16))
+            answers.append((rid, code, await reader.readexactly(length - 12)))
+        assert [(rid, code) for rid, code, _ in answers] == [
+            (2, 0), (3, int(NotFound.code)), (4, int(Internal.code)), (5, 0), (1, 0)]
+        assert master_pb2.ExistKeyResponse.FromString(answers[0][2]).exists is True
+        assert master_pb2.ExistKeyResponse.FromString(answers[4][2]).exists is True
+        # still serving on the same connection
+        writer.write(frame(1, 6, "k"))
+        assert struct.unpack("<IHHQ", await reader.readexactly(16))[3] == 6
+        writer.close()
+        await server.stop(1.0)
+
+    run(scenario(), event_loop)
+
+
+def test_event_loop_setting() -> None:
+    """``event_loop``: uvloop by default, asyncio on request, a clear error for
+    anything else or for uvloop when it cannot be imported."""
+    import sys
+
+    from cxlkv.config import ClientdConfig, MasterConfig
+    from cxlkv.errors import ConfigError
+    from cxlkv.loops import loop_factory, run
+
+    assert MasterConfig().event_loop == ClientdConfig().event_loop == "uvloop"
+    with pytest.raises(ConfigError, match="event_loop: must be uvloop or asyncio"):
+        MasterConfig(event_loop="tokio").validate()
+    with pytest.raises(ConfigError, match="event_loop"):
+        loop_factory("tokio")
+    assert loop_factory("asyncio") is None
+
+    async def kind() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    assert run(kind(), "uvloop").startswith("uvloop")
+    assert run(kind(), "asyncio").startswith("asyncio")
+    saved = sys.modules.get("uvloop")
+    sys.modules["uvloop"] = None  # type: ignore[assignment]  # import fails as if not installed
+    try:
+        with pytest.raises(ConfigError, match=r'set event_loop = "asyncio"'):
+            run(kind(), "uvloop")
+    finally:
+        if saved is None:
+            del sys.modules["uvloop"]
+        else:
+            sys.modules["uvloop"] = saved
+
+
+def test_master_and_clientd_serve_on_the_standard_loop(make_cluster) -> None:
+    """``event_loop = "asyncio"`` (the fallback where uvloop is missing) serves the same API."""
+    cl = make_cluster(clientds=1, master_options={"event_loop": "asyncio"},
+                      clientd_options={"event_loop": "asyncio"})
+    with cl.client(0) as c:
+        c.put("std/a", b"x" * 5000)
+        assert c.get("std/a") == b"x" * 5000
+        assert c.exists_many(["std/a", "std/b"]) == [True, False]
+    cl.assert_invariants()
