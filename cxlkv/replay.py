@@ -430,6 +430,10 @@ def _replay_worker(
     results.put(stats)
 
 
+#: Longest wait for a replay worker to load the trace and connect, in seconds.
+READY_TIMEOUT_S = 300.0
+
+
 @dataclass
 class _Start:
     """The start line shared with the workers: who is ready, the go signal, when."""
@@ -438,15 +442,27 @@ class _Start:
     go: Any  # Event
     at: Any  # RawValue double: time.monotonic() at go
 
-    def wait_ready(self, procs: Sequence[Any], timeout_s: float = 300.0) -> None:
-        """Wait until every worker is ready (or has stopped), then start them all."""
+    def wait_ready(self, procs: Sequence[Any], timeout_s: float = READY_TIMEOUT_S) -> list[int]:
+        """Wait until every worker is ready (or has stopped), then start them all.
+
+        A worker still alive but not ready after ``timeout_s`` seconds (stuck
+        loading the trace or connecting) is terminated, so the replay cannot wait
+        on it forever; it sends no report, which the caller counts as an error.
+
+        Returns:
+            The numbers of the workers terminated that way.
+        """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if all(r or not p.is_alive() for r, p in zip(self.ready, procs)):
                 break
             time.sleep(0.01)
+        late = [i for i, (r, p) in enumerate(zip(self.ready, procs)) if not r and p.is_alive()]
+        for i in late:
+            procs[i].terminate()
         self.at.value = time.monotonic()
         self.go.set()
+        return late
 
 
 # --------------------------------------------------------------------------- main
@@ -519,7 +535,9 @@ def run_replay(
                 signal.signal(signal.SIGINT, old_sigint)  # the handler first, then unblock:
             if old_mask is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # a pending Ctrl-C is raised here
-        start.wait_ready(procs)  # timed from here: no process start-up, no trace loading
+        late = start.wait_ready(procs)  # timed from here: no process start-up, no trace loading
+        total.error_samples.extend(f"replay worker {i} was not ready after {READY_TIMEOUT_S:.0f} s: stopped"
+                                   for i in late)
         t0 = time.perf_counter()
         got = 0
         t_end = None

@@ -298,6 +298,29 @@ def test_start_line_waits_for_ready_or_stopped_workers() -> None:
     procs = [Proc(True), Proc(False)]  # worker 1 died before it was ready
     threading.Timer(0.2, lambda: start.ready.__setitem__(0, 1)).start()
     t0 = time.monotonic()
-    start.wait_ready(procs, timeout_s=10)
+    assert start.wait_ready(procs, timeout_s=10) == []
     assert 0.15 < time.monotonic() - t0 < 5
     assert start.go.is_set() and start.at.value >= t0
+
+
+def test_start_line_stops_a_worker_that_never_gets_ready() -> None:
+    """A worker alive but never ready (stuck connecting, say) is terminated at the
+    deadline, so the replay neither waits for it forever nor for its report."""
+    import multiprocessing as mp
+
+    from cxlkv.replay import _Start
+
+    ctx = mp.get_context("spawn")
+    start = _Start(ctx.RawArray("b", 2), ctx.Event(), ctx.RawValue("d", 0.0))
+    stuck = ctx.Process(target=time.sleep, args=(600,), daemon=True)
+    stuck.start()
+    try:
+        start.ready[1] = 1
+        t0 = time.monotonic()
+        assert start.wait_ready([stuck, stuck], timeout_s=0.3) == [0]
+        assert 0.25 < time.monotonic() - t0 < 5 and start.go.is_set()
+        stuck.join(10)
+        assert not stuck.is_alive()
+    finally:
+        if stuck.is_alive():
+            stuck.kill()
