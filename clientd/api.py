@@ -290,6 +290,112 @@ class ClientApi:
             add(value_size_bytes=o.size, version=o.version, tier=o.tier)  # type: ignore[arg-type]
         return resp
 
+    async def BufferStatus(self, req: client_pb2.BufferStatusRequest) -> client_pb2.BufferStatusResponse:
+        """Whether each buffer id is registered here (no side effect)."""
+        return client_pb2.BufferStatusResponse(registered=self.buffers.registered(req.buffer_ids))
+
+    # -- packed batch forms ---------------------------------------------------
+    def _packed_ranges(self, req: Any, name: str) -> tuple[list[str], list[int], list[int], list[SharedBuffer | CxlkvError]]:
+        """Keys, offsets, lengths and, per item, the held buffer or its error.
+
+        Raises:
+            InvalidArgument: the arrays disagree in length.
+        """
+        keys = list(req.keys)
+        n = len(keys)
+        ids = list(req.buffer_ids)
+        offs = list(req.offsets_bytes)
+        lens = list(req.lengths_bytes)
+        if len(ids) == 1 and n > 1:
+            ids *= n
+        if len(ids) != n or len(offs) != n or len(lens) != n:
+            raise InvalidArgument(
+                f"{name}: {n} keys with {len(req.buffer_ids)} buffer_ids, {len(offs)} offsets_bytes and "
+                f"{len(lens)} lengths_bytes (one per key; buffer_ids may hold a single id for every key)")
+        return keys, offs, lens, self.buffers.acquire_many(list(zip(ids, offs, lens)))
+
+    async def PackedPutFrom(self, req: client_pb2.PackedPutFromRequest) -> client_pb2.PackedPutResponse:
+        """BatchPutFrom in packed arrays; per item: code, version (bad ranges fail only
+        their item). Raises INVALID_ARGUMENT when the arrays disagree in length."""
+        keys, offs, lens, got = self._packed_ranges(req, "PackedPutFrom")
+        opts = req.options if req.HasField("options") else None
+        held = [b for b in got if isinstance(b, SharedBuffer)]
+        try:
+            items: list[PutSpec | client_pb2.PutResult] = [
+                _PutResult(status=buf.to_status()) if isinstance(buf, CxlkvError)
+                else PutSpec(key, ln, opts, buf.view, off)
+                for key, off, ln, buf in zip(keys, offs, lens, got)]
+            results = await self._put_specs(items)
+        finally:
+            self.buffers.release_many(held)
+        n = len(results)
+        codes = [0] * n
+        versions = [0] * n
+        placed = [0] * n
+        err_pos: list[int] = []
+        messages: list[str] = []
+        for i, r in enumerate(results):
+            st = r.status
+            if st.code:
+                codes[i] = st.code
+                err_pos.append(i)
+                messages.append(st.message)
+            else:
+                versions[i] = r.version
+                placed[i] = r.replicas_placed
+        return client_pb2.PackedPutResponse(codes=codes, versions=versions, replicas_placed=placed,
+                                            error_positions=err_pos, messages=messages)
+
+    async def PackedGetInto(self, req: client_pb2.PackedRangesRequest) -> client_pb2.PackedGetIntoResponse:
+        """BatchGetInto in packed arrays; per item: code, value size, version, tier.
+        Raises INVALID_ARGUMENT when the arrays disagree in length."""
+        keys, offs, lens, got = self._packed_ranges(req, "PackedGetInto")
+        n = len(keys)
+        codes = [0] * n
+        sizes = [0] * n
+        versions = [0] * n
+        tiers = [0] * n
+        errors: dict[int, str] = {}
+        positions = [i for i, buf in enumerate(got) if not isinstance(buf, CxlkvError)]
+        try:
+            outs = await self.core.get(
+                [keys[i] for i in positions],
+                [ReadTarget(got[i].view, offs[i], lens[i]) for i in positions]) if positions else []  # type: ignore[union-attr]
+        finally:
+            self.buffers.release_many([got[i] for i in positions])  # type: ignore[misc]
+        for i, buf in enumerate(got):
+            if isinstance(buf, CxlkvError):
+                codes[i] = int(buf.code)
+                errors[i] = buf.message
+        for i, o in zip(positions, outs):
+            if o.code:
+                codes[i] = o.code
+                errors[i] = o.message
+            else:
+                sizes[i] = o.size
+                versions[i] = o.version
+                tiers[i] = o.tier
+        err_pos = sorted(errors)
+        return client_pb2.PackedGetIntoResponse(
+            matched=n - len(err_pos), codes=codes, value_sizes_bytes=sizes, versions=versions, tiers=tiers,
+            error_positions=err_pos, messages=[errors[i] for i in err_pos])
+
+    async def PackedGetPrefixInto(self, req: client_pb2.PackedRangesRequest) -> client_pb2.PackedGetIntoResponse:
+        """GetPrefixInto in packed arrays (the same errors, raised for the whole call)."""
+        keys, offs, lens, got = self._packed_ranges(req, "PackedGetPrefixInto")
+        held = [b for b in got if isinstance(b, SharedBuffer)]
+        try:
+            for buf in got:
+                if isinstance(buf, CxlkvError):
+                    raise buf
+            matched, outs = await self.core.get_prefix(
+                keys, [ReadTarget(buf.view, off, ln) for buf, off, ln in zip(held, offs, lens)])
+        finally:
+            self.buffers.release_many(held)
+        return client_pb2.PackedGetIntoResponse(
+            matched=matched, codes=[0] * len(outs), value_sizes_bytes=[o.size for o in outs],
+            versions=[o.version for o in outs], tiers=[o.tier for o in outs])
+
     # -- direct mode (clientd/direct.py) -------------------------------------
     async def DirectInfo(self, req: client_pb2.DirectInfoRequest) -> client_pb2.DirectInfoResponse:
         """Whether direct mode is offered, and the regions a direct caller may map."""

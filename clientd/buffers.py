@@ -250,6 +250,12 @@ class BufferRegistry:
             buf._unmap()
         log.debug("unregistered buffer %d", buffer_id)
 
+    def registered(self, buffer_ids: Iterable[int]) -> list[bool]:
+        """Whether each id is a registered buffer, in order."""
+        with self._lock:
+            known = self._buffers
+            return [bid in known for bid in buffer_ids]
+
     # -- use ----------------------------------------------------------------
     def acquire(self, buffer_id: int, offset_bytes: int, length_bytes: int) -> SharedBuffer:
         """Look up a buffer, check a range of it and hold it mapped for a copy.

@@ -37,6 +37,9 @@ BATCH_FIELDS: dict[str, str] = {
     "BatchPutFrom": "items",
     "BatchGetInto": "items",
     "GetPrefixInto": "items",
+    "PackedPutFrom": "keys",
+    "PackedGetInto": "keys",
+    "PackedGetPrefixInto": "keys",
 }
 
 _INTERNAL = int(ErrorCode.INTERNAL)
@@ -136,12 +139,12 @@ class ClientdCollector:
         asked = c.get("prefix_keys", 0)
         blocks = CounterMetricFamily(
             "cxlkv_clientd_prefix_blocks_total",
-            "keys of prefix queries (GetPrefixInto): hit = inside the longest cached prefix and copied out, "
+            "keys of prefix queries (GetPrefixInto, PackedGetPrefixInto): hit = inside the longest cached prefix and copied out, "
             "miss = the rest", labels=["result"])
         blocks.add_metric(["hit"], hits)
         blocks.add_metric(["miss"], max(0, asked - hits))
         yield blocks
-        yield CounterMetricFamily("cxlkv_clientd_prefix_queries_total", "prefix queries (GetPrefixInto calls)",
+        yield CounterMetricFamily("cxlkv_clientd_prefix_queries_total", "prefix queries (GetPrefixInto and PackedGetPrefixInto calls)",
                                   value=c.get("prefix_queries", 0))
         yield CounterMetricFamily(
             "cxlkv_clientd_checksum_failures_total",

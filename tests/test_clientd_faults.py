@@ -123,6 +123,45 @@ def _safe_get(client, key: str) -> bytes | None:
         return None
 
 
+@pytest.mark.parametrize("direct", [False, True])
+def test_sdk_keeps_working_across_a_clientd_restart(make_cluster, direct: bool) -> None:
+    """`systemctl restart cxlkv-clientd` under an open Client: the call in flight
+    may fail (Unavailable), every later one works — the SDK notices that the new
+    daemon does not know its pool's buffers (BufferStatus on reconnect) and
+    replaces them instead of failing with UNKNOWN_BUFFER forever. A view from
+    `buffer()` taken before keeps working (staged now), and nothing leaks."""
+    import numpy as np
+
+    cl = make_cluster(clientds=1)
+    big = os.urandom(200_000)  # over the inline threshold: through the pool
+    with cl.client(0, direct=direct) as c:
+        c.put("rs/a", big)
+        old_view = c.buffer(len(big))
+        old_view[:] = big
+        c.put_from("rs/b", old_view)
+        cl.restart_clientd(0)
+        try:
+            c.put("rs/probe", b"x")  # may meet the old connection's end
+        except Unavailable:
+            pass
+        for i in range(3):
+            c.put(f"rs/c{i}", big)
+            out = bytearray(len(big))
+            assert c.get_into(f"rs/c{i}", out) == len(big) and out == big
+        assert c.get("rs/a") == big and c.get("rs/b") == big
+        c.put_from("rs/d", old_view)  # the pre-restart view: staged through a new segment
+        dst = np.zeros(len(big), dtype=np.uint8)
+        assert c.get_into("rs/d", dst) == len(big) and dst.tobytes() == big
+        fresh = c.buffer(len(big))  # a new segment, registered with the new daemon
+        assert c.get_into("rs/a", fresh) == len(big) and bytes(fresh) == big
+        res = c.put_from_many([f"rs/m{i}" for i in range(4)], [big] * 4)
+        assert all(r.ok for r in res), res
+        assert all(r.ok for r in c.get_into_many([f"rs/m{i}" for i in range(4)],
+                                                 [bytearray(len(big)) for _ in range(4)]))
+        del fresh, old_view
+    cl.assert_invariants()
+
+
 def test_clientd_waits_for_a_late_master_then_serves(make_cluster) -> None:
     cl = make_cluster(clientds=1, master_options={"heartbeat_interval_s": 0.2})
     assert cl.master is not None

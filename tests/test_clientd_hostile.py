@@ -192,6 +192,54 @@ def test_ranges_beyond_a_buffer_and_huge_or_negative_sizes(raw, registered) -> N
     raw.call("Remove", client_pb2.ClientRemoveRequest(key="h/small"))
 
 
+def test_packed_batch_calls_refuse_ragged_arrays_and_answer_bad_items_per_position(raw, registered) -> None:
+    """The packed forms (PackedPutFrom, PackedGetInto, PackedGetPrefixInto): arrays
+    that disagree in length refuse the whole call; an unknown buffer, a range past
+    a buffer or a bad key fails only its own item (the prefix call whole, as
+    GetPrefixInto); good items answer as the message forms do."""
+    bid, mm = registered
+    P = client_pb2
+    ragged = [
+        P.PackedPutFromRequest(keys=["h/p1", "h/p2"], buffer_ids=[bid], offsets_bytes=[0], lengths_bytes=[1, 1]),
+        P.PackedPutFromRequest(keys=["h/p1"], buffer_ids=[bid, bid], offsets_bytes=[0], lengths_bytes=[1]),
+        P.PackedPutFromRequest(keys=["h/p1"], buffer_ids=[], offsets_bytes=[0], lengths_bytes=[1]),
+    ]
+    for req in ragged:
+        code, err = raw.call("PackedPutFrom", req)
+        assert code == CODE.INVALID_ARGUMENT and "one per key" in err.message, err
+        rr = P.PackedRangesRequest(keys=req.keys, buffer_ids=req.buffer_ids, offsets_bytes=req.offsets_bytes,
+                                   lengths_bytes=req.lengths_bytes)
+        for m in ("PackedGetInto", "PackedGetPrefixInto"):
+            assert raw.call(m, rr)[0] == CODE.INVALID_ARGUMENT
+    mm[:300] = bytes(range(100)) * 3
+    keys = ["h/pk-a", "h/pk-b", "h/pk-c", "", "h/pk-d"]
+    code, resp = raw.call("PackedPutFrom", P.PackedPutFromRequest(
+        keys=keys, buffer_ids=[bid, bid, bid + 1000, bid, bid], offsets_bytes=[0, 100, 0, 0, MiB],
+        lengths_bytes=[100, 200, 5, 5, 5]))
+    assert code == 0, resp
+    assert list(resp.codes) == [0, 0, CODE.UNKNOWN_BUFFER, CODE.INVALID_KEY, CODE.OUT_OF_RANGE]
+    assert list(resp.error_positions) == [2, 3, 4] and len(resp.messages) == 3
+    assert resp.versions[0] > 0 and resp.versions[1] > 0 and list(resp.versions[2:]) == [0, 0, 0]
+    # a single buffer id stands for every item
+    code, got = raw.call("PackedGetInto", P.PackedRangesRequest(
+        keys=["h/pk-b", "h/pk-a", "h/pk-missing", "h/pk-a"], buffer_ids=[bid],
+        offsets_bytes=[1000, 2000, 3000, MiB - 10], lengths_bytes=[200, 100, 10, 100]))
+    assert code == 0, got
+    assert list(got.codes) == [0, 0, CODE.NOT_FOUND, CODE.OUT_OF_RANGE] and got.matched == 2
+    assert list(got.value_sizes_bytes[:2]) == [200, 100] and list(got.error_positions) == [2, 3]
+    assert bytes(mm[1000:1200]) == bytes(mm[100:300]) and bytes(mm[2000:2100]) == bytes(mm[0:100])
+    code, pre = raw.call("PackedGetPrefixInto", P.PackedRangesRequest(
+        keys=["h/pk-a", "h/pk-b", "h/pk-missing", "h/pk-a"], buffer_ids=[bid],
+        offsets_bytes=[4000, 5000, 6000, 7000], lengths_bytes=[100, 200, 100, 100]))
+    assert code == 0 and pre.matched == 2 and list(pre.value_sizes_bytes) == [100, 200]
+    assert list(pre.tiers) == [common_pb2.CXL] * 2 and bytes(mm[5000:5200]) == bytes(mm[100:300])
+    code, err = raw.call("PackedGetPrefixInto", P.PackedRangesRequest(
+        keys=["h/pk-a", "h/pk-b"], buffer_ids=[bid, bid + 1000], offsets_bytes=[0, 0], lengths_bytes=[100, 200]))
+    assert code == CODE.UNKNOWN_BUFFER
+    code, _ = raw.call("BatchRemove", client_pb2.ClientBatchRemoveRequest(keys=["h/pk-a", "h/pk-b"]))
+    assert code == 0
+
+
 def test_register_buffer_refusals(raw, tmp_path) -> None:
     cases = [
         client_pb2.RegisterBufferRequest(path="/etc/passwd", size_bytes=4096, pid=os.getpid()),

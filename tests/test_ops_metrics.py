@@ -124,7 +124,7 @@ def test_values_move_with_operations(module_cluster) -> None:
     assert d_clientd("cxlkv_clientd_prefix_blocks_total", result="hit") == 5
     assert d_clientd("cxlkv_clientd_prefix_blocks_total", result="miss") == 3
     assert d_clientd("cxlkv_clientd_prefix_queries_total") == 1
-    assert d_clientd("cxlkv_clientd_request_batch_items_sum", method="GetPrefixInto") == 8
+    assert d_clientd("cxlkv_clientd_request_batch_items_sum", method="PackedGetPrefixInto") == 8
     assert d_clientd("cxlkv_clientd_items_total", op="put") == n
     assert _sum(c1, "cxlkv_clientd_master_connected") == 2
     assert _sum(c1, "cxlkv_clientd_buffers") == _sum(c0, "cxlkv_clientd_buffers")  # unregistered at close

@@ -87,3 +87,25 @@ def test_pool_allocates_locates_merges_and_leaves_no_files() -> None:
     assert s1 is seg and s2 is not seg and len(d.registered) == 2
     pool.close()
     assert d.registered == {}
+
+
+def test_packed_answers_are_checked_before_use() -> None:
+    """A packed answer whose arrays disagree (a daemon bug) raises Internal instead of
+    being read as data; a consistent one maps each failed position to its error."""
+    from cxlkv.client._client import _ids, _packed_errors
+    from cxlkv.errors import Internal
+    from cxlkv.v1 import client_pb2
+
+    ok = client_pb2.PackedPutResponse(codes=[0, 5, 0], versions=[3, 0, 4], error_positions=[1], messages=["gone"])
+    assert _packed_errors(ok, 3, "PackedPutFrom") == {1: (5, "gone")}
+    bad = [
+        client_pb2.PackedPutResponse(codes=[0, 0], versions=[1, 2]),                       # short
+        client_pb2.PackedPutResponse(codes=[0, 5, 0], versions=[1, 0, 2]),                # error not listed
+        client_pb2.PackedPutResponse(codes=[0, 0, 0], versions=[1, 2, 3], error_positions=[1], messages=["x"]),
+        client_pb2.PackedPutResponse(codes=[0, 5, 0], versions=[1, 0, 2], error_positions=[7], messages=["x"]),
+        client_pb2.PackedPutResponse(codes=[0, 5, 0], versions=[1, 0, 2], error_positions=[1]),  # no message
+    ]
+    for resp in bad:
+        with pytest.raises(Internal, match="inconsistent answer"):
+            _packed_errors(resp, 3, "PackedPutFrom")
+    assert _ids([4, 4, 4]) == [4] and _ids([4, 5]) == [4, 5] and _ids([]) == []

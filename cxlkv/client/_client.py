@@ -21,7 +21,7 @@ from cxlkv.client._direct import FALLBACK, DirectPath
 from cxlkv.client._memory import address_of, dst_array, src_array
 from cxlkv.client._pool import BufferPool, Segment
 from cxlkv.client.framing import METHODS_BY_NAME
-from cxlkv.errors import CxlkvError, InvalidArgument, InvalidKey, OutOfRange, TooLarge, error_for
+from cxlkv.errors import CxlkvError, Internal, InvalidArgument, InvalidKey, OutOfRange, TooLarge, error_for
 from cxlkv.keys import validate_key, validate_replica_num
 from cxlkv.v1 import client_pb2, common_pb2
 
@@ -125,11 +125,16 @@ def _utf8_keys(fn: Any) -> Any:
     A method whose first parameter is ``key`` gets the full key rules
     (:func:`cxlkv.keys.validate_key`); one whose first parameter is ``keys`` gets
     a list of ``str`` (:func:`_check_keys`).
+
+    The connection is made (again, after a failure) before anything else: a
+    restarted daemon's forgotten buffers are then replaced before the call picks
+    any (:meth:`Client._conn`).
     """
     first = fn.__code__.co_varnames[1] if fn.__code__.co_argcount > 1 else ""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        args[0]._conn()
         if first in ("key", "keys"):
             if len(args) > 1:
                 value = args[1]
@@ -160,6 +165,35 @@ def _options(upsert: bool, replica_num: int, soft_pin: bool, hard_pin: bool) -> 
         return None
     return common_pb2.PutOptions(upsert=bool(upsert), replica_num=replica_num,
                                  soft_pin=bool(soft_pin), hard_pin=bool(hard_pin))
+
+
+def _ids(buffer_ids: list[int]) -> list[int]:
+    """``buffer_ids`` as sent in a packed request: one id when every item shares it."""
+    first = buffer_ids[0] if buffer_ids else 0
+    return [first] if buffer_ids and buffer_ids.count(first) == len(buffer_ids) else buffer_ids
+
+
+def _packed_ranges(keys: list[str], targets: Sequence[tuple[int, int, int]]) -> client_pb2.PackedRangesRequest:
+    """A packed read request for ``keys`` into ``(buffer_id, offset, length)`` targets."""
+    return client_pb2.PackedRangesRequest(
+        keys=keys, buffer_ids=_ids([t[0] for t in targets]),
+        offsets_bytes=[t[1] for t in targets], lengths_bytes=[t[2] for t in targets])
+
+
+def _packed_errors(resp: Any, n: int, name: str) -> dict[int, tuple[int, str]]:
+    """Position → ``(code, message)`` of the failed items of a packed answer for ``n`` items.
+
+    Raises:
+        Internal: the answer's arrays are inconsistent (a daemon bug, never guessed around).
+    """
+    codes = resp.codes
+    pos = resp.error_positions
+    msgs = resp.messages
+    if len(codes) != n or len(resp.versions) != n or len(pos) != len(msgs) or \
+            any(p >= n or not codes[p] for p in pos) or sum(1 for c in codes if c) != len(pos):
+        raise Internal(f"{name}: inconsistent answer for {n} items ({len(codes)} codes, {len(resp.versions)} "
+                       f"versions, {len(pos)} error positions, {len(msgs)} messages)")
+    return {p: (codes[p], m) for p, m in zip(pos, msgs)}
 
 
 def _chunks(n: int, size: int) -> Iterator[range]:
@@ -314,11 +348,19 @@ class Client:
             return self._grpc
         c = getattr(self._local, "conn", None)
         if c is None or c.closed:
+            lost = c is not None
             c = LeanConnection(self.lean_socket_path, self.timeout_s)
             self._local.conn = c
             with self._lock:
                 self._conns = [x for x in self._conns if not x.closed]
                 self._conns.append(c)
+            if lost:  # the daemon may have restarted and forgotten the pool's buffers
+                try:
+                    self._pool.revalidate(lambda ids: list(c.call(_M["BufferStatus"], client_pb2.BufferStatusRequest(
+                        buffer_ids=ids)).registered))
+                except BaseException:
+                    c.close()  # the next call reconnects and asks again
+                    raise
         return c
 
     def _call(self, name: str, request: Any) -> Any:
@@ -756,11 +798,20 @@ class Client:
                 by_buffer.append((i, seg.buffer_id, off, a.nbytes))
             for chunk in _chunks(len(by_buffer), BATCH_ITEMS):
                 part = [by_buffer[j] for j in chunk]
-                req = client_pb2.BatchPutFromRequest(items=[
-                    _PutFromRequest(key=keys[i], options=opts, source=_BufferRange(
-                        buffer_id=b, offset_bytes=o, length_bytes=ln)) for i, b, o, ln in part])
-                (resp,) = self._call_many("BatchPutFrom", [req])
-                self._fill_put(results, [p[0] for p in part], keys, resp)
+                positions = [p[0] for p in part]
+                req = client_pb2.PackedPutFromRequest(
+                    keys=[keys[i] for i in positions], buffer_ids=_ids([p[1] for p in part]),
+                    offsets_bytes=[p[2] for p in part], lengths_bytes=[p[3] for p in part], options=opts)
+                (resp,) = self._call_many("PackedPutFrom", [req])
+                if isinstance(resp, CxlkvError):
+                    for i in positions:
+                        results[i] = Result(False, error=resp)
+                    continue
+                errors = _packed_errors(resp, len(part), "PackedPutFrom")
+                for j, (i, version) in enumerate(zip(positions, resp.versions)):
+                    e = errors.get(j)
+                    results[i] = Result(True, version=version) if e is None else \
+                        Result(False, error=error_for(e[0], e[1], key=keys[i]))
         return results  # type: ignore[return-value]
 
     @staticmethod
@@ -826,25 +877,17 @@ class Client:
             with _Staged(self._pool) as st:
                 arrays, targets, copy_back = self._targets(dsts, st)
                 chunks = list(_chunks(n, BATCH_ITEMS))
-                reqs = []
-                for c in chunks:
-                    req = client_pb2.BatchGetIntoRequest()
-                    add = req.items.add
-                    for i in c:
-                        t = add(key=keys[i]).target
-                        t.buffer_id, t.offset_bytes, t.length_bytes = targets[i]
-                    reqs.append(req)
-                for c, resp in zip(chunks, self._call_many("BatchGetInto", reqs)):
+                reqs = [_packed_ranges(keys[c.start:c.stop], targets[c.start:c.stop]) for c in chunks]
+                for c, resp in zip(chunks, self._call_many("PackedGetInto", reqs)):
                     if isinstance(resp, CxlkvError):
                         for i in c:
                             sub[i] = Result(False, error=resp)
                         continue
-                    for i, r in zip(c, resp.results):
-                        st_ = r.status
-                        if st_.code:
-                            sub[i] = Result(False, error=_status_error(st_, keys[i]))
-                        else:
-                            sub[i] = Result(True, r.value_size_bytes, r.version)
+                    errors = _packed_errors(resp, len(c), "PackedGetInto")
+                    for j, (i, size, version) in enumerate(zip(c, resp.value_sizes_bytes, resp.versions)):
+                        e = errors.get(j)
+                        sub[i] = Result(True, size, version) if e is None else \
+                            Result(False, error=error_for(e[0], e[1], key=keys[i]))
                 for i, seg, off in copy_back:
                     r = sub[i]
                     if r is not None and r.ok:
@@ -954,18 +997,17 @@ class Client:
             return 0
         with _Staged(self._pool) as st:
             arrays, targets, copy_back = self._targets(dsts, st)
-            req = client_pb2.GetPrefixIntoRequest()
-            add = req.items.add
-            for k, tg in zip(keys, targets):
-                t = add(key=k).target
-                t.buffer_id, t.offset_bytes, t.length_bytes = tg
-            r = self._call("GetPrefixInto", req)
+            r = self._call("PackedGetPrefixInto", _packed_ranges(list(keys), targets))
             matched = r.matched
+            sizes = r.value_sizes_bytes
+            if matched > len(keys) or len(sizes) < matched or len(r.tiers) < matched:
+                raise Internal(f"PackedGetPrefixInto: matched {matched} of {len(keys)} keys with "
+                               f"{len(sizes)} sizes and {len(r.tiers)} tiers")
             if tiers is not None:
-                tiers.extend(res.tier for res in r.results[:matched])
+                tiers.extend(r.tiers[:matched])
             for i, seg, off in copy_back:
                 if i < matched:
-                    n = r.results[i].value_size_bytes
+                    n = sizes[i]
                     arrays[i][:n] = seg.array[off:off + n]
             return matched
 

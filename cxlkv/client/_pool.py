@@ -138,7 +138,9 @@ class BufferPool:
         self.pool_bytes = _round_up(pool_bytes, _LARGE_ALIGN)
         self._mode = 0o660 if share_with_group else 0o600
         self._segments: list[Segment] = []
-        self._lock = threading.Lock()
+        # Re-entrant: registering a new segment (under the lock) may reconnect, and a
+        # reconnection revalidates the segments.
+        self._lock = threading.RLock()
         self._closed = False
 
     # -- segments -----------------------------------------------------------
@@ -203,16 +205,48 @@ class BufferPool:
     def free(self, seg: Segment, offset: int) -> None:
         """Release a range from :meth:`alloc`; a dedicated segment goes back to the daemon.
 
-        A no-op once the pool is closed (views may outlive their client).
+        A no-op once the pool is closed (views may outlive their client), and for a
+        segment already dropped (:meth:`revalidate`).
         """
         with self._lock:
-            if self._closed:
+            if self._closed or seg not in self._segments:
                 return
             seg.free(offset)
             if not (seg.dedicated and seg.idle):
                 return
             self._segments.remove(seg)
         self._release_segment(seg)
+
+    def revalidate(self, registered: Callable[[list[int]], list[bool]]) -> int:
+        """Drop the segments the daemon no longer knows (it restarted).
+
+        Args:
+            registered: ``registered(buffer_ids) -> [bool]``, one per id (a
+                BufferStatus call).
+
+        Returns:
+            How many segments were dropped. Their memory stays mapped while a
+            view into it lives (a :meth:`cxlkv.Client.buffer` taken before), but it
+            is no longer shared with the daemon: values there travel through a
+            new segment (staged) instead of zero-copy. Later allocations get new
+            segments, registered with the daemon now running.
+        """
+        segs = self.segments
+        if not segs:
+            return 0
+        known = registered([s.buffer_id for s in segs])
+        stale = [s for s, ok in zip(segs, known) if not ok]
+        if not stale:
+            return 0
+        with self._lock:
+            self._segments = [s for s in self._segments if s not in stale]
+        for seg in stale:
+            seg.array = np.empty(0, dtype=np.uint8)
+            try:
+                seg.mm.close()
+            except BufferError:  # a user still holds a view; the GC unmaps it later
+                pass
+        return len(stale)
 
     def _release_segment(self, seg: Segment) -> None:
         try:

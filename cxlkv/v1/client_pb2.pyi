@@ -271,6 +271,76 @@ class GetPrefixIntoResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[GetIntoResult]
     def __init__(self, matched: _Optional[int] = ..., results: _Optional[_Iterable[_Union[GetIntoResult, _Mapping]]] = ...) -> None: ...
 
+class BufferStatusRequest(_message.Message):
+    __slots__ = ("buffer_ids",)
+    BUFFER_IDS_FIELD_NUMBER: _ClassVar[int]
+    buffer_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, buffer_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class BufferStatusResponse(_message.Message):
+    __slots__ = ("registered",)
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    registered: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, registered: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class PackedPutFromRequest(_message.Message):
+    __slots__ = ("keys", "buffer_ids", "offsets_bytes", "lengths_bytes", "options")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_IDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    buffer_ids: _containers.RepeatedScalarFieldContainer[int]
+    offsets_bytes: _containers.RepeatedScalarFieldContainer[int]
+    lengths_bytes: _containers.RepeatedScalarFieldContainer[int]
+    options: _common_pb2.PutOptions
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., buffer_ids: _Optional[_Iterable[int]] = ..., offsets_bytes: _Optional[_Iterable[int]] = ..., lengths_bytes: _Optional[_Iterable[int]] = ..., options: _Optional[_Union[_common_pb2.PutOptions, _Mapping]] = ...) -> None: ...
+
+class PackedPutResponse(_message.Message):
+    __slots__ = ("codes", "versions", "replicas_placed", "error_positions", "messages")
+    CODES_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_PLACED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    codes: _containers.RepeatedScalarFieldContainer[int]
+    versions: _containers.RepeatedScalarFieldContainer[int]
+    replicas_placed: _containers.RepeatedScalarFieldContainer[int]
+    error_positions: _containers.RepeatedScalarFieldContainer[int]
+    messages: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, codes: _Optional[_Iterable[int]] = ..., versions: _Optional[_Iterable[int]] = ..., replicas_placed: _Optional[_Iterable[int]] = ..., error_positions: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PackedRangesRequest(_message.Message):
+    __slots__ = ("keys", "buffer_ids", "offsets_bytes", "lengths_bytes")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_IDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    buffer_ids: _containers.RepeatedScalarFieldContainer[int]
+    offsets_bytes: _containers.RepeatedScalarFieldContainer[int]
+    lengths_bytes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., buffer_ids: _Optional[_Iterable[int]] = ..., offsets_bytes: _Optional[_Iterable[int]] = ..., lengths_bytes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PackedGetIntoResponse(_message.Message):
+    __slots__ = ("matched", "codes", "value_sizes_bytes", "versions", "tiers", "error_positions", "messages")
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    CODES_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SIZES_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    matched: int
+    codes: _containers.RepeatedScalarFieldContainer[int]
+    value_sizes_bytes: _containers.RepeatedScalarFieldContainer[int]
+    versions: _containers.RepeatedScalarFieldContainer[int]
+    tiers: _containers.RepeatedScalarFieldContainer[_common_pb2.Tier]
+    error_positions: _containers.RepeatedScalarFieldContainer[int]
+    messages: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, matched: _Optional[int] = ..., codes: _Optional[_Iterable[int]] = ..., value_sizes_bytes: _Optional[_Iterable[int]] = ..., versions: _Optional[_Iterable[int]] = ..., tiers: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ..., error_positions: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ClientStatRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -154,6 +154,26 @@ class ClientServiceStub:
                 request_serializer=cxlkv_dot_v1_dot_client__pb2.DirectReleaseRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_client__pb2.DirectReleaseResponse.FromString,
                 _registered_method=True)
+        self.PackedPutFrom = channel.unary_unary(
+                '/cxlkv.v1.ClientService/PackedPutFrom',
+                request_serializer=cxlkv_dot_v1_dot_client__pb2.PackedPutFromRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_client__pb2.PackedPutResponse.FromString,
+                _registered_method=True)
+        self.PackedGetInto = channel.unary_unary(
+                '/cxlkv.v1.ClientService/PackedGetInto',
+                request_serializer=cxlkv_dot_v1_dot_client__pb2.PackedRangesRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_client__pb2.PackedGetIntoResponse.FromString,
+                _registered_method=True)
+        self.PackedGetPrefixInto = channel.unary_unary(
+                '/cxlkv.v1.ClientService/PackedGetPrefixInto',
+                request_serializer=cxlkv_dot_v1_dot_client__pb2.PackedRangesRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_client__pb2.PackedGetIntoResponse.FromString,
+                _registered_method=True)
+        self.BufferStatus = channel.unary_unary(
+                '/cxlkv.v1.ClientService/BufferStatus',
+                request_serializer=cxlkv_dot_v1_dot_client__pb2.BufferStatusRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_client__pb2.BufferStatusResponse.FromString,
+                _registered_method=True)
 
 
 class ClientServiceServicer:
@@ -336,6 +356,37 @@ class ClientServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PackedPutFrom(self, request, context):
+        """--- packed batch forms (docs/protocol.md "Packed batch calls") ------------
+        BatchPutFrom, BatchGetInto and GetPrefixInto with one packed array per field
+        instead of one message per item: the same semantics, errors and per-position
+        answers, for a fraction of the parsing on both sides.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PackedGetInto(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PackedGetPrefixInto(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BufferStatus(self, request, context):
+        """Which of these buffer ids this daemon has registered. The SDK asks after it
+        reconnects: a restarted daemon has forgotten every buffer, and the SDK then
+        replaces its pool's segments instead of failing with UNKNOWN_BUFFER.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -458,6 +509,26 @@ def add_ClientServiceServicer_to_server(servicer, server):
                     servicer.DirectRelease,
                     request_deserializer=cxlkv_dot_v1_dot_client__pb2.DirectReleaseRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_client__pb2.DirectReleaseResponse.SerializeToString,
+            ),
+            'PackedPutFrom': grpc.unary_unary_rpc_method_handler(
+                    servicer.PackedPutFrom,
+                    request_deserializer=cxlkv_dot_v1_dot_client__pb2.PackedPutFromRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_client__pb2.PackedPutResponse.SerializeToString,
+            ),
+            'PackedGetInto': grpc.unary_unary_rpc_method_handler(
+                    servicer.PackedGetInto,
+                    request_deserializer=cxlkv_dot_v1_dot_client__pb2.PackedRangesRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_client__pb2.PackedGetIntoResponse.SerializeToString,
+            ),
+            'PackedGetPrefixInto': grpc.unary_unary_rpc_method_handler(
+                    servicer.PackedGetPrefixInto,
+                    request_deserializer=cxlkv_dot_v1_dot_client__pb2.PackedRangesRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_client__pb2.PackedGetIntoResponse.SerializeToString,
+            ),
+            'BufferStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.BufferStatus,
+                    request_deserializer=cxlkv_dot_v1_dot_client__pb2.BufferStatusRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_client__pb2.BufferStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1108,6 +1179,114 @@ class ClientService:
             '/cxlkv.v1.ClientService/DirectRelease',
             cxlkv_dot_v1_dot_client__pb2.DirectReleaseRequest.SerializeToString,
             cxlkv_dot_v1_dot_client__pb2.DirectReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PackedPutFrom(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.ClientService/PackedPutFrom',
+            cxlkv_dot_v1_dot_client__pb2.PackedPutFromRequest.SerializeToString,
+            cxlkv_dot_v1_dot_client__pb2.PackedPutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PackedGetInto(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.ClientService/PackedGetInto',
+            cxlkv_dot_v1_dot_client__pb2.PackedRangesRequest.SerializeToString,
+            cxlkv_dot_v1_dot_client__pb2.PackedGetIntoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PackedGetPrefixInto(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.ClientService/PackedGetPrefixInto',
+            cxlkv_dot_v1_dot_client__pb2.PackedRangesRequest.SerializeToString,
+            cxlkv_dot_v1_dot_client__pb2.PackedGetIntoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BufferStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.ClientService/BufferStatus',
+            cxlkv_dot_v1_dot_client__pb2.BufferStatusRequest.SerializeToString,
+            cxlkv_dot_v1_dot_client__pb2.BufferStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
