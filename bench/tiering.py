@@ -52,8 +52,8 @@ CONFIGS: dict[str, tuple[float, float]] = {
               help="Eviction (demotion) policies to compare (repeatable).")
 @click.option("--config", "configs", multiple=True, default=tuple(CONFIGS), show_default=True,
               type=click.Choice(list(CONFIGS)), help="Configurations to run (repeatable).")
-@click.option("--workers", default=4, show_default=True, type=int, help="Replay processes.")
-@click.option("--limit", type=int, default=None, help="Replay only the first N requests.")
+@click.option("--workers", default=4, show_default=True, type=click.IntRange(min=1), help="Replay processes.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N requests.")
 @output_options
 def tiering_cmd(trace: str, block_bytes: str, capacity_fraction: float, ssd_fraction: float,
                 dram_fraction: float, policies: tuple[str, ...], configs: tuple[str, ...], workers: int,

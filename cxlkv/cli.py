@@ -8,7 +8,10 @@ import cost is paid only by the command that needs it. Each entry of
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
+import threading
+from typing import Any
 
 import click
 
@@ -57,6 +60,16 @@ def main() -> None:
 
     Run `cxlkv COMMAND --help` for each command.
     """
+    # SIGTERM (kill, timeout, a cancelled CI job) ends a command the way Ctrl-C
+    # does: its cleanup runs — an embedded cluster and its region file are removed.
+    # The daemons install their own handlers once their event loop runs.
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":  # python -m cxlkv.cli

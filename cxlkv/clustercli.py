@@ -84,9 +84,9 @@ def cluster_group() -> None:
 
 @cluster_group.command("up")
 @click.option("--run-dir", default=DEFAULT_RUN_DIR, show_default=True, type=click.Path(file_okay=False))
-@click.option("--clientds", default=2, show_default=True, type=int, help="clientd processes (hosts).")
+@click.option("--clientds", default=2, show_default=True, type=click.IntRange(min=1), help="clientd processes (hosts).")
 @click.option("--region-size", default="1GiB", show_default=True, help="Size of each emulated CXL region.")
-@click.option("--segments", default=1, show_default=True, type=int, help="Number of CXL regions.")
+@click.option("--segments", default=1, show_default=True, type=click.IntRange(min=1), help="Number of CXL regions.")
 @click.option("--prefault/--no-prefault", default=False, show_default=True, help="Touch every region page at start.")
 def up_cmd(run_dir: str, clientds: int, region_size: str, segments: int, prefault: bool) -> None:
     """Start a local cluster and leave it running."""

@@ -426,6 +426,9 @@ def _replay_worker(
     except Exception as exc:  # report, never hang the parent
         stats.errors += 1
         stats.error_samples.append(f"worker {worker} stopped: {exc!r}")
+    # Nothing is left to clean up: a SIGTERM from now on just ends the process
+    # (raising SystemExit inside interpreter finalizers prints "Exception ignored").
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     start.ready[worker] = 1
     results.put(stats)
 
@@ -517,6 +520,7 @@ def run_replay(
     old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
     procs: list[Any] = []
     total = WorkerStats()
+    reported = False
     try:
         try:
             progress = ctx.RawArray("q", n_workers)
@@ -560,8 +564,11 @@ def run_replay(
         if bar is not None:
             bar.update(len(trace) - done_shown)
             bar.render_finish()
+        reported = True
     finally:
         for p in procs:
+            if reported:  # all done: let each exit by itself (a SIGTERM while it
+                p.join(5)  # exits would interrupt its finalizers, noisily)
             if p.is_alive():
                 p.terminate()
             p.join(5)
@@ -760,12 +767,12 @@ def _master_counters(address: str) -> dict[str, int]:
 @click.option("--capacity-fraction", default=0.1, show_default=True, type=float,
               help="Embedded: cache capacity as a fraction of the trace's unique blocks (sizes the region); "
                    "with --socket the capacity is the running cluster's, asked from the master.")
-@click.option("--clientds", default=2, show_default=True, type=int, help="Embedded: clientd processes (hosts).")
-@click.option("--workers", "--concurrency", default=4, show_default=True, type=int,
+@click.option("--clientds", default=2, show_default=True, type=click.IntRange(min=1), help="Embedded: clientd processes (hosts).")
+@click.option("--workers", "--concurrency", default=4, show_default=True, type=click.IntRange(min=1),
               help="Concurrent replay processes, spread across the clientds.")
-@click.option("--speedup", default=0.0, show_default=True, type=float,
+@click.option("--speedup", default=0.0, show_default=True, type=click.FloatRange(min=0.0),
               help="Pace by timestamps divided by this factor; 0 = as fast as possible.")
-@click.option("--limit", type=int, default=None, help="Replay only the first N requests.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N requests.")
 @click.option("--policy", default="arc", show_default=True, help="Eviction policy (embedded cluster).")
 @click.option("--ssd-fraction", default=0.0, show_default=True, type=float,
               help="Embedded: add an SSD tier holding this fraction of the unique blocks (docs/tiers.md).")

@@ -93,6 +93,7 @@ def _master_stat(address: str) -> dict[str, Any]:
         "eviction_policy": st.eviction_policy, "high_watermark": st.high_watermark,
         "low_watermark": st.low_watermark, "key_count": st.key_count,
         "processing_count": st.processing_count, "lease_count": st.lease_count,
+        "fenced_count": st.fenced_count,
         "capacity_bytes": st.capacity_bytes, "used_bytes": st.used_bytes,
         "counters": dict(st.counters), "segments": segments, "clients": clients,
     }
@@ -272,7 +273,8 @@ def _render(st: dict[str, Any]) -> str:
             ("policies", f"strategy {m['allocation_strategy']}, eviction {m['eviction_policy']}, "
                          f"watermarks {m['low_watermark']:.2f}/{m['high_watermark']:.2f}"),
             ("metrics", m["metrics_url"] or "(disabled: set metrics_address)"),
-            ("keys", f"{m['key_count']}  ({m['processing_count']} puts in flight, {m['lease_count']} leases)"),
+            ("keys", f"{m['key_count']}  ({m['processing_count']} puts in flight, {m['lease_count']} leases"
+                     + (f", {m['fenced_count']} fenced" if m["fenced_count"] else "") + ")"),
             *_space_rows(st),
             ("clients", f"{st['clients_alive']} alive, {st['clients_expired']} expired"),
         ]

@@ -524,8 +524,9 @@ class MasterState:
                 raise Unavailable("no segment is mounted", key=key)
             self.counters["too_large"] += 1
             raise TooLarge(
-                f"key {_short(key)}: value of {value_size_bytes} B is larger than every segment "
-                f"(largest capacity {table.max_capacity} B); nothing was evicted",
+                f"key {_short(key)}: value of {value_size_bytes} B needs {need} B with its "
+                f"{header_bytes}-B object header and key (aligned to {a} B), more than the largest "
+                f"segment holds ({table.max_capacity} B); nothing was evicted",
                 key=key, requested_bytes=value_size_bytes,
             )
         if preferred_segment and table.by_name(preferred_segment) is None:

@@ -47,7 +47,7 @@ def test_status_table_and_json(make_cluster, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)
     m = st["master"]
-    assert m["address"] == cl.master_address and m["key_count"] == 8
+    assert m["address"] == cl.master_address and m["key_count"] == 8 and m["fenced_count"] == 0
     assert m["metrics_url"].startswith("http://")
     assert st["clientd"]["name"] == "clientd-0" and st["clientd"]["metrics_url"].startswith("http://")
     (seg,) = m["segments"]

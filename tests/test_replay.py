@@ -181,11 +181,12 @@ def test_cluster_down_and_status_never_touch_a_recycled_pid(tmp_path: Path) -> N
 
 
 @needs_trace
-@pytest.mark.parametrize("delay_s", [0.2, 2.0])
-def test_ctrl_c_leaves_no_process_or_region(tmp_path: Path, delay_s: float) -> None:
+@pytest.mark.parametrize("how,delay_s", [("ctrl-c", 0.2), ("ctrl-c", 2.0), ("sigterm", 2.0)])
+def test_ctrl_c_leaves_no_process_or_region(tmp_path: Path, how: str, delay_s: float) -> None:
     """SIGINT to the replay's process group (a terminal's Ctrl-C) mid-run — also
-    while the workers are being started (the shorter delay) —: it exits, and no
-    daemon, worker or region file of it remains."""
+    while the workers are being started (the shorter delay) —, or SIGTERM to the
+    command alone (kill, timeout, a cancelled CI job): it exits, and no daemon,
+    worker or region file of it remains."""
     import signal
     import time
 
@@ -196,9 +197,13 @@ def test_ctrl_c_leaves_no_process_or_region(tmp_path: Path, delay_s: float) -> N
     while time.monotonic() < deadline and not (set(Path("/dev/shm").glob("cxlkv-*")) - before):
         time.sleep(0.05)  # wait until its cluster is up
     time.sleep(delay_s)
-    os.killpg(p.pid, signal.SIGINT)
+    if how == "sigterm":
+        p.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(p.pid, signal.SIGINT)
     out, _ = p.communicate(timeout=60)
-    assert p.returncode != 0 and b"Traceback" not in out, out[-2000:]
+    assert p.returncode == (128 + signal.SIGTERM if how == "sigterm" else 1), (p.returncode, out[-2000:])
+    assert b"Traceback" not in out, out[-2000:]
     time.sleep(0.5)
     assert set(Path("/dev/shm").glob("cxlkv-*")) <= before
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout

@@ -109,3 +109,27 @@ def test_packed_answers_are_checked_before_use() -> None:
         with pytest.raises(Internal, match="inconsistent answer"):
             _packed_errors(resp, 3, "PackedPutFrom")
     assert _ids([4, 4, 4]) == [4] and _ids([4, 5]) == [4, 5] and _ids([]) == []
+
+
+def test_argument_types_raise_cxlkv_errors(tmp_path) -> None:
+    """Wrong argument types raise InvalidArgument (the one hierarchy), never a bare
+    TypeError; an empty socket path means the default."""
+    from cxlkv.client import Client
+    from cxlkv.client._client import _number
+
+    for bad in ("x", None, [1]):
+        with pytest.raises(InvalidArgument, match="timeout_s must be a number"):
+            Client(str(tmp_path / "none.sock"), timeout_s=bad)
+    with pytest.raises(InvalidArgument, match="buffer_pool_bytes must be an integer"):
+        Client(str(tmp_path / "none.sock"), buffer_pool_bytes=1.5)
+    for bad in (1.5, "3", True, None):
+        with pytest.raises(InvalidArgument, match="size_bytes must be an integer"):
+            _number("size_bytes", bad, int)
+    assert _number("size_bytes", np.int64(7), int) == 7 and _number("t", 2, float) == 2.0
+    os.environ["CXLKV_SOCKET"] = str(tmp_path / "env.sock")
+    try:
+        from cxlkv.errors import Unavailable
+        with pytest.raises(Unavailable, match="env.sock"):
+            Client("")
+    finally:
+        del os.environ["CXLKV_SOCKET"]

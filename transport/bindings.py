@@ -241,7 +241,8 @@ def _raise_map(rc: int, path: str, want: int, create: bool, errno_: int, r: Hand
     why = os.strerror(errno_) if errno_ else ""
     if rc == lib.CXLKV_E_OPEN:
         if errno_ == E.ENOENT:
-            hint = "" if create else " (pass create=True with a size, or --create --size, to make an emulation file)"
+            hint = "" if create else (" (to make an emulation file: Region.open(..., create=True, size=N), "
+                                      "or `cxlkv region format PATH --create --size N`)")
             msg = f"region {path} does not exist{hint}"
         elif errno_ in (E.EACCES, E.EPERM):
             msg = f"no permission to open region {path} read-write"

@@ -6,6 +6,7 @@ See docs/sdk.md for the guide; the docstrings here are the reference.
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import threading
 import weakref
@@ -167,6 +168,23 @@ def _options(upsert: bool, replica_num: int, soft_pin: bool, hard_pin: bool) -> 
                                  soft_pin=bool(soft_pin), hard_pin=bool(hard_pin))
 
 
+def _number(name: str, value: Any, kind: type) -> Any:
+    """``value`` as an ``int`` (no float, no bool) or a ``float``.
+
+    Raises:
+        InvalidArgument: it is not a number of that kind.
+    """
+    try:
+        if kind is int:
+            if isinstance(value, bool):
+                raise TypeError
+            return operator.index(value)
+        return float(value)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"{name} must be {'an integer' if kind is int else 'a number'}, "
+                              f"got {value!r}") from None
+
+
 def _ids(buffer_ids: list[int]) -> list[int]:
     """``buffer_ids`` as sent in a packed request: one id when every item shares it."""
     first = buffer_ids[0] if buffer_ids else 0
@@ -228,8 +246,8 @@ class Client:
     """A connection to the clientd of this host.
 
     Args:
-        socket_path: the daemon's gRPC socket; default ``$CXLKV_SOCKET``, else
-            ``<runtime dir>/clientd.sock``. The lean socket is this path plus
+        socket_path: the daemon's gRPC socket; default (also for ``""``)
+            ``$CXLKV_SOCKET``, else ``<runtime dir>/clientd.sock``. The lean socket is this path plus
             ``".lean"`` unless ``lean_socket_path`` is given.
         timeout_s: longest wait for one answer, in seconds.
         buffer_pool_bytes: size of the managed shared-buffer pool (and of each
@@ -287,9 +305,12 @@ class Client:
     ) -> None:
         if protocol not in ("lean", "grpc"):
             raise InvalidArgument(f"protocol must be \"lean\" or \"grpc\", got {protocol!r}")
+        timeout_s = _number("timeout_s", timeout_s, float)
+        buffer_pool_bytes = _number("buffer_pool_bytes", buffer_pool_bytes, int)
+        inline_threshold_bytes = _number("inline_threshold_bytes", inline_threshold_bytes, int)
         if timeout_s <= 0:
             raise InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
-        self.socket_path = os.fspath(socket_path) if socket_path is not None else default_socket_path()
+        self.socket_path = os.fspath(socket_path) if socket_path else default_socket_path()
         self.lean_socket_path = (os.fspath(lean_socket_path) if lean_socket_path is not None
                                  else self.socket_path + ".lean")
         self.protocol = protocol
@@ -453,6 +474,7 @@ class Client:
             InvalidArgument: negative size.
             NoSpace: /dev/shm cannot hold more shared memory.
         """
+        size_bytes = _number("size_bytes", size_bytes, int)
         if size_bytes < 0:
             raise InvalidArgument(f"size_bytes must be >= 0, got {size_bytes}")
         self._conn()
