@@ -150,6 +150,9 @@ class LocalCluster:
             ``ssd_dir``, opened by every clientd with pread/pwrite); 0 = none.
         ssd_dir: where the SSD tier file lives (default: the run directory, on disk).
 
+    Raises:
+        InvalidArgument: fewer than one clientd or one segment.
+
     Every daemon serves Prometheus /metrics on a free port of 127.0.0.1 (its URL
     is in the master's Stat and in each log; ``cxlkv status`` shows them); pass
     ``{"metrics_address": ""}`` in the options to turn that off.
@@ -172,6 +175,11 @@ class LocalCluster:
         ssd_size_bytes: int = 0,
         ssd_dir: str | None = None,
     ) -> None:
+        if clientds < 1 or segments < 1:
+            from cxlkv.errors import InvalidArgument
+
+            raise InvalidArgument(f"a local cluster needs at least one clientd and one segment, "
+                                  f"got {clientds} and {segments}")
         self.run_dir = Path(run_dir).resolve()
         self.n_clientds = clientds
         self.region_size_bytes = int(region_size_bytes)
