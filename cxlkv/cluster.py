@@ -151,7 +151,8 @@ class LocalCluster:
         ssd_dir: where the SSD tier file lives (default: the run directory, on disk).
 
     Raises:
-        InvalidArgument: fewer than one clientd or one segment.
+        InvalidArgument: a negative number of clientds (0 starts the master
+            alone), or fewer than one segment.
 
     Every daemon serves Prometheus /metrics on a free port of 127.0.0.1 (its URL
     is in the master's Stat and in each log; ``cxlkv status`` shows them); pass
@@ -175,10 +176,10 @@ class LocalCluster:
         ssd_size_bytes: int = 0,
         ssd_dir: str | None = None,
     ) -> None:
-        if clientds < 1 or segments < 1:
+        if clientds < 0 or segments < 1:
             from cxlkv.errors import InvalidArgument
 
-            raise InvalidArgument(f"a local cluster needs at least one clientd and one segment, "
+            raise InvalidArgument(f"a local cluster needs clientds >= 0 and at least one segment, "
                                   f"got {clientds} and {segments}")
         self.run_dir = Path(run_dir).resolve()
         self.n_clientds = clientds
