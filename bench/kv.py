@@ -346,6 +346,27 @@ def _many_callers(ctx: Any, socket_path: str, op: str, keys: list[str], n: int, 
     return (end - start) / 1e9, np.concatenate([r[3] for r in results])
 
 
+def _settle_limits(records: list[Record], first: dict[int, float], log: Callable[[str], None]) -> None:
+    """Measure each size's memcpy limit again after the run and rate every record
+    against the larger of the two measurements.
+
+    On a shared VM one limit measurement can land in a slow moment (16 MiB ran
+    13.7 GB/s in one run, 19.9 in another); taking the best of the run's start and
+    end keeps such a moment from inflating the ratios (it can only lower them).
+    """
+    for size, before in sorted(first.items()):
+        after = measure_memcpy_gbps(size, runs=3)
+        first[size] = max(before, after)
+        if after > before * 1.1:
+            log(f"memcpy limit at {size} B: {before:.2f} GB/s at the start, {after:.2f} at the end; "
+                "rating against the larger")
+    for rec in records:
+        lim = first.get(rec.size_bytes)
+        if lim:
+            rec.limit_gbps = lim
+            rec.ratio_to_limit = rec.gbps / lim
+
+
 def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
            run_dir: str | None = None, coherence: str = "coherent") -> list[Record]:
     """Run the benchmark on a fresh local cluster; returns the records.
@@ -463,6 +484,7 @@ def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
             record("get", size, _per_call(gt), path=path, concurrency=conc, batch=BATCH)
         st = reader("stat")
         log(f"reader's clientd counters: { {k: v for k, v in st.get('counters', {}).items() if 'master_calls' in k} }")
+        _settle_limits(records, limits, log)
     finally:
         for role in (writer, reader):
             if role is not None:
