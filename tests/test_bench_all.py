@@ -50,3 +50,23 @@ def test_summary_heads_each_section_with_when_it_was_measured(tmp_path: Path) ->
 def test_unknown_benchmark_is_refused(tmp_path: Path) -> None:
     r = CliRunner().invoke(all_cmd, ["--json-dir", str(tmp_path), "--only", "nope"])
     assert r.exit_code != 0 and "unknown benchmark" in r.output and "replay" in r.output
+
+
+def test_kv_rates_against_the_larger_limit(monkeypatch) -> None:
+    """bench kv re-measures each size's memcpy at the end of its run and rates every
+    record against the larger measurement: a slow moment at the start cannot
+    inflate a ratio, and a slow one at the end cannot either."""
+    from cxlkv.bench import kv
+    from cxlkv.bench.common import Record
+
+    recs = [Record("kv", "put", 16 << 20, 100.0, 1.6777216, 1.0, 2.0, 10.0, 0.1678),
+            Record("kv", "get", 4096, 1000.0, 0.004096, 1.0, 2.0, 5.0, 0.0008)]
+    later = {16 << 20: 20.0, 4096: 4.0}
+    monkeypatch.setattr(kv, "measure_memcpy_gbps", lambda size, runs=3: later[size])
+    logged: list[str] = []
+    limits = {16 << 20: 10.0, 4096: 5.0}
+    kv._settle_limits(recs, limits, logged.append)
+    assert limits == {16 << 20: 20.0, 4096: 5.0}
+    assert recs[0].limit_gbps == 20.0 and abs(recs[0].ratio_to_limit - 1.6777216 / 20.0) < 1e-12
+    assert recs[1].limit_gbps == 5.0 and abs(recs[1].ratio_to_limit - 0.004096 / 5.0) < 1e-12
+    assert len(logged) == 1 and "rating against the larger" in logged[0]
