@@ -70,8 +70,9 @@ def _kv_command(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(exit_code_for(err))
         except BrokenPipeError:  # `cxlkv get k | head`
             sys.exit(0)
-        except OSError as exc:  # stdout on a full disk, a closed terminal, …
-            click.echo(f"error: cannot write the output: {exc.strerror or exc}", err=True)
+        except OSError as exc:  # stdout on a full disk, an unreadable input file, …
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"error: I/O error: {where}{exc.strerror or exc}", err=True)
             sys.exit(1)
 
     return _socket_option(wrapper)

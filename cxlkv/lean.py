@@ -269,7 +269,7 @@ class LeanProtocol(asyncio.Protocol):
 
     def _call_inline(self, route: LeanRoute, request: Any, rid: int) -> None:
         try:
-            response = route.handler(request)
+            payload = route.handler(request).SerializeToString()
         except CxlkvError as err:
             self._answer_error(rid, err)
             return
@@ -277,7 +277,7 @@ class LeanProtocol(asyncio.Protocol):
             log.exception("%s failed", route.name)
             self._answer_error(rid, Internal(f"{route.name}: {type(exc).__name__}: {exc}"))
             return
-        self._write(0, rid, response.SerializeToString())
+        self._write(0, rid, payload)
 
     def _answer_error(self, rid: int, err: CxlkvError) -> None:
         self._write(int(err.code), rid, err.to_detail().SerializeToString())

@@ -16,7 +16,6 @@ import subprocess
 import sys
 
 import grpc
-import pytest
 
 from cxlkv.errors import ErrorCode, from_rpc_error
 from cxlkv.v1 import client_pb2, client_pb2_grpc

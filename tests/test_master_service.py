@@ -7,7 +7,6 @@ no overlap, free + used == capacity, key count == live objects).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

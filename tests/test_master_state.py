@@ -9,7 +9,7 @@ import pytest
 
 from cxlkv.config import MasterConfig, SegmentConfig
 from cxlkv.errors import (
-    AlreadyExists, CxlkvError, HasLease, InvalidArgument, InvalidKey, NoSpace, NotFound, NotReady,
+    AlreadyExists, CxlkvError, InvalidArgument, InvalidKey, NoSpace, NotFound, NotReady,
     StaleToken, TooLarge, UnknownClient,
 )
 from cxlkv.master.eviction import ArcPolicy, LruPolicy

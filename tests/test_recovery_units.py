@@ -19,7 +19,7 @@ from cxlkv.master.objects import ObjState
 from cxlkv.master.recovery import parse_recover_spec, recover_region, recover_regions
 from cxlkv.master.state import MasterState, RestoredObject
 from cxlkv.objheader import header_bytes_for, pack_header
-from cxlkv.region import REGION_HEADER_BYTES, format_region
+from cxlkv.region import format_region
 from cxlkv.transport import Region
 
 KiB, MiB = 1 << 10, 1 << 20

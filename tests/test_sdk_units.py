@@ -117,9 +117,14 @@ def test_argument_types_raise_cxlkv_errors(tmp_path) -> None:
     from cxlkv.client import Client
     from cxlkv.client._client import _number
 
-    for bad in ("x", None, [1]):
-        with pytest.raises(InvalidArgument, match="timeout_s must be a number"):
+    for bad in ("x", None, [1], float("nan"), float("inf")):
+        with pytest.raises(InvalidArgument, match="timeout_s must be a finite number"):
             Client(str(tmp_path / "none.sock"), timeout_s=bad)
+    for bad in (0, -1, 1e300):
+        with pytest.raises(InvalidArgument, match=r"timeout_s must be > 0.0 and <= 1e\+06"):
+            Client(str(tmp_path / "none.sock"), timeout_s=bad)
+    with pytest.raises(InvalidArgument, match=r"buffer_pool_bytes must be >= 1 and <= 70368744177664"):
+        Client(str(tmp_path / "none.sock"), buffer_pool_bytes=2**70)
     with pytest.raises(InvalidArgument, match="buffer_pool_bytes must be an integer"):
         Client(str(tmp_path / "none.sock"), buffer_pool_bytes=1.5)
     for bad in (1.5, "3", True, None):
@@ -133,3 +138,29 @@ def test_argument_types_raise_cxlkv_errors(tmp_path) -> None:
             Client("")
     finally:
         del os.environ["CXLKV_SOCKET"]
+
+
+def test_buffer_status_against_an_older_daemon() -> None:
+    """A daemon without BufferStatus answers "unknown method number": the SDK then
+    cannot check and keeps its buffers (instead of failing every call); any other
+    error, or a wrong number of answers, is raised."""
+    from cxlkv.client._client import _registered
+    from cxlkv.errors import Internal
+    from cxlkv.v1 import client_pb2
+
+    class Conn:
+        def __init__(self, answer: object) -> None:
+            self.answer = answer
+
+        def call(self, method: object, request: object) -> object:
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+
+    assert _registered(Conn(InvalidArgument("unknown method number 28 (this daemon knows 1..24)")), [5, 6]) \
+        == [True, True]
+    with pytest.raises(InvalidArgument, match="something else"):
+        _registered(Conn(InvalidArgument("something else")), [5])
+    assert _registered(Conn(client_pb2.BufferStatusResponse(registered=[True, False])), [5, 6]) == [True, False]
+    with pytest.raises(Internal, match="1 answers for 2"):
+        _registered(Conn(client_pb2.BufferStatusResponse(registered=[True])), [5, 6])

@@ -6,6 +6,7 @@ See docs/sdk.md for the guide; the docstrings here are the reference.
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import os
 import threading
@@ -135,7 +136,7 @@ def _utf8_keys(fn: Any) -> Any:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        args[0]._conn()
+        args[0]._conn(check=True)
         if first in ("key", "keys"):
             if len(args) > 1:
                 value = args[1]
@@ -168,21 +169,51 @@ def _options(upsert: bool, replica_num: int, soft_pin: bool, hard_pin: bool) -> 
                                  soft_pin=bool(soft_pin), hard_pin=bool(hard_pin))
 
 
-def _number(name: str, value: Any, kind: type) -> Any:
-    """``value`` as an ``int`` (no float, no bool) or a ``float``.
+#: Longest ``timeout_s`` a Client accepts, in seconds.
+MAX_TIMEOUT_S = 1e6
+#: Largest shared-memory size a Client accepts (pool, ``buffer()``), in bytes: 64 TiB.
+MAX_SHARED_BYTES = 1 << 46
+
+
+def _number(name: str, value: Any, kind: type, *, least: float | None = None, above: float | None = None,
+            most: float | None = None) -> Any:
+    """``value`` as an ``int`` (no float, no bool) or a finite ``float``, within bounds.
 
     Raises:
-        InvalidArgument: it is not a number of that kind.
+        InvalidArgument: not a number of that kind, not finite, or out of bounds.
     """
     try:
         if kind is int:
             if isinstance(value, bool):
                 raise TypeError
-            return operator.index(value)
-        return float(value)
+            v = operator.index(value)
+        else:
+            v = float(value)
+            if not math.isfinite(v):
+                raise ValueError
     except (TypeError, ValueError):
-        raise InvalidArgument(f"{name} must be {'an integer' if kind is int else 'a number'}, "
+        raise InvalidArgument(f"{name} must be {'an integer' if kind is int else 'a finite number'}, "
                               f"got {value!r}") from None
+    if (least is not None and v < least) or (above is not None and v <= above) or (most is not None and v > most):
+        low = f">= {least}" if least is not None else f"> {above}" if above is not None else ""
+        top = f"<= {most:g}" if isinstance(most, float) else f"<= {most}" if most is not None else ""
+        raise InvalidArgument(f"{name} must be {' and '.join(x for x in (low, top) if x)}, got {v!r}")
+    return v
+
+
+def _registered(conn: Any, buffer_ids: list[int]) -> list[bool]:
+    """BufferStatus over ``conn``: whether the daemon knows each id. A daemon older
+    than BufferStatus cannot tell: every id counts as known then."""
+    try:
+        resp = conn.call(_M["BufferStatus"], client_pb2.BufferStatusRequest(buffer_ids=buffer_ids))
+    except InvalidArgument as exc:
+        if "unknown method number" in exc.message:
+            return [True] * len(buffer_ids)
+        raise
+    known = list(resp.registered)
+    if len(known) != len(buffer_ids):
+        raise Internal(f"BufferStatus: {len(known)} answers for {len(buffer_ids)} buffer ids")
+    return known
 
 
 def _ids(buffer_ids: list[int]) -> list[int]:
@@ -305,11 +336,10 @@ class Client:
     ) -> None:
         if protocol not in ("lean", "grpc"):
             raise InvalidArgument(f"protocol must be \"lean\" or \"grpc\", got {protocol!r}")
-        timeout_s = _number("timeout_s", timeout_s, float)
-        buffer_pool_bytes = _number("buffer_pool_bytes", buffer_pool_bytes, int)
-        inline_threshold_bytes = _number("inline_threshold_bytes", inline_threshold_bytes, int)
-        if timeout_s <= 0:
-            raise InvalidArgument(f"timeout_s must be > 0, got {timeout_s}")
+        timeout_s = _number("timeout_s", timeout_s, float, above=0.0, most=MAX_TIMEOUT_S)
+        buffer_pool_bytes = _number("buffer_pool_bytes", buffer_pool_bytes, int, least=1, most=MAX_SHARED_BYTES)
+        inline_threshold_bytes = _number("inline_threshold_bytes", inline_threshold_bytes, int, least=0,
+                                         most=MAX_SHARED_BYTES)
         self.socket_path = os.fspath(socket_path) if socket_path else default_socket_path()
         self.lean_socket_path = (os.fspath(lean_socket_path) if lean_socket_path is not None
                                  else self.socket_path + ".lean")
@@ -356,7 +386,16 @@ class Client:
         return self._cuda
 
     # ================================================================ plumbing
-    def _conn(self) -> Any:
+    def _conn(self, check: bool = False) -> Any:
+        """This thread's connection, made (again) when needed.
+
+        Args:
+            check: first see whether the daemon closed an idle connection (one
+                non-blocking peek; done once per public call). A new connection
+                asks the daemon which of the pool's buffers it knows
+                (BufferStatus) and drops the others: a restarted daemon has
+                forgotten them all.
+        """
         if self._pid != os.getpid():
             raise InvalidArgument("this Client was created in the parent process; create a new one after fork")
         if self._closed:
@@ -368,20 +407,19 @@ class Client:
                         self._grpc = GrpcConnection(self.socket_path, self.timeout_s)
             return self._grpc
         c = getattr(self._local, "conn", None)
+        if check and c is not None and not c.closed and c.peer_closed():
+            c.close()
         if c is None or c.closed:
-            lost = c is not None
             c = LeanConnection(self.lean_socket_path, self.timeout_s)
             self._local.conn = c
             with self._lock:
                 self._conns = [x for x in self._conns if not x.closed]
                 self._conns.append(c)
-            if lost:  # the daemon may have restarted and forgotten the pool's buffers
-                try:
-                    self._pool.revalidate(lambda ids: list(c.call(_M["BufferStatus"], client_pb2.BufferStatusRequest(
-                        buffer_ids=ids)).registered))
-                except BaseException:
-                    c.close()  # the next call reconnects and asks again
-                    raise
+            try:
+                self._pool.revalidate(lambda ids: _registered(c, ids))
+            except BaseException:
+                c.close()  # the next call reconnects and asks again
+                raise
         return c
 
     def _call(self, name: str, request: Any) -> Any:
@@ -474,13 +512,11 @@ class Client:
             InvalidArgument: negative size.
             NoSpace: /dev/shm cannot hold more shared memory.
         """
-        size_bytes = _number("size_bytes", size_bytes, int)
-        if size_bytes < 0:
-            raise InvalidArgument(f"size_bytes must be >= 0, got {size_bytes}")
-        self._conn()
+        size_bytes = _number("size_bytes", size_bytes, int, least=0, most=MAX_SHARED_BYTES)
+        self._conn(check=True)
         seg, off = self._pool.alloc(size_bytes)
         arr = seg.array[off:off + size_bytes]
-        weakref.finalize(arr, self._pool.free, seg, off)
+        weakref.finalize(arr, self._pool.free_later, seg, off)
         return memoryview(arr)  # type: ignore[arg-type]  # ndarrays export the buffer protocol
 
     def _locate(self, a: np.ndarray) -> tuple[int, int] | None:

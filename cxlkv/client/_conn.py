@@ -100,6 +100,19 @@ class LeanConnection:
             finally:
                 self._sock = None
 
+    def peer_closed(self) -> bool:
+        """Whether the daemon closed its end while this connection sat idle (it
+        stopped or restarted): one non-blocking peek, nothing consumed."""
+        sock = self._sock
+        if sock is None:
+            return True
+        try:
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False  # open, nothing to read
+        except OSError:
+            return True
+
     # -- one call -----------------------------------------------------------
     def call(self, method: Method, request: Any) -> Any:
         """Send one request and wait for its answer.

@@ -23,6 +23,7 @@ import mmap
 import os
 import threading
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -138,9 +139,13 @@ class BufferPool:
         self.pool_bytes = _round_up(pool_bytes, _LARGE_ALIGN)
         self._mode = 0o660 if share_with_group else 0o600
         self._segments: list[Segment] = []
-        # Re-entrant: registering a new segment (under the lock) may reconnect, and a
-        # reconnection revalidates the segments.
-        self._lock = threading.RLock()
+        # Never held across a call to the daemon (registering a segment may
+        # reconnect, and a reconnection revalidates the segments).
+        self._lock = threading.Lock()
+        # Ranges released by garbage collection (free_later): a finalizer may run in
+        # any thread at any allocation, also inside this pool's own methods, so it
+        # only queues here; the next alloc/free/revalidate applies them.
+        self._pending: deque[tuple[Segment, int]] = deque()
         self._closed = False
 
     # -- segments -----------------------------------------------------------
@@ -187,20 +192,34 @@ class BufferPool:
             CxlkvError: the daemon refused to register it.
         """
         with self._lock:
+            release = self._apply_pending()
             if self._closed:
                 raise InvalidArgument("the client's buffer pool is closed")
             for seg in self._segments:
                 if not seg.dedicated:
                     off = seg.alloc(nbytes)
                     if off is not None:
-                        return seg, off
-            dedicated = nbytes > self.pool_bytes
-            size = _round_up(max(nbytes, 1), _LARGE_ALIGN) if dedicated else self.pool_bytes
-            seg = self._new_segment(size, dedicated)
-            self._segments.append(seg)
-            off = seg.alloc(nbytes)
-            assert off is not None
-            return seg, off
+                        break
+            else:
+                seg, off = None, None  # type: ignore[assignment]
+        self._release_all(release)
+        if seg is not None:
+            return seg, off  # type: ignore[return-value]
+        dedicated = nbytes > self.pool_bytes
+        size = _round_up(max(nbytes, 1), _LARGE_ALIGN) if dedicated else self.pool_bytes
+        seg = self._new_segment(size, dedicated)  # a daemon call: outside the lock
+        with self._lock:
+            if self._closed:
+                closed = True
+            else:
+                closed = False
+                self._segments.append(seg)
+                off = seg.alloc(nbytes)
+                assert off is not None
+        if closed:
+            self._release_segment(seg)
+            raise InvalidArgument("the client's buffer pool is closed")
+        return seg, off  # type: ignore[return-value]
 
     def free(self, seg: Segment, offset: int) -> None:
         """Release a range from :meth:`alloc`; a dedicated segment goes back to the daemon.
@@ -209,44 +228,39 @@ class BufferPool:
         segment already dropped (:meth:`revalidate`).
         """
         with self._lock:
-            if self._closed or seg not in self._segments:
-                return
-            seg.free(offset)
-            if not (seg.dedicated and seg.idle):
-                return
-            self._segments.remove(seg)
-        self._release_segment(seg)
+            release = self._apply_pending()
+            if self._free_locked(seg, offset):
+                release.append(seg)
+        self._release_all(release)
 
-    def revalidate(self, registered: Callable[[list[int]], list[bool]]) -> int:
-        """Drop the segments the daemon no longer knows (it restarted).
+    def free_later(self, seg: Segment, offset: int) -> None:
+        """:meth:`free` for a finalizer (garbage collection may run it anywhere):
+        only queued, applied by the next alloc/free."""
+        self._pending.append((seg, offset))
 
-        Args:
-            registered: ``registered(buffer_ids) -> [bool]``, one per id (a
-                BufferStatus call).
+    def _free_locked(self, seg: Segment, offset: int) -> bool:
+        """Free under the lock; whether ``seg`` is now to be released (dedicated, idle)."""
+        if self._closed or seg not in self._segments:
+            return False
+        seg.free(offset)
+        if not (seg.dedicated and seg.idle):
+            return False
+        self._segments.remove(seg)
+        return True
 
-        Returns:
-            How many segments were dropped. Their memory stays mapped while a
-            view into it lives (a :meth:`cxlkv.Client.buffer` taken before), but it
-            is no longer shared with the daemon: values there travel through a
-            new segment (staged) instead of zero-copy. Later allocations get new
-            segments, registered with the daemon now running.
-        """
-        segs = self.segments
-        if not segs:
-            return 0
-        known = registered([s.buffer_id for s in segs])
-        stale = [s for s, ok in zip(segs, known) if not ok]
-        if not stale:
-            return 0
-        with self._lock:
-            self._segments = [s for s in self._segments if s not in stale]
-        for seg in stale:
-            seg.array = np.empty(0, dtype=np.uint8)
-            try:
-                seg.mm.close()
-            except BufferError:  # a user still holds a view; the GC unmaps it later
-                pass
-        return len(stale)
+    def _apply_pending(self) -> list[Segment]:
+        """Apply the queued frees (under the lock); the segments to release after it."""
+        release: list[Segment] = []
+        pending = self._pending
+        while pending:
+            seg, offset = pending.popleft()
+            if self._free_locked(seg, offset):
+                release.append(seg)
+        return release
+
+    def _release_all(self, segs: list[Segment]) -> None:
+        for seg in segs:
+            self._release_segment(seg)
 
     def _release_segment(self, seg: Segment) -> None:
         try:
@@ -258,6 +272,32 @@ class BufferPool:
             seg.mm.close()
         except BufferError:  # a user still holds a view; the GC unmaps it later
             pass
+
+    def revalidate(self, registered: Callable[[list[int]], list[bool]]) -> int:
+        """Drop the segments the daemon no longer knows (it restarted).
+
+        Args:
+            registered: ``registered(buffer_ids) -> [bool]``, one per id (a
+                BufferStatus call).
+
+        Returns:
+            How many segments were dropped. They only leave the pool: a range in
+            use by a call in another thread, or a view from
+            :meth:`cxlkv.Client.buffer` taken before, keeps its memory (unmapped
+            when the last reference goes), but it is no longer shared with the
+            daemon — values there travel through a new segment (staged) instead of
+            zero-copy. Later allocations get new segments, registered with the
+            daemon now running.
+        """
+        segs = self.segments
+        if not segs:
+            return 0
+        known = registered([s.buffer_id for s in segs])
+        stale = {id(s) for s, ok in zip(segs, known) if not ok}
+        if stale:
+            with self._lock:
+                self._segments = [s for s in self._segments if id(s) not in stale]
+        return len(stale)
 
     def locate(self, addr: int, nbytes: int) -> tuple[int, int] | None:
         """``(buffer_id, offset)`` if ``[addr, addr + nbytes)`` lies in one segment, else ``None``."""
