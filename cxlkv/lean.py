@@ -257,27 +257,28 @@ class LeanProtocol(asyncio.Protocol):
     async def _call(self, route: LeanRoute, request: Any, rid: int) -> None:
         PEER_CRED.set(self._peer)  # this task's own context: seen by the handler only
         try:
-            response = await route.handler(request)
-        except CxlkvError as err:
-            self._answer_error(rid, err)
+            payload = (await route.handler(request)).SerializeToString()
+        except Exception as exc:
+            self._failed(route, rid, exc)
             return
-        except Exception as exc:  # a bug: answer INTERNAL, keep serving
-            log.exception("%s failed", route.name)
-            self._answer_error(rid, Internal(f"{route.name}: {type(exc).__name__}: {exc}"))
-            return
-        self._write(0, rid, response.SerializeToString())
+        self._write(0, rid, payload)
 
     def _call_inline(self, route: LeanRoute, request: Any, rid: int) -> None:
         try:
             payload = route.handler(request).SerializeToString()
-        except CxlkvError as err:
-            self._answer_error(rid, err)
-            return
-        except Exception as exc:  # a bug: answer INTERNAL, keep serving
-            log.exception("%s failed", route.name)
-            self._answer_error(rid, Internal(f"{route.name}: {type(exc).__name__}: {exc}"))
+        except Exception as exc:
+            self._failed(route, rid, exc)
             return
         self._write(0, rid, payload)
+
+    def _failed(self, route: LeanRoute, rid: int, exc: Exception) -> None:
+        """Answer a handler's error; a bug (not a CxlkvError) answers INTERNAL and is
+        logged with its traceback. The connection goes on."""
+        if isinstance(exc, CxlkvError):
+            self._answer_error(rid, exc)
+            return
+        log.error("%s failed", route.name, exc_info=exc)
+        self._answer_error(rid, Internal(f"{route.name}: {type(exc).__name__}: {exc}"))
 
     def _answer_error(self, rid: int, err: CxlkvError) -> None:
         self._write(int(err.code), rid, err.to_detail().SerializeToString())
