@@ -405,7 +405,15 @@ class Client:
                 with self._lock:
                     if self._grpc is None:
                         self._grpc = GrpcConnection(self.socket_path, self.timeout_s)
-            return self._grpc
+            g = self._grpc
+            if check and g.reconnected:  # the channel found the daemon again
+                g.reconnected = False
+                try:
+                    self._pool.revalidate(lambda ids: _registered(g, ids))
+                except BaseException:
+                    g.reconnected = True  # ask again at the next call
+                    raise
+            return g
         c = getattr(self._local, "conn", None)
         if check and c is not None and not c.closed and c.peer_closed():
             c.close()

@@ -368,11 +368,25 @@ class GrpcConnection:
         ])
         self._stub = client_pb2_grpc.ClientServiceStub(self._channel)
         self.closed = False
+        #: Set when the channel became ready again after losing its connection (the
+        #: daemon may have restarted and forgotten its buffers); the Client clears it
+        #: once it has checked them.
+        self.reconnected = False
+        self._seen_ready = False
+        self._channel.subscribe(self._on_state)
+
+    def _on_state(self, state: Any) -> None:
+        """gRPC connectivity callback (a gRPC thread)."""
+        if state == self._grpc.ChannelConnectivity.READY:
+            if self._seen_ready:
+                self.reconnected = True
+            self._seen_ready = True
 
     def close(self) -> None:
         """Close the channel (idempotent)."""
         if not self.closed:
             self.closed = True
+            self._channel.unsubscribe(self._on_state)
             self._channel.close()
 
     def call(self, method: Method, request: Any) -> Any:
