@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from cxlkv import __version__
 from cxlkv.clientd.buffers import BufferRegistry, SharedBuffer
-from cxlkv.clientd.core import ClientdCore, PutSpec, ReadTarget
+from cxlkv.clientd.core import ClientdCore, PutSpec, ReadOutcome, ReadTarget
 from cxlkv.clientd.direct import DirectPuts
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument, TooLarge, error_for
 from cxlkv.keys import validate_key
@@ -191,34 +191,74 @@ class ClientApi:
         _raise_put(r, req.key)
         return client_pb2.PutFromResponse(version=r.version, replicas_placed=r.replicas_placed)
 
-    def _acquire_targets(self, items: Any, source: bool) -> tuple[list[Any], list[SharedBuffer]]:
-        """Hold the buffer range of every item (``source`` or ``target``) under one lock.
+    # -- buffer ranges, in message form or packed: one implementation each --
+    def _hold(self, ids: list[int], offs: list[int], lens: list[int]) -> list[SharedBuffer | CxlkvError]:
+        """Per item, the held buffer range or its error (release the held ones)."""
+        return self.buffers.acquire_many(list(zip(ids, offs, lens)))
 
-        Returns:
-            (per item: the held buffer or its error, the buffers held).
+    async def _put_from(self, keys: list[str], offs: list[int], lens: list[int],
+                        got: list[SharedBuffer | CxlkvError], opts: list[Any]) -> list[client_pb2.PutResult]:
+        """Put every held range (a bad one fails only its item); releases them."""
+        held = [b for b in got if isinstance(b, SharedBuffer)]
+        try:
+            items: list[PutSpec | client_pb2.PutResult] = [
+                _PutResult(status=buf.to_status()) if isinstance(buf, CxlkvError)
+                else PutSpec(key, ln, opt, buf.view, off)
+                for key, off, ln, buf, opt in zip(keys, offs, lens, got, opts)]
+            return await self._put_specs(items)
+        finally:
+            self.buffers.release_many(held)
+
+    async def _get_into(self, keys: list[str], offs: list[int], lens: list[int],
+                        got: list[SharedBuffer | CxlkvError]) -> list[ReadOutcome]:
+        """Read every key into its held range (a bad one fails only its item); releases them."""
+        positions = [i for i, buf in enumerate(got) if not isinstance(buf, CxlkvError)]
+        try:
+            outs = await self.core.get(
+                [keys[i] for i in positions],
+                [ReadTarget(got[i].view, offs[i], lens[i]) for i in positions]) if positions else []  # type: ignore[union-attr]
+        finally:
+            self.buffers.release_many([got[i] for i in positions])  # type: ignore[misc]
+        result: list[ReadOutcome] = [ReadOutcome(int(b.code), b.message) if isinstance(b, CxlkvError)
+                                     else None for b in got]  # type: ignore[misc]
+        for i, o in zip(positions, outs):
+            result[i] = o
+        return result
+
+    async def _get_prefix(self, keys: list[str], offs: list[int], lens: list[int],
+                          got: list[SharedBuffer | CxlkvError]) -> tuple[int, list[ReadOutcome]]:
+        """The longest cached prefix copied into the held ranges; releases them.
+
+        Raises:
+            UNKNOWN_BUFFER / OUT_OF_RANGE: a range is bad (checked before anything is read).
         """
-        ranges = []
+        held = [b for b in got if isinstance(b, SharedBuffer)]
+        try:
+            for buf in got:
+                if isinstance(buf, CxlkvError):
+                    raise buf
+            return await self.core.get_prefix(
+                keys, [ReadTarget(buf.view, off, ln) for buf, off, ln in zip(held, offs, lens)])
+        finally:
+            self.buffers.release_many(held)
+
+    @staticmethod
+    def _columns(items: Any, source: bool) -> tuple[list[str], list[int], list[int], list[int]]:
+        """Keys, buffer ids, offsets and lengths of message-form items."""
+        keys, ids, offs, lens = [], [], [], []
         for it in items:
             r = it.source if source else it.target
-            ranges.append((r.buffer_id, r.offset_bytes, r.length_bytes))
-        got = self.buffers.acquire_many(ranges)
-        return got, [b for b in got if isinstance(b, SharedBuffer)]
+            keys.append(it.key)
+            ids.append(r.buffer_id)
+            offs.append(r.offset_bytes)
+            lens.append(r.length_bytes)
+        return keys, ids, offs, lens
 
     async def BatchPutFrom(self, req: client_pb2.BatchPutFromRequest) -> client_pb2.BatchPutFromResponse:
         """Put many buffer ranges; one result per item (bad ranges fail only their item)."""
-        got, held = self._acquire_targets(req.items, source=True)
-        try:
-            items: list[PutSpec | client_pb2.PutResult] = []
-            for it, buf in zip(req.items, got):
-                if isinstance(buf, CxlkvError):
-                    items.append(_PutResult(status=buf.to_status()))
-                    continue
-                src = it.source
-                opts = it.options if it.HasField("options") else None
-                items.append(PutSpec(it.key, src.length_bytes, opts, buf.view, src.offset_bytes))
-            results = await self._put_specs(items)
-        finally:
-            self.buffers.release_many(held)
+        keys, ids, offs, lens = self._columns(req.items, source=True)
+        opts = [it.options if it.HasField("options") else None for it in req.items]
+        results = await self._put_from(keys, offs, lens, self._hold(ids, offs, lens), opts)
         return client_pb2.BatchPutFromResponse(results=results)
 
     async def GetInto(self, req: client_pb2.GetIntoRequest) -> client_pb2.GetIntoResponse:
@@ -236,29 +276,11 @@ class ClientApi:
 
     async def BatchGetInto(self, req: client_pb2.BatchGetIntoRequest) -> client_pb2.BatchGetIntoResponse:
         """Copy many values into buffer ranges; one result per item."""
-        got, held = self._acquire_targets(req.items, source=False)
-        keys: list[str] = []
-        targets: list[ReadTarget | None] = []
-        positions: list[int] = []
-        try:
-            for i, (it, buf) in enumerate(zip(req.items, got)):
-                if isinstance(buf, CxlkvError):
-                    continue
-                t = it.target
-                keys.append(it.key)
-                targets.append(ReadTarget(buf.view, t.offset_bytes, t.length_bytes))
-                positions.append(i)
-            outs = await self.core.get(keys, targets) if keys else []
-        finally:
-            self.buffers.release_many(held)
+        keys, ids, offs, lens = self._columns(req.items, source=False)
+        outs = await self._get_into(keys, offs, lens, self._hold(ids, offs, lens))
         resp = client_pb2.BatchGetIntoResponse()
         add = resp.results.add
-        it_outs = iter(outs)
-        for buf in got:
-            if isinstance(buf, CxlkvError):
-                add().status.CopyFrom(buf.to_status())
-                continue
-            o = next(it_outs)
+        for o in outs:
             if o.code:
                 add().status.CopyFrom(_Status(code=o.code, message=o.message))
             else:
@@ -274,16 +296,8 @@ class ClientApi:
             INVALID_KEY: a key is invalid.
             OUT_OF_RANGE: a matched value is larger than its target.
         """
-        got, held = self._acquire_targets(req.items, source=False)
-        try:
-            for buf in got:
-                if isinstance(buf, CxlkvError):
-                    raise buf
-            targets = [ReadTarget(buf.view, it.target.offset_bytes, it.target.length_bytes)  # type: ignore[union-attr]
-                       for it, buf in zip(req.items, got)]
-            matched, outs = await self.core.get_prefix([it.key for it in req.items], targets)
-        finally:
-            self.buffers.release_many(held)
+        keys, ids, offs, lens = self._columns(req.items, source=False)
+        matched, outs = await self._get_prefix(keys, offs, lens, self._hold(ids, offs, lens))
         resp = client_pb2.GetPrefixIntoResponse(matched=matched)
         add = resp.results.add
         for o in outs:
@@ -295,8 +309,8 @@ class ClientApi:
         return client_pb2.BufferStatusResponse(registered=self.buffers.registered(req.buffer_ids))
 
     # -- packed batch forms ---------------------------------------------------
-    def _packed_ranges(self, req: Any, name: str) -> tuple[list[str], list[int], list[int], list[SharedBuffer | CxlkvError]]:
-        """Keys, offsets, lengths and, per item, the held buffer or its error.
+    def _packed_columns(self, req: Any, name: str) -> tuple[list[str], list[int], list[int], list[int]]:
+        """Keys, buffer ids (one per key), offsets and lengths of a packed request.
 
         Raises:
             InvalidArgument: the arrays disagree in length.
@@ -312,22 +326,14 @@ class ClientApi:
             raise InvalidArgument(
                 f"{name}: {n} keys with {len(req.buffer_ids)} buffer_ids, {len(offs)} offsets_bytes and "
                 f"{len(lens)} lengths_bytes (one per key; buffer_ids may hold a single id for every key)")
-        return keys, offs, lens, self.buffers.acquire_many(list(zip(ids, offs, lens)))
+        return keys, ids, offs, lens
 
     async def PackedPutFrom(self, req: client_pb2.PackedPutFromRequest) -> client_pb2.PackedPutResponse:
         """BatchPutFrom in packed arrays; per item: code, version (bad ranges fail only
         their item). Raises INVALID_ARGUMENT when the arrays disagree in length."""
-        keys, offs, lens, got = self._packed_ranges(req, "PackedPutFrom")
-        opts = req.options if req.HasField("options") else None
-        held = [b for b in got if isinstance(b, SharedBuffer)]
-        try:
-            items: list[PutSpec | client_pb2.PutResult] = [
-                _PutResult(status=buf.to_status()) if isinstance(buf, CxlkvError)
-                else PutSpec(key, ln, opts, buf.view, off)
-                for key, off, ln, buf in zip(keys, offs, lens, got)]
-            results = await self._put_specs(items)
-        finally:
-            self.buffers.release_many(held)
+        keys, ids, offs, lens = self._packed_columns(req, "PackedPutFrom")
+        opts = [req.options if req.HasField("options") else None] * len(keys)
+        results = await self._put_from(keys, offs, lens, self._hold(ids, offs, lens), opts)
         n = len(results)
         codes = [0] * n
         versions = [0] * n
@@ -349,49 +355,19 @@ class ClientApi:
     async def PackedGetInto(self, req: client_pb2.PackedRangesRequest) -> client_pb2.PackedGetIntoResponse:
         """BatchGetInto in packed arrays; per item: code, value size, version, tier.
         Raises INVALID_ARGUMENT when the arrays disagree in length."""
-        keys, offs, lens, got = self._packed_ranges(req, "PackedGetInto")
-        n = len(keys)
-        codes = [0] * n
-        sizes = [0] * n
-        versions = [0] * n
-        tiers = [0] * n
-        errors: dict[int, str] = {}
-        positions = [i for i, buf in enumerate(got) if not isinstance(buf, CxlkvError)]
-        try:
-            outs = await self.core.get(
-                [keys[i] for i in positions],
-                [ReadTarget(got[i].view, offs[i], lens[i]) for i in positions]) if positions else []  # type: ignore[union-attr]
-        finally:
-            self.buffers.release_many([got[i] for i in positions])  # type: ignore[misc]
-        for i, buf in enumerate(got):
-            if isinstance(buf, CxlkvError):
-                codes[i] = int(buf.code)
-                errors[i] = buf.message
-        for i, o in zip(positions, outs):
-            if o.code:
-                codes[i] = o.code
-                errors[i] = o.message
-            else:
-                sizes[i] = o.size
-                versions[i] = o.version
-                tiers[i] = o.tier
-        err_pos = sorted(errors)
+        keys, ids, offs, lens = self._packed_columns(req, "PackedGetInto")
+        outs = await self._get_into(keys, offs, lens, self._hold(ids, offs, lens))
+        err_pos = [i for i, o in enumerate(outs) if o.code]
         return client_pb2.PackedGetIntoResponse(
-            matched=n - len(err_pos), codes=codes, value_sizes_bytes=sizes, versions=versions, tiers=tiers,
-            error_positions=err_pos, messages=[errors[i] for i in err_pos])
+            matched=len(outs) - len(err_pos), codes=[o.code for o in outs],
+            value_sizes_bytes=[0 if o.code else o.size for o in outs],
+            versions=[0 if o.code else o.version for o in outs], tiers=[0 if o.code else o.tier for o in outs],
+            error_positions=err_pos, messages=[outs[i].message for i in err_pos])
 
     async def PackedGetPrefixInto(self, req: client_pb2.PackedRangesRequest) -> client_pb2.PackedGetIntoResponse:
         """GetPrefixInto in packed arrays (the same errors, raised for the whole call)."""
-        keys, offs, lens, got = self._packed_ranges(req, "PackedGetPrefixInto")
-        held = [b for b in got if isinstance(b, SharedBuffer)]
-        try:
-            for buf in got:
-                if isinstance(buf, CxlkvError):
-                    raise buf
-            matched, outs = await self.core.get_prefix(
-                keys, [ReadTarget(buf.view, off, ln) for buf, off, ln in zip(held, offs, lens)])
-        finally:
-            self.buffers.release_many(held)
+        keys, ids, offs, lens = self._packed_columns(req, "PackedGetPrefixInto")
+        matched, outs = await self._get_prefix(keys, offs, lens, self._hold(ids, offs, lens))
         return client_pb2.PackedGetIntoResponse(
             matched=matched, codes=[0] * len(outs), value_sizes_bytes=[o.size for o in outs],
             versions=[o.version for o in outs], tiers=[o.tier for o in outs])
