@@ -195,31 +195,32 @@ class BufferPool:
             release = self._apply_pending()
             if self._closed:
                 raise InvalidArgument("the client's buffer pool is closed")
-            for seg in self._segments:
-                if not seg.dedicated:
-                    off = seg.alloc(nbytes)
-                    if off is not None:
-                        break
-            else:
-                seg, off = None, None  # type: ignore[assignment]
+            found = self._fit(nbytes)
         self._release_all(release)
-        if seg is not None:
-            return seg, off  # type: ignore[return-value]
+        if found is not None:
+            return found
         dedicated = nbytes > self.pool_bytes
         size = _round_up(max(nbytes, 1), _LARGE_ALIGN) if dedicated else self.pool_bytes
         seg = self._new_segment(size, dedicated)  # a daemon call: outside the lock
         with self._lock:
-            if self._closed:
-                closed = True
-            else:
-                closed = False
+            added = not self._closed
+            if added:
                 self._segments.append(seg)
                 off = seg.alloc(nbytes)
-                assert off is not None
-        if closed:
+        if not added:
             self._release_segment(seg)
             raise InvalidArgument("the client's buffer pool is closed")
-        return seg, off  # type: ignore[return-value]
+        assert off is not None
+        return seg, off
+
+    def _fit(self, nbytes: int) -> tuple[Segment, int] | None:
+        """A range in an existing shared segment (under the lock), or ``None``."""
+        for seg in self._segments:
+            if not seg.dedicated:
+                off = seg.alloc(nbytes)
+                if off is not None:
+                    return seg, off
+        return None
 
     def free(self, seg: Segment, offset: int) -> None:
         """Release a range from :meth:`alloc`; a dedicated segment goes back to the daemon.
