@@ -75,7 +75,9 @@ def summarize(json_dir: Path) -> str:
     headed by when it was measured (from ``measured_at.json``, when known)."""
     lines = ["# Benchmark summary", "",
              f"Written {_now_utc()}; every figure beside the memcpy limit measured in the same run "
-             "(`limit_gbps`; `ratio_to_limit` = gbps / limit).", ""]
+             "(`limit_gbps`; `ratio_to_limit` = gbps / limit); single-key 4 KiB figures also beside the "
+             "per-call ceilings of the same run (a no-op call through the daemon's framing and loop, and a "
+             "bare echo; docs/benchmarks.md).", ""]
     measured = _measured_at(json_dir)
     for path in sorted(json_dir.glob("*.json")):
         if path.name == MEASURED_AT:
@@ -113,6 +115,9 @@ def summarize(json_dir: Path) -> str:
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in records:
             details = ", ".join(f"{k}={r[k]}" for k in _EXTRA_KEYS if r.get(k) not in (None, ""))
+            if r.get("call_limit_ops_per_s"):
+                details += (f"; no-op call {r['call_limit_ops_per_s']:,.0f}/s (ratio "
+                            f"{r['ratio_to_call_limit']:.2f}), echo {r['echo_limit_ops_per_s']:,.0f}/s")
             lines.append(
                 f"| {r.get('op')} | {_size(r.get('size_bytes'))} | {details} | {_fmt(r.get('ops_per_s'), 0)} | "
                 f"{_fmt(r.get('gbps'))} | {_fmt(r.get('p50_us'), 1)} | {_fmt(r.get('p99_us'), 1)} | "

@@ -23,7 +23,12 @@ every byte read was written by the other "host". Measured:
   their master work); ``ops_per_s`` counts keys, latencies are per call.
 
 Beside each figure, ``limit_gbps`` is memcpy of the same size measured in the
-same run (:func:`cxlkv.bench.common.measure_memcpy_gbps`). ``--compare
+same run (:func:`cxlkv.bench.common.measure_memcpy_gbps`). The single-key 4 KiB
+figures are bound by the cost of a call, not by bytes, so they also carry the
+per-call ceilings of :mod:`cxlkv.bench.calls` measured in the same run with as
+many caller processes: ``echo_limit_ops_per_s`` (a Python echo over a Unix
+socket), ``call_limit_ops_per_s`` (the daemon's framing and loop answering a
+no-op) and ``ratio_to_call_limit`` (ops/s over the latter). ``--compare
 mooncake`` also runs ``../shared/peer/mooncake_kv_bench.py`` (Mooncake Store on
 this machine, same record shape) when its virtual environment exists, and
 prints both side by side.
@@ -49,6 +54,8 @@ from typing import Any
 import click
 import numpy as np
 
+from cxlkv.bench.calls import KINDS as CALL_LIMIT_KINDS
+from cxlkv.bench.calls import measure_call_limit
 from cxlkv.bench.common import Record, Timing, emit, measure_memcpy_gbps, ops_for, output_options
 
 __all__ = ["run_kv", "must_show_failures", "kv_cmd", "SIZES"]
@@ -346,6 +353,19 @@ def _many_callers(ctx: Any, socket_path: str, op: str, keys: list[str], n: int, 
     return (end - start) / 1e9, np.concatenate([r[3] for r in results])
 
 
+def _call_limits(ctx: Any, callers: int, calls_per_caller: int, log: Callable[[str], None],
+                 before: dict[str, float] | None = None) -> dict[str, float]:
+    """The per-call ceilings (:mod:`cxlkv.bench.calls`) with ``callers`` caller
+    processes, ops/s by kind; given ``before`` (the same measured earlier in the
+    run), the larger of the two per kind, as :func:`_settle_limits` does for memcpy."""
+    out: dict[str, float] = {}
+    for kind in CALL_LIMIT_KINDS:
+        lim = measure_call_limit(ctx, kind, callers, calls_per_caller)
+        out[kind] = max(lim.ops_per_s, (before or {}).get(kind, 0.0))
+        log(f"  call limit {kind:<4} {callers:>2} caller(s): {lim.ops_per_s:,.0f} calls/s, p50 {lim.p50_us:.0f} us")
+    return out
+
+
 def _settle_limits(records: list[Record], first: dict[int, float], log: Callable[[str], None]) -> None:
     """Measure each size's memcpy limit again after the run and rate every record
     against the larger of the two measurements.
@@ -412,7 +432,8 @@ def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
             rec = Record.from_timing(BENCH, op, size, timing, limit(size), **extra)
             records.append(rec)
             log(f"  {op:<5} {size >> 10:>6} KiB {extra}: {rec.ops_per_s:,.0f} ops/s, {rec.gbps:.2f} GB/s, "
-                f"p50 {rec.p50_us:.0f} us, ratio {rec.ratio_to_limit:.2f}")
+                f"p50 {rec.p50_us:.0f} us, ratio {rec.ratio_to_limit:.2f}"
+                + (f", {extra['ratio_to_call_limit']:.2f} of a no-op call" if "ratio_to_call_limit" in extra else ""))
 
         # ---- Put / Get sweep -------------------------------------------------
         plan: list[tuple[int, str, int]] = []
@@ -447,6 +468,7 @@ def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
         size = 4 * KiB
         for callers in (1, 16):
             per_caller = (150 if quick else 500) if callers > 1 else (1000 if quick else 3000)
+            ceilings = _call_limits(ctx, callers, per_caller, log)
             puts, gets = [], []
             for r in range(runs + 1):
                 keys = [f"bench/small/{callers}/{r}/{i}" for i in range(per_caller * callers)]
@@ -462,8 +484,12 @@ def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
                     puts.append(pw)
                     gets.append(gw)
                 writer("remove", regex=f"^bench/small/{callers}/{r}/")
-            record("put", size, Timing.from_runs(puts), path="inline", concurrency=callers, batch=1)
-            record("get", size, Timing.from_runs(gets), path="inline", concurrency=callers, batch=1)
+            ceilings = _call_limits(ctx, callers, per_caller, log, ceilings)
+            for op, runs_ in (("put", puts), ("get", gets)):
+                t = Timing.from_runs(runs_)
+                record(op, size, t, path="inline", concurrency=callers, batch=1,
+                       echo_limit_ops_per_s=ceilings["echo"], call_limit_ops_per_s=ceilings["noop"],
+                       ratio_to_call_limit=t.ops_per_s / ceilings["noop"])
 
         # ---- 4 KiB batched, 128 keys per call (1 caller, and 4 in flight) --------
         n_keys = BATCH * (24 if quick else 64)
@@ -539,7 +565,9 @@ def must_show_failures(records: list[Record]) -> list[str]:
     for op, target in (("put", 8_000), ("get", 15_000)):
         r = best(op, 4 * KiB, concurrency=16, batch=1)
         if r is None or r.ops_per_s < target:
-            out.append(f"4 KiB {op} with 16 callers: {r.ops_per_s if r else 0:,.0f}/s < {target:,}/s")
+            noop = r.extra.get("call_limit_ops_per_s") if r else None
+            out.append(f"4 KiB {op} with 16 callers: {r.ops_per_s if r else 0:,.0f}/s < {target:,}/s"
+                       + (f" (a no-op call through the same stack: {noop:,.0f}/s)" if noop else ""))
     r = best("get", 4 * KiB, batch=BATCH)
     if r is None or r.ops_per_s < 100_000:
         out.append(f"4 KiB batched get: {r.ops_per_s if r else 0:,.0f} keys/s < 100,000/s")

@@ -70,3 +70,43 @@ def test_kv_rates_against_the_larger_limit(monkeypatch) -> None:
     assert recs[0].limit_gbps == 20.0 and abs(recs[0].ratio_to_limit - 1.6777216 / 20.0) < 1e-12
     assert recs[1].limit_gbps == 5.0 and abs(recs[1].ratio_to_limit - 0.004096 / 5.0) < 1e-12
     assert len(logged) == 1 and "rating against the larger" in logged[0]
+
+
+def test_call_limits_are_measured_with_real_processes() -> None:
+    """Both per-call ceilings run a real server process and real caller processes
+    over a Unix socket, and report calls/s and a latency."""
+    import multiprocessing as mp
+
+    import pytest
+
+    from cxlkv.bench.calls import measure_call_limit
+
+    ctx = mp.get_context("spawn")
+    for kind in ("echo", "noop"):
+        lim = measure_call_limit(ctx, kind, 2, 50)
+        assert lim.kind == kind and lim.callers == 2
+        assert lim.ops_per_s > 0 and lim.p50_us > 0
+    with pytest.raises(ValueError, match="unknown call limit"):
+        measure_call_limit(ctx, "nope", 1, 1)
+    with pytest.raises(ValueError, match="at least 1"):
+        measure_call_limit(ctx, "echo", 0, 1)
+
+
+def test_summary_shows_the_call_limits_of_small_records(tmp_path: Path) -> None:
+    (tmp_path / "kv.json").write_text(json.dumps([
+        {"bench": "kv", "op": "get", "size_bytes": 4096, "ops_per_s": 8000.0, "gbps": 0.03, "p50_us": 1900.0,
+         "p99_us": 3000.0, "limit_gbps": 5.0, "ratio_to_limit": 0.007, "path": "inline", "concurrency": 16,
+         "batch": 1, "echo_limit_ops_per_s": 40000.0, "call_limit_ops_per_s": 16000.0, "ratio_to_call_limit": 0.5},
+    ]))
+    md = summarize(tmp_path)
+    assert "no-op call 16,000/s (ratio 0.50), echo 40,000/s" in md
+
+
+def test_kv_misses_name_the_no_op_ceiling() -> None:
+    from cxlkv.bench.kv import must_show_failures
+    from cxlkv.bench.common import Record
+
+    rec = Record("kv", "get", 4096, 8000.0, 0.03, 1900.0, 3000.0, 5.0, 0.007,
+                 extra={"path": "inline", "concurrency": 16, "batch": 1, "call_limit_ops_per_s": 16000.0})
+    missed = [m for m in must_show_failures([rec]) if m.startswith("4 KiB get with 16 callers")]
+    assert missed == ["4 KiB get with 16 callers: 8,000/s < 15,000/s (a no-op call through the same stack: 16,000/s)"]
