@@ -83,6 +83,9 @@ class StartedPut(NamedTuple):
 
 
 _OK_STATUS = common_pb2.Status()
+#: Builds a NamedTuple without its Python-level ``__new__`` (a generated lambda,
+#: ≈ 8 % of clientd's CPU in batched reads when called per position).
+_new = tuple.__new__
 
 
 def _statuses(codes: Sequence[int], error_positions: Sequence[int],
@@ -128,11 +131,11 @@ def unpack_put_starts(resp: master_pb2.PackedPutStartResponse) -> list[StartedPu
     for i in range(n):
         c = counts[i]
         if c == 1:
-            exts: tuple[StartedExtent, ...] = (StartedExtent(sids[j], offs[j], lens[j]),)
+            exts: tuple[StartedExtent, ...] = (_new(StartedExtent, (sids[j], offs[j], lens[j])),)
         else:
-            exts = tuple(StartedExtent(sids[k], offs[k], lens[k]) for k in range(j, j + c))
+            exts = tuple(_new(StartedExtent, (sids[k], offs[k], lens[k])) for k in range(j, j + c))
         j += c
-        out.append(StartedPut(statuses[i], tokens[i], versions[i], exts, wanted[i]))
+        out.append(_new(StartedPut, (statuses[i], tokens[i], versions[i], exts, wanted[i])))
     return out
 
 
@@ -193,11 +196,12 @@ def unpack_locations(resp: master_pb2.PackedLocations) -> list[Location]:
     for i in range(n):
         c = counts[i]
         if c == 1:
-            reps: tuple[LocatedReplica, ...] = (LocatedReplica(sids[j], offs[j], lens[j], tiers[j]),)
+            reps: tuple[LocatedReplica, ...] = (_new(LocatedReplica, (sids[j], offs[j], lens[j], tiers[j])),)
         else:
-            reps = tuple(LocatedReplica(sids[k], offs[k], lens[k], tiers[k]) for k in range(j, j + c))
+            reps = tuple(_new(LocatedReplica, (sids[k], offs[k], lens[k], tiers[k])) for k in range(j, j + c))
         j += c
-        out.append(Location(statuses[i], sizes[i], versions[i], reps, leases[i], ttls[i], checksums[i], hbytes[i]))
+        out.append(_new(Location, (statuses[i], sizes[i], versions[i], reps, leases[i], ttls[i], checksums[i],
+                                   hbytes[i])))
     return out
 
 
