@@ -45,6 +45,7 @@ __all__ = [
     "NotReady",
     "ChecksumMismatch",
     "Unavailable",
+    "DaemonUnreachable",
     "Internal",
     "UnknownClient",
     "UnknownBuffer",
@@ -214,6 +215,15 @@ class Unavailable(CxlkvError, ConnectionError):
     """Master, daemon or segment unreachable; retry later."""
 
     code = ErrorCode.UNAVAILABLE
+
+
+class DaemonUnreachable(Unavailable):
+    """The SDK could not reach its clientd, or the connection broke before the
+    answer came (the daemon stopped or restarted). Code ``UNAVAILABLE``.
+
+    A read that fails this way is retried by :class:`cxlkv.Client` for up to its
+    ``retry_s``; a write is not (whether it took effect is unknown).
+    """
 
 
 class Internal(CxlkvError):

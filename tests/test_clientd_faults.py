@@ -198,6 +198,96 @@ def test_sdk_keeps_working_across_a_clientd_restart(make_cluster, direct: bool) 
     cl.assert_invariants()
 
 
+@pytest.mark.parametrize("protocol", ["lean", "grpc"])
+def test_reads_ride_out_clientd_restarts_with_retry_s(make_cluster, protocol: str) -> None:
+    """With `retry_s`, reads in a loop keep answering — right bytes, no error —
+    across a graceful restart and a SIGKILL of their clientd: a read whose
+    daemon went away (before or during the call) is tried again on a new
+    connection."""
+    import signal
+
+    import numpy as np
+
+    from cxlkv.errors import DaemonUnreachable
+
+    cl = make_cluster(clientds=1)
+    big = os.urandom(200_000)  # through the pool: the restarted daemon must get new buffers
+    keys = [f"rr/{i}" for i in range(8)]
+    with cl.client(0) as w:
+        for i, k in enumerate(keys):
+            w.put(k, big if i % 2 else _value(i, 1000))
+    want = {k: (big if i % 2 else _value(i, 1000)) for i, k in enumerate(keys)}
+    stop = threading.Event()
+    done: list[int] = []
+    failures: list[BaseException] = []
+
+    def reader() -> None:
+        n = 0
+        try:
+            with cl.client(0, retry_s=60, protocol=protocol) as c:
+                while not stop.is_set():
+                    k = keys[n % len(keys)]
+                    assert c.get(k) == want[k]
+                    assert c.exists(k)
+                    dst = np.zeros(len(want[k]), dtype=np.uint8)
+                    assert c.get_into(k, dst) == len(want[k]) and dst.tobytes() == want[k]
+                    assert [r.value for r in c.get_many(keys[:3])] == [want[x] for x in keys[:3]]
+                    assert c.get_prefix_into(keys[:2], [bytearray(len(want[x])) for x in keys[:2]]) == 2
+                    n += 1
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+        done.append(n)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        time.sleep(0.3)
+        cl.restart_clientd(0)  # SIGTERM, then a new daemon
+        time.sleep(0.3)
+        cl.clientds[0].signal(signal.SIGKILL)  # mid-call, most likely
+        time.sleep(0.5)  # reads keep trying while nothing listens
+        cl.restart_clientd(0)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        t.join(90)
+    assert not failures, failures
+    assert done and done[0] > 0
+    # Without retry_s a read fails at once, as DaemonUnreachable (an Unavailable).
+    with cl.client(0, protocol=protocol) as c:
+        cl.clientds[0].stop()
+        t0 = time.monotonic()
+        with pytest.raises(DaemonUnreachable) as info:
+            c.get(keys[0])
+        assert isinstance(info.value, Unavailable) and time.monotonic() - t0 < 5
+    cl.restart_clientd(0)
+    cl.assert_invariants()
+
+
+def test_retry_s_gives_up_and_never_retries_writes(make_cluster) -> None:
+    """A read tries for retry_s and then raises DaemonUnreachable; a write raises
+    it at once whatever retry_s says (whether it took effect is unknown)."""
+    from cxlkv.errors import DaemonUnreachable
+
+    cl = make_cluster(clientds=1)
+    with cl.client(0, retry_s=0.6) as c, cl.client(0, retry_s=60) as patient:
+        c.put("gv/a", b"a")
+        cl.clientds[0].stop()
+        t0 = time.monotonic()
+        with pytest.raises(DaemonUnreachable, match="clientd"):
+            c.get("gv/a")
+        assert 0.6 <= time.monotonic() - t0 < 5
+        t0 = time.monotonic()
+        for write in (lambda: patient.put("gv/b", b"b"), lambda: patient.remove("gv/a"),
+                      lambda: patient.put_many([("gv/c", b"c")])):
+            with pytest.raises(DaemonUnreachable):
+                write()
+        assert time.monotonic() - t0 < 5
+        cl.restart_clientd(0)
+        assert c.get("gv/a") == b"a" and not patient.exists("gv/b")
+    cl.assert_invariants()
+
+
 def test_pool_revalidation_leaves_ranges_in_use_alone() -> None:
     """Dropping a segment the daemon forgot only unlists it: a range another thread
     is copying through keeps its memory, and frees queued by finalizers (which may

@@ -123,6 +123,9 @@ def test_argument_types_raise_cxlkv_errors(tmp_path) -> None:
     for bad in (0, -1, 1e300):
         with pytest.raises(InvalidArgument, match=r"timeout_s must be > 0.0 and <= 1e\+06"):
             Client(str(tmp_path / "none.sock"), timeout_s=bad)
+    for bad in (-0.1, float("nan"), "x", 1e300):
+        with pytest.raises(InvalidArgument, match="retry_s must be"):
+            Client(str(tmp_path / "none.sock"), retry_s=bad)
     with pytest.raises(InvalidArgument, match=r"buffer_pool_bytes must be >= 1 and <= 70368744177664"):
         Client(str(tmp_path / "none.sock"), buffer_pool_bytes=2**70)
     with pytest.raises(InvalidArgument, match="buffer_pool_bytes must be an integer"):

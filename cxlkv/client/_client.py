@@ -10,6 +10,7 @@ import math
 import operator
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,9 @@ from cxlkv.client._direct import FALLBACK, DirectPath
 from cxlkv.client._memory import address_of, dst_array, src_array
 from cxlkv.client._pool import BufferPool, Segment
 from cxlkv.client.framing import METHODS_BY_NAME
-from cxlkv.errors import CxlkvError, Internal, InvalidArgument, InvalidKey, OutOfRange, TooLarge, error_for
+from cxlkv.errors import (
+    CxlkvError, DaemonUnreachable, Internal, InvalidArgument, InvalidKey, OutOfRange, TooLarge, error_for,
+)
 from cxlkv.keys import validate_key, validate_replica_num
 from cxlkv.v1 import client_pb2, common_pb2
 
@@ -148,6 +151,43 @@ def _utf8_keys(fn: Any) -> Any:
             return fn(*args, **kwargs)
         except UnicodeEncodeError as exc:
             raise InvalidKey(f"key is not valid UTF-8 ({exc.reason}); keys are UTF-8 strings") from None
+
+    return wrapper
+
+
+#: First pause before a read is tried again on a new connection, in seconds; it
+#: doubles up to :data:`RETRY_MAX_PAUSE_S`.
+RETRY_FIRST_PAUSE_S = 0.01
+#: Longest pause between two tries of a read, in seconds.
+RETRY_MAX_PAUSE_S = 0.5
+
+
+def _retried(fn: Any) -> Any:
+    """Try a read again while the daemon cannot be reached (``Client.retry_s``).
+
+    Only :class:`DaemonUnreachable` is retried — the daemon stopped, restarted or
+    broke the connection before answering — never an answer (a miss, the
+    daemon's own ``Unavailable`` for an unreachable master, a timeout). Each try
+    reconnects (and re-checks the pool's buffers) like any call after a restart.
+    Applied to reads only: they can run twice without effect.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(self: "Client", *args: Any, **kwargs: Any) -> Any:
+        budget = self.retry_s
+        if budget <= 0:
+            return fn(self, *args, **kwargs)
+        deadline = time.monotonic() + budget
+        pause = RETRY_FIRST_PAUSE_S
+        while True:
+            try:
+                return fn(self, *args, **kwargs)
+            except DaemonUnreachable:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    raise
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, RETRY_MAX_PAUSE_S)
 
     return wrapper
 
@@ -281,6 +321,13 @@ class Client:
             ``$CXLKV_SOCKET``, else ``<runtime dir>/clientd.sock``. The lean socket is this path plus
             ``".lean"`` unless ``lean_socket_path`` is given.
         timeout_s: longest wait for one answer, in seconds.
+        retry_s: how long a read (``get``, ``get_into``, ``exists``, their batch
+            forms, ``get_prefix_into``, ``stat``) keeps trying, in seconds, when the
+            daemon cannot be reached or the connection breaks before the answer
+            (:class:`~cxlkv.errors.DaemonUnreachable`: a clientd restart), pausing
+            10 ms, doubling to 0.5 s, between tries. 0 (the default) fails at once,
+            so a cache read costs no wait and the caller can recompute instead.
+            Writes are never retried: whether the broken one took effect is unknown.
         buffer_pool_bytes: size of the managed shared-buffer pool (and of each
             further pool segment), in bytes. Memory is only created when first needed.
         protocol: ``"lean"`` (default; the fast framing) or ``"grpc"``.
@@ -325,6 +372,7 @@ class Client:
         socket_path: str | os.PathLike[str] | None = None,
         *,
         timeout_s: float = 30.0,
+        retry_s: float = 0.0,
         buffer_pool_bytes: int = DEFAULT_POOL_BYTES,
         protocol: str = "lean",
         lean_socket_path: str | os.PathLike[str] | None = None,
@@ -337,6 +385,7 @@ class Client:
         if protocol not in ("lean", "grpc"):
             raise InvalidArgument(f"protocol must be \"lean\" or \"grpc\", got {protocol!r}")
         timeout_s = _number("timeout_s", timeout_s, float, above=0.0, most=MAX_TIMEOUT_S)
+        retry_s = _number("retry_s", retry_s, float, least=0.0, most=MAX_TIMEOUT_S)
         buffer_pool_bytes = _number("buffer_pool_bytes", buffer_pool_bytes, int, least=1, most=MAX_SHARED_BYTES)
         inline_threshold_bytes = _number("inline_threshold_bytes", inline_threshold_bytes, int, least=0,
                                          most=MAX_SHARED_BYTES)
@@ -345,6 +394,7 @@ class Client:
                                  else self.socket_path + ".lean")
         self.protocol = protocol
         self.timeout_s = float(timeout_s)
+        self.retry_s = float(retry_s)
         self.inline_threshold_bytes = int(inline_threshold_bytes)
         self._pid = os.getpid()
         self._local = threading.local()
@@ -573,6 +623,7 @@ class Client:
         """``put(key, value, upsert=True, ...)``: replace atomically; returns the new version."""
         return self.put(key, value, upsert=True, **options)
 
+    @_retried
     @_utf8_keys
     def get(self, key: str) -> bytes:
         """The value of ``key``.
@@ -608,6 +659,7 @@ class Client:
                 return seg.array[off:off + r.value_size_bytes].tobytes()
         raise OutOfRange(f"value of key {key!r} kept growing while being read", key=key)
 
+    @_retried
     @_utf8_keys
     def exists(self, key: str) -> bool:
         """Whether ``key`` is committed (grants no lease).
@@ -694,6 +746,7 @@ class Client:
             return self._call("PutFrom", _PutFromRequest(key=key, options=opts, source=_BufferRange(
                 buffer_id=seg.buffer_id, offset_bytes=off, length_bytes=a.nbytes))).version
 
+    @_retried
     @_utf8_keys
     def get_into(self, key: str, dst: Any) -> int:
         """Copy the value of ``key`` into the start of ``dst``.
@@ -892,6 +945,7 @@ class Client:
             else:
                 results[i] = Result(True, version=r.version)
 
+    @_retried
     @_utf8_keys
     def get_many(self, keys: Sequence[str]) -> list[Result]:
         """Read many values; one :class:`Result` per key (``value`` = bytes when ok).
@@ -923,6 +977,7 @@ class Client:
                     results[i] = Result(False, error=_status_error(r.status, keys[i]))
         return results  # type: ignore[return-value]
 
+    @_retried
     @_utf8_keys
     def get_into_many(self, keys: Sequence[str], dsts: Sequence[Any]) -> list[Result]:
         """Copy the value of ``keys[i]`` into ``dsts[i]``; one :class:`Result` per key
@@ -1039,6 +1094,7 @@ class Client:
             targets.append((loc[0], loc[1], n))
         return arrays, targets, copy_back
 
+    @_retried
     @_utf8_keys
     def get_prefix_into(self, keys: Sequence[str], dsts: Sequence[Any], tiers: list[int] | None = None) -> int:
         """The longest cached prefix of ``keys``, copied into ``dsts`` in one call.
@@ -1077,6 +1133,7 @@ class Client:
                     arrays[i][:n] = seg.array[off:off + n]
             return matched
 
+    @_retried
     @_utf8_keys
     def exists_many(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key is committed (invalid keys answer ``False``).
@@ -1114,6 +1171,7 @@ class Client:
         return results
 
     # ============================================================ inspection
+    @_retried
     def stat(self) -> dict[str, Any]:
         """The daemon's state: identity, master connection, segments, key count,
         space, buffers, counters (ClientStatResponse as a dict: proto field names,

@@ -10,8 +10,10 @@ belongs to one thread.
 daemon's gRPC socket; it is thread-safe.
 
 Both raise :class:`~cxlkv.errors.CxlkvError` subclasses: the daemon's error for a
-failed call, :class:`~cxlkv.errors.Unavailable` (naming the socket) when the
-daemon cannot be reached or does not answer within the timeout.
+failed call; :class:`~cxlkv.errors.DaemonUnreachable` (an ``Unavailable`` naming
+the socket) when the daemon cannot be reached or the connection breaks before
+the answer; plain :class:`~cxlkv.errors.Unavailable` when it does not answer
+within the timeout.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Sequence
 from google.protobuf.message import DecodeError
 
 from cxlkv.client.framing import HEADER, HEADER_BYTES, LENGTH_BYTES, MIN_LENGTH, Method
-from cxlkv.errors import CxlkvError, Internal, Unavailable, error_for
+from cxlkv.errors import CxlkvError, DaemonUnreachable, Internal, Unavailable, error_for
 from cxlkv.v1 import common_pb2
 
 __all__ = ["LeanConnection", "GrpcConnection"]
@@ -84,7 +86,7 @@ class LeanConnection:
                 pass
         except OSError as exc:
             sock.close()
-            raise Unavailable(_unreachable(path, exc)) from None
+            raise DaemonUnreachable(_unreachable(path, exc)) from None
         self._sock: socket.socket | None = sock
 
     @property
@@ -124,7 +126,7 @@ class LeanConnection:
         """
         sock = self._sock
         if sock is None:
-            raise Unavailable(f"connection to clientd at {self.path} is closed")
+            raise DaemonUnreachable(f"connection to clientd at {self.path} is closed")
         rid = self._next_id
         self._next_id = rid + 1
         payload = request.SerializeToString()
@@ -144,7 +146,7 @@ class LeanConnection:
             raise Unavailable(f"clientd at {self.path} did not answer {method.name} within {self.timeout_s:g} s") from None
         except OSError as exc:
             self.close()
-            raise Unavailable(f"connection to clientd at {self.path} lost during {method.name}: {exc}") from None
+            raise DaemonUnreachable(f"connection to clientd at {self.path} lost during {method.name}: {exc}") from None
         if code:
             raise _error_from_detail(code, body)
         try:
@@ -161,7 +163,7 @@ class LeanConnection:
         """
         sock = self._sock
         if sock is None:
-            raise Unavailable(f"connection to clientd at {self.path} is closed")
+            raise DaemonUnreachable(f"connection to clientd at {self.path} is closed")
         rid = self._next_id
         self._next_id = rid + 1
         payload = request.SerializeToString()
@@ -169,7 +171,7 @@ class LeanConnection:
             sock.sendall(_pack(MIN_LENGTH + len(payload), method.number, 0, rid) + payload)
         except OSError as exc:
             self.close()
-            raise Unavailable(f"connection to clientd at {self.path} lost during {method.name}: {exc}") from None
+            raise DaemonUnreachable(f"connection to clientd at {self.path} lost during {method.name}: {exc}") from None
 
     def _read_frame(self) -> tuple[int, int, Any]:
         """Read one whole frame: (code, request id, body)."""
@@ -240,7 +242,7 @@ class LeanConnection:
                 return [exc]
         sock = self._sock
         if sock is None:
-            raise Unavailable(f"connection to clientd at {self.path} is closed")
+            raise DaemonUnreachable(f"connection to clientd at {self.path} is closed")
         pending: dict[int, int] = {}
         parts: list[bytes] = []
         for i, (m, req) in enumerate(calls):
@@ -291,7 +293,7 @@ class LeanConnection:
             raise Unavailable(f"clientd at {self.path} did not answer within {self.timeout_s:g} s") from None
         except OSError as exc:
             self.close()
-            raise Unavailable(f"connection to clientd at {self.path} lost: {exc}") from None
+            raise DaemonUnreachable(f"connection to clientd at {self.path} lost: {exc}") from None
         finally:
             if self._sock is not None:
                 self._sock.setblocking(True)
@@ -356,10 +358,11 @@ class GrpcConnection:
             probe.settimeout(timeout_s)
             probe.connect(path)
         except OSError as exc:
-            raise Unavailable(_unreachable(path, exc)) from None
+            raise DaemonUnreachable(_unreachable(path, exc)) from None
         finally:
             probe.close()
         self._grpc = grpc
+        self._lost_codes = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
         self.path = path
         self.timeout_s = timeout_s
         self._channel = grpc.insecure_channel(f"unix:{path}", options=[
@@ -395,12 +398,22 @@ class GrpcConnection:
         Raises:
             CxlkvError: the daemon's error, or Unavailable.
         """
-        from cxlkv.errors import from_rpc_error
-
         try:
             return getattr(self._stub, method.name)(request, timeout=self.timeout_s)
         except self._grpc.RpcError as exc:
-            raise from_rpc_error(exc, target=f"clientd at {self.path}") from None
+            raise self._error(exc) from None
+
+    def _error(self, exc: Any) -> CxlkvError:
+        """The cxlkv error of a failed call. A bare gRPC UNAVAILABLE or CANCELLED
+        (no cxlkv details: the channel could not reach the daemon, or the daemon
+        stopped with the call in flight — the SDK never cancels its own calls) is
+        :class:`DaemonUnreachable`."""
+        from cxlkv.errors import from_rpc_error
+
+        err = from_rpc_error(exc, target=f"clientd at {self.path}")
+        if type(err) is Unavailable and exc.code() in self._lost_codes and not exc.trailing_metadata():
+            return DaemonUnreachable(err.message)
+        return err
 
     def call_many(self, calls: Sequence[tuple[Method, Any]]) -> list[Any]:
         """Several calls in flight at once; per call its response or its error.
@@ -408,15 +421,13 @@ class GrpcConnection:
         Raises:
             Unavailable: the daemon cannot be reached.
         """
-        from cxlkv.errors import from_rpc_error
-
         futures = [getattr(self._stub, m.name).future(req, timeout=self.timeout_s) for m, req in calls]
         out: list[Any] = []
         for f in futures:
             try:
                 out.append(f.result())
             except self._grpc.RpcError as exc:
-                err = from_rpc_error(exc, target=f"clientd at {self.path}")
+                err = self._error(exc)
                 if isinstance(err, Unavailable):
                     raise err from None
                 out.append(err)
