@@ -22,6 +22,8 @@ import errno
 import select
 import socket
 import struct
+import threading
+import time
 from typing import Any, Sequence
 
 from google.protobuf.message import DecodeError
@@ -37,6 +39,9 @@ _unpack_from = HEADER.unpack_from
 _ErrorDetail = common_pb2.ErrorDetail
 _RECV_BYTES = 256 << 10
 _JOIN_BYTES = 64 << 10
+#: Longest wait in ``GrpcConnection.close`` for gRPC's connectivity poller to stop,
+#: seconds (it checks every 0.2 s).
+_POLLER_STOP_S = 0.5
 #: Largest answer body whose receive buffer a connection keeps for reuse, bytes.
 _KEEP_LARGE_BYTES = 16 << 20
 
@@ -386,11 +391,20 @@ class GrpcConnection:
             self._seen_ready = True
 
     def close(self) -> None:
-        """Close the channel (idempotent)."""
+        """Close the channel (idempotent).
+
+        gRPC's connectivity poller (a thread, waking every 0.2 s) fails with a
+        printed traceback if the channel closes between its check for
+        subscribers and its next wait (grpc/grpc#18995, also in gRPC's own
+        close). So after unsubscribing, the channel is closed by a short-lived
+        daemon thread once the poller has seen that nobody listens (at most
+        :data:`_POLLER_STOP_S` later); this call returns at once.
+        """
         if not self.closed:
             self.closed = True
             self._channel.unsubscribe(self._on_state)
-            self._channel.close()
+            threading.Thread(target=_close_after_poller, args=(self._channel,), daemon=True,
+                             name="cxlkv-grpc-close").start()
 
     def call(self, method: Method, request: Any) -> Any:
         """One call.
@@ -432,6 +446,16 @@ class GrpcConnection:
                     raise err from None
                 out.append(err)
         return out
+
+
+def _close_after_poller(channel: Any) -> None:
+    """Close ``channel`` once gRPC's connectivity poller has stopped (see
+    :meth:`GrpcConnection.close`)."""
+    state = getattr(channel, "_connectivity_state", None)  # private: best effort
+    deadline = time.monotonic() + _POLLER_STOP_S
+    while getattr(state, "polling", False) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    channel.close()
 
 
 def _timeval(seconds: float) -> bytes:
