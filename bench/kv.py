@@ -24,11 +24,13 @@ every byte read was written by the other "host". Measured:
 
 Beside each figure, ``limit_gbps`` is memcpy of the same size measured in the
 same run (:func:`cxlkv.bench.common.measure_memcpy_gbps`). The single-key 4 KiB
-figures are bound by the cost of a call, not by bytes, so they also carry the
-per-call ceilings of :mod:`cxlkv.bench.calls` measured in the same run with as
-many caller processes: ``echo_limit_ops_per_s`` (a Python echo over a Unix
-socket), ``call_limit_ops_per_s`` (the daemon's framing and loop answering a
-no-op) and ``ratio_to_call_limit`` (ops/s over the latter). ``--compare
+figures of the bytes API (``path = "inline"``, 1 and 16 callers) are bound by the
+cost of a call, not by bytes, so they also carry the per-call ceilings of
+:mod:`cxlkv.bench.calls` measured in the same run with as many caller processes:
+``echo_limit_ops_per_s`` (a Python echo over a Unix socket),
+``call_limit_ops_per_s`` (the daemon's framing and loop answering a no-op), their
+median latencies (``echo_limit_p50_us``, ``call_limit_p50_us``) and
+``ratio_to_call_limit`` (ops/s over the no-op ceiling). ``--compare
 mooncake`` also runs ``../shared/peer/mooncake_kv_bench.py`` (Mooncake Store on
 this machine, same record shape) when its virtual environment exists, and
 prints both side by side.
@@ -55,7 +57,7 @@ import click
 import numpy as np
 
 from cxlkv.bench.calls import KINDS as CALL_LIMIT_KINDS
-from cxlkv.bench.calls import measure_call_limit
+from cxlkv.bench.calls import CallLimit, measure_call_limit
 from cxlkv.bench.common import Record, Timing, emit, measure_memcpy_gbps, ops_for, output_options
 
 __all__ = ["run_kv", "must_show_failures", "kv_cmd", "SIZES"]
@@ -354,15 +356,16 @@ def _many_callers(ctx: Any, socket_path: str, op: str, keys: list[str], n: int, 
 
 
 def _call_limits(ctx: Any, callers: int, calls_per_caller: int, log: Callable[[str], None],
-                 before: dict[str, float] | None = None) -> dict[str, float]:
+                 before: dict[str, CallLimit] | None = None) -> dict[str, CallLimit]:
     """The per-call ceilings (:mod:`cxlkv.bench.calls`) with ``callers`` caller
-    processes, ops/s by kind; given ``before`` (the same measured earlier in the
-    run), the larger of the two per kind, as :func:`_settle_limits` does for memcpy."""
-    out: dict[str, float] = {}
+    processes, by kind; given ``before`` (the same measured earlier in the run),
+    the faster of the two per kind, as :func:`_settle_limits` does for memcpy."""
+    out: dict[str, CallLimit] = {}
     for kind in CALL_LIMIT_KINDS:
         lim = measure_call_limit(ctx, kind, callers, calls_per_caller)
-        out[kind] = max(lim.ops_per_s, (before or {}).get(kind, 0.0))
         log(f"  call limit {kind:<4} {callers:>2} caller(s): {lim.ops_per_s:,.0f} calls/s, p50 {lim.p50_us:.0f} us")
+        earlier = (before or {}).get(kind)
+        out[kind] = earlier if earlier is not None and earlier.ops_per_s > lim.ops_per_s else lim
     return out
 
 
@@ -487,9 +490,11 @@ def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
             ceilings = _call_limits(ctx, callers, per_caller, log, ceilings)
             for op, runs_ in (("put", puts), ("get", gets)):
                 t = Timing.from_runs(runs_)
+                echo, noop = ceilings["echo"], ceilings["noop"]
                 record(op, size, t, path="inline", concurrency=callers, batch=1,
-                       echo_limit_ops_per_s=ceilings["echo"], call_limit_ops_per_s=ceilings["noop"],
-                       ratio_to_call_limit=t.ops_per_s / ceilings["noop"])
+                       echo_limit_ops_per_s=echo.ops_per_s, echo_limit_p50_us=echo.p50_us,
+                       call_limit_ops_per_s=noop.ops_per_s, call_limit_p50_us=noop.p50_us,
+                       ratio_to_call_limit=t.ops_per_s / noop.ops_per_s)
 
         # ---- 4 KiB batched, 128 keys per call (1 caller, and 4 in flight) --------
         n_keys = BATCH * (24 if quick else 64)

@@ -288,6 +288,109 @@ def test_retry_s_gives_up_and_never_retries_writes(make_cluster) -> None:
     cl.assert_invariants()
 
 
+@pytest.mark.parametrize("protocol", ["lean", "grpc"])
+def test_retried_reads_recover_soon_after_a_long_outage(make_cluster, protocol: str) -> None:
+    """A daemon away for seconds, then back: reads waiting under retry_s answer
+    within about a second of its return — also on gRPC, whose channel would
+    otherwise wait out a growing reconnect backoff — and a batch of values too
+    large to travel inline (read one by one inside get_many) and a direct-mode
+    get_into_many come back whole."""
+    import numpy as np
+
+    cl = make_cluster(clientds=1, region_size_bytes=128 * MiB)
+    large = [os.urandom(2 * MiB + i) for i in range(3)]  # over the daemon's 1 MiB inline limit
+    with cl.client(0) as w:
+        for i, v in enumerate(large):
+            w.put(f"lo/{i}", v)
+    keys = [f"lo/{i}" for i in range(3)]
+    got: dict[str, object] = {}
+    with cl.client(0, retry_s=60, protocol=protocol) as c:
+        assert c.exists("lo/0")
+        cl.clientds[0].stop()
+
+        def read() -> None:
+            try:
+                got["many"] = [r.value if r.ok else r.error for r in c.get_many(keys)]
+                dsts = [np.zeros(len(v), dtype=np.uint8) for v in large]
+                res = c.get_into_many(keys, dsts)
+                got["into"] = [d.tobytes() if r.ok else r.error for r, d in zip(res, dsts)]
+                got["exists"] = c.exists_many(keys)
+                got["stat"] = c.stat()["buffers_registered"]
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                got["error"] = exc
+            got["at"] = time.monotonic()
+
+        t = threading.Thread(target=read)
+        t.start()
+        time.sleep(6.0)  # gRPC's default backoff would now wait about 4 s between attempts
+        cl.restart_clientd(0)
+        ready = time.monotonic()
+        t.join(60)
+    assert "error" not in got, got.get("error")
+    assert got["many"] == large and got["into"] == large and got["exists"] == [True] * 3
+    assert got["at"] - ready < 2.0, got["at"] - ready
+
+
+def test_retry_budget_is_shared_and_per_item_losses_retry_the_batch(make_cluster) -> None:
+    """A get_many whose large values are read one by one does not give each its own
+    retry_s: with the daemon gone for good it ends after about retry_s in all."""
+    from cxlkv.errors import DaemonUnreachable
+
+    cl = make_cluster(clientds=1, region_size_bytes=128 * MiB)
+    keys = [f"sb/{i}" for i in range(4)]
+    with cl.client(0, retry_s=1.0, direct=False) as c:
+        for k in keys:
+            c.put(k, os.urandom(2 * MiB))
+        real = c._call_many
+
+        def batch_then_vanish(name, requests):  # the daemon stops after answering BatchGet
+            out = real(name, requests)
+            if name == "BatchGet" and cl.clientds[0].alive():
+                cl.clientds[0].stop()
+            return out
+
+        c._call_many = batch_then_vanish
+        t0 = time.monotonic()
+        try:
+            res = c.get_many(keys)
+        except DaemonUnreachable:
+            pass
+        else:
+            assert all(isinstance(r.error, DaemonUnreachable) for r in res), res
+        assert time.monotonic() - t0 < 3.0  # one budget, not one per large value
+        cl.restart_clientd(0)
+
+
+def test_direct_read_then_restart_leaves_no_stale_connection(make_cluster) -> None:
+    """A direct-mode read leaves the answer to its lease release unread on the
+    connection; a restart after it is still noticed before the next call, so even
+    a write (never retried) goes through, and close() from a thread whose
+    connection predates the restart still unregisters the pool's buffers."""
+    import numpy as np
+
+    cl = make_cluster(clientds=1)
+    big = os.urandom(200_000)
+    with cl.client(0) as c:
+        c.put("ds/a", big)
+        dst = np.zeros(len(big), dtype=np.uint8)
+        assert c.get_into("ds/a", dst) == len(big) and dst.tobytes() == big
+        cl.restart_clientd(0)
+        assert c.upsert("ds/a", b"new") > 0
+        assert c.get("ds/a") == b"new"
+    with cl.client(0, direct=False) as c:
+        c.put("ds/b", big)  # staged: registers a pool segment
+        cl.restart_clientd(0)
+        t = threading.Thread(target=lambda: c.put("ds/c", big))  # its own, new connection
+        t.start()
+        t.join(30)
+        with cl.client(0) as probe:
+            assert probe.stat()["buffers_registered"] >= 1
+    with cl.client(0) as probe:
+        st = probe.stat()
+    assert st["buffers_registered"] == 0 and st["buffer_bytes"] == 0, st
+    cl.assert_invariants()
+
+
 def test_pool_revalidation_leaves_ranges_in_use_alone() -> None:
     """Dropping a segment the daemon forgot only unlists it: a range another thread
     is copying through keeps its memory, and frees queued by finalizers (which may

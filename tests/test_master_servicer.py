@@ -118,6 +118,10 @@ def test_packed_puts_answer_per_position_like_the_item_forms(servicer: MasterSer
                  common_pb2.PutOptions()]))
     assert ctx.status is None
     a, bad, b, dup = unpack_put_starts(resp)
+    from cxlkv.clientd.master_link import StartedExtent, StartedPut
+
+    assert all(len(x) == len(StartedPut._fields) for x in (a, bad, b, dup))
+    assert all(len(e) == len(StartedExtent._fields) for x in (a, b, dup) for e in x[3])
     assert a.status.code == 0 and a.put_token == a.version and len(a.extents) == 1
     assert a.extents[0].length_bytes == 192  # 128 B header + 10 B value, 64-aligned
     assert bad.status.code == ErrorCode.INVALID_KEY and bad.extents == () and bad.status.message
@@ -202,6 +206,11 @@ def test_packed_reads_answer_like_the_message_forms() -> None:
     assert locs[1].status.message and locs[1].replicas == () and locs[1].lease_id == 0
     assert len(locs[3].replicas) == 2 and locs[0].checksum == 11 and locs[0].header_bytes == 128
     assert len({x.lease_id for x in locs if x.lease_id}) == 4  # a lease per located key
+    # Built without NamedTuple's own __new__ (hot path): every field is there.
+    from cxlkv.clientd.master_link import Location, LocatedReplica
+
+    assert all(len(x) == len(Location._fields) for x in locs)
+    assert all(len(r) == len(LocatedReplica._fields) for x in locs for r in x.replicas)
     # Prefix: per query, the matched keys' locations, concatenated.
     preq = master_pb2.BatchMatchPrefixRequest(client_id=cid, queries=[
         master_pb2.PrefixQuery(keys=["a", "b", "missing", "two"]), master_pb2.PrefixQuery(keys=["missing"]),

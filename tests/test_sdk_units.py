@@ -167,3 +167,55 @@ def test_buffer_status_against_an_older_daemon() -> None:
     assert _registered(Conn(client_pb2.BufferStatusResponse(registered=[True, False])), [5, 6]) == [True, False]
     with pytest.raises(Internal, match="1 answers for 2"):
         _registered(Conn(client_pb2.BufferStatusResponse(registered=[True])), [5, 6])
+
+
+def test_retried_reads_share_one_budget_and_retry_lost_items() -> None:
+    """`Client.retry_s`: a read is tried again after DaemonUnreachable or NotReady
+    (raised, or in an item's Result); answers and timeouts are not retried; reads
+    inside a retried read share its budget; 0 tries once."""
+    import threading
+
+    from cxlkv.client._client import Result, _retried
+    from cxlkv.errors import DaemonUnreachable, NotFound, NotReady, Unavailable
+
+    class Fake:
+        def __init__(self, retry_s: float, outcomes: list) -> None:
+            self.retry_s = retry_s
+            self._local = threading.local()
+            self._closed = False
+            self.outcomes = outcomes
+            self.calls = 0
+
+        @_retried
+        def read(self) -> object:
+            self.calls += 1
+            out = self.outcomes.pop(0)
+            if isinstance(out, BaseException):
+                raise out
+            return out
+
+        @_retried
+        def outer(self) -> object:
+            try:
+                return self.read()
+            except DaemonUnreachable as exc:
+                return [Result(False, error=exc)]
+
+    lost = DaemonUnreachable("gone")
+    f = Fake(5.0, [lost, NotReady("starting"), [Result(False, error=lost)], [Result(True, value=b"v")]])
+    assert f.read()[0].value == b"v" and f.calls == 4
+    for answer in (NotFound("no"), Unavailable("master unreachable")):
+        f = Fake(5.0, [answer, "unused"])
+        with pytest.raises(type(answer)):
+            f.read()
+        assert f.calls == 1
+    f = Fake(0.0, [lost])
+    with pytest.raises(DaemonUnreachable):
+        f.read()
+    # Nested: the inner read does not loop on its own; the outer retries the whole.
+    f = Fake(5.0, [lost, [Result(True, value=b"w")]])
+    assert f.outer()[0].value == b"w" and f.calls == 2
+    # Out of budget: the per-item errors are returned, a raised one is raised.
+    f = Fake(0.05, [[Result(False, error=lost)]] * 50)
+    res = f.read()
+    assert isinstance(res[0].error, DaemonUnreachable) and f.calls > 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import operator
 import os
 import threading
@@ -25,7 +26,8 @@ from cxlkv.client._memory import address_of, dst_array, src_array
 from cxlkv.client._pool import BufferPool, Segment
 from cxlkv.client.framing import METHODS_BY_NAME
 from cxlkv.errors import (
-    CxlkvError, DaemonUnreachable, Internal, InvalidArgument, InvalidKey, OutOfRange, TooLarge, error_for,
+    CxlkvError, DaemonUnreachable, Internal, InvalidArgument, InvalidKey, NotReady, OutOfRange, TooLarge,
+    error_for,
 )
 from cxlkv.keys import validate_key, validate_replica_num
 from cxlkv.v1 import client_pb2, common_pb2
@@ -163,31 +165,48 @@ RETRY_MAX_PAUSE_S = 0.5
 
 
 def _retried(fn: Any) -> Any:
-    """Try a read again while the daemon cannot be reached (``Client.retry_s``).
+    """Try a read again while its daemon is away (``Client.retry_s``).
 
-    Only :class:`DaemonUnreachable` is retried — the daemon stopped, restarted or
-    broke the connection before answering — never an answer (a miss, the
-    daemon's own ``Unavailable`` for an unreachable master, a timeout). Each try
-    reconnects (and re-checks the pool's buffers) like any call after a restart.
+    Retried: :class:`DaemonUnreachable` — the daemon stopped, restarted or broke
+    the connection before answering — raised by the call or standing in any
+    item's :class:`Result` (a batch whose daemon went away mid-way is read again
+    whole), and :class:`NotReady` (a daemon that just started and has not
+    registered with its master yet). Never an answer (a miss, the daemon's own
+    ``Unavailable`` for an unreachable master) nor a call past ``timeout_s``.
+    Each try reconnects and re-checks the pool's buffers like any call after a
+    restart. Calls made inside a retried read (``get_many`` reading a large
+    value through ``get``) share its budget instead of starting their own.
     Applied to reads only: they can run twice without effect.
     """
 
     @functools.wraps(fn)
     def wrapper(self: "Client", *args: Any, **kwargs: Any) -> Any:
         budget = self.retry_s
-        if budget <= 0:
+        local = self._local
+        if budget <= 0 or getattr(local, "retrying", False):
             return fn(self, *args, **kwargs)
         deadline = time.monotonic() + budget
         pause = RETRY_FIRST_PAUSE_S
-        while True:
-            try:
-                return fn(self, *args, **kwargs)
-            except DaemonUnreachable:
+        local.retrying = True
+        try:
+            while True:
+                try:
+                    out = fn(self, *args, **kwargs)
+                    if not (isinstance(out, list) and any(
+                            isinstance(getattr(r, "error", None), DaemonUnreachable) for r in out)):
+                        return out
+                    failed: Any = None
+                except (DaemonUnreachable, NotReady) as exc:
+                    failed = exc
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed:
-                    raise
+                    if failed is None:
+                        return out  # the per-item errors say which items failed
+                    raise failed
                 time.sleep(min(pause, left))
                 pause = min(pause * 2, RETRY_MAX_PAUSE_S)
+        finally:
+            local.retrying = False
 
     return wrapper
 
@@ -217,7 +236,8 @@ MAX_SHARED_BYTES = 1 << 46
 
 def _number(name: str, value: Any, kind: type, *, least: float | None = None, above: float | None = None,
             most: float | None = None) -> Any:
-    """``value`` as an ``int`` (no float, no bool) or a finite ``float``, within bounds.
+    """``value`` as an ``int`` (no float, no bool) or a finite ``float`` (from a real number: no
+    bool, no string), within bounds.
 
     Raises:
         InvalidArgument: not a number of that kind, not finite, or out of bounds.
@@ -228,6 +248,8 @@ def _number(name: str, value: Any, kind: type, *, least: float | None = None, ab
                 raise TypeError
             v = operator.index(value)
         else:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError  # "5", b"1", True: not a number, even if float() takes it
             v = float(value)
             if not math.isfinite(v):
                 raise ValueError
@@ -324,8 +346,9 @@ class Client:
         retry_s: how long a read (``get``, ``get_into``, ``exists``, their batch
             forms, ``get_prefix_into``, ``stat``) keeps trying, in seconds, when the
             daemon cannot be reached or the connection breaks before the answer
-            (:class:`~cxlkv.errors.DaemonUnreachable`: a clientd restart), pausing
-            10 ms, doubling to 0.5 s, between tries. 0 (the default) fails at once,
+            (:class:`~cxlkv.errors.DaemonUnreachable`: a clientd restart; raised or
+            in a batch item's result) or a daemon just started says ``NotReady``,
+            pausing 10 ms, doubling to 0.5 s, between tries. 0 (the default) fails at once,
             so a cache read costs no wait and the caller can recompute instead.
             Writes are never retried: whether the broken one took effect is unknown.
         buffer_pool_bytes: size of the managed shared-buffer pool (and of each
@@ -503,7 +526,9 @@ class Client:
     def _unregister_buffer(self, buffer_id: int) -> None:
         if self._pid != os.getpid():
             return
-        self._call("UnregisterBuffer", client_pb2.UnregisterBufferRequest(buffer_id=buffer_id))
+        # A connection idle since a daemon restart is replaced first: else the
+        # request is lost and the new daemon keeps the buffer for this process's life.
+        self._conn(check=True).call(_M["UnregisterBuffer"], client_pb2.UnregisterBufferRequest(buffer_id=buffer_id))
 
     def close(self) -> None:
         """Unregister the pool's buffers and close every connection (idempotent).

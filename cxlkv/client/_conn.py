@@ -39,6 +39,10 @@ _unpack_from = HEADER.unpack_from
 _ErrorDetail = common_pb2.ErrorDetail
 _RECV_BYTES = 256 << 10
 _JOIN_BYTES = 64 << 10
+#: Shortest and longest pause of the gRPC channel between reconnection attempts
+#: to the daemon's socket, in milliseconds.
+RECONNECT_MIN_MS = 100
+RECONNECT_MAX_MS = 1000
 #: Longest wait in ``GrpcConnection.close`` for gRPC's connectivity poller to stop,
 #: seconds (it checks every 0.2 s).
 _POLLER_STOP_S = 0.5
@@ -109,14 +113,29 @@ class LeanConnection:
 
     def peer_closed(self) -> bool:
         """Whether the daemon closed its end while this connection sat idle (it
-        stopped or restarted): one non-blocking peek, nothing consumed."""
+        stopped or restarted).
+
+        Non-blocking: answers already there (to :meth:`send` calls, which nobody
+        waits for) are taken into the receive buffer, where the next call skips
+        them, so that an end of stream behind them is seen too; usually one
+        ``recv`` that finds nothing.
+        """
         sock = self._sock
         if sock is None:
             return True
+        rb = self._rb
         try:
-            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            while True:
+                self._compact()
+                room = len(rb) - self._rend
+                if not room:
+                    return False  # a full buffer of unread answers: the daemon is there
+                n = sock.recv_into(self._rmv[self._rend:], room, socket.MSG_DONTWAIT)
+                if not n:
+                    return True
+                self._rend += n
         except BlockingIOError:
-            return False  # open, nothing to read
+            return False  # open, nothing (more) to read
         except OSError:
             return True
 
@@ -197,10 +216,7 @@ class LeanConnection:
                     return code, rid, body
                 if total > len(rb):
                     return code, rid, self._read_large(length - MIN_LENGTH, avail - HEADER_BYTES)
-            if self._rstart and len(rb) - self._rend < (len(rb) >> 2):
-                rest = self._rend - self._rstart
-                rb[:rest] = rb[self._rstart:self._rend]
-                self._rstart, self._rend = 0, rest
+            self._compact()
             n = self._sock.recv_into(self._rmv[self._rend:])  # type: ignore[union-attr]
             if not n:
                 raise ConnectionError("clientd closed the connection")
@@ -315,11 +331,17 @@ class LeanConnection:
             return 1
         return 2 if total > len(self._rb) else 0
 
-    def _fill(self) -> None:
-        if self._rstart and len(self._rb) - self._rend < (len(self._rb) >> 2):
+    def _compact(self) -> None:
+        """Move the unread bytes to the front of the receive buffer when less than
+        a quarter of it is free behind them."""
+        rb = self._rb
+        if self._rstart and len(rb) - self._rend < (len(rb) >> 2):
             rest = self._rend - self._rstart
-            self._rb[:rest] = self._rb[self._rstart:self._rend]
+            rb[:rest] = rb[self._rstart:self._rend]
             self._rstart, self._rend = 0, rest
+
+    def _fill(self) -> None:
+        self._compact()
         try:
             n = self._sock.recv_into(self._rmv[self._rend:])  # type: ignore[union-attr]
         except BlockingIOError:
@@ -373,6 +395,12 @@ class GrpcConnection:
         self._channel = grpc.insecure_channel(f"unix:{path}", options=[
             ("grpc.max_receive_message_length", 256 << 20),
             ("grpc.max_send_message_length", 256 << 20),
+            # A local daemon that restarts is back within seconds: try again
+            # every 0.1-1 s, not gRPC's default 1 s growing to 120 s (a read
+            # retried under Client.retry_s would fail until the next attempt).
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_MIN_MS),
+            ("grpc.min_reconnect_backoff_ms", RECONNECT_MIN_MS),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_MAX_MS),
         ])
         self._stub = client_pb2_grpc.ClientServiceStub(self._channel)
         self.closed = False
