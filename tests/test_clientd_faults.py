@@ -328,7 +328,7 @@ def test_retried_reads_recover_soon_after_a_long_outage(make_cluster, protocol: 
         t.join(60)
     assert "error" not in got, got.get("error")
     assert got["many"] == large and got["into"] == large and got["exists"] == [True] * 3
-    assert got["at"] - ready < 2.0, got["at"] - ready
+    assert got["at"] - ready < 3.0, got["at"] - ready
 
 
 def test_retry_budget_is_shared_and_per_item_losses_retry_the_batch(make_cluster) -> None:

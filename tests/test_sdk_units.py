@@ -219,3 +219,34 @@ def test_retried_reads_share_one_budget_and_retry_lost_items() -> None:
     f = Fake(0.05, [[Result(False, error=lost)]] * 50)
     res = f.read()
     assert isinstance(res[0].error, DaemonUnreachable) and f.calls > 1
+
+
+def test_grpc_channel_reconnects_quickly_to_a_restarted_daemon(tmp_path, monkeypatch) -> None:
+    """The SDK's gRPC channel tries the daemon's socket again every 0.1-1 s (not
+    gRPC's 1 s growing to 120 s), so a read retried under retry_s finds a
+    restarted daemon soon."""
+    import socket
+
+    import grpc
+
+    from cxlkv.client import _conn
+
+    seen: dict[str, object] = {}
+    real = grpc.insecure_channel
+
+    def spy(target, options=None, **kw):
+        seen.update(dict(options or []))
+        return real(target, options=options, **kw)
+
+    monkeypatch.setattr(grpc, "insecure_channel", spy)
+    path = str(tmp_path / "d.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    try:
+        conn = _conn.GrpcConnection(path, 1.0)
+        conn.close()
+    finally:
+        listener.close()
+    assert seen["grpc.initial_reconnect_backoff_ms"] == seen["grpc.min_reconnect_backoff_ms"] == 100
+    assert seen["grpc.max_reconnect_backoff_ms"] == 1000
