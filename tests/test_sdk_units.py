@@ -185,6 +185,10 @@ def test_retried_reads_share_one_budget_and_retry_lost_items() -> None:
             self._closed = False
             self.outcomes = outcomes
             self.calls = 0
+            self.checks = 0
+
+        def _buffers_may_be_forgotten(self) -> None:
+            self.checks += 1
 
         @_retried
         def read(self) -> object:
@@ -215,6 +219,15 @@ def test_retried_reads_share_one_budget_and_retry_lost_items() -> None:
     # Nested: the inner read does not loop on its own; the outer retries the whole.
     f = Fake(5.0, [lost, [Result(True, value=b"w")]])
     assert f.outer()[0].value == b"w" and f.calls == 2
+    # UnknownBuffer: retried (after a buffer check) only once the daemon was lost.
+    from cxlkv.errors import UnknownBuffer
+
+    f = Fake(5.0, [lost, UnknownBuffer("forgotten"), [Result(False, error=UnknownBuffer("x"))], b"ok"])
+    assert f.read() == b"ok" and f.calls == 4 and f.checks == 3
+    f = Fake(5.0, [UnknownBuffer("never registered"), "unused"])
+    with pytest.raises(UnknownBuffer):
+        f.read()
+    assert f.calls == 1 and f.checks == 0
     # Out of budget: the per-item errors are returned, a raised one is raised.
     f = Fake(0.05, [[Result(False, error=lost)]] * 50)
     res = f.read()

@@ -27,7 +27,7 @@ from cxlkv.client._pool import BufferPool, Segment
 from cxlkv.client.framing import METHODS_BY_NAME
 from cxlkv.errors import (
     CxlkvError, DaemonUnreachable, Internal, InvalidArgument, InvalidKey, NotReady, OutOfRange, TooLarge,
-    error_for,
+    UnknownBuffer, error_for,
 )
 from cxlkv.keys import validate_key, validate_replica_num
 from cxlkv.v1 import client_pb2, common_pb2
@@ -171,12 +171,15 @@ def _retried(fn: Any) -> Any:
     the connection before answering — raised by the call or standing in any
     item's :class:`Result` (a batch whose daemon went away mid-way is read again
     whole), and :class:`NotReady` (a daemon that just started and has not
-    registered with its master yet). Never an answer (a miss, the daemon's own
-    ``Unavailable`` for an unreachable master) nor a call past ``timeout_s``.
-    Each try reconnects and re-checks the pool's buffers like any call after a
-    restart. Calls made inside a retried read (``get_many`` reading a large
-    value through ``get``) share its budget instead of starting their own.
-    Applied to reads only: they can run twice without effect.
+    registered with its master yet); after one of those, also
+    :class:`UnknownBuffer` (a gRPC channel back on a new daemon before the SDK
+    heard of the reconnection: the pool's buffers are checked, then the read
+    goes again). Never an answer (a miss, the daemon's own ``Unavailable`` for
+    an unreachable master) nor a call past ``timeout_s``. Each try reconnects
+    and re-checks the pool's buffers like any call after a restart. Calls made
+    inside a retried read (``get_many`` reading a large value through ``get``)
+    share its budget instead of starting their own. Applied to reads only: they
+    can run twice without effect.
     """
 
     @functools.wraps(fn)
@@ -187,17 +190,25 @@ def _retried(fn: Any) -> Any:
             return fn(self, *args, **kwargs)
         deadline = time.monotonic() + budget
         pause = RETRY_FIRST_PAUSE_S
+        lost = False  # a try failed: the daemon went away, its buffers may be forgotten
         local.retrying = True
         try:
             while True:
+                retried: tuple[type, ...] = (DaemonUnreachable, UnknownBuffer) if lost else (DaemonUnreachable,)
                 try:
                     out = fn(self, *args, **kwargs)
                     if not (isinstance(out, list) and any(
-                            isinstance(getattr(r, "error", None), DaemonUnreachable) for r in out)):
+                            isinstance(getattr(r, "error", None), retried) for r in out)):
                         return out
                     failed: Any = None
                 except (DaemonUnreachable, NotReady) as exc:
                     failed = exc
+                except UnknownBuffer as exc:
+                    if not lost:
+                        raise
+                    failed = exc
+                lost = True  # whatever failed, a new daemon may answer the next try
+                self._buffers_may_be_forgotten()
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed:
                     if failed is None:
@@ -502,6 +513,14 @@ class Client:
                 c.close()  # the next call reconnects and asks again
                 raise
         return c
+
+    def _buffers_may_be_forgotten(self) -> None:
+        """The daemon went away during a call: check the pool's buffers before the
+        next one (a new lean connection does so anyway; the gRPC channel only once
+        it has told us it reconnected, which may come after that call)."""
+        g = self._grpc
+        if g is not None:
+            g.reconnected = True
 
     def _call(self, name: str, request: Any) -> Any:
         return self._conn().call(_M[name], request)
