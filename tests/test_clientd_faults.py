@@ -523,3 +523,41 @@ def test_replica_on_a_segment_this_host_does_not_map_is_revoked(tmp_path: Path) 
         assert st.counters["puts_revoked"] >= 5
     finally:
         assert cl.stop() == []
+
+
+def test_direct_mode_turns_off_when_the_daemon_returns_on_another_region(tmp_path: Path) -> None:
+    """A Client whose daemon comes back mapping another region (reformatted, or
+    another device) under the same socket: direct mode notices at the reconnection
+    and turns itself off — reads go through the daemon and return the new bytes —
+    instead of failing every direct read against the old mapping."""
+    import numpy as np
+
+    from cxlkv.cluster import LocalCluster
+
+    run_dir = tmp_path / "same"
+    a = LocalCluster(run_dir, clientds=1, region_size_bytes=64 * MiB)
+    a.start()
+    b = None
+    try:
+        c = __import__("cxlkv").Client(a.socket_path(0), retry_s=30)
+        try:
+            assert c.direct, c.direct_status
+            c.put("rg/k", b"old" * 100_000)
+            a.stop()
+            b = LocalCluster(run_dir, clientds=1, region_size_bytes=64 * MiB)
+            b.start()
+            assert b.socket_path(0) == a.socket_path(0)
+            new = os.urandom(300_000)
+            with __import__("cxlkv").Client(b.socket_path(0)) as w:
+                w.put("rg/k", new)
+            dst = np.zeros(len(new), dtype=np.uint8)
+            assert c.get_into("rg/k", dst) == len(new) and dst.tobytes() == new
+            assert not c.direct and "make a new Client" in c.direct_status
+            c.put("rg/k2", new)  # puts take the daemon's path too
+            assert c.get("rg/k2") == new
+        finally:
+            c.close()
+    finally:
+        if b is not None:
+            b.stop()
+        a.stop()

@@ -439,10 +439,10 @@ class Client:
         share = _daemon_uid(self.socket_path) not in (None, os.geteuid())
         self._pool = BufferPool(self._register_buffer, self._unregister_buffer, int(buffer_pool_bytes),
                                 share_with_group=share)
+        self._direct: DirectPath | None = None
         self._conn()  # fail fast when the daemon is not running
         self.direct_threshold_bytes = (self.inline_threshold_bytes + 1 if direct_threshold_bytes is None
                                        else max(0, int(direct_threshold_bytes)))
-        self._direct: DirectPath | None = None
         self._cuda: CudaCopier | None = None
         self._cuda_register = bool(cuda_register)
         #: Why direct mode is or is not in use (one line).
@@ -457,10 +457,28 @@ class Client:
     @property
     def direct(self) -> bool:
         """Whether direct mode is in use (see :attr:`direct_status` for why not)."""
-        return self._direct is not None
+        return self._direct is not None and not self._direct.disabled
 
     def _use_direct(self, nbytes: int) -> bool:
-        return self._direct is not None and nbytes >= self.direct_threshold_bytes
+        d = self._direct
+        return d is not None and not d.disabled and nbytes >= self.direct_threshold_bytes
+
+    def _check_direct(self, conn: Any) -> None:
+        """After a reconnection: if the daemon now maps other regions than the ones
+        direct mode mapped here (it came back on a reformatted or another region),
+        turn direct mode off for this Client — its values go through the daemon —
+        instead of failing every direct read with CHECKSUM_MISMATCH."""
+        d = self._direct
+        if d is None or d.disabled:
+            return
+        try:
+            info = conn.call(_M["DirectInfo"], client_pb2.DirectInfoRequest())
+        except CxlkvError:
+            return  # cannot tell (an older daemon): the identity checks of each copy still hold
+        why = d.changed(info)
+        if why:
+            d.disable(why)
+            self.direct_status = f"off: {why} since this Client mapped it (make a new Client to map it again)"
 
     def _copier(self) -> CudaCopier:
         if self._cuda is None:
@@ -494,6 +512,7 @@ class Client:
                 g.reconnected = False
                 try:
                     self._pool.revalidate(lambda ids: _registered(g, ids))
+                    self._check_direct(g)
                 except BaseException:
                     g.reconnected = True  # ask again at the next call
                     raise
@@ -509,6 +528,7 @@ class Client:
                 self._conns.append(c)
             try:
                 self._pool.revalidate(lambda ids: _registered(c, ids))
+                self._check_direct(c)
             except BaseException:
                 c.close()  # the next call reconnects and asks again
                 raise

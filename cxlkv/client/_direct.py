@@ -94,10 +94,15 @@ class DirectPath:
     """
 
     def __init__(self, call: Callable[[str, Any], Any], regions: dict[int, Any], *, flush: bool,
-                 send: Callable[[str, Any], None] | None = None) -> None:
+                 send: Callable[[str, Any], None] | None = None,
+                 identities: dict[int, str] | None = None) -> None:
         self._call = call
         self._send = send or call
         self.regions = regions
+        #: segment id → region uuid of each mapped region (as the daemon listed it).
+        self.identities = dict(identities or {})
+        #: Why direct mode was turned off after start (:meth:`disable`); "" while on.
+        self.disabled = ""
         self.flush = flush
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
@@ -159,7 +164,26 @@ class DirectPath:
             log.info("direct mode: regions not mapped: %s", why)
         if not mapped:
             return None, why or "no region could be mapped"
-        return cls(call, mapped, flush=info.coherence == "flush", send=send), why
+        idents = {r.segment_id: r.region_uuid for r in info.regions if r.segment_id in mapped}
+        return cls(call, mapped, flush=info.coherence == "flush", send=send, identities=idents), why
+
+    def changed(self, info: client_pb2.DirectInfoResponse) -> str:
+        """Why ``info`` (a daemon's DirectInfo) no longer matches the regions
+        mapped here ("" when it does): a daemon back on other regions."""
+        if not info.offered:
+            return "the daemon no longer offers direct mode"
+        now = {r.segment_id: r.region_uuid for r in info.regions}
+        for sid, uuid in self.identities.items():
+            if now.get(sid) != uuid:
+                return (f"segment {sid} is now region {now[sid]}, not {uuid}" if sid in now
+                        else f"the daemon no longer lists segment {sid}")
+        return ""
+
+    def disable(self, why: str) -> None:
+        """Stop copying directly: every later put and get answers FALLBACK (the
+        daemon's path). The mappings stay until this object is dropped, so a copy
+        running in another thread is never unmapped under it."""
+        self.disabled = why
 
     def close(self) -> None:
         """Unmap the regions and stop the helper thread (idempotent)."""
@@ -197,6 +221,8 @@ class DirectPath:
             Unavailable: the daemon cannot be reached (started puts are revoked,
                 or reclaimed by the daemon when this process exits).
         """
+        if self.disabled:
+            return {pos: FALLBACK for pos, *_ in items}
         out: dict[int, Any] = {}
         todo = [_PutItem(pos, key, src, _nbytes(src), opts) for pos, key, src, opts in items]
         for attempt in range(2):
@@ -331,6 +357,8 @@ class DirectPath:
             Unavailable: the daemon cannot be reached.
         """
         n = len(keys)
+        if self.disabled:
+            return [FALLBACK] * n
         out: list[Any] = [None] * n
         todo = list(range(n))
         for attempt in range(2):
