@@ -205,10 +205,12 @@ def test_ctrl_c_leaves_no_process_or_region(tmp_path: Path, how: str, delay_s: f
     assert p.returncode == (128 + signal.SIGTERM if how == "sigterm" else 1), (p.returncode, out[-2000:])
     assert b"Traceback" not in out, out[-2000:]
     time.sleep(0.5)
-    assert set(Path("/dev/shm").glob("cxlkv-*")) <= before
+    left = set(Path("/dev/shm").glob("cxlkv-*")) - before
+    assert not left, (left, out[-2000:])
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    assert str(p.pid) not in [ln.split()[0] for ln in ps.splitlines()[1:]]
-    assert "cxlkv-replay-" not in ps  # no daemon of its temporary cluster
+    assert str(p.pid) not in [ln.split()[0] for ln in ps.splitlines()[1:]], out[-2000:]
+    ours = [ln for ln in ps.splitlines() if "cxlkv-replay-" in ln]
+    assert not ours, (ours, out[-2000:])  # no daemon of its temporary cluster
 
 
 def test_replay_socket_takes_capacity_from_master(cluster, tmp_path: Path) -> None:
