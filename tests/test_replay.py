@@ -182,20 +182,43 @@ def test_cluster_down_and_status_never_touch_a_recycled_pid(tmp_path: Path) -> N
 
 @needs_trace
 @pytest.mark.parametrize("how,delay_s", [("ctrl-c", 0.2), ("ctrl-c", 2.0), ("sigterm", 2.0)])
-def test_ctrl_c_leaves_no_process_or_region(tmp_path: Path, how: str, delay_s: float) -> None:
+def test_ctrl_c_leaves_no_process_or_region(how: str, delay_s: float) -> None:
     """SIGINT to the replay's process group (a terminal's Ctrl-C) mid-run — also
     while the workers are being started (the shorter delay) —, or SIGTERM to the
     command alone (kill, timeout, a cancelled CI job): it exits, and no daemon,
     worker or region file of it remains."""
-    import signal
-    import time
+    import shutil
+    import tempfile
 
-    before = set(Path("/dev/shm").glob("cxlkv-*"))
+    # Its own temporary directory (short: socket paths live there), where the
+    # cluster it starts is found, so other clusters on this machine (another
+    # job's) neither hide nor fake a leftover.
+    tmp = Path(tempfile.mkdtemp(prefix="cxlkv-t-", dir="/tmp"))
     p = subprocess.Popen([sys.executable, "-m", "cxlkv.cli", "replay", str(TRACE), "--embedded", "--limit", "5000"],
-                         start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                         start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         env={**os.environ, "TMPDIR": str(tmp)})
+    try:
+        _interrupt_and_check(p, tmp, how, delay_s)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _interrupt_and_check(p: subprocess.Popen, tmp: Path, how: str, delay_s: float) -> None:
+    state: dict = {}
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (set(Path("/dev/shm").glob("cxlkv-*")) - before):
-        time.sleep(0.05)  # wait until its cluster is up
+    while time.monotonic() < deadline and not state and p.poll() is None:
+        for f in tmp.glob("cxlkv-replay-*/cluster.json"):  # written once its cluster is up
+            try:
+                state = json.loads(f.read_text())
+            except (OSError, ValueError):
+                pass
+        time.sleep(0.05)
+    assert state, ("the replay's cluster did not come up within 60 s", p.poll())
+    regions = [Path(r) for r in state["regions"]]
+    assert all(r.exists() for r in regions)
     time.sleep(delay_s)
     if how == "sigterm":
         p.send_signal(signal.SIGTERM)
@@ -205,12 +228,13 @@ def test_ctrl_c_leaves_no_process_or_region(tmp_path: Path, how: str, delay_s: f
     assert p.returncode == (128 + signal.SIGTERM if how == "sigterm" else 1), (p.returncode, out[-2000:])
     assert b"Traceback" not in out, out[-2000:]
     time.sleep(0.5)
-    left = set(Path("/dev/shm").glob("cxlkv-*")) - before
-    assert not left, (left, out[-2000:])
+    assert not [r for r in regions if r.exists()], out[-2000:]
+    assert not list(tmp.iterdir()), (list(tmp.iterdir()), out[-2000:])  # its run directory is gone too
     ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    assert str(p.pid) not in [ln.split()[0] for ln in ps.splitlines()[1:]], out[-2000:]
-    ours = [ln for ln in ps.splitlines() if "cxlkv-replay-" in ln]
-    assert not ours, (ours, out[-2000:])  # no daemon of its temporary cluster
+    alive = {ln.split()[0] for ln in ps.splitlines()[1:]}
+    pids = [p.pid, state["master_pid"]] + [c["pid"] for c in state["clientds"]]
+    assert not [x for x in pids if str(x) in alive], (pids, out[-2000:])
+    assert state["run_dir"] not in ps, out[-2000:]  # no daemon or worker of its cluster
 
 
 def test_replay_socket_takes_capacity_from_master(cluster, tmp_path: Path) -> None:
