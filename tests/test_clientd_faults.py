@@ -561,3 +561,60 @@ def test_direct_mode_turns_off_when_the_daemon_returns_on_another_region(tmp_pat
         if b is not None:
             b.stop()
         a.stop()
+
+
+def test_grpc_idle_restart_costs_no_unknown_buffer(make_cluster) -> None:
+    """gRPC learns of a reconnection only after the first call on it: a call that
+    the restarted daemon refuses with UNKNOWN_BUFFER (the pool's buffers are
+    forgotten) is made once more with new buffers — even without retry_s, as the
+    daemon did nothing with it."""
+    import numpy as np
+
+    cl = make_cluster(clientds=1)
+    big = os.urandom(200_000)
+    with cl.client(0, protocol="grpc", direct=False) as c:
+        c.put("gi/a", big)  # staged through a pool segment
+        dst = np.zeros(len(big), dtype=np.uint8)
+        assert c.get_into("gi/a", dst) == len(big)
+        for _ in range(2):
+            cl.restart_clientd(0)
+            dst[:] = 0
+            assert c.get_into("gi/a", dst) == len(big) and dst.tobytes() == big
+            c.put_from("gi/b", dst, upsert=True)  # a write too
+            assert c.get("gi/b") == big
+    cl.assert_invariants()
+
+
+def test_direct_mode_stays_on_across_a_restart_before_registration(make_cluster) -> None:
+    """A clientd restarted on the same region answers DirectInfo with no region
+    until it has registered with its master; a Client reconnecting in that window
+    cannot tell yet, asks again later, and keeps direct mode."""
+    import signal
+
+    import numpy as np
+
+    from cxlkv.cluster import wait_for_file
+
+    cl = make_cluster(clientds=1)
+    big = os.urandom(300_000)
+    with cl.client(0, retry_s=60) as c:
+        assert c.direct, c.direct_status
+        c.put("dr/a", big)
+        cl.clientds[0].stop()
+        cl.master.signal(signal.SIGSTOP)  # the new daemon cannot register meanwhile
+        try:
+            p = cl._make_clientd(0)
+            p.start()
+            cl.clientds[0] = p
+            deadline = time.monotonic() + 30
+            while not Path(cl.lean_socket_path(0)).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            threading.Timer(1.0, cl.master.signal, args=(signal.SIGCONT,)).start()
+            dst = np.zeros(len(big), dtype=np.uint8)
+            assert c.get_into("dr/a", dst) == len(big) and dst.tobytes() == big
+        finally:
+            cl.master.signal(signal.SIGCONT)
+        wait_for_file(cl.run_dir / "clientd-0.ready", 60, p)
+        assert c.get_into("dr/a", dst) == len(big)
+        assert c.direct, c.direct_status
+    cl.assert_invariants()

@@ -190,6 +190,11 @@ def test_retried_reads_share_one_budget_and_retry_lost_items() -> None:
         def _buffers_may_be_forgotten(self) -> None:
             self.checks += 1
 
+        def _forgotten_buffers(self) -> bool:
+            return self.forgot
+
+        forgot = False
+
         @_retried
         def read(self) -> object:
             self.calls += 1
@@ -228,6 +233,12 @@ def test_retried_reads_share_one_budget_and_retry_lost_items() -> None:
     with pytest.raises(UnknownBuffer):
         f.read()
     assert f.calls == 1 and f.checks == 0
+    # Per-item UnknownBuffer with no loss seen: retried only if the daemon forgot the pool's buffers.
+    f = Fake(5.0, [[Result(False, error=UnknownBuffer("x"))], [Result(True, value=b"z")]])
+    f.forgot = True
+    assert f.read()[0].value == b"z" and f.calls == 2
+    f = Fake(5.0, [[Result(False, error=UnknownBuffer("x"))], "unused"])
+    assert isinstance(f.read()[0].error, UnknownBuffer) and f.calls == 1
     # Out of budget: the per-item errors are returned, a raised one is raised.
     f = Fake(0.05, [[Result(False, error=lost)]] * 50)
     res = f.read()

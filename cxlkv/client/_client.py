@@ -135,7 +135,9 @@ def _utf8_keys(fn: Any) -> Any:
 
     The connection is made (again, after a failure) before anything else: a
     restarted daemon's forgotten buffers are then replaced before the call picks
-    any (:meth:`Client._conn`).
+    any (:meth:`Client._conn`). A call refused with ``UnknownBuffer`` because
+    the daemon restarted unnoticed (gRPC learns of a reconnection only after
+    it) is made once more with new buffers: the daemon did nothing with it.
     """
     first = fn.__code__.co_varnames[1] if fn.__code__.co_argcount > 1 else ""
 
@@ -150,7 +152,14 @@ def _utf8_keys(fn: Any) -> Any:
             elif first in kwargs:
                 kwargs[first] = validate_key(kwargs[first]) if first == "key" else _check_keys(kwargs[first])
         try:
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            except UnknownBuffer:
+                # Refused before anything was done: if the daemon forgot the pool's
+                # buffers (restarted unnoticed), go once more with new ones.
+                if not args[0]._forgotten_buffers():
+                    raise
+                return fn(*args, **kwargs)
         except UnicodeEncodeError as exc:
             raise InvalidKey(f"key is not valid UTF-8 ({exc.reason}); keys are UTF-8 strings") from None
 
@@ -171,10 +180,10 @@ def _retried(fn: Any) -> Any:
     the connection before answering — raised by the call or standing in any
     item's :class:`Result` (a batch whose daemon went away mid-way is read again
     whole), and :class:`NotReady` (a daemon that just started and has not
-    registered with its master yet); after one of those, also
-    :class:`UnknownBuffer` (a gRPC channel back on a new daemon before the SDK
-    heard of the reconnection: the pool's buffers are checked, then the read
-    goes again). Never an answer (a miss, the daemon's own ``Unavailable`` for
+    registered with its master yet), raised or in items; ``UnknownBuffer`` in
+    items after one of those, or when the daemon turns out to have forgotten the
+    pool's buffers (a gRPC channel back on a new daemon before the SDK heard of
+    the reconnection: the buffers are checked, then the read goes again). Never an answer (a miss, the daemon's own ``Unavailable`` for
     an unreachable master) nor a call past ``timeout_s``. Each try reconnects
     and re-checks the pool's buffers like any call after a restart. Calls made
     inside a retried read (``get_many`` reading a large value through ``get``)
@@ -194,17 +203,18 @@ def _retried(fn: Any) -> Any:
         local.retrying = True
         try:
             while True:
-                retried: tuple[type, ...] = (DaemonUnreachable, UnknownBuffer) if lost else (DaemonUnreachable,)
                 try:
                     out = fn(self, *args, **kwargs)
-                    if not (isinstance(out, list) and any(
-                            isinstance(getattr(r, "error", None), retried) for r in out)):
+                    errors = [getattr(r, "error", None) for r in out] if isinstance(out, list) else []
+                    if not any(isinstance(e, (DaemonUnreachable, NotReady)) for e in errors) and not (
+                            any(isinstance(e, UnknownBuffer) for e in errors)
+                            and (lost or self._forgotten_buffers())):
                         return out
                     failed: Any = None
                 except (DaemonUnreachable, NotReady) as exc:
                     failed = exc
                 except UnknownBuffer as exc:
-                    if not lost:
+                    if not lost:  # not a restart: the call itself re-ran once if buffers were forgotten
                         raise
                     failed = exc
                 lost = True  # whatever failed, a new daemon may answer the next try
@@ -265,7 +275,7 @@ def _number(name: str, value: Any, kind: type, *, least: float | None = None, ab
             if not math.isfinite(v):
                 raise ValueError
     except (TypeError, ValueError):
-        raise InvalidArgument(f"{name} must be {'an integer' if kind is int else 'a finite number'}, "
+        raise InvalidArgument(f"{name} must be {'an integer' if kind is int else 'a finite number (int or float)'}, "
                               f"got {value!r}") from None
     if (least is not None and v < least) or (above is not None and v <= above) or (most is not None and v > most):
         low = f">= {least}" if least is not None else f"> {above}" if above is not None else ""
@@ -440,6 +450,8 @@ class Client:
         self._pool = BufferPool(self._register_buffer, self._unregister_buffer, int(buffer_pool_bytes),
                                 share_with_group=share)
         self._direct: DirectPath | None = None
+        #: The daemon could not yet say whether it maps the regions direct mode mapped.
+        self._direct_unsure = False
         self._conn()  # fail fast when the daemon is not running
         self.direct_threshold_bytes = (self.inline_threshold_bytes + 1 if direct_threshold_bytes is None
                                        else max(0, int(direct_threshold_bytes)))
@@ -464,10 +476,12 @@ class Client:
         return d is not None and not d.disabled and nbytes >= self.direct_threshold_bytes
 
     def _check_direct(self, conn: Any) -> None:
-        """After a reconnection: if the daemon now maps other regions than the ones
-        direct mode mapped here (it came back on a reformatted or another region),
-        turn direct mode off for this Client — its values go through the daemon —
-        instead of failing every direct read with CHECKSUM_MISMATCH."""
+        """On a new connection (the daemon may have restarted): if the daemon now
+        maps other regions than the ones direct mode mapped here (it came back on
+        a reformatted or another region), turn direct mode off for this Client —
+        its values go through the daemon — instead of failing every direct read
+        with CHECKSUM_MISMATCH. A daemon that cannot tell yet (not registered)
+        is asked again at the next call."""
         d = self._direct
         if d is None or d.disabled:
             return
@@ -476,9 +490,21 @@ class Client:
         except CxlkvError:
             return  # cannot tell (an older daemon): the identity checks of each copy still hold
         why = d.changed(info)
+        self._direct_unsure = why is None
         if why:
             d.disable(why)
             self.direct_status = f"off: {why} since this Client mapped it (make a new Client to map it again)"
+
+    def _forgotten_buffers(self) -> bool:
+        """Whether the daemon forgot some of the pool's buffers — it restarted and
+        this connection has not noticed yet (gRPC tells of a reconnection only
+        after its first call). They are dropped from the pool, and direct mode is
+        checked too."""
+        conn = self._conn()
+        if not self._pool.revalidate(lambda ids: _registered(conn, ids)):
+            return False
+        self._check_direct(conn)
+        return True
 
     def _copier(self) -> CudaCopier:
         if self._cuda is None:
@@ -508,6 +534,8 @@ class Client:
                     if self._grpc is None:
                         self._grpc = GrpcConnection(self.socket_path, self.timeout_s)
             g = self._grpc
+            if check and self._direct_unsure and not g.reconnected:
+                self._check_direct(g)
             if check and g.reconnected:  # the channel found the daemon again
                 g.reconnected = False
                 try:
@@ -520,6 +548,8 @@ class Client:
         c = getattr(self._local, "conn", None)
         if check and c is not None and not c.closed and c.peer_closed():
             c.close()
+        if check and self._direct_unsure and c is not None and not c.closed:
+            self._check_direct(c)
         if c is None or c.closed:
             c = LeanConnection(self.lean_socket_path, self.timeout_s)
             self._local.conn = c

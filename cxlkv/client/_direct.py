@@ -167,21 +167,26 @@ class DirectPath:
         idents = {r.segment_id: r.region_uuid for r in info.regions if r.segment_id in mapped}
         return cls(call, mapped, flush=info.coherence == "flush", send=send, identities=idents), why
 
-    def changed(self, info: client_pb2.DirectInfoResponse) -> str:
-        """Why ``info`` (a daemon's DirectInfo) no longer matches the regions
-        mapped here ("" when it does): a daemon back on other regions."""
+    def changed(self, info: client_pb2.DirectInfoResponse) -> str | None:
+        """Whether ``info`` (a daemon's DirectInfo) still matches the regions
+        mapped here: ``""`` when it does, why not when a listed segment is now
+        another region (a daemon back on a reformatted or another device) or the
+        offer was withdrawn, ``None`` when it cannot tell yet (a daemon that has
+        not registered lists no region; ask again later)."""
         if not info.offered:
             return "the daemon no longer offers direct mode"
         now = {r.segment_id: r.region_uuid for r in info.regions}
+        unlisted = False
         for sid, uuid in self.identities.items():
-            if now.get(sid) != uuid:
-                return (f"segment {sid} is now region {now[sid]}, not {uuid}" if sid in now
-                        else f"the daemon no longer lists segment {sid}")
-        return ""
+            if sid not in now:
+                unlisted = True
+            elif now[sid] != uuid:
+                return f"segment {sid} is now region {now[sid]}, not {uuid}"
+        return None if unlisted else ""
 
     def disable(self, why: str) -> None:
         """Stop copying directly: every later put and get answers FALLBACK (the
-        daemon's path). The mappings stay until this object is dropped, so a copy
+        daemon's path). The mappings stay until the Client closes, so a copy
         running in another thread is never unmapped under it."""
         self.disabled = why
 
