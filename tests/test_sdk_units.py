@@ -274,3 +274,28 @@ def test_grpc_channel_reconnects_quickly_to_a_restarted_daemon(tmp_path, monkeyp
         listener.close()
     assert seen["grpc.initial_reconnect_backoff_ms"] == seen["grpc.min_reconnect_backoff_ms"] == 100
     assert seen["grpc.max_reconnect_backoff_ms"] == 1000
+
+
+def test_direct_path_tells_a_changed_region_from_one_it_cannot_see_yet() -> None:
+    """DirectPath.changed: "" for the same regions, a reason for another uuid, a
+    segment no longer listed or a withdrawn offer, None while the daemon lists no
+    region (not registered yet: ask again later)."""
+    from cxlkv.client._direct import FALLBACK, DirectPath
+    from cxlkv.v1 import client_pb2
+
+    d = DirectPath(lambda name, req: None, {}, flush=False, identities={1: "u1", 2: "u2"})
+
+    def info(regions: dict[int, str], offered: bool = True) -> client_pb2.DirectInfoResponse:
+        r = client_pb2.DirectInfoResponse(offered=offered)
+        for sid, uuid in regions.items():
+            r.regions.add(segment_id=sid, region_uuid=uuid)
+        return r
+
+    assert d.changed(info({1: "u1", 2: "u2", 3: "u3"})) == ""
+    assert d.changed(info({})) is None
+    assert "now region u9" in d.changed(info({1: "u9", 2: "u2"}))
+    assert "no longer lists segment 2" in d.changed(info({1: "u1"}))
+    assert "no longer offers" in d.changed(info({1: "u1", 2: "u2"}, offered=False))
+    d.disable("test")
+    assert d.get(["a", "b"], [None, None]) == [FALLBACK, FALLBACK]
+    assert d.put([(0, "a", b"x", None), (3, "b", b"y", None)]) == {0: FALLBACK, 3: FALLBACK}

@@ -169,20 +169,22 @@ class DirectPath:
 
     def changed(self, info: client_pb2.DirectInfoResponse) -> str | None:
         """Whether ``info`` (a daemon's DirectInfo) still matches the regions
-        mapped here: ``""`` when it does, why not when a listed segment is now
-        another region (a daemon back on a reformatted or another device) or the
-        offer was withdrawn, ``None`` when it cannot tell yet (a daemon that has
-        not registered lists no region; ask again later)."""
+        mapped here: ``""`` when it does; why not when a segment mapped here is
+        now another region (a daemon back on a reformatted or another device) or
+        no longer listed, or the offer was withdrawn; ``None`` when it cannot tell
+        yet (a daemon that has not registered with its master lists no region:
+        ask again later)."""
         if not info.offered:
             return "the daemon no longer offers direct mode"
         now = {r.segment_id: r.region_uuid for r in info.regions}
-        unlisted = False
+        if not now:
+            return None
         for sid, uuid in self.identities.items():
             if sid not in now:
-                unlisted = True
-            elif now[sid] != uuid:
+                return f"the daemon no longer lists segment {sid}"
+            if now[sid] != uuid:
                 return f"segment {sid} is now region {now[sid]}, not {uuid}"
-        return None if unlisted else ""
+        return ""
 
     def disable(self, why: str) -> None:
         """Stop copying directly: every later put and get answers FALLBACK (the
