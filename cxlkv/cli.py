@@ -49,7 +49,19 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.lazy:
             module, attr = self.lazy[name].split(":")
-            return getattr(importlib.import_module(module), attr)
+            # Threads a module starts as it is imported (numpy's OpenBLAS pool)
+            # inherit the importing thread's signal mask: with SIGINT blocked
+            # there, a Ctrl-C always reaches the main thread. Else, while the main
+            # thread ignores SIGINT for a moment (`replay` starting its workers),
+            # a Ctrl-C delivered to such a thread would be dropped — the replay
+            # ran on.
+            main_thread = threading.current_thread() is threading.main_thread()
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if main_thread else None
+            try:
+                return getattr(importlib.import_module(module), attr)
+            finally:
+                if old is not None:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a pending Ctrl-C is raised here
         return super().get_command(ctx, name)
 
 

@@ -355,3 +355,38 @@ def test_start_line_stops_a_worker_that_never_gets_ready() -> None:
     finally:
         if stuck.is_alive():
             stuck.kill()
+
+
+def test_ctrl_c_while_replay_ignores_it_is_not_lost_to_library_threads() -> None:
+    """`cxlkv replay` ignores SIGINT (blocked, so it stays pending) while it starts
+    its workers. A thread a library starts at import — numpy's OpenBLAS pool —
+    would take a Ctrl-C meant for the process and drop it (ignored), and the
+    replay ran on; the CLI imports a command's module with SIGINT blocked, so
+    such threads never take it and the Ctrl-C is raised once the window ends."""
+    script = """
+import os, signal, sys, time
+import click
+from cxlkv.cli import main
+assert "numpy" not in sys.modules
+main.get_command(click.Context(main), "replay")
+assert "numpy" in sys.modules
+for tid in os.listdir("/proc/self/task"):
+    if int(tid) == os.getpid():
+        continue
+    blocked = int(next(l for l in open(f"/proc/self/task/{tid}/status") if l.startswith("SigBlk:")).split()[1], 16)
+    assert blocked & (1 << (signal.SIGINT - 1)), f"thread {tid} can take SIGINT"
+old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+prev = signal.signal(signal.SIGINT, signal.SIG_IGN)   # as replay does while its workers start
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(0.2)
+signal.signal(signal.SIGINT, prev)
+try:
+    signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    time.sleep(0.2)
+    print("lost")
+except KeyboardInterrupt:
+    print("kept")
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "kept", out.stdout + out.stderr[-2000:]

@@ -522,7 +522,9 @@ class Client:
                 non-blocking peek; done once per public call). A new connection
                 asks the daemon which of the pool's buffers it knows
                 (BufferStatus) and drops the others: a restarted daemon has
-                forgotten them all.
+                forgotten them all; in direct mode it also checks that the
+                daemon still maps the regions this process mapped
+                (:meth:`_check_direct`).
         """
         if self._pid != os.getpid():
             raise InvalidArgument("this Client was created in the parent process; create a new one after fork")
