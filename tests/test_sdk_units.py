@@ -175,7 +175,7 @@ def test_retried_reads_share_one_budget_and_retry_lost_items() -> None:
     inside a retried read share its budget; 0 tries once."""
     import threading
 
-    from cxlkv.client._client import Result, _retried
+    from cxlkv.client._client import Client, Result, _retried
     from cxlkv.errors import DaemonUnreachable, NotFound, NotReady, Unavailable
 
     class Fake:
@@ -187,11 +187,13 @@ def test_retried_reads_share_one_budget_and_retry_lost_items() -> None:
             self.calls = 0
             self.checks = 0
 
-        def _buffers_may_be_forgotten(self) -> None:
+        def _recheck_buffers_next_call(self) -> None:
             self.checks += 1
 
         def _forgotten_buffers(self) -> bool:
             return self.forgot
+
+        _items_lost = Client._items_lost
 
         forgot = False
 

@@ -176,19 +176,24 @@ RETRY_MAX_PAUSE_S = 0.5
 def _retried(fn: Any) -> Any:
     """Try a read again while its daemon is away (``Client.retry_s``).
 
-    Retried: :class:`DaemonUnreachable` — the daemon stopped, restarted or broke
-    the connection before answering — raised by the call or standing in any
-    item's :class:`Result` (a batch whose daemon went away mid-way is read again
-    whole), and :class:`NotReady` (a daemon that just started and has not
-    registered with its master yet), raised or in items; ``UnknownBuffer`` in
-    items after one of those, or when the daemon turns out to have forgotten the
-    pool's buffers (a gRPC channel back on a new daemon before the SDK heard of
-    the reconnection: the buffers are checked, then the read goes again). Never an answer (a miss, the daemon's own ``Unavailable`` for
-    an unreachable master) nor a call past ``timeout_s``. Each try reconnects
-    and re-checks the pool's buffers like any call after a restart. Calls made
-    inside a retried read (``get_many`` reading a large value through ``get``)
-    share its budget instead of starting their own. Applied to reads only: they
-    can run twice without effect.
+    Retried (raised, or standing in an item's :class:`Result`: a batch whose
+    daemon went away mid-way is read again whole):
+
+    * :class:`DaemonUnreachable`: the daemon stopped, restarted or broke the
+      connection before answering;
+    * :class:`NotReady`: a daemon that just started has not registered with its
+      master yet;
+    * ``UnknownBuffer`` after one of those, or when the daemon turns out to have
+      forgotten the pool's buffers (a gRPC channel back on a new daemon before
+      the SDK heard of the reconnection): the buffers are checked, then the read
+      goes again.
+
+    Never an answer (a miss, the daemon's own ``Unavailable`` for an unreachable
+    master) nor a call past ``timeout_s``. Each try reconnects and re-checks the
+    pool's buffers like any call after a restart. Calls made inside a retried
+    read (``get_many`` reading a large value through ``get``) share its budget
+    instead of starting their own. Applied to reads only: they can run twice
+    without effect.
     """
 
     @functools.wraps(fn)
@@ -203,14 +208,11 @@ def _retried(fn: Any) -> Any:
         local.retrying = True
         try:
             while True:
+                failed: CxlkvError | None = None
                 try:
                     out = fn(self, *args, **kwargs)
-                    errors = [getattr(r, "error", None) for r in out] if isinstance(out, list) else []
-                    if not any(isinstance(e, (DaemonUnreachable, NotReady)) for e in errors) and not (
-                            any(isinstance(e, UnknownBuffer) for e in errors)
-                            and (lost or self._forgotten_buffers())):
+                    if not self._items_lost(out, lost):
                         return out
-                    failed: Any = None
                 except (DaemonUnreachable, NotReady) as exc:
                     failed = exc
                 except UnknownBuffer as exc:
@@ -218,7 +220,7 @@ def _retried(fn: Any) -> Any:
                         raise
                     failed = exc
                 lost = True  # whatever failed, a new daemon may answer the next try
-                self._buffers_may_be_forgotten()
+                self._recheck_buffers_next_call()
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed:
                     if failed is None:
@@ -536,8 +538,6 @@ class Client:
                     if self._grpc is None:
                         self._grpc = GrpcConnection(self.socket_path, self.timeout_s)
             g = self._grpc
-            if check and self._direct_unsure and not g.reconnected:
-                self._check_direct(g)
             if check and g.reconnected:  # the channel found the daemon again
                 g.reconnected = False
                 try:
@@ -546,33 +546,46 @@ class Client:
                 except BaseException:
                     g.reconnected = True  # ask again at the next call
                     raise
+            elif check and self._direct_unsure:
+                self._check_direct(g)
             return g
         c = getattr(self._local, "conn", None)
         if check and c is not None and not c.closed and c.peer_closed():
             c.close()
-        if check and self._direct_unsure and c is not None and not c.closed:
-            self._check_direct(c)
-        if c is None or c.closed:
-            c = LeanConnection(self.lean_socket_path, self.timeout_s)
-            self._local.conn = c
-            with self._lock:
-                self._conns = [x for x in self._conns if not x.closed]
-                self._conns.append(c)
-            try:
-                self._pool.revalidate(lambda ids: _registered(c, ids))
+        if c is not None and not c.closed:
+            if check and self._direct_unsure:
                 self._check_direct(c)
-            except BaseException:
-                c.close()  # the next call reconnects and asks again
-                raise
+            return c
+        c = LeanConnection(self.lean_socket_path, self.timeout_s)
+        self._local.conn = c
+        with self._lock:
+            self._conns = [x for x in self._conns if not x.closed]
+            self._conns.append(c)
+        try:
+            self._pool.revalidate(lambda ids: _registered(c, ids))
+            self._check_direct(c)
+        except BaseException:
+            c.close()  # the next call reconnects and asks again
+            raise
         return c
 
-    def _buffers_may_be_forgotten(self) -> None:
+    def _recheck_buffers_next_call(self) -> None:
         """The daemon went away during a call: check the pool's buffers before the
         next one (a new lean connection does so anyway; the gRPC channel only once
         it has told us it reconnected, which may come after that call)."""
         g = self._grpc
         if g is not None:
             g.reconnected = True
+
+    def _items_lost(self, out: Any, lost: bool) -> bool:
+        """Whether a batch answer holds items to read again under ``retry_s``
+        (see :func:`_retried`); ``lost``: an earlier try of this call failed."""
+        if not isinstance(out, list):
+            return False
+        errors = [getattr(r, "error", None) for r in out]
+        if any(isinstance(e, (DaemonUnreachable, NotReady)) for e in errors):
+            return True
+        return any(isinstance(e, UnknownBuffer) for e in errors) and (lost or self._forgotten_buffers())
 
     def _call(self, name: str, request: Any) -> Any:
         return self._conn().call(_M[name], request)
