@@ -22,7 +22,14 @@ offset bytes  field
 50     64     segment name, UTF-8, zero-padded
 114    6      zero padding
 120    8      xxh3_64 (seed 0) of bytes [0, 120) (u64)
+128    8      index offset (u64, format version 2): where the committed-object
+              index starts (:mod:`cxlkv.index`); object extents end there
+136    8      index buckets (u64, format version 2): its size
+144    8      xxh3_64 (seed 0) of bytes [128, 144) (u64, format version 2)
 ====== ====== ==============================================================
+
+A version-1 region (no index fields) is still read: it has no index, its objects
+are read through the leased RPC path only, and extents run to its end.
 
 Every host mapping the region reads the same identity, so the master can tell
 that two clientds mapped the same CXL device (same uuid) and refuse a region
@@ -45,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from cxlkv.errors import InvalidArgument, RegionError
+from cxlkv.index import IndexGeometry, format_index, index_geometry
 
 if TYPE_CHECKING:
     from cxlkv.transport import Region
@@ -63,14 +71,17 @@ __all__ = [
 REGION_HEADER_BYTES = 4096
 #: First 8 bytes of a formatted region.
 HEADER_MAGIC = b"CXLKVRG1"
-#: Header layout version written by :func:`format_region`.
-FORMAT_VERSION = 1
+#: Header layout version written by :func:`format_region` (2: with the index fields).
+FORMAT_VERSION = 2
+#: Regions smaller than this get no index by default (bytes).
+_MIN_INDEXED_BYTES = 1 << 20
 #: Longest segment name, in UTF-8 bytes.
 SEGMENT_NAME_MAX_BYTES = 64
 
 _FIELDS = struct.Struct("<8sII16sQdH64s6x")  # 120 bytes, checksummed
 _CHECKSUM = struct.Struct("<Q")
-_HEADER_USED_BYTES = _FIELDS.size + _CHECKSUM.size  # 128
+_INDEX_FIELDS = struct.Struct("<QQ")  # index offset, buckets: 16 bytes at 128, checksummed
+_HEADER_USED_BYTES = 128 + _INDEX_FIELDS.size + _CHECKSUM.size  # 152
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +94,9 @@ class RegionIdentity:
         segment_name: operator-chosen name, 1..64 UTF-8 bytes.
         created_s: format time, seconds since the Unix epoch.
         format_version: header layout version.
+        index_offset_bytes: where the region's index starts (0: no index, a
+            version-1 region).
+        index_buckets: the index's size in buckets of 8 slots (0: no index).
     """
 
     region_uuid: uuid.UUID
@@ -90,6 +104,20 @@ class RegionIdentity:
     segment_name: str
     created_s: float
     format_version: int = FORMAT_VERSION
+    index_offset_bytes: int = 0
+    index_buckets: int = 0
+
+    @property
+    def index(self) -> IndexGeometry | None:
+        """The index's geometry, or ``None`` for a region without one."""
+        if not self.index_buckets:
+            return None
+        return IndexGeometry(self.index_offset_bytes, self.index_buckets)
+
+    @property
+    def data_end_bytes(self) -> int:
+        """End of the object area: the index's offset, or the region's size without one."""
+        return self.index_offset_bytes if self.index_buckets else self.size_bytes
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (uuid as a string)."""
@@ -99,6 +127,8 @@ class RegionIdentity:
             "segment_name": self.segment_name,
             "created_s": self.created_s,
             "format_version": self.format_version,
+            "index_offset_bytes": self.index_offset_bytes,
+            "index_buckets": self.index_buckets,
         }
 
 
@@ -127,7 +157,12 @@ def _pack(identity: RegionIdentity) -> bytes:
         len(name),
         name,
     )
-    return fields + _CHECKSUM.pack(xxhash.xxh3_64_intdigest(fields))
+    out = bytearray(_HEADER_USED_BYTES)
+    out[:128] = fields + _CHECKSUM.pack(xxhash.xxh3_64_intdigest(fields))
+    ext = _INDEX_FIELDS.pack(identity.index_offset_bytes, identity.index_buckets)
+    out[128:144] = ext
+    out[144:152] = _CHECKSUM.pack(xxhash.xxh3_64_intdigest(ext))
+    return bytes(out)
 
 
 def _unpack(raw: bytes, path: str) -> RegionIdentity:
@@ -152,12 +187,27 @@ def _unpack(raw: bytes, path: str) -> RegionIdentity:
         segment_name = name[:name_len].decode("utf-8")
     except UnicodeDecodeError:
         raise RegionError(f"region {path} has a corrupt header (segment name not UTF-8)", path=path) from None
+    index_offset = buckets = 0
+    if version >= 2:
+        ext = raw[128:144]
+        (stored_ext,) = _CHECKSUM.unpack_from(raw, 144)
+        if len(ext) < 16 or xxhash.xxh3_64_intdigest(ext) != stored_ext:
+            raise RegionError(f"region {path} has a corrupt header (index fields checksum)", path=path)
+        index_offset, buckets = _INDEX_FIELDS.unpack(ext)
+        if buckets:
+            geo = IndexGeometry(index_offset, buckets)
+            if (buckets & (buckets - 1) or index_offset < REGION_HEADER_BYTES
+                    or index_offset + geo.index_bytes > size_bytes):
+                raise RegionError(f"region {path} has a corrupt header (index of {buckets} buckets at "
+                                  f"{index_offset} in {size_bytes} bytes)", path=path)
     return RegionIdentity(
         region_uuid=uuid.UUID(bytes=uuid_bytes),
         size_bytes=size_bytes,
         segment_name=segment_name,
         created_s=created_s,
         format_version=version,
+        index_offset_bytes=index_offset,
+        index_buckets=buckets,
     )
 
 
@@ -211,12 +261,16 @@ def format_region(
     force: bool = False,
     created_s: float | None = None,
     region_uuid: uuid.UUID | None = None,
+    expected_objects: int | None = None,
+    index: bool = True,
 ) -> RegionIdentity:
-    """Write a new identity header at offset 0 and flush it.
+    """Lay out a region: an empty committed-object index at its end, then a new
+    identity header at offset 0; both flushed.
 
-    Only the first REGION_HEADER_BYTES are written (the header, zero-filled);
-    the object area is left as it is — a re-formatted region's old objects are
-    forgotten by the master, not erased.
+    The object area is left as it is: a re-formatted region's old objects are
+    forgotten (its index is emptied, so no recovery brings them back), not erased.
+    The old header is cleared first, so a format interrupted half-way leaves an
+    unformatted region, never an old header over a new index.
 
     Args:
         region: a mapped :class:`cxlkv.transport.Region` of at least
@@ -225,12 +279,18 @@ def format_region(
         force: overwrite an existing (valid or corrupt) header.
         created_s: format time in seconds since the epoch (default: now).
         region_uuid: the uuid to record (default: a new uuid4).
+        expected_objects: objects to size the index for (:func:`cxlkv.index.index_geometry`;
+            default one per 16 KiB of region).
+        index: lay out an index (default). Without one (or in a region under
+            1 MiB when ``expected_objects`` is not given) every read goes
+            through the leased RPC path.
 
     Returns:
         The identity written.
 
     Raises:
-        InvalidArgument: a bad segment name.
+        InvalidArgument: a bad segment name, or an index for ``expected_objects``
+            that does not fit the region.
         RegionError: the region is too small, or already holds a header and
             ``force`` is false (the message names its segment and uuid).
     """
@@ -247,13 +307,22 @@ def format_region(
             "pass force=True (`--force`) to re-format it",
             path=region.path,
         )
+    geometry = None
+    if index and (expected_objects is not None or region.size_bytes >= _MIN_INDEXED_BYTES):
+        geometry = index_geometry(region.size_bytes, expected_objects)
     identity = RegionIdentity(
         region_uuid=region_uuid or uuid.uuid4(),
         size_bytes=region.size_bytes,
         segment_name=segment_name,
         created_s=time.time() if created_s is None else float(created_s),
         format_version=FORMAT_VERSION,
+        index_offset_bytes=geometry.index_offset_bytes if geometry else 0,
+        index_buckets=geometry.buckets if geometry else 0,
     )
+    region.copy_in(0, bytes(_HEADER_USED_BYTES))  # no valid header while the index is laid out
+    region.flush(0, _HEADER_USED_BYTES)
+    if geometry is not None:
+        format_index(region, geometry, identity.region_uuid)
     block = bytearray(REGION_HEADER_BYTES)
     packed = _pack(identity)
     block[: len(packed)] = packed

@@ -40,7 +40,10 @@ def test_format_then_read(region):
     assert ident.created_s == 1_700_000_000.5
     assert read_identity(region) == ident
     assert region.read(0, 8) == HEADER_MAGIC
-    assert region.read(128, REGION_HEADER_BYTES - 128) == bytes(REGION_HEADER_BYTES - 128)
+    assert region.read(152, REGION_HEADER_BYTES - 152) == bytes(REGION_HEADER_BYTES - 152)
+    geo = ident.index
+    assert geo is not None and ident.data_end_bytes == geo.index_offset_bytes
+    assert geo.index_offset_bytes + geo.index_bytes <= 4 * MiB and geo.index_offset_bytes % 4096 == 0
     with pytest.raises(AttributeError):
         ident.segment_name = "other"  # type: ignore[misc]
 
