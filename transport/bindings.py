@@ -59,6 +59,22 @@ __all__ = [
     "cxlkv_invalidate",
     "cxlkv_fence",
     "cxlkv_prefault",
+    "cxlkv_index_store",
+    "INDEX_HEADER_BYTES",
+    "INDEX_FORMAT_VERSION",
+    "INDEX_SLOT_BYTES",
+    "INDEX_BUCKET_SLOTS",
+    "INDEX_MAX_REGIONS",
+    "INDEX_PUBLISH_OFFSET",
+    "INDEX_OVERFLOW_OFFSET",
+    "INDEX_SLOT_SPINS",
+    "IX_FLAG_LIVE",
+    "IX_FLAG_ELSEWHERE",
+    "IX_HIT",
+    "IX_MISS",
+    "IX_ELSEWHERE",
+    "IX_TOO_SMALL",
+    "IX_UNSURE",
 ]
 
 #: A ``cxlkv_region_t *`` cdata (cffi objects are untyped for mypy).
@@ -85,6 +101,38 @@ INVALIDATE_INSTRUCTION: str = ffi.string(lib.cxlkv_invalidate_instruction()).dec
 #: vector loops; non-temporal stores from the stream threshold on) or
 #: "memmove" (glibc: CPUs without AVX2, other architectures).
 COPY_KERNEL: str = ffi.string(lib.cxlkv_copy_kernel()).decode()
+
+# The region index's layout and outcomes (cxlkv_transport.h; cxlkv/index.py documents the format).
+#: Bytes of the index header page.
+INDEX_HEADER_BYTES: int = int(lib.CXLKV_INDEX_HEADER_BYTES)
+#: Index layout version.
+INDEX_FORMAT_VERSION: int = int(lib.CXLKV_INDEX_FORMAT_VERSION)
+#: Bytes of one slot (one cache line).
+INDEX_SLOT_BYTES: int = int(lib.CXLKV_INDEX_SLOT_BYTES)
+#: Slots per bucket.
+INDEX_BUCKET_SLOTS: int = int(lib.CXLKV_INDEX_BUCKET_SLOTS)
+#: Region numbers an index can name.
+INDEX_MAX_REGIONS: int = int(lib.CXLKV_INDEX_MAX_REGIONS)
+#: Offset of the publish word in the header page (0: inactive, else the master's epoch).
+INDEX_PUBLISH_OFFSET: int = int(lib.CXLKV_INDEX_PUBLISH_OFFSET)
+#: Offset of the overflow count in the header page.
+INDEX_OVERFLOW_OFFSET: int = int(lib.CXLKV_INDEX_OVERFLOW_OFFSET)
+#: Reads of one slot before a reader gives up on it (UNSURE).
+INDEX_SLOT_SPINS: int = int(lib.CXLKV_INDEX_SLOT_SPINS)
+#: Slot flag: a committed object.
+IX_FLAG_LIVE: int = int(lib.CXLKV_IX_FLAG_LIVE)
+#: Slot flag: committed, not readable from a CXL region (the leased RPC path serves it).
+IX_FLAG_ELSEWHERE: int = int(lib.CXLKV_IX_FLAG_ELSEWHERE)
+#: Lookup outcome: value copied and verified (probe: object header verified).
+IX_HIT: int = int(lib.CXLKV_IX_HIT)
+#: Lookup outcome: definitely not committed.
+IX_MISS: int = int(lib.CXLKV_IX_MISS)
+#: Lookup outcome: committed, not readable here (flag, region not mapped, over max_value_bytes).
+IX_ELSEWHERE: int = int(lib.CXLKV_IX_ELSEWHERE)
+#: Lookup outcome: committed; the destination is smaller than the value.
+IX_TOO_SMALL: int = int(lib.CXLKV_IX_TOO_SMALL)
+#: Lookup outcome: cannot tell; use the leased RPC path.
+IX_UNSURE: int = int(lib.CXLKV_IX_UNSURE)
 
 # Cached attribute lookups for the per-call fast path.
 _from_buffer = ffi.from_buffer
@@ -763,3 +811,105 @@ def cxlkv_prefault(r: Handle, offset: int, length: int) -> None:
         raise RegionError(f"prefault of {length} bytes at {offset} failed: {os.strerror(err[0])}", errno=int(err[0]))
     if rc != _OK:
         _raise_range(r, rc, "prefault", offset, length)
+
+
+# -- region index ------------------------------------------------------------------
+
+_U32_FORMATS = frozenset({"I", "<I", "=I", "@I"})
+
+
+def _u32_array(values: U64Array, what: str) -> Any:
+    """A ``uint32_t[]`` cdata over ``values`` (zero-copy for uint32 buffers)."""
+    if not isinstance(values, (list, tuple)):
+        try:
+            mv = memoryview(values)  # type: ignore[arg-type]  # TypeError handled below
+        except TypeError:
+            values = list(values)
+        else:
+            with mv:
+                if mv.ndim == 1 and mv.itemsize == 4 and mv.format in _U32_FORMATS and mv.c_contiguous:
+                    return _from_buffer("uint32_t[]", values)
+                values = mv.tolist()
+    try:
+        return _new("uint32_t[]", values)
+    except OverflowError:
+        raise OutOfRange(f"{what}: every value must be in [0, 2**32)") from None
+    except TypeError:
+        raise InvalidArgument(f"{what} must be a sequence of ints") from None
+
+
+def cxlkv_index_store(
+    r: Handle,
+    table_offset: int,
+    nslots: int,
+    slot_nos: U64Array,
+    key_hashes: U64Array,
+    extent_offsets: U64Array,
+    value_lens: U64Array,
+    versions: U64Array,
+    value_hashes: U64Array,
+    header_bytes: U64Array,
+    meta: U64Array,
+    flush: bool,
+) -> None:
+    """Publish N index slots in ONE C call, each under its seqlock (layout:
+    cxlkv_transport.h, :mod:`cxlkv.index`): slot ``slot_nos[i]`` of the
+    ``nslots``-slot table at ``table_offset`` describes ``key_hashes[i]``'s
+    object at ``extent_offsets[i]`` (``value_lens[i]`` bytes, ``versions[i]``,
+    value checksum ``value_hashes[i]``, ``header_bytes[i]`` header bytes) with
+    ``meta[i] = flags | region_no << 16 | tier << 24``; a tombstone is all zeros.
+    With ``flush`` every slot line is written back; the call ends with a fence.
+
+    The u64 columns take lists or 1-D uint64 buffers, ``header_bytes`` and
+    ``meta`` lists or 1-D uint32 buffers (used zero-copy).
+
+    Raises:
+        OutOfRange: the table outside the region, a slot number >= ``nslots``
+            (index named), or a value too large for its field; nothing is written.
+        InvalidArgument: columns of different lengths, a table offset not a
+            multiple of 64, a non-int value.
+        RegionError: the region is closed.
+    """
+    cols64 = (slot_nos, key_hashes, extent_offsets, value_lens, versions, value_hashes)
+    if all(type(c) is list for c in cols64) and type(header_bytes) is list and type(meta) is list:
+        # the master's one-slot calls: two allocations, not eight
+        n = len(slot_nos)
+        if any(len(c) != n for c in cols64) or len(header_bytes) != n or len(meta) != n:
+            raise InvalidArgument("index_store: every column must have the same length")
+        try:
+            owner64 = _new("uint64_t[]", slot_nos + key_hashes + extent_offsets + value_lens + versions
+                           + value_hashes)
+            owner32 = _new("uint32_t[]", header_bytes + meta)
+        except OverflowError:
+            raise OutOfRange("index_store: a value does not fit its field (u64; header_bytes and meta u32)") from None
+        except TypeError:
+            raise InvalidArgument("index_store: every column must be a sequence of ints") from None
+        c64 = [owner64 + k * n for k in range(6)]
+        c32 = [owner32, owner32 + n]  # owner64/owner32 (locals) keep the memory alive
+    else:
+        arrs64 = [_u64_array(c, w) for c, w in zip(cols64, (
+            "slot_nos", "key_hashes", "extent_offsets", "value_lens", "versions", "value_hashes"))]
+        arrs32 = [_u32_array(header_bytes, "header_bytes"), _u32_array(meta, "meta")]
+        n = len(arrs64[0])
+        if any(len(a) != n for a in arrs64) or any(len(a) != n for a in arrs32):
+            raise InvalidArgument("index_store: every column must have the same length")
+        c64, c32 = arrs64, arrs32
+    bad = _new("uint64_t *")
+    try:
+        rc = lib.cxlkv_index_store(r, table_offset, nslots, n, c64[0], c64[1], c64[2], c64[3], c64[4],
+                                   c64[5], c32[0], c32[1], 1 if flush else 0, bad)
+    except OverflowError:
+        _raise_overflow("index_store", table_offset, nslots)
+    except TypeError:
+        raise InvalidArgument("index_store: table_offset and nslots must be ints") from None
+    if rc != _OK:
+        if rc == _E_CLOSED:
+            raise _closed_error(r)
+        if rc == _E_RANGE:
+            if n and int(bad[0]) < n and int(c64[0][int(bad[0])]) >= nslots:
+                raise OutOfRange(f"index_store: slot #{int(bad[0])} of {n} is number "
+                                 f"{int(c64[0][int(bad[0])])}, the table has {nslots}; nothing was written")
+            raise OutOfRange(f"index_store: a table of {nslots} slots at {table_offset} is outside the "
+                             f"region ({r.size_bytes} bytes); nothing was written")
+        raise InvalidArgument(f"index_store: the table offset {table_offset} must be a multiple of "
+                              f"{INDEX_SLOT_BYTES} bytes (status {rc})")

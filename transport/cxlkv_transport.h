@@ -263,4 +263,167 @@ const char *cxlkv_flush_instruction(void);
 /* Name of the invalidate instruction chosen at run time. */
 const char *cxlkv_invalidate_instruction(void);
 
+/* ------------------------------------------------------------------------ */
+/* Region index: the master's committed-object table (issue 17)             */
+/* ------------------------------------------------------------------------ */
+/*
+ * Layout (little-endian, offsets absolute in the region; cxlkv/index.py writes
+ * the header page, these calls write and read the slots):
+ *
+ * Index header page at header_offset (CXLKV_INDEX_HEADER_BYTES):
+ *   [0,8) magic "CXLKVIX1"; [8,12) u32 format version; [12,16) u32 bucket
+ *   slots (8); [16,24) u64 buckets (a power of two); [24,32) u64 table_offset;
+ *   [32,40) u64 xxh3_64 of [0,32); [64,72) u64 publish word (0: no master
+ *   publishes, every lookup is UNSURE; else the master's epoch); [72,80) u64
+ *   overflow (committed objects not in the index: a key not found is UNSURE,
+ *   not MISS); [128,192) owner lease; [256,260) u32 region count, 16-byte
+ *   region uuids from 320 (region number i = entry i).
+ * Slot table at table_offset: buckets * CXLKV_INDEX_BUCKET_SLOTS slots of
+ *   CXLKV_INDEX_SLOT_BYTES (one cache line); bucket b = slots [8b, 8b+8).
+ * Slot: 0 u64 seq (seqlock: even stable, odd being written); 8 u64 key_hash
+ *   (xxh3_64 of the key's UTF-8 bytes); 16 u64 extent_offset (the object
+ *   header's region offset); 24 u64 value_len; 32 u64 version; 40 u64 value
+ *   checksum (xxh3_64 of the value); 48 u32 header_bytes; 52 u16 flags
+ *   (CXLKV_IX_FLAG_*); 54 u8 region_no; 55 u8 tier; 56 u64 xxh3_64 of [0,56)
+ *   with the final seq in place. Flags 0 (a tombstone; an all-zero
+ *   never-written slot) is an empty slot.
+ * Buckets of key hash h (B buckets): b1 = h & (B-1), b2 = (h >> 32) & (B-1),
+ *   b2 = (b1 + 1) & (B-1) when equal, only b1 when B == 1; probed b1 then b2.
+ */
+#define CXLKV_INDEX_HEADER_BYTES 4096
+#define CXLKV_INDEX_FORMAT_VERSION 1
+#define CXLKV_INDEX_SLOT_BYTES 64
+#define CXLKV_INDEX_BUCKET_SLOTS 8
+#define CXLKV_INDEX_MAX_REGIONS 32
+#define CXLKV_INDEX_PUBLISH_OFFSET 64
+#define CXLKV_INDEX_OVERFLOW_OFFSET 72
+#define CXLKV_INDEX_LEASE_OFFSET 128
+#define CXLKV_INDEX_REGION_TABLE_OFFSET 256
+#define CXLKV_INDEX_REGION_UUIDS_OFFSET 320
+#define CXLKV_INDEX_SLOT_SPINS 64
+/* Slot flags: LIVE, a committed object; ELSEWHERE, committed but not
+ * readable from a CXL region (the leased RPC path serves it). */
+#define CXLKV_IX_FLAG_LIVE 1
+#define CXLKV_IX_FLAG_ELSEWHERE 2
+
+/*
+ * Outcome of one index lookup (cxlkv_ix_result_t.outcome):
+ *   HIT        value copied and verified (probe: object header verified);
+ *   MISS       definitely not committed (no slot, overflow 0);
+ *   ELSEWHERE  committed, not readable here (flag, region unmapped, too large);
+ *   TOO_SMALL  committed; the destination is under value_len bytes;
+ *   UNSURE     cannot tell (index inactive, overflowed miss, slot never
+ *              stable, copy did not verify twice): the leased RPC path.
+ */
+#define CXLKV_IX_HIT 0
+#define CXLKV_IX_MISS 1
+#define CXLKV_IX_ELSEWHERE 2
+#define CXLKV_IX_TOO_SMALL 3
+#define CXLKV_IX_UNSURE 4
+
+/*
+ * A reader's view of one index; filled once by the caller, read-only to the
+ * calls (any number of threads may share one). regions[i] is the mapping of
+ * region number i (NULL, or a closed region: not mapped here, ELSEWHERE);
+ * max_value_bytes: larger values answer ELSEWHERE (0: no limit); invalidate:
+ * drop the cache lines of every index and extent range before reading it
+ * (non-coherent sharing).
+ */
+typedef struct cxlkv_index {
+    const cxlkv_region_t *table_region;
+    uint64_t header_offset;
+    uint64_t table_offset;
+    uint64_t buckets;
+    const cxlkv_region_t *regions[32];
+    uint64_t max_value_bytes;
+    int invalidate;
+} cxlkv_index_t;
+
+/* One lookup's answer. value_len/version/tier/extent_offset/region_no are the
+ * slot's (HIT, ELSEWHERE, TOO_SMALL); 0 for MISS and UNSURE. retries: 1 when
+ * the first copy did not verify and the lookup was redone. */
+typedef struct cxlkv_ix_result {
+    uint32_t outcome;
+    uint32_t tier;
+    uint64_t value_len;
+    uint64_t version;
+    uint64_t extent_offset;
+    uint32_t region_no;
+    uint32_t retries;
+} cxlkv_ix_result_t;
+
+/*
+ * Master: publish N slots of the table at table_offset (nslots slots, 64-byte
+ * aligned). Slot slot_nos[i] gets key_hashes[i], extent_offsets[i],
+ * value_lens[i], versions[i], value_hashes[i], header_bytes[i] and
+ * meta[i] = flags | region_no << 16 | tier << 24, under the seqlock (seq made
+ * odd, fields, checksum, seq even and 2 past the old even value). A tombstone
+ * is key hash 0, meta 0, the rest 0. With `flush` each slot line is written
+ * back; one fence ends the call. Every slot is checked before any is written:
+ * CXLKV_E_RANGE (table outside the region, slot_nos[i] >= nslots: *bad_index),
+ * CXLKV_E_INVAL (a NULL array, a misaligned table), CXLKV_E_CLOSED.
+ */
+int cxlkv_index_store(const cxlkv_region_t *r, uint64_t table_offset, uint64_t nslots,
+                      uint64_t n, const uint64_t *slot_nos, const uint64_t *key_hashes,
+                      const uint64_t *extent_offsets, const uint64_t *value_lens,
+                      const uint64_t *versions, const uint64_t *value_hashes,
+                      const uint32_t *header_bytes, const uint32_t *meta, int flush,
+                      uint64_t *bad_index);
+
+/*
+ * Reader: look the key (key_len UTF-8 bytes, 1..4096) up in the index and, when
+ * it is committed in a mapped region, copy its value to dst (dst_bytes; NULL
+ * when 0) and verify it: the slot's seqlock and checksum, the extent inside its
+ * region, the object header (key bytes, version, lengths, value checksum) and
+ * the xxh3_64 of the bytes delivered to dst. A copy that does not verify is
+ * redone once from the probe, then UNSURE: dst may then hold any bytes, but
+ * HIT means dst[0, value_len) is one committed version's value. No lock, no
+ * lease: the caller's leased RPC path covers ELSEWHERE and UNSURE.
+ * Returns CXLKV_OK (the answer in *out), CXLKV_E_INVAL (a NULL argument, a bad
+ * key length, a bad index description, dst overlapping the value),
+ * CXLKV_E_RANGE (the index outside its region), CXLKV_E_CLOSED.
+ */
+int cxlkv_index_get(const cxlkv_index_t *ix, const char *key, uint64_t key_len,
+                    void *dst, uint64_t dst_bytes, cxlkv_ix_result_t *out);
+
+/*
+ * N lookups in one call: key i is keys[key_offsets[i] .. +key_lens[i]), its
+ * destination dsts[i] (dst_bytes[i] bytes). With prefix != 0 the call stops
+ * after the first key whose outcome is not HIT. *done: keys answered (out[0,
+ * done) valid); on an error, the position that failed. Keys and destinations
+ * are checked before any lookup (CXLKV_E_INVAL).
+ */
+int cxlkv_index_get_many(const cxlkv_index_t *ix, uint64_t n, const char *keys,
+                         uint64_t keys_bytes, const uint64_t *key_offsets,
+                         const uint64_t *key_lens, void *const *dsts,
+                         const uint64_t *dst_bytes, int prefix,
+                         cxlkv_ix_result_t *out, uint64_t *done);
+
+/*
+ * cxlkv_index_get_many into one buffer: key i's destination is
+ * buf[buf_offsets[i] .. +dst_bytes[i]), checked against buf_bytes before any
+ * lookup (CXLKV_E_RANGE, *bad_index).
+ */
+int cxlkv_index_get_ranges(const cxlkv_index_t *ix, uint64_t n, const char *keys,
+                           uint64_t keys_bytes, const uint64_t *key_offsets,
+                           const uint64_t *key_lens, void *buf, uint64_t buf_bytes,
+                           const uint64_t *buf_offsets, const uint64_t *dst_bytes,
+                           int prefix, cxlkv_ix_result_t *out, uint64_t *done,
+                           uint64_t *bad_index);
+
+/*
+ * Existence: HIT when a stable LIVE slot is found and, when its region is
+ * mapped, the extent's object header matches it (key, version, lengths, value
+ * checksum field; the value bytes are not read); ELSEWHERE for an ELSEWHERE
+ * slot or an unmapped region; MISS and UNSURE as cxlkv_index_get.
+ */
+int cxlkv_index_probe(const cxlkv_index_t *ix, const char *key, uint64_t key_len,
+                      cxlkv_ix_result_t *out);
+
+/* N probes (keys as cxlkv_index_get_many), prefix stop and *done likewise. */
+int cxlkv_index_probe_many(const cxlkv_index_t *ix, uint64_t n, const char *keys,
+                           uint64_t keys_bytes, const uint64_t *key_offsets,
+                           const uint64_t *key_lens, int prefix,
+                           cxlkv_ix_result_t *out, uint64_t *done);
+
 #endif /* CXLKV_TRANSPORT_H */

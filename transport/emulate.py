@@ -229,6 +229,10 @@ class NoncoherentRegion(Region):
                 self._check(f"verify_headers[{i}]", int(off), int(hb))
         return portable.verify_headers(self, *args, invalidate=invalidate)
 
+    def index_store(self, *args: Any, **kwargs: Any) -> None:
+        """:meth:`Region.index_store` through this cache (:func:`portable.index_store`)."""
+        portable.index_store(self, *args, **kwargs)
+
     def flush(self, offset: int = 0, length: int | None = None) -> None:
         offset, length = self._span(offset, length)
         with self._lock:

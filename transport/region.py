@@ -425,6 +425,40 @@ class Region:
         return _b.cxlkv_verify_headers(self._r, extent_offsets, header_bytes, keys, key_offsets, key_lens,
                                        versions, value_lens, value_hashes, invalidate)
 
+    def index_store(
+        self,
+        table_offset: int,
+        nslots: int,
+        slot_nos: U64Array,
+        key_hashes: U64Array,
+        extent_offsets: U64Array,
+        value_lens: U64Array,
+        versions: U64Array,
+        value_hashes: U64Array,
+        header_bytes: U64Array,
+        meta: U64Array,
+        flush: bool = False,
+    ) -> None:
+        """Publish N slots of the region index in ONE C call (the master's write;
+        layout: :mod:`cxlkv.index`): slot ``slot_nos[i]`` of the ``nslots``-slot
+        table at byte ``table_offset`` gets the object's key hash, extent offset,
+        value length in bytes, version, value checksum, header bytes and
+        ``meta[i] = flags | region_no << 16 | tier << 24``, each under its seqlock
+        (seq odd, fields, checksum, seq even); a tombstone is all zeros. Ends with
+        a fence, so the slots are visible in order when it returns.
+
+        Args:
+            flush: write each slot line back to memory (non-coherent mode).
+
+        Raises:
+            OutOfRange: the table outside the region, a slot number >= ``nslots``,
+                a value too large for its field; nothing is written.
+            InvalidArgument: ragged columns, ``table_offset`` not a multiple of 64.
+            RegionError: the region is closed.
+        """
+        _b.cxlkv_index_store(self._r, table_offset, nslots, slot_nos, key_hashes, extent_offsets, value_lens,
+                             versions, value_hashes, header_bytes, meta, flush)
+
     # -- cache maintenance -----------------------------------------------------------
     def _span(self, offset: int, length: int | None) -> tuple[int, int]:
         return offset, (self._size - offset if length is None else length)
