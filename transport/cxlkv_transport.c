@@ -1040,6 +1040,13 @@ header_ok(const unsigned char *h, const char *key, uint64_t key_len,
     if (load_u64(h + 24) != version || load_u64(h + 32) != value_len ||
         load_u64(h + 40) != value_hash)
         return 0;
+    if (klen <= 448) {
+        /* short keys: one-shot over a copy (the streaming state costs more than the hash) */
+        unsigned char buf[OBJ_FIELDS_BYTES + 448];
+        memcpy(buf, h, OBJ_FIELDS_BYTES);
+        memcpy(buf + OBJ_FIELDS_BYTES, h + OBJ_HEADER_BYTES, klen);
+        return XXH3_64bits(buf, OBJ_FIELDS_BYTES + (size_t)klen) == load_u64(h + OBJ_FIELDS_BYTES);
+    }
     if (XXH3_64bits_reset(&state) != XXH_OK ||
         XXH3_64bits_update(&state, h, OBJ_FIELDS_BYTES) != XXH_OK ||
         XXH3_64bits_update(&state, h + OBJ_HEADER_BYTES, (size_t)klen) != XXH_OK)
@@ -1333,6 +1340,12 @@ cxlkv_index_store(const cxlkv_region_t *r, uint64_t table_offset, uint64_t nslot
         uint64_t w[8], s;
         int k;
 
+        /* flush mode: the seq from memory, not from a line this host cached
+         * earlier (a master taking over may have read the slot while its
+         * predecessor still wrote it); a seq that went back could let a reader
+         * take two writes for one */
+        if (flush)
+            ix_invalidate((const char *)p, CXLKV_INDEX_SLOT_BYTES);
         s = (__atomic_load_n(p, __ATOMIC_RELAXED) + 1) & ~(uint64_t)1;
         __atomic_store_n(p, s + 1, __ATOMIC_RELAXED);
         __atomic_thread_fence(__ATOMIC_RELEASE); /* odd seq before any field */
@@ -1436,8 +1449,18 @@ ix_find(const cxlkv_index_t *ix, uint64_t h, uint64_t w[8])
         if (ix->invalidate)
             ix_invalidate(bucket, IX_BUCKET_BYTES);
         for (j = 0; j < CXLKV_INDEX_BUCKET_SLOTS; j++) {
-            int rc = ix_read_slot((const uint64_t *)(bucket + (uint64_t)j * CXLKV_INDEX_SLOT_BYTES),
-                                  ix->invalidate, w);
+            const uint64_t *p = (const uint64_t *)(bucket + (uint64_t)j * CXLKV_INDEX_SLOT_BYTES);
+            uint64_t s1 = __atomic_load_n(p, __ATOMIC_ACQUIRE), kh;
+            int rc;
+
+            /* A slot stably holding another hash (or none: empty, tombstone) is
+             * skipped on its seqlock alone; only a slot that may be the key's is
+             * copied whole and checksummed. */
+            kh = __atomic_load_n(p + 1, __ATOMIC_RELAXED);
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            if (!(s1 & 1) && kh != h && __atomic_load_n(p, __ATOMIC_RELAXED) == s1)
+                continue;
+            rc = ix_read_slot(p, ix->invalidate, w);
             if (rc == IX_SLOT_UNSTABLE)
                 unsure = 1;
             else if (rc == IX_SLOT_OK && w[1] == h && ((w[6] >> 32) & CXLKV_IX_FLAG_LIVE))

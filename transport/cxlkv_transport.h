@@ -358,8 +358,9 @@ typedef struct cxlkv_ix_result {
  * value_lens[i], versions[i], value_hashes[i], header_bytes[i] and
  * meta[i] = flags | region_no << 16 | tier << 24, under the seqlock (seq made
  * odd, fields, checksum, seq even and 2 past the old even value). A tombstone
- * is key hash 0, meta 0, the rest 0. With `flush` each slot line is written
- * back; one fence ends the call. Every slot is checked before any is written:
+ * is key hash 0, meta 0, the rest 0. With `flush` each slot line is first
+ * invalidated (the old seq read from memory) and written back after; one
+ * fence ends the call. Every slot is checked before any is written:
  * CXLKV_E_RANGE (table outside the region, slot_nos[i] >= nslots: *bad_index),
  * CXLKV_E_INVAL (a NULL array, a misaligned table), CXLKV_E_CLOSED.
  */

@@ -192,6 +192,8 @@ def index_store(region: Any, table_offset: int, nslots: int, slot_nos: Sequence[
         raise OutOfRange("index_store: header_bytes and meta must be in [0, 2**32)")
     for sn, kh, ext, vlen, ver, vh, hb, mt in zip(*cols):
         off = table_offset + sn * _SLOT_BYTES
+        if flush:
+            region.invalidate(off, _SLOT_BYTES)  # the seq from memory (see cxlkv_index_store)
         (seq,) = _SEQ.unpack(region.read(off, 8))
         seq = (seq + 1) & ~1
         region.copy_in(off, _SEQ.pack(seq + 1))
