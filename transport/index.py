@@ -213,8 +213,9 @@ class IndexReader:
             most 32; region 0 is usually ``table_region``.
         invalidate: drop the cache lines of every index and extent range before
             reading it (non-coherent sharing, ``coherence = "flush"``).
-        max_value_bytes: values longer than this answer ELSEWHERE (the leased
-            path protects long copies); 0 = no limit.
+        max_value_bytes: a get of a value longer than this answers ELSEWHERE
+            (the leased path protects long copies; a probe still answers HIT);
+            0 = no limit.
         portable: force the pure-Python reference reader (tests); by default it
             is used when a region is not a plain mapped :class:`Region`.
 

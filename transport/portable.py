@@ -259,9 +259,9 @@ def _find(ix: IndexView, h: int) -> tuple[int, ...] | None | bool:
         bucket = tr.read(base, _BUCKET_BYTES)
         for j in range(_BUCKET_SLOTS):
             raw = bucket[j * _SLOT_BYTES:(j + 1) * _SLOT_BYTES]
-            words = _SLOT.unpack_from(raw, 0)
-            if not words[0] & 1 and words[1] != h and words[8] == _xxh3(raw[:56]):
-                continue  # stably another key's, or empty
+            seq, kh = struct.unpack_from("<QQ", raw, 0)
+            if not seq & 1 and kh != h:
+                continue  # stably another key's hash, or none (empty, tombstone): as the C probe
             f = _read_slot(ix, base + j * _SLOT_BYTES, raw)
             if f is False:
                 unsure = True
