@@ -358,15 +358,16 @@ def test_every_outcome_c_and_reference_agree(tmp_path: Path, emulated: bool) -> 
             r.close()
 
 
-@pytest.mark.parametrize("portable_reader", [False, True], ids=["c", "portable"])
-def test_batches_prefix_and_ranges(region: Region, portable_reader: bool) -> None:
+@pytest.mark.parametrize("portable_reader,invalidate", [(False, False), (False, True), (True, False)],
+                         ids=["c", "c-invalidate", "portable"])
+def test_batches_prefix_and_ranges(region: Region, portable_reader: bool, invalidate: bool) -> None:
     m = MiniMaster(region, HO, 8)
     vals = {f"blk-{i}".encode(): os.urandom(1000 + i) for i in range(6)}
     for i, (k, v) in enumerate(vals.items()):
         if i != 3:
             m.put(k, v, i + 1, 8192 + i * 8192)
     keys = list(vals)
-    rd = IndexReader(region, HO, HO + 4096, 8, [region], portable=portable_reader)
+    rd = IndexReader(region, HO, HO + 4096, 8, [region], portable=portable_reader, invalidate=invalidate)
     dsts = [bytearray(2048) for _ in keys]
     res = rd.get_many(keys, dsts)
     assert [r.outcome for r in res] == [IX_HIT] * 3 + [IX_MISS] + [IX_HIT] * 2

@@ -877,9 +877,9 @@ def cxlkv_index_store(
         if any(len(c) != n for c in cols64) or len(header_bytes) != n or len(meta) != n:
             raise InvalidArgument("index_store: every column must have the same length")
         try:
-            owner64 = _new("uint64_t[]", slot_nos + key_hashes + extent_offsets + value_lens + versions
-                           + value_hashes)
-            owner32 = _new("uint32_t[]", header_bytes + meta)
+            owner64 = _new("uint64_t[]", [*slot_nos, *key_hashes, *extent_offsets, *value_lens, *versions,
+                                          *value_hashes])
+            owner32 = _new("uint32_t[]", [*header_bytes, *meta])
         except OverflowError:
             raise OutOfRange("index_store: a value does not fit its field (u64; header_bytes and meta u32)") from None
         except TypeError:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Literal, NamedTuple, Sequence
 
 import xxhash
 
@@ -220,7 +220,7 @@ class IndexView(NamedTuple):
     invalidate: bool
 
 
-def _read_slot(ix: IndexView, off: int, raw: bytes | None) -> tuple[int, ...] | None | bool:
+def _read_slot(ix: IndexView, off: int, raw: bytes | None) -> tuple[int, ...] | None | Literal[False]:
     """A stable slot's fields, ``None`` for an empty (never written) slot, ``False``
     when it never read stable. ``raw``: the slot's bytes from a bucket read, tried first."""
     tr = ix.table_region
@@ -242,7 +242,7 @@ def _read_slot(ix: IndexView, off: int, raw: bytes | None) -> tuple[int, ...] | 
     return False
 
 
-def _find(ix: IndexView, h: int) -> tuple[int, ...] | None | bool:
+def _find(ix: IndexView, h: int) -> tuple[int, ...] | None | Literal[False]:
     """The key hash's stable LIVE slot, ``None`` (absent), ``False`` (unsure)."""
     mask = ix.buckets - 1
     b1 = h & mask
@@ -306,7 +306,7 @@ def index_lookup(ix: IndexView, key: bytes, dst: Any, probe: bool) -> tuple[int,
             break
         if f is None:
             return (_UNSURE if overflow else _MISS, 0, 0, 0, retries)
-        _, _, ext, vlen, version, vhash, hb, meta = f  # type: ignore[misc]
+        _, _, ext, vlen, version, vhash, hb, meta = f
         region_no, tier = (meta >> 16) & 0xFF, meta >> 24
         if region_no >= _MAX_REGIONS:
             break
