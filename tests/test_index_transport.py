@@ -73,6 +73,7 @@ class MiniMaster:
         self.to = header_offset + INDEX_HEADER_BYTES
         self.buckets = buckets
         self.flush = flush
+        self.store = region.index_store  # the slot writer (tests swap in the reference one)
         self.slot_of: dict[bytes, int] = {}
         self.used: set[int] = set()
         static = struct.pack("<8sIIQQ", b"CXLKVIX1", 1, INDEX_BUCKET_SLOTS, buckets, self.to)
@@ -118,7 +119,7 @@ class MiniMaster:
     def publish(self, key: bytes, ext: int, vlen: int, version: int, vhash: int, hb: int, *,
                 flags: int = IX_FLAG_LIVE, region_no: int = 0, tier: int = 1) -> None:
         s = self.place(key)
-        self.r.index_store(self.to, self.buckets * INDEX_BUCKET_SLOTS, [s], [h3(key)], [ext], [vlen], [version],
+        self.store(self.to, self.buckets * INDEX_BUCKET_SLOTS, [s], [h3(key)], [ext], [vlen], [version],
                            [vhash], [hb], [flags | region_no << 16 | tier << 24], self.flush)
 
     def put(self, key: bytes, value: bytes, version: int, ext: int, *, region: Any = None, **kw: Any) -> None:
@@ -127,7 +128,7 @@ class MiniMaster:
 
     def remove(self, key: bytes) -> None:
         s = self.slot_of.pop(key)
-        self.r.index_store(self.to, self.buckets * INDEX_BUCKET_SLOTS, [s], [0], [0], [0], [0], [0], [0], [0],
+        self.store(self.to, self.buckets * INDEX_BUCKET_SLOTS, [s], [0], [0], [0], [0], [0], [0], [0],
                            self.flush)
         self.used.discard(s)
 
@@ -171,6 +172,24 @@ def test_slot_bytes_c_and_reference_agree(region: Region) -> None:
     portable.index_store(region, to, nslots, [8], **{k: v[:1] for k, v in cols.items()})
     assert U64.unpack(region.read(to, 8))[0] == 8 and U64.unpack(region.read(to + 512, 8))[0] == 4
     assert portable.unpack_slot(region.read(to, 64))[0] == 8
+
+
+def test_slots_of_the_reference_writer_read_by_c(region: Region) -> None:
+    m = MiniMaster(region, HO, 8)
+    m.store = lambda *a: portable.index_store(region, *a)  # the reference writer's slots
+    vals = {f"ref-{i}".encode(): os.urandom(500 + i) for i in range(20)}
+    for i, (k, v) in enumerate(vals.items()):
+        m.put(k, v, i + 1, 8192 + i * 4096)
+    m.remove(b"ref-3")
+    rd = IndexReader(region, HO, HO + 4096, 8, [region])
+    assert not rd.is_portable
+    for i, (k, v) in enumerate(vals.items()):
+        buf = bytearray(1024)
+        res = rd.get(k, buf)
+        if k == b"ref-3":
+            assert res.outcome == IX_MISS
+        else:
+            assert (res.outcome, res.version, bytes(buf[:res.value_len_bytes])) == (IX_HIT, i + 1, v)
 
 
 def test_index_store_checks_before_writing(region: Region) -> None:
