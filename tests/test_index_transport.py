@@ -450,6 +450,22 @@ def test_bad_arguments_raise(region: Region, portable_reader: bool) -> None:
         rd.probe_many([b"k"])
 
 
+@pytest.mark.parametrize("portable_reader", [False, True], ids=["c", "portable"])
+def test_values_over_one_hash_chunk(region: Region, portable_reader: bool) -> None:
+    """Values past CXLKV_HASH_CHUNK_BYTES (256 KiB) are copied and hashed in chunks;
+    a byte changed in the last chunk is still caught."""
+    m = MiniMaster(region, HO, 8)
+    big = os.urandom(600 * KiB + 3)
+    m.put(b"big", big, 1, 8192)
+    m.put(b"big2", big, 2, 8192 + 640 * KiB)
+    m.poke(8192 + 640 * KiB + 128 + len(big) - 1, b"\0" if big[-1] else b"\1")
+    rd = IndexReader(region, HO, HO + 4096, 8, [region], portable=portable_reader)
+    buf = bytearray(1 * MiB)
+    assert rd.get(b"big", buf) == IndexResult(IX_HIT, 1, len(big), 1, 0) and bytes(buf[:len(big)]) == big
+    assert rd.get(b"big2", buf) == IndexResult(IX_UNSURE, 0, 0, 0, 1)
+    assert rd.probe(b"big2").outcome == IX_HIT  # the header is right; only the bytes are not
+
+
 def test_one_bucket_table_and_closed_data_region(tmp_path: Path) -> None:
     with Region.open(tmp_path / "a", size=SIZE, create=True) as a, Region.open(tmp_path / "b", size=SIZE,
                                                                              create=True) as b:
