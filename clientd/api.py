@@ -19,7 +19,7 @@ from cxlkv.clientd.buffers import BufferRegistry, SharedBuffer
 from cxlkv.clientd.core import ClientdCore, PutSpec, ReadOutcome, ReadTarget
 from cxlkv.clientd.direct import DirectPuts
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument, TooLarge, error_for
-from cxlkv.keys import validate_key
+from cxlkv.keys import key_error, validate_key
 from cxlkv.lean import PEER_CRED
 from cxlkv.v1 import client_pb2, common_pb2
 
@@ -307,6 +307,14 @@ class ClientApi:
     async def BufferStatus(self, req: client_pb2.BufferStatusRequest) -> client_pb2.BufferStatusResponse:
         """Whether each buffer id is registered here (no side effect)."""
         return client_pb2.BufferStatusResponse(registered=self.buffers.registered(req.buffer_ids))
+
+    async def ReportHits(self, req: client_pb2.ClientReportHitsRequest) -> client_pb2.ClientReportHitsResponse:
+        """Keys an SDK read from the region's index itself: forwarded to the master's
+        eviction policy in this daemon's next hits batch (invalid keys are dropped)."""
+        keys = [k for k in req.keys if key_error(k) is None]
+        self.core.counters["index_hits_reported"] += len(keys)
+        self.core.link.report_hits(keys)
+        return client_pb2.ClientReportHitsResponse()
 
     # -- packed batch forms ---------------------------------------------------
     def _packed_columns(self, req: Any, name: str) -> tuple[list[str], list[int], list[int], list[int]]:

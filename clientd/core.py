@@ -36,12 +36,17 @@ from typing import Any, Callable
 
 import xxhash
 
-from cxlkv.clientd.master_link import Located, Location, MasterLink
+from cxlkv.clientd.index_reads import IndexReads
+from cxlkv.clientd.master_link import (
+    _OK_STATUS as _LINK_OK, Located, Location, MasterLink, StartedExtent, StartedPut,
+)
+from cxlkv.clientd.reserve import Reservation, ReservePool
 from cxlkv.clientd.regions import MappedRegion, RegionSet
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode
 from cxlkv.keys import key_error, options_error
 from cxlkv.objheader import header_bytes_for, object_mismatch
+from cxlkv.transport.index import IX_ELSEWHERE, IX_HIT, IX_MISS, IX_TOO_SMALL
 from cxlkv.v1 import client_pb2, common_pb2, master_pb2
 
 __all__ = ["PutSpec", "ReadTarget", "ReadOutcome", "ClientdCore", "LARGE_COPY_BYTES"]
@@ -88,6 +93,7 @@ _INTERNAL = int(ErrorCode.INTERNAL)
 
 _xxh3 = xxhash.xxh3_64_intdigest
 _Status = common_pb2.Status
+_OK_STATUS = _LINK_OK
 _PutResult = client_pb2.PutResult
 
 
@@ -211,6 +217,16 @@ class ClientdCore:
         self.max_inline_bytes = cfg.max_inline_bytes
         #: Operation and byte counters (reported by Stat and /metrics).
         self.counters: Counter[str] = Counter()
+        #: Reads from the region's index (clientd/index_reads.py).
+        self.index = IndexReads(regions, link, invalidate=self.flush_mode,
+                                max_value_bytes=cfg.index_max_value_bytes, enabled=cfg.index_reads)
+        self._scratch: bytearray | None = None  # inline index reads land here first
+        #: Extents reserved ahead of need: puts in one master round trip (clientd/reserve.py).
+        self.reserve = ReservePool(link, enabled=cfg.reserve_ahead)
+        #: Put rounds running, per master-link generation (registration) they began in.
+        self._puts_in_flight: dict[int, int] = {}
+        #: Set whenever the last put round of an ended registration finishes.
+        self.drained = asyncio.Event()
 
     # ================================================================== puts
     async def put(self, specs: list[PutSpec]) -> list[client_pb2.PutResult]:
@@ -251,21 +267,73 @@ class ClientdCore:
         *,
         retry_allowed: bool,
     ) -> list[int]:
-        """One PutStart → copy → PutEnd round for ``todo``; returns the positions to retry."""
+        """One round for ``todo``: reserved extents (copy → PackedCommit: one master
+        round trip) where the pool has them, PutStart → copy → PutEnd for the rest;
+        returns the positions to retry."""
         link = self.link
         gen = link.generation
         urgent = sum(specs[i].size for i in todo) >= URGENT_BYTES
         key_bytes = {i: specs[i].key.encode("utf-8") for i in todo}
+        reserved = self._take_reserved(specs, todo, key_bytes)
+        self._puts_in_flight[gen] = self._puts_in_flight.get(gen, 0) + 1
         try:
-            starts = await link.put_start.submit([
+            return await self._put_round(specs, todo, results, key_bytes, reserved, gen, urgent, retry_allowed)
+        finally:
+            left = self._puts_in_flight[gen] - 1
+            if left:
+                self._puts_in_flight[gen] = left
+            else:
+                del self._puts_in_flight[gen]
+                if gen != link.generation:
+                    self.drained.set()
+
+    def _take_reserved(self, specs: list[PutSpec], todo: list[int],
+                       key_bytes: dict[int, bytes]) -> dict[int, StartedPut]:
+        """Reserved extents for the items that may use one (one replica, no preferred
+        segment, an object no larger than the pool keeps), as started puts."""
+        pool = self.reserve
+        if not pool.enabled:
+            return {}
+        want: dict[int, list[int]] = {}
+        seen: dict[str, int] = {}
+        for i in todo:
+            seen[specs[i].key] = seen.get(specs[i].key, 0) + 1
+        for i in todo:
+            o = specs[i].options
+            if (o is not None and (o.replica_num > 1 or o.preferred_segment)) or seen[specs[i].key] > 1:
+                continue  # duplicates of a batch go through PutStart, so the first one wins
+            want.setdefault(header_bytes_for(len(key_bytes[i])) + specs[i].size, []).append(i)
+        out: dict[int, StartedPut] = {}
+        for need, positions in want.items():
+            for i, r in zip(positions, pool.take(need, len(positions))):
+                out[i] = StartedPut(_OK_STATUS, r.put_token, r.put_token,
+                                    (StartedExtent(r.segment_id, r.offset_bytes, r.length_bytes),), 1)
+        return out
+
+    async def _put_round(
+        self, specs: list[PutSpec], todo: list[int], results: list[client_pb2.PutResult | None],
+        key_bytes: dict[int, bytes], reserved: dict[int, StartedPut], gen: int, urgent: bool,
+        retry_allowed: bool,
+    ) -> list[int]:
+        link = self.link
+        started = [i for i in todo if i not in reserved]
+        try:
+            got = await link.put_start.submit([
                 (specs[i].key, specs[i].size, specs[i].options, header_bytes_for(len(key_bytes[i])))
-                for i in todo
-            ], urgent=urgent)
+                for i in started
+            ], urgent=urgent) if started else []
         except CxlkvError as exc:
             st = _err_status(exc)
-            for i in todo:
+            for i in started:
                 results[i] = _PutResult(status=st)
-            return []
+            started, got = [], []
+            todo = [i for i in todo if i in reserved]
+            if not todo:
+                return []
+        by_pos = dict(zip(started, got))
+        by_pos.update(reserved)
+        todo = [i for i in todo if i in by_pos]
+        starts = [by_pos[i] for i in todo]
 
         accepted: list[tuple[int, master_pb2.PutStartResult]] = []
         failed: dict[int, CxlkvError] = {}
@@ -336,8 +404,23 @@ class ClientdCore:
 
         ends: list[tuple[int, master_pb2.PutStartResult]] = []
         revokes: list[tuple[int, master_pb2.PutStartResult]] = []
+        commits: list[tuple[int, Any]] = []
         for i, r in accepted:
+            if i in reserved:
+                if i in failed:  # the extent is still ours: back to the pool
+                    self.reserve.give_back(header_bytes_for(len(key_bytes[i])) + specs[i].size,
+                                           [_reservation(reserved[i])])
+                    results[i] = _PutResult(status=_err_status(failed[i]))
+                else:
+                    commits.append((i, r))
+                continue
             (revokes if i in failed else ends).append((i, r))
+        commit_task: asyncio.Future[Any] | None = None
+        if commits:  # runs beside the PutEnd call
+            commit_task = asyncio.ensure_future(link.commit.submit([
+                (specs[i].key, r.put_token, specs[i].size, header_bytes_for(len(key_bytes[i])),
+                 checksums.get(i, 0), _flags(specs[i].options)) for i, r in commits
+            ], urgent=urgent))
         revoke_task: asyncio.Future[Any] | None = None
         if revokes:  # runs beside the PutEnd call
             revoke_task = asyncio.ensure_future(link.put_revoke.submit([
@@ -366,7 +449,7 @@ class ClientdCore:
                     results[i] = _PutResult(status=st)
                 if link.generation == gen:  # not committed, or committed (then this changes nothing)
                     await self.release_fenced([(specs[i].key, r.put_token, 0) for i, r in ends])
-                return retry
+                ends = []
             fenced: list[tuple[str, int, int]] = []
             for (i, r), st in zip(ends, statuses):
                 if not st.code:
@@ -379,6 +462,21 @@ class ClientdCore:
                         fenced.append((specs[i].key, r.put_token, 0))
             if fenced:
                 await self.release_fenced(fenced)
+        if commit_task is not None:
+            try:
+                cstatuses = await commit_task
+            except CxlkvError as exc:
+                st = _err_status(exc)
+                for i, _ in commits:
+                    results[i] = _PutResult(status=st)
+            else:
+                for (i, r), st in zip(commits, cstatuses):
+                    if not st.code:
+                        results[i] = _PutResult(version=r.version, replicas_placed=1)
+                    elif st.code in (_STALE_TOKEN, _UNKNOWN_CLIENT) and retry_allowed and link.generation != gen:
+                        retry.append(i)  # the registration ended meanwhile: its reservation is quarantined
+                    else:
+                        results[i] = _PutResult(status=st)
         return retry
 
     async def release_fenced(self, items: list[tuple[str, int, int]]) -> None:
@@ -521,6 +619,8 @@ class ClientdCore:
             else:
                 todo.append(i)
         self.counters["get_items"] += n
+        if todo:
+            todo = self._get_from_index(keys, targets, todo, out)
         # A large read makes its caller come back late: do not hold others for it.
         urgent = n == 1 and targets[0] is not None and targets[0].capacity >= URGENT_BYTES
         for attempt in range(2):
@@ -540,6 +640,53 @@ class ClientdCore:
             elif o.code and o.code != _NOT_FOUND:
                 self.counters["get_errors"] += 1
         return out  # type: ignore[return-value]
+
+    def _get_from_index(self, keys: list[str], targets: list[ReadTarget | None], todo: list[int],
+                        out: list[ReadOutcome | None]) -> list[int]:
+        """Serve from the region's index what it can answer (hits, misses, values
+        too large for their target); returns the positions left for the RPC path."""
+        ix = self.index.reader()
+        if ix is None:
+            return todo
+        rest: list[int] = []
+        hits: list[str] = []
+        inline_limit = self.max_inline_bytes
+        for i in todo:
+            key = keys[i]
+            t = targets[i]
+            if t is None:
+                scratch = self._scratch
+                if scratch is None:
+                    scratch = self._scratch = bytearray(inline_limit)
+                r = ix.get(key.encode(), scratch)
+            else:
+                r = ix.get(key.encode(), memoryview(t.buf)[t.offset:t.offset + t.capacity])
+            oc = r.outcome
+            if oc == IX_HIT:
+                n = r.value_len_bytes
+                o = ReadOutcome(size=n, version=r.version, tier=r.tier)
+                if t is None:
+                    o.value = bytes(memoryview(self._scratch)[:n])  # type: ignore[arg-type]
+                out[i] = o
+                hits.append(key)
+            elif oc == IX_MISS:
+                out[i] = ReadOutcome(_NOT_FOUND, f"key {key!r} not found")
+            elif oc == IX_TOO_SMALL:
+                size = r.value_len_bytes
+                if t is None:
+                    out[i] = ReadOutcome(_TOO_LARGE, (
+                        f"value of key {key!r} is {size} bytes, over the inline limit of "
+                        f"{inline_limit} bytes: use GetInto with a shared buffer"), size)
+                else:
+                    out[i] = ReadOutcome(_OUT_OF_RANGE, (
+                        f"value of key {key!r} is {size} bytes, the target holds {t.capacity}"), size)
+            else:  # ELSEWHERE, UNSURE: the leased RPC path
+                rest.append(i)
+        self.counters["index_hits"] += len(hits)
+        self.counters["index_lookups"] += len(todo)
+        if hits:
+            self.link.report_hits(hits)
+        return rest
 
     async def _read_located(
         self,
@@ -793,7 +940,7 @@ class ClientdCore:
             OutOfRange: a matched value is larger than its target (nothing is kept).
             Unavailable, NotReady: the master cannot be reached.
         """
-        from cxlkv.errors import InvalidKey, error_for
+        from cxlkv.errors import InvalidKey
 
         for k in keys:
             why = key_error(k)
@@ -801,6 +948,51 @@ class ClientdCore:
                 raise InvalidKey(why, key=k if isinstance(k, str) else None)
         self.counters["prefix_queries"] += 1
         self.counters["prefix_keys"] += len(keys)
+        if not keys:
+            return 0, []
+        ix = self.index.reader()
+        if ix is not None:
+            first, outs, done = self._prefix_from_index(ix, keys, targets)
+            if done:
+                self.counters["prefix_hits"] += first
+                return first, outs
+            more, rest = await self._get_prefix_rpc(keys[first:], targets[first:])
+            return first + more, outs + rest
+        return await self._get_prefix_rpc(keys, targets)
+
+    def _prefix_from_index(self, ix: Any, keys: list[str], targets: list[ReadTarget]
+                           ) -> tuple[int, list[ReadOutcome], bool]:
+        """The leading keys the index serves: ``(matched, outcomes, done)``; ``done``
+        is false when the prefix stopped at a key the index cannot answer (the RPC
+        path continues from ``matched``)."""
+        from cxlkv.errors import OutOfRange
+
+        views = [memoryview(t.buf)[t.offset:t.offset + t.capacity] for t in targets]
+        results = ix.get_many([k.encode() for k in keys], views, prefix=True)
+        outs: list[ReadOutcome] = []
+        hits: list[str] = []
+        done = True
+        for key, r in zip(keys, results):
+            oc = r.outcome
+            if oc == IX_HIT:
+                outs.append(ReadOutcome(size=r.value_len_bytes, version=r.version, tier=r.tier))
+                hits.append(key)
+                continue
+            if oc == IX_TOO_SMALL:
+                raise OutOfRange(f"value of key {key!r} is {r.value_len_bytes} bytes, the target holds "
+                                 f"{targets[len(outs)].capacity}", key=key, requested_bytes=r.value_len_bytes)
+            done = oc == IX_MISS
+            break
+        self.counters["index_hits"] += len(hits)
+        self.counters["index_lookups"] += len(results)
+        if hits:
+            self.link.report_hits(hits)
+        return len(outs), outs, done
+
+    async def _get_prefix_rpc(self, keys: list[str], targets: list[ReadTarget]) -> tuple[int, list[ReadOutcome]]:
+        """:meth:`get_prefix` through the master (leases)."""
+        from cxlkv.errors import error_for
+
         if not keys:
             return 0, []
         for attempt in range(2):
@@ -844,6 +1036,17 @@ class ClientdCore:
             else:
                 todo.append(i)
         self.counters["exist_items"] += len(keys)
+        ix = self.index.reader() if todo else None
+        if ix is not None:
+            rest = []
+            for i, r in zip(todo, ix.probe_many([keys[i].encode() for i in todo])):
+                if r.outcome == IX_MISS:
+                    out[i] = (False, _OK_STATUS)
+                elif r.outcome in (IX_HIT, IX_ELSEWHERE, IX_TOO_SMALL):
+                    out[i] = (True, _OK_STATUS)
+                else:
+                    rest.append(i)
+            todo = rest
         if todo:
             res = await self.link.exist.submit([keys[i] for i in todo])
             for i, r in zip(todo, res):
@@ -937,6 +1140,18 @@ class ClientdCore:
             Unavailable, NotReady: the master cannot be reached.
         """
         return await self.link.call("Stat", master_pb2.StatRequest)
+
+
+def _reservation(r: StartedPut) -> Reservation:
+    e = r.extents[0]
+    return Reservation(r.put_token, e.segment_id, e.offset_bytes, e.length_bytes)
+
+
+def _flags(o: common_pb2.PutOptions | None) -> int:
+    """PackedCommit flags of put options: bit 0 upsert, 1 soft pin, 2 hard pin."""
+    if o is None:
+        return 0
+    return (1 if o.upsert else 0) | (2 if o.soft_pin else 0) | (4 if o.hard_pin else 0)
 
 
 def _unmapped(segment_id: int) -> CxlkvError:

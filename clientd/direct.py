@@ -133,6 +133,9 @@ class DirectPuts:
             if m.segment_id and self._direct_region(m.segment_id) is not None:
                 resp.regions.add(segment_id=m.segment_id, segment_name=m.segment, path=m.path,
                                  region_uuid=str(m.identity.region_uuid), size_bytes=m.size_bytes)
+        if self.core.index.reader() is not None:  # the master publishes an index this daemon reads
+            resp.index_region_uuid = self.core.link.index_region_uuid
+            resp.index_epoch = self.core.link.index_epoch
         return resp
 
     def _check_offered(self) -> None:

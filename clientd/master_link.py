@@ -37,7 +37,8 @@ _MASTER_METHODS = service_methods(master_pb2.DESCRIPTOR.services_by_name["Master
 #: heartbeats stay on gRPC: they also prove the gRPC path and are rare).
 _LEAN_METHODS = frozenset(m.name for m in _MASTER_METHODS if m.name.startswith(("Batch", "Packed"))) | {
     "ReleaseLeases", "PutStart", "PutEnd", "PutRevoke", "GetReplicaList", "ExistKey", "MatchPrefix",
-    "Remove", "RemoveAll", "RemoveByRegex", "ListKeys", "Stat", "ListSegments", "FetchTasks", "CompleteTasks"}
+    "Remove", "RemoveAll", "RemoveByRegex", "ListKeys", "Stat", "ListSegments", "FetchTasks", "CompleteTasks",
+    "ReportHits"}
 
 __all__ = ["MasterLink", "Located", "Location", "LocatedReplica", "PrefixMatch", "unpack_locations",
            "RELEASE_DELAY_S", "MAX_BATCH_ITEMS"]
@@ -48,6 +49,11 @@ log = logging.getLogger(__name__)
 #: Under load every release rides on the next read's call; an idle daemon sends
 #: them within this delay (Remove flushes them at once, and waits for leases).
 RELEASE_DELAY_S = 0.01
+#: Hits read from the region's index are reported to the master within this
+#: long (seconds), or at once when :data:`HITS_BATCH_MAX` are pending.
+HITS_DELAY_S = 0.02
+#: Most hits one ReportHits call carries.
+HITS_BATCH_MAX = 8192
 #: Most items in one coalesced master call.
 MAX_BATCH_ITEMS = 1024
 #: Concurrent coalesced calls of one kind (1: classic group commit; 2 keeps the
@@ -273,6 +279,13 @@ class MasterLink:
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._pending_releases: list[int] = []
         self._release_handle: asyncio.TimerHandle | None = None
+        self._pending_hits: list[str] = []
+        self._hits_handle: asyncio.TimerHandle | None = None
+        #: Hits reports dropped because the master could not be reached (counted, never retried).
+        self.hits_dropped = 0
+        #: The region holding the index the master publishes ("" = none) and its epoch (docs/index.md).
+        self.index_region_uuid = ""
+        self.index_epoch = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._warned_unavailable = False
 
@@ -283,6 +296,10 @@ class MasterLink:
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.put_end: Coalescer[tuple[str, int, int], common_pb2.Status] = Coalescer(
             "BatchPutEnd", self._send_put_end, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
+            linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
+        #: Items: ``(key, put_token, value_size_bytes, header_bytes, checksum, flags)`` (reservations).
+        self.commit: Coalescer[tuple[str, int, int, int, int, int], common_pb2.Status] = Coalescer(
+            "PackedCommit", self._send_commit, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.put_revoke: Coalescer[tuple[str, int, int], common_pb2.Status] = Coalescer(
             "BatchPutRevoke", self._send_put_revoke, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
@@ -310,7 +327,7 @@ class MasterLink:
 
     def coalescers(self) -> list[Coalescer[Any, Any]]:
         """Every coalescer, for stats."""
-        return [self.put_start, self.put_end, self.put_revoke, self.locate, self.exist,
+        return [self.put_start, self.put_end, self.commit, self.put_revoke, self.locate, self.exist,
                 self.match_prefix, *self.remove.values()]
 
     async def start(self) -> None:
@@ -361,6 +378,11 @@ class MasterLink:
         if self._release_handle is not None:
             self._release_handle.cancel()
             self._release_handle = None
+        if self._hits_handle is not None:
+            self._hits_handle.cancel()
+            self._hits_handle = None
+        if self._pending_hits and self.registered:
+            await self._flush_hits()
         if self._pending_releases and self.registered:
             try:
                 await self._flush_releases()
@@ -399,6 +421,8 @@ class MasterLink:
         self.client_ttl_s = resp.client_ttl_s or 10.0
         self.lease_ttl_s = resp.lease_ttl_s or 5.0
         self._use_lean(resp.lean_port)
+        self.index_region_uuid = resp.index_region_uuid
+        self.index_epoch = resp.index_epoch
         await self._mount_local()
         self.generation += 1
         self._registered.set()
@@ -585,6 +609,19 @@ class MasterLink:
             req.checksums.extend(it[2] for it in items)
         return req
 
+    async def _send_commit(self, items: list[tuple[str, int, int, int, int, int]]) -> Sequence[common_pb2.Status]:
+        def build() -> master_pb2.PackedCommitRequest:
+            req = master_pb2.PackedCommitRequest(
+                client_id=self.client_id, epoch=self.epoch, keys=[it[0] for it in items],
+                put_tokens=[it[1] for it in items], value_size_bytes=[it[2] for it in items],
+                header_bytes=[it[3] for it in items], checksums=[it[4] for it in items])
+            if any(it[5] for it in items):
+                req.flags.extend(it[5] for it in items)
+            return req
+
+        resp = await self.call("PackedCommit", build)
+        return _statuses(resp.codes, resp.error_positions, resp.messages)
+
     async def _send_put_end(self, items: list[tuple[str, int, int]]) -> Sequence[common_pb2.Status]:
         resp = await self.call("PackedPutEnd", lambda: self._end_request(items))
         return _statuses(resp.codes, resp.error_positions, resp.messages)
@@ -680,6 +717,45 @@ class MasterLink:
         except CxlkvError as exc:
             # The leases end by themselves after lease_ttl; nothing is lost.
             log.debug("ReleaseLeases of %d lease(s) failed: %s", len(ids), exc.message)
+
+    # -- hits read from the index ---------------------------------------------
+    def report_hits(self, keys: list[str]) -> None:
+        """Tell the master's eviction policy about reads served from the index
+        (no lease was taken); sent within :data:`HITS_DELAY_S`, batched."""
+        if not keys or self._closed:
+            return
+        self._pending_hits.extend(keys)
+        if len(self._pending_hits) >= HITS_BATCH_MAX:
+            self._hits_timer()
+        elif self._hits_handle is None:
+            self._hits_handle = asyncio.get_running_loop().call_later(HITS_DELAY_S, self._hits_timer)
+
+    def _hits_timer(self) -> None:
+        if self._hits_handle is not None:
+            self._hits_handle.cancel()
+            self._hits_handle = None
+        if not self._pending_hits:
+            return
+        task = asyncio.get_running_loop().create_task(self._flush_hits())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _flush_hits(self) -> None:
+        keys, self._pending_hits = self._pending_hits, []
+        for i in range(0, len(keys), HITS_BATCH_MAX):
+            part = keys[i:i + HITS_BATCH_MAX]
+            try:
+                await self.call("ReportHits", lambda: master_pb2.ReportHitsRequest(
+                    client_id=self.client_id, keys=part))
+            except CxlkvError as exc:
+                # Only the policy's information is lost (recency of these keys), never data.
+                self.hits_dropped += len(part)
+                log.debug("ReportHits of %d key(s) failed: %s", len(part), exc.message)
+
+    @property
+    def pending_hits(self) -> int:
+        """Hits waiting to be reported."""
+        return len(self._pending_hits)
 
     @property
     def pending_releases(self) -> int:

@@ -175,11 +175,24 @@ class MasterConfig:
     task_timeout_s: float = _f(5.0, "a tier-move task not reported within this long is given again", unit="s")
     task_retries: int = _f(3, "a tier-move task given this many times without success is failed and counted")
     recover_from_region: list[str] = _f(
-        [], "rebuild the index at start from these regions' object headers (metadata lost): "
+        [], "rebuild the metadata at start from these regions (metadata lost): from the region's "
+        "committed-object index when it has one, else from its object headers; "
         "\"PATH\" (segment named by the region's identity) or \"PATH=SEGMENT\"")
+    writer_reclaim_s: float = _f(
+        0.0, "space taken back from a writer whose registration ended (expired, partitioned, stopped) is "
+        "reused once the writer says it stopped, or after this long; 0 = never on time alone (an operator's "
+        "`cxlkv admin release-writer` frees it)", unit="s")
+    reserve_max_extents: int = _f(
+        4096, "most extents one clientd may hold reserved ahead of need (writes in one round trip)")
+    owner_lease_ttl_s: float = _f(
+        5.0, "the owner lease this master records in each region it maps lapses this long after its last "
+        "heartbeat (heartbeats every quarter of it); another master takes a region over only once lapsed",
+        unit="s")
 
     def validate(self) -> None:
         """Check cross-field rules. Raises :class:`ConfigError` naming the key."""
+        if not self.owner_lease_ttl_s > 0:
+            raise ConfigError(f"owner_lease_ttl_s: must be > 0, got {self.owner_lease_ttl_s}")
         for spec in self.recover_from_region:
             if not isinstance(spec, str) or not spec or spec.startswith("="):
                 raise ConfigError(f"recover_from_region: expected \"PATH\" or \"PATH=SEGMENT\", got {spec!r}")
@@ -254,6 +267,13 @@ class ClientdConfig:
     metrics_address: str = _f("", "Prometheus /metrics host:port (\"\" = disabled; port 0 picks)")
     regions: list[RegionConfig] = _f([], "regions to map (segment name → local path)")
     max_inline_bytes: int = _f(1 << 20, "largest value carried inside a message", unit="bytes")
+    reserve_ahead: bool = _f(True, "take extents from the master ahead of need, so a put (or a batch of puts) "
+                             "costs one master round trip (clientd/reserve.py)")
+    index_reads: bool = _f(True, "serve gets, prefix matches and existence checks from the committed-object "
+                           "index the master publishes in the region (no master round trip; docs/index.md)")
+    index_max_value_bytes: int = _f(
+        4 << 20, "longer values are read through the leased RPC path instead of the index (a lease protects "
+        "a long copy; an index read that is overwritten under it is redone)", unit="bytes")
     prefault: bool = _f(False, "touch every page of each region at start (no first-touch faults later)")
     dram_tier_bytes: int = _f(
         0, "this host's DRAM tier: private memory mounted as a host-local segment for hot objects; 0 = off",

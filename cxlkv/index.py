@@ -385,6 +385,7 @@ def write_owner(region: Any, geometry: IndexGeometry, lease: OwnerLease) -> None
 class _Placed(NamedTuple):
     slot_no: int
     key: str
+    version: int
 
 
 class IndexWriter:
@@ -411,7 +412,7 @@ class IndexWriter:
         self.geometry = geometry
         self.flush = bool(flush)
         self._by_hash: dict[int, _Placed] = {}
-        self._overflowed: set[str] = set()
+        self._overflowed: dict[str, int] = {}  # key → version, not in the table
         self._used = bytearray(geometry.buckets)  # per bucket: bitmask of occupied slots
         self._one = np.zeros(1, dtype=np.uint64)
         #: Slots written since start (publishes and tombstones).
@@ -428,11 +429,16 @@ class IndexWriter:
         """Slots holding a key."""
         return len(self._by_hash)
 
-    def adopt(self, slot_no: int, key: str, key_hash: int) -> None:
+    def adopt(self, slot_no: int, key: str, key_hash: int, version: int) -> None:
         """Take over a slot found in the region (recovery from the index)."""
         b, i = divmod(slot_no, BUCKET_SLOTS)
         self._used[b] |= 1 << i
-        self._by_hash[key_hash] = _Placed(slot_no, key)
+        self._by_hash[key_hash] = _Placed(slot_no, key, version)
+
+    def published_version(self, key: str, key_hash: int) -> int | None:
+        """The version ``key``'s slot describes, or ``None`` (no slot)."""
+        placed = self._by_hash.get(key_hash)
+        return placed.version if placed is not None and placed.key == key else None
 
     def _place(self, key_hash: int) -> int | None:
         used = self._used
@@ -460,7 +466,8 @@ class IndexWriter:
                 read it through the RPC path".
 
         Returns:
-            True when the key has a slot, False when it overflowed.
+            True when the key has a slot, False when it overflowed (counted in
+            the overflow word, so readers that do not find it ask the RPC path).
         """
         placed = self._by_hash.get(key_hash)
         if placed is not None and placed.key != key:
@@ -469,29 +476,45 @@ class IndexWriter:
             slot_no = placed.slot_no
         else:
             slot_no = self._place(key_hash)
-            if slot_no is not None:
-                self._by_hash[key_hash] = _Placed(slot_no, key)
         if slot_no is None:
             if key not in self._overflowed:
-                self._overflowed.add(key)
+                self._overflowed[key] = version
                 _set_overflow(self.region, self.geometry, len(self._overflowed))
+            else:
+                self._overflowed[key] = version
             return False
+        self._by_hash[key_hash] = _Placed(slot_no, key, version)
         flags = SLOT_LIVE | (SLOT_ELSEWHERE if elsewhere else 0)
         self._store(slot_no, key_hash, extent_offset_bytes, value_len_bytes, version, value_checksum,
                     header_bytes, flags | (region_no << 16) | (tier << 24))
+        if self._overflowed.pop(key, None) is not None:  # in the table now: out of the overflow
+            _set_overflow(self.region, self.geometry, len(self._overflowed))
         return True
 
-    def retire(self, key: str, key_hash: int) -> None:
-        """Take ``key`` out of the index (tombstone, written through); a no-op when absent."""
+    def retire(self, key: str, key_hash: int, version: int | None = None) -> None:
+        """Take ``key`` out of the index (tombstone, or the overflow count), written
+        through; a no-op when absent, or when the index describes another version
+        of it than ``version`` (when given)."""
         placed = self._by_hash.get(key_hash)
         if placed is not None and placed.key == key:
+            if version is not None and placed.version != version:
+                return
             del self._by_hash[key_hash]
             b, i = divmod(placed.slot_no, BUCKET_SLOTS)
             self._used[b] &= ~(1 << i) & 0xFF
             self._store(placed.slot_no, 0, 0, 0, 0, 0, 0, 0)
-        elif key in self._overflowed:
-            self._overflowed.discard(key)
+            return
+        v = self._overflowed.get(key)
+        if v is not None and (version is None or v == version):
+            del self._overflowed[key]
             _set_overflow(self.region, self.geometry, len(self._overflowed))
+
+    def tombstone(self, slot_no: int) -> None:
+        """Empty a slot no key was adopted into (recovery: a slot that does not verify)."""
+        b, i = divmod(slot_no, BUCKET_SLOTS)
+        if self._used[b] >> i & 1:
+            raise ValueError(f"slot {slot_no} holds a key")
+        self._store(slot_no, 0, 0, 0, 0, 0, 0, 0)
 
     def clear(self) -> None:
         """Forget every slot and zero the table and the overflow word (a master

@@ -69,6 +69,19 @@ def check_invariants(state: "MasterState") -> None:
         if token in state._puts:
             raise AssertionError(f"fenced put {token} is also in flight")
         add(obj, "fenced")
+    for token, obj in state._reserved.items():
+        if obj.version != token or obj.state != ObjState.PROCESSING or obj.key or not obj.extents:
+            raise AssertionError(f"reservation {token} inconsistent: {obj!r}")
+        c = state._clients.get(obj.client_id)
+        if c is None or c.reserved.get(token) is not obj:
+            raise AssertionError(f"reservation {token} is not its live client's: {obj!r}")
+        add(obj, "reserved")
+    for token, obj in state._quarantine.items():
+        if obj.version != token or obj.state != ObjState.FAILED or not obj.extents:
+            raise AssertionError(f"quarantined {token} inconsistent: {obj!r}")
+        if token in state._puts or token in state._fenced or token in state._reserved:
+            raise AssertionError(f"quarantined {token} is also live elsewhere")
+        add(obj, "quarantined")
     for version, obj in state._retired.items():
         if obj.state != ObjState.REMOVED or obj.leases <= 0 or obj.version != version:
             raise AssertionError(f"deferred {obj!r} should have been freed")

@@ -107,13 +107,15 @@ class ClientRecord:
         registered_at, last_heartbeat: master clock, seconds.
         alive: False once expired.
         puts: in-flight put attempts of this registration, token → version.
+        reserved: extents this registration took ahead of need (``reserve``),
+            token → a keyless PROCESSING version; ``commit`` names one.
         mapped: names of the segments this clientd maps (its registered regions
             and its own DRAM tier): the move tasks it may run.
     """
 
     __slots__ = (
         "client_id", "epoch", "hostname", "name", "pid", "metrics_url",
-        "registered_at", "last_heartbeat", "alive", "puts", "mapped",
+        "registered_at", "last_heartbeat", "alive", "puts", "reserved", "mapped",
     )
 
     def __init__(
@@ -130,4 +132,5 @@ class ClientRecord:
         self.last_heartbeat = now
         self.alive = True
         self.puts: dict[int, ObjectVersion] = {}
+        self.reserved: dict[int, ObjectVersion] = {}
         self.mapped: set[str] = set()

@@ -20,13 +20,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from cxlkv.errors import ConfigError, CxlkvError
 from cxlkv.master.segments import Segment, Tier
 from cxlkv.master.state import MasterState, RestoredObject
 
 __all__ = ["RegionRecovery", "parse_recover_spec", "recover_regions"]
+
+if TYPE_CHECKING:
+    from cxlkv.master.owner import RegionOwnership
 
 log = logging.getLogger("cxlkv.master")
 
@@ -226,3 +229,102 @@ def recover_regions(state: MasterState, specs: Sequence[str], now: float) -> lis
         sum(r.stale for r in done), seconds,
     )
     return done
+
+
+def recover_from_index(state: MasterState, ownership: "RegionOwnership", numbers: dict[int, int],
+                       now: float) -> dict[str, int]:
+    """Rebuild the master's objects from the index region's slots.
+
+    Only what the index names comes back: every live slot whose extent's object
+    header (read from its region) describes the slot's key hash, version, value
+    length, header size and value checksum becomes a COMPLETE object in its
+    slot (:meth:`IndexWriter.adopt`). Slots that do not verify, name a region
+    this master does not map, or say ELSEWHERE (an SSD- or DRAM-only object:
+    give its tier file to ``recover_from_region`` to scan it) are emptied. A
+    value whose bytes look like object headers never becomes an object, and
+    after ``cxlkv region format --force`` (which empties the index) nothing
+    of the old contents comes back.
+
+    Args:
+        state: the master's state, its ``index`` already the ownership's publisher.
+        ownership: the regions this master owns (``index_region`` and ``writer`` set).
+        numbers: segment id → region number of the index's region table.
+        now: master clock, seconds.
+
+    Returns:
+        Counts: ``slots`` (live slots read), ``restored``, ``invalid`` (did not
+        verify), ``elsewhere`` (ELSEWHERE slots emptied), ``unmapped``,
+        ``refused`` (verified but the state refused: extent conflict, bad key),
+        ``seconds``.
+    """
+    from cxlkv.index import SLOT_ELSEWHERE, read_slots
+    from cxlkv.objheader import OBJECT_HEADER_BYTES, parse_header
+
+    t0 = time.perf_counter()
+    ir, writer = ownership.index_region, ownership.writer
+    assert ir is not None and writer is not None
+    by_number = {numbers[o.segment.segment_id]: o for o in ownership.owned if o.segment.segment_id in numbers}
+    counts = dict.fromkeys(("slots", "restored", "invalid", "elsewhere", "unmapped", "refused"), 0)
+    per_segment: dict[int, list[RestoredObject]] = {}
+    adopted: list[tuple[str, int, int]] = []
+    for slot_no, slot in list(read_slots(ir.region, ir.geometry)):
+        counts["slots"] += 1
+        if slot.flags & SLOT_ELSEWHERE:
+            writer.tombstone(slot_no)
+            counts["elsewhere"] += 1
+            continue
+        o = by_number.get(slot.region_no)
+        if o is None:
+            writer.tombstone(slot_no)
+            counts["unmapped"] += 1
+            continue
+        key = _verified_key(o.region, slot, OBJECT_HEADER_BYTES, parse_header)
+        if key is None:
+            writer.tombstone(slot_no)
+            counts["invalid"] += 1
+            continue
+        writer.adopt(slot_no, key, slot.key_hash, slot.version)
+        adopted.append((key, slot.key_hash, slot.version))
+        per_segment.setdefault(o.segment.segment_id, []).append(RestoredObject(
+            key, slot.extent_offset_bytes, slot.value_len_bytes, slot.header_bytes, slot.version,
+            slot.value_checksum))
+    for sid, objs in per_segment.items():
+        report = state.restore_objects(sid, objs, now)
+        counts["restored"] += report.restored + report.replicas
+    for key, h, version in adopted:
+        obj = state.get_object(key)
+        if obj is None or obj.version != version:
+            writer.retire(key, h, version)
+            counts["refused"] += 1
+    counts["seconds"] = time.perf_counter() - t0  # type: ignore[assignment]
+    log.info("recovery: rebuilt from the index of region %s: %d object(s) of %d live slot(s); %d did not "
+             "verify, %d ELSEWHERE (SSD/DRAM only) and %d in unmapped regions emptied, %d refused, %.3f s",
+             ir.path, counts["restored"], counts["slots"], counts["invalid"], counts["elsewhere"],
+             counts["unmapped"], counts["refused"], counts["seconds"])
+    return counts
+
+
+def _verified_key(region: Any, slot: Any, header_len: int, parse_header: Any) -> str | None:
+    """The key of the object a slot names when its extent's header describes the slot exactly."""
+    off = slot.extent_offset_bytes
+    hb = slot.header_bytes
+    if hb < header_len or off + hb + slot.value_len_bytes > region.size_bytes:
+        return None
+    try:
+        region.invalidate(off, hb)
+        head = region.read(off, hb)
+    except CxlkvError:
+        return None
+    klen = int.from_bytes(head[12:16], "little")
+    if not 1 <= klen <= hb - header_len:
+        return None
+    key_utf8 = head[header_len:header_len + klen]
+    h = parse_header(head, key_utf8)
+    if (h is None or h.key_hash != slot.key_hash or h.version != slot.version
+            or h.value_len_bytes != slot.value_len_bytes or h.header_bytes != hb
+            or h.value_checksum != slot.value_checksum):
+        return None
+    try:
+        return bytes(key_utf8).decode("utf-8")
+    except UnicodeDecodeError:
+        return None

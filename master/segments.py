@@ -55,7 +55,10 @@ class Segment:
         device_path: where the config says the region lives (informational).
         owner_client_id: the clientd owning a host-local tier; "" for shared CXL.
         mounted: False once unmounted: no allocations, its replicas are gone.
-        allocator: the free-space manager over ``[REGION_HEADER_BYTES, size_bytes)``.
+        allocator: the free-space manager over ``[REGION_HEADER_BYTES, data_end_bytes)``.
+        data_end_bytes: end of the object area: the region's index offset when
+            the master maps the region and it has an index (cxlkv.index), else
+            ``size_bytes``.
         object_count: live replicas placed in this segment.
 
     Strategies must treat a segment as read-only.
@@ -63,7 +66,7 @@ class Segment:
 
     __slots__ = (
         "segment_id", "name", "tier", "size_bytes", "region_uuid", "device_path",
-        "owner_client_id", "mounted", "allocator", "object_count",
+        "owner_client_id", "mounted", "allocator", "object_count", "data_end_bytes",
     )
 
     def __init__(
@@ -88,6 +91,7 @@ class Segment:
         self.mounted = True
         self.allocator = ExtentAllocator(REGION_HEADER_BYTES, size_bytes, alignment_bytes)
         self.object_count = 0
+        self.data_end_bytes = size_bytes
 
     @property
     def capacity_bytes(self) -> int:
@@ -177,7 +181,21 @@ class SegmentTable:
         """Mark ``seg`` unmounted and empty (the caller dropped its replicas first)."""
         seg.mounted = False
         seg.object_count = 0
-        seg.allocator = ExtentAllocator(REGION_HEADER_BYTES, seg.size_bytes, self.alignment_bytes)
+        seg.allocator = ExtentAllocator(REGION_HEADER_BYTES, seg.data_end_bytes, self.alignment_bytes)
+        self._refresh()
+
+    def set_data_end(self, seg: Segment, data_end_bytes: int) -> None:
+        """End ``seg``'s object area at ``data_end_bytes`` (where its region's index starts).
+
+        Raises:
+            ValueError: the segment already holds extents, or a bad end.
+        """
+        if seg.allocator.live_extents:
+            raise ValueError(f"segment {seg.name!r} already holds extents")
+        if not REGION_HEADER_BYTES < data_end_bytes <= seg.size_bytes:
+            raise ValueError(f"segment {seg.name!r}: data end {data_end_bytes} outside its region")
+        seg.data_end_bytes = data_end_bytes
+        seg.allocator = ExtentAllocator(REGION_HEADER_BYTES, data_end_bytes, self.alignment_bytes)
         self._refresh()
 
     def _refresh(self) -> None:

@@ -36,8 +36,10 @@ from grpc_reflection.v1alpha import reflection
 from cxlkv.config import MasterConfig, format_size
 from cxlkv.errors import ConfigError
 from cxlkv.lean import LeanServer
-from cxlkv.master.recovery import recover_regions
+from cxlkv.master.owner import Deposed, RegionOwnership
+from cxlkv.master.recovery import parse_recover_spec, recover_regions
 from cxlkv.master.service import MasterServicer
+from cxlkv.master.publish import NoIndex
 from cxlkv.master.state import MasterState
 from cxlkv.systemd import Notifier
 from cxlkv.v1 import master_pb2
@@ -118,13 +120,31 @@ class MasterServer:
     def __init__(self, config: MasterConfig, *, grace_s: float = 2.0) -> None:
         self.config = config
         self.grace_s = grace_s
-        self.master_id = uuid.uuid4().hex[:12]
+        self.owner_id = uuid.uuid4()
+        self.master_id = self.owner_id.hex[:12]
         # Counters start at wall-clock microseconds so that epochs, versions and
         # lease ids keep growing across master restarts.
         self.state = MasterState(config, master_id=self.master_id, id_base=time.time_ns() // 1000)
-        #: One report per region of ``recover_from_region`` (the index rebuilt from region scans).
-        self.recovered = recover_regions(self.state, config.recover_from_region, time.monotonic())
+        #: The regions this master maps and owns, and the index it publishes (master/owner.py).
+        self.ownership = RegionOwnership(self.state, config, self.owner_id)
+        try:
+            owned = self.ownership.paths()
+            specs = list(config.recover_from_region)
+            from_index = [s for s in specs if os.path.realpath(parse_recover_spec(s)[0]) in owned]
+            self.ownership.check_recover_specs(from_index)
+            #: What recovery from the index found ({} without recovery or index).
+            self.index_recovery = self.ownership.start_index(bool(from_index), time.monotonic())
+            #: One report per other region of ``recover_from_region`` (rebuilt from region scans).
+            self.recovered = recover_regions(self.state, [s for s in specs if s not in from_index],
+                                             time.monotonic())
+        except BaseException:
+            self.ownership.close()
+            raise
         self.servicer = MasterServicer(self.state)
+        ir = self.ownership.index_region
+        if ir is not None:
+            self.servicer.index_region_uuid = str(ir.identity.region_uuid)
+            self.servicer.index_epoch = ir.epoch
         self.address = ""
         #: ``http://host:port/metrics`` once serving with ``metrics_address`` set, else "".
         self.metrics_url = ""
@@ -133,6 +153,9 @@ class MasterServer:
         self._lean: LeanServer | None = None
         self._health: health.aio.HealthServicer | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._owner_task: asyncio.Task[None] | None = None
+        #: Why this master stopped on its own ("" unless deposed).
+        self.deposed = ""
         self._stopped = asyncio.Event()
 
     async def start(self) -> str:
@@ -185,6 +208,8 @@ class MasterServer:
         shown_host = "127.0.0.1" if host in _WILDCARD_HOSTS else host
         self.address = f"{shown_host}:{port}"
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop(), name="sweep")
+        if self.ownership.owned:
+            self._owner_task = asyncio.get_running_loop().create_task(self._owner_loop(), name="owner-lease")
         segs = ", ".join(f"{s.name}={format_size(s.size_bytes)}" for s in self.state.segments()) or "none"
         log.info(
             "master %s serving on %s, lean port %s (strategy %s, eviction %s, segments: %s)", self.master_id,
@@ -233,6 +258,22 @@ class MasterServer:
             if done["evicted"]:
                 log.debug("sweep: evicted %d object(s) to the low watermark", done["evicted"])
 
+    async def _owner_loop(self) -> None:
+        """Renew the owner leases every quarter of their TTL; stop when deposed."""
+        period = self.config.owner_lease_ttl_s / 4
+        while True:
+            await asyncio.sleep(period)
+            try:
+                self.ownership.heartbeat()
+            except Deposed as exc:
+                self.deposed = str(exc)
+                log.critical("%s", exc)
+                self.state.index = NoIndex()  # write nothing more into the region
+                self.request_stop()
+                return
+            except Exception:  # a bug or an I/O error: keep trying, say so
+                log.exception("owner lease heartbeat failed")
+
     def request_stop(self) -> None:
         """Ask :meth:`wait` to return (signal-handler safe on the loop thread)."""
         self._stopped.set()
@@ -251,6 +292,16 @@ class MasterServer:
         if self._lean is not None:
             await self._lean.stop(self.grace_s)
             self._lean = None
+        if self._owner_task is not None:
+            self._owner_task.cancel()
+            try:
+                await self._owner_task
+            except asyncio.CancelledError:
+                pass
+            self._owner_task = None
+        if not self.deposed:
+            self.ownership.release()
+        self.ownership.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             try:
@@ -310,4 +361,4 @@ async def run_master(config: MasterConfig, *, notifier: Notifier | None = None) 
         for task in tasks:
             task.cancel()
         await server.stop()
-    return 0
+    return 1 if server.deposed else 0

@@ -202,6 +202,9 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     observe: Callable[[str, int, Any, float], None] | None = None
     #: TCP port of the lean-framing MasterService (0: not served); told to clients at registration.
     lean_port: int = 0
+    #: The region holding the index this master publishes ("" = none) and its epoch; told at registration.
+    index_region_uuid: str = ""
+    index_epoch: int = 0
 
     def __init__(self, state: MasterState, *, started_at: float | None = None, metrics_url: str = "",
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -329,6 +332,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             client_id=client.client_id, epoch=client.epoch,
             heartbeat_interval_s=st.config.heartbeat_interval_s, client_ttl_s=st.config.client_ttl_s,
             lease_ttl_s=st.config.lease_ttl_s, master_id=st.master_id, lean_port=self.lean_port,
+            index_region_uuid=self.index_region_uuid, index_epoch=self.index_epoch,
         )
         for seg in st.segments():
             segment_info(seg, resp.segments.add())
@@ -583,6 +587,78 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return master_pb2.ReleaseLeasesResponse(
             released=self.state.release_leases(request.client_id, request.lease_ids)
         )
+
+    @_rpc
+    def PackedReserve(self, request, context):
+        needs, counts = list(request.need_bytes), list(request.counts)
+        if len(needs) != len(counts):
+            raise InvalidArgument(f"PackedReserve: {len(needs)} sizes with {len(counts)} counts")
+        st, now = self.state, self.clock()
+        resp = master_pb2.PackedReserveResponse()
+        for need, count in zip(needs, counts):
+            got = st.reserve(request.client_id, request.epoch, need, count, now)
+            resp.granted.append(len(got))
+            for obj in got:
+                sid, off, n = obj.extents[0]
+                resp.put_tokens.append(obj.version)
+                resp.segment_ids.append(sid)
+                resp.offsets_bytes.append(off)
+                resp.lengths_bytes.append(n)
+        return resp
+
+    @_rpc
+    def PackedCommit(self, request, context):
+        keys = list(request.keys)
+        n = len(keys)
+        tokens, sizes = list(request.put_tokens), list(request.value_size_bytes)
+        hbytes, sums = list(request.header_bytes), list(request.checksums)
+        flags = list(request.flags) or [0] * n
+        if not len(tokens) == len(sizes) == len(hbytes) == len(sums) == len(flags) == n:
+            raise InvalidArgument(f"PackedCommit: {n} keys with {len(tokens)} tokens, {len(sizes)} sizes, "
+                                  f"{len(hbytes)} header sizes, {len(sums)} checksums, {len(flags)} flags")
+        st, cid, epoch, now = self.state, request.client_id, request.epoch, self.clock()
+        codes = [0] * n
+        err_pos: list[int] = []
+        err_msg: list[str] = []
+        for i in range(n):
+            f = flags[i]
+            try:
+                st.commit(cid, epoch, keys[i], tokens[i], sizes[i], hbytes[i], sums[i], now,
+                          upsert=bool(f & 1), soft_pin=bool(f & 2), hard_pin=bool(f & 4))
+            except CxlkvError as err:
+                codes[i] = int(err.code)
+                err_pos.append(i)
+                err_msg.append(err.message)
+        return master_pb2.PackedPutEndResponse(codes=codes, error_positions=err_pos, messages=err_msg)
+
+    @_rpc
+    def PackedUnreserve(self, request, context):
+        st, cid, epoch, now = self.state, request.client_id, request.epoch, self.clock()
+        tokens = list(request.put_tokens)
+        codes = [0] * len(tokens)
+        err_pos: list[int] = []
+        err_msg: list[str] = []
+        for i, t in enumerate(tokens):
+            try:
+                st.unreserve(cid, epoch, t, now)
+            except CxlkvError as err:
+                codes[i] = int(err.code)
+                err_pos.append(i)
+                err_msg.append(err.message)
+        return master_pb2.PackedPutEndResponse(codes=codes, error_positions=err_pos, messages=err_msg)
+
+    @_rpc
+    def ReleaseQuarantine(self, request, context):
+        freed = self.state.release_quarantine(request.client_id, request.epoch, request.upto_epoch, self.clock())
+        if freed:
+            log.info("client %s: %d quarantined bytes of registrations up to epoch %d freed (its writers "
+                     "stopped)", request.client_id, freed, request.upto_epoch)
+        return master_pb2.ReleaseQuarantineResponse(freed_bytes=freed)
+
+    @_rpc
+    def ReportHits(self, request, context):
+        return master_pb2.ReportHitsResponse(
+            applied=self.state.report_hits(request.client_id, request.keys, self.clock()))
 
     @_rpc
     def ExistKey(self, request, context):

@@ -44,6 +44,7 @@ from cxlkv.master.eviction import EvictionPolicy, load_policy
 from cxlkv.master.invariants import check_invariants
 from cxlkv.master.leases import Lease, LeaseTable
 from cxlkv.master.objects import ClientRecord, Extent, ObjectVersion, ObjState
+from cxlkv.master.publish import NoIndex, ObjectIndex
 from cxlkv.master.segments import Segment, SegmentTable, Tier, tier_from_name
 from cxlkv.master.strategies import AllocationStrategy, PlacementRequest, load_strategy
 from cxlkv.master.tiering import CACHE, COPY, DEMOTE, PROMOTE, AccessSketch, MoveTask, TaskTable
@@ -57,7 +58,9 @@ COUNTERS = (
     "removes", "evictions", "evicted_bytes", "deferred_frees",
     "no_space", "too_large", "clients_registered", "clients_expired",
     "segments_mounted", "segments_unmounted", "replicas_lost", "objects_lost",
-    "objects_recovered", "puts_fenced",
+    "objects_recovered", "puts_fenced", "index_hits",
+    # writes in one round trip and writer fencing (docs/master.md)
+    "reservations", "reservations_returned", "commits", "quarantined", "quarantine_released_bytes",
     # tiers (docs/tiers.md)
     "demotions_started", "demotions", "demotions_no_copy", "promotions_started", "promotions", "promotions_skipped",
     "dram_caches_started", "dram_caches", "moves_failed", "moves_retried", "moves_dropped",
@@ -204,6 +207,18 @@ class MasterState:
         # the attempt with PutRevoke or its registration ends, so a writer that
         # is still copying never lands in space given to another object.
         self._fenced: dict[int, ObjectVersion] = {}
+        # token → extents taken ahead of need (:meth:`reserve`): keyless PROCESSING
+        # versions owned by a registration until :meth:`commit` names them.
+        self._reserved: dict[int, ObjectVersion] = {}
+        # token → space taken back from a registration that ended (expired,
+        # re-registered, its master link lost) while it may still be writing:
+        # in-flight puts, fenced puts and reservations. It stays allocated until
+        # the writer is known to have stopped (:meth:`release_quarantine`, which
+        # clientd calls once its copies and its direct writers of that registration
+        # are over) or ``writer_reclaim_s`` has passed: a stalled writer, however
+        # long, never lands in space given to another object (docs/master.md).
+        self._quarantine: dict[int, ObjectVersion] = {}
+        self._quarantined_at: dict[int, float] = {}
         self._draining: set[int] = set()  # segment ids evicting down to the low watermark
         # clients
         self._clients: dict[str, ClientRecord] = {}
@@ -226,6 +241,10 @@ class MasterState:
         self._dram_lru: dict[int, OrderedDict[str, ObjectVersion]] = {}  # DRAM segment id → cached objects
         self._has_ssd = False
         self._tiered = False
+        #: The committed-object index in the region (master/publish.py): told of
+        #: every commit and readable-replica change, and of every retirement
+        #: before an extent is freed. :class:`NoIndex` until the server maps a region.
+        self.index: ObjectIndex = NoIndex()
         #: Why the last move task failed ("" if none failed), for Stat and logs.
         self.last_move_failure = ""  # an SSD or DRAM segment is mounted: reads feed the sketches
         for sc in config.segments:
@@ -333,7 +352,9 @@ class MasterState:
                 if not kept:
                     objects_lost += 1
                     self._drop_committed(obj, evicted=False)
-                elif upper and not self._has_cxl(obj) and not obj.hard_pin:
+                    continue
+                self.index.publish(obj)
+                if upper and not self._has_cxl(obj) and not obj.hard_pin:
                     self.policy.on_remove(obj.key, False)
                     self._cold[obj.key] = None
         for obj in list(self._puts.values()):
@@ -349,6 +370,15 @@ class MasterState:
             obj.extents = [e for e in obj.extents if e[0] != sid]
             if not obj.extents:
                 del self._fenced[token]
+        for held in (self._quarantine, self._reserved):
+            for token, obj in list(held.items()):
+                obj.extents = [e for e in obj.extents if e[0] != sid]
+                if not obj.extents:
+                    del held[token]
+                    self._quarantined_at.pop(token, None)
+                    c = self._clients.get(obj.client_id)
+                    if c is not None:
+                        c.reserved.pop(token, None)
         self._dram_lru.pop(sid, None)
         if self._dram_of.get(seg.owner_client_id) is seg:
             del self._dram_of[seg.owner_client_id]
@@ -397,7 +427,7 @@ class MasterState:
             self.segment_table.by_name(seg_name).region_uuid = uuid  # type: ignore[union-attr]
         old = self._clients.get(previous_client_id) if previous_client_id else None
         if old is not None:
-            self._end_registration(old, f"client {old.client_id} re-registered (epoch {old.epoch} fenced)")
+            self._end_registration(old, f"client {old.client_id} re-registered (epoch {old.epoch} fenced)", now)
         if previous_client_id:
             client_id = previous_client_id
             self._expired_clients.pop(client_id, None)
@@ -441,7 +471,7 @@ class MasterState:
         return client
 
     def _expire_client(self, client: ClientRecord, now: float) -> None:
-        self._end_registration(client, f"writer client {client.client_id} expired")
+        self._end_registration(client, f"writer client {client.client_id} expired", now)
         del self._clients[client.client_id]
         self._expired_clients[client.client_id] = client
         while len(self._expired_clients) > _EXPIRED_CLIENTS_KEPT:
@@ -451,15 +481,79 @@ class MasterState:
             if seg.owner_client_id == client.client_id:
                 self._unmount(seg, now)
 
-    def _end_registration(self, client: ClientRecord, why: str) -> None:
+    def _end_registration(self, client: ClientRecord, why: str, now: float = 0.0) -> None:
+        """End a registration: its puts are revoked and, with its reservations and
+        fenced puts, quarantined — the writer may still be copying (stopped,
+        partitioned): the space is reused only once it is known to have stopped."""
         client.alive = False
         for obj in list(client.puts.values()):
-            self._revoke(obj, why)
+            self._revoke(obj, why, quarantine=True, now=now)
             self.counters["puts_reclaimed"] += 1
         client.puts.clear()
-        if self._fenced:  # its writers are gone (or fenced by the new epoch)
+        for token, obj in list(client.reserved.items()):
+            del self._reserved[token]
+            obj.state = ObjState.FAILED
+            self._quarantine_obj(obj, now)
+        client.reserved.clear()
+        if self._fenced:
             for token in [t for t, o in self._fenced.items() if o.client_id == client.client_id]:
-                self._free_extents(self._fenced.pop(token))
+                self._quarantine_obj(self._fenced.pop(token), now)
+
+    def _quarantine_obj(self, obj: ObjectVersion, now: float) -> None:
+        if not obj.extents:
+            return
+        self._quarantine[obj.version] = obj
+        self._quarantined_at[obj.version] = now
+        self.counters["quarantined"] += 1
+
+    def release_quarantine(self, client_id: str, epoch: int, upto_epoch: int, now: float) -> int:
+        """Free the space quarantined from ``client_id``'s registrations up to
+        ``upto_epoch``: the caller, that client's current registration, says every
+        writer of those registrations has stopped (clientd drained its copies, or
+        proved its previous process and its direct writers gone).
+
+        Returns:
+            Bytes freed.
+
+        Raises:
+            UnknownClient, StaleToken: the caller's registration is not current.
+            InvalidArgument: ``upto_epoch`` is not older than the caller's epoch.
+        """
+        client = self.writer(client_id, epoch, now)
+        if upto_epoch >= client.epoch:
+            raise InvalidArgument(f"release_quarantine: epoch {upto_epoch} is not older than the current "
+                                  f"registration's ({client.epoch})")
+        return self._release(lambda o: o.client_id == client_id and o.epoch <= upto_epoch)
+
+    def release_quarantine_of(self, client_id: str) -> int:
+        """Free everything quarantined from ``client_id`` (an operator's word that
+        the host is gone: ``cxlkv admin release-writer``). Returns bytes freed."""
+        return self._release(lambda o: o.client_id == client_id)
+
+    def _release(self, match: Callable[[ObjectVersion], bool]) -> int:
+        freed = 0
+        for token in [t for t, o in self._quarantine.items() if match(o)]:
+            obj = self._quarantine.pop(token)
+            self._quarantined_at.pop(token, None)
+            freed += sum(e[2] for e in obj.extents)
+            self._free_extents(obj)
+        if freed:
+            self.counters["quarantine_released_bytes"] += freed
+        return freed
+
+    def _reclaim_quarantine(self, now: float) -> None:
+        """With ``writer_reclaim_s`` > 0, free quarantined space older than that."""
+        limit = self.config.writer_reclaim_s
+        if not limit or not self._quarantine:
+            return
+        old = {t for t, at in self._quarantined_at.items() if now - at >= limit}
+        if old:
+            self._release(lambda o: o.version in old)
+
+    @property
+    def quarantined_bytes(self) -> int:
+        """Bytes held for writers that may still be writing."""
+        return sum(e[2] for o in self._quarantine.values() for e in o.extents)
 
     def clients(self) -> list[ClientRecord]:
         """Live clients, then recently expired ones."""
@@ -668,14 +762,15 @@ class MasterState:
         client = self._clients[client_id]
         client.puts.pop(put_token, None)
         old = self._objects.get(key)
+        obj.state = ObjState.COMPLETE
+        obj.checksum = checksum
+        self.index.publish(obj)  # readers move to the new version before the old one's space is freed
         if old is not None:
             self._retire(old, evicted=False)
             self.counters["upserts"] += 1
         else:
             if self._keys is not None:
                 self._keys.add(key)
-        obj.state = ObjState.COMPLETE
-        obj.checksum = checksum
         self._objects[key] = obj
         if not obj.hard_pin:
             self._track(obj)
@@ -690,6 +785,17 @@ class MasterState:
         Raises:
             StaleToken, UnknownClient: as for :meth:`put_end`.
         """
+        held = self._quarantine.get(put_token)
+        if held is not None and held.key == key and held.client_id == client_id:
+            # The writer of an ended registration ends its attempt itself: it has
+            # stopped writing there, so that space is free to reuse.
+            del self._quarantine[put_token]
+            self._quarantined_at.pop(put_token, None)
+            self.counters["quarantine_released_bytes"] += sum(e[2] for e in held.extents)
+            self._free_extents(held)
+            raise StaleToken(f"key {_short(key)}: put token {put_token} had been revoked "
+                             f"({self._revoked.get(put_token, 'its registration ended')}); its space is "
+                             "freed now", key=key)
         fenced = self._fenced.get(put_token)
         if fenced is not None and fenced.key == key and fenced.client_id == client_id:
             # The writer ends an attempt the master revoked while it was still
@@ -701,7 +807,8 @@ class MasterState:
         obj = self._live_put(client_id, epoch, key, put_token, now)
         self._revoke(obj, "revoked by its writer")
 
-    def _revoke(self, obj: ObjectVersion, why: str, *, fence: bool = False) -> None:
+    def _revoke(self, obj: ObjectVersion, why: str, *, fence: bool = False, quarantine: bool = False,
+                now: float = 0.0) -> None:
         """Revoke an in-flight put. With ``fence`` (a timeout) and the writer still
         registered under the put's epoch, its extents stay allocated in
         ``_fenced`` until the writer ends the attempt or its registration ends:
@@ -717,12 +824,146 @@ class MasterState:
         if fence and client is not None and client.alive and client.epoch == obj.epoch and obj.extents:
             self._fenced[token] = obj
             self.counters["puts_fenced"] += 1
+        elif quarantine:
+            self._quarantine_obj(obj, now)
         else:
             self._free_extents(obj)
         self._revoked[token] = why
         if len(self._revoked) > _REVOKE_REASONS_KEPT:
             self._revoked.popitem(last=False)
         self.counters["puts_revoked"] += 1
+
+    # ------------------------------------------------- writes in one round trip
+    def reserve(self, client_id: str, epoch: int, need_bytes: int, count: int, now: float) -> list[ObjectVersion]:
+        """Take up to ``count`` extents of ``need_bytes`` (object header and value,
+        before alignment) ahead of need for a writer, in the CXL tier; each has the
+        token (= version) its object will have.
+
+        A reserved extent is owned by the writer's registration like an in-flight
+        put (counted as used, never evicted); :meth:`commit` names it, in one round
+        trip; :meth:`unreserve` gives it back. When the registration ends its
+        reservations are quarantined (the writer may still be writing).
+
+        Returns:
+            The reservations granted (fewer than ``count`` when space ran out even
+            after eviction, or the writer holds ``reserve_max_extents``).
+
+        Raises:
+            UnknownClient, StaleToken: the writer's registration is not current.
+            InvalidArgument: a size of 0 or over the largest segment.
+        """
+        client = self.writer(client_id, epoch, now)
+        a = self._align
+        need = (need_bytes + a - 1) & ~(a - 1)
+        table = self.segment_table
+        if need_bytes <= 0 or need > table.max_capacity:
+            raise InvalidArgument(f"reserve: {need_bytes} B must be > 0 and fit a segment "
+                                  f"({table.max_capacity} B)")
+        count = max(0, min(count, self.config.reserve_max_extents - len(client.reserved)))
+        fitting = [s for s in table.mounted if s.tier == Tier.CXL and s.capacity_bytes >= need]
+        if not fitting or not count:
+            return []
+        candidates = self.strategy.select(fitting, _new_tuple(PlacementRequest, (need, 1, "", Tier.CXL)))
+        out: list[ObjectVersion] = []
+        for _ in range(count):
+            extents = self._place(candidates, need, 1)
+            if not extents:
+                self._evict_until_fits(candidates, need, now)
+                extents = self._place(candidates, need, 1)
+                if not extents:
+                    break
+            version = self._seq
+            self._seq = version + 1
+            obj = ObjectVersion("", need_bytes, version, extents, client_id, epoch, now)
+            self._reserved[version] = obj
+            client.reserved[version] = obj
+            out.append(obj)
+        self.counters["reservations"] += len(out)
+        if out:
+            seg = table.by_id[out[0].extents[0][0]]
+            if seg.used_bytes > self.config.high_watermark * seg.capacity_bytes:
+                self._draining.add(seg.segment_id)
+        return out
+
+    def commit(self, client_id: str, epoch: int, key: str, put_token: int, value_size_bytes: int,
+               header_bytes: int, checksum: int, now: float, *, upsert: bool = False, soft_pin: bool = False,
+               hard_pin: bool = False) -> ObjectVersion:
+        """Name a reserved extent: the writer wrote the object into it; it becomes
+        ``key``'s committed version (the put in one round trip, replacing any older
+        version when ``upsert``). On any error but a stale token the reservation is
+        consumed (its space freed: the writer is done with it).
+
+        Raises:
+            StaleToken: not a live reservation of this registration.
+            UnknownClient: the writer's registration is not current.
+            InvalidKey: bad key. InvalidArgument: a size unlike the reservation's.
+            AlreadyExists: committed key without ``upsert``.
+            NotReady: a two-phase put of the key is in flight.
+        """
+        client = self.writer(client_id, epoch, now)
+        res = self._reserved.get(put_token)
+        if res is None or res.client_id != client_id or res.epoch != epoch:
+            raise StaleToken(f"key {_short(key)}: {put_token} is not a live reservation of client "
+                             f"{client_id} epoch {epoch}", key=key if isinstance(key, str) else None)
+        del self._reserved[put_token]
+        del client.reserved[put_token]
+        try:
+            bad = key_error(key)
+            if bad is not None:
+                raise InvalidKey(bad, key=key[:64] if isinstance(key, str) else None)
+            if (value_size_bytes < 0 or not 0 < header_bytes <= _MAX_HEADER_BYTES
+                    or value_size_bytes + header_bytes != res.size_bytes):
+                raise InvalidArgument(f"key {_short(key)}: a {value_size_bytes}-B value with {header_bytes} B "
+                                      f"of header does not fill reservation {put_token} of {res.size_bytes} B",
+                                      key=key)
+            old = self._objects.get(key)
+            if old is not None and not upsert:
+                raise AlreadyExists(f"key {_short(key)} is already committed (use upsert to replace it)", key=key)
+            if key in self._pending:
+                raise NotReady(f"key {_short(key)}: a put of it is in flight", key=key)
+        except CxlkvError:
+            res.state = ObjState.FAILED
+            self._free_extents(res)
+            raise
+        obj = res
+        obj.key = key
+        obj.size_bytes = value_size_bytes
+        obj.header_bytes = header_bytes
+        obj.hard_pin = hard_pin
+        obj.soft_pin_until = now + self.config.soft_pin_ttl_s if soft_pin and not hard_pin else 0.0
+        obj.state = ObjState.COMPLETE
+        obj.checksum = checksum
+        self.index.publish(obj)  # readers move to the new version before the old one's space is freed
+        if old is not None:
+            self._retire(old, evicted=False)
+            self.counters["upserts"] += 1
+        elif self._keys is not None:
+            self._keys.add(key)
+        self._objects[key] = obj
+        if not obj.hard_pin:
+            self._track(obj)
+            if self._has_ssd:
+                self._copy_ahead(obj, now)
+        self.counters["commits"] += 1
+        self.counters["puts_committed"] += 1
+        return obj
+
+    def unreserve(self, client_id: str, epoch: int, put_token: int, now: float) -> None:
+        """Give a reservation back (the writer will not use it); its space is freed.
+
+        Raises:
+            StaleToken: not a live reservation of this registration.
+            UnknownClient: the writer's registration is not current.
+        """
+        client = self.writer(client_id, epoch, now)
+        res = self._reserved.get(put_token)
+        if res is None or res.client_id != client_id or res.epoch != epoch:
+            raise StaleToken(f"{put_token} is not a live reservation of client {client_id} epoch {epoch}")
+        del self._reserved[put_token]
+        del client.reserved[put_token]
+        res.state = ObjState.FAILED
+        self._free_extents(res)
+        self.counters["reservations_returned"] += 1
 
     def put_start_batch(self, client_id: str, epoch: int, specs: Iterable[PutSpec],
                         now: float) -> list[ObjectVersion | CxlkvError]:
@@ -828,6 +1069,7 @@ class MasterState:
                 self._seq = o.version + 1
         for obj in sorted(restored, key=lambda ob: ob.version):
             self._track(obj)
+            self.index.publish(obj)
         self.counters["objects_recovered"] += len(restored)
         return RestoreReport(len(restored), replicas, superseded, conflicts, invalid, restored_bytes)
 
@@ -858,6 +1100,39 @@ class MasterState:
         elif not obj.hard_pin:
             self.policy.on_hit(key)
         return obj, lease
+
+    def report_hits(self, client_id: str, keys: Iterable[str], now: float) -> int:
+        """Reads served from the region's index (no lease, no RPC), reported
+        afterwards in batches: each feeds the eviction policy, and with tiers the
+        access statistics, as a leased read of the key would. Keys no longer
+        committed (removed or evicted since) are skipped; ``client_id`` need not
+        be registered (a report may arrive after its sender expired).
+
+        Returns:
+            Hits applied.
+        """
+        objects = self._objects
+        policy = self.policy
+        tiered = self._tiered
+        cold = self._cold
+        n = 0
+        for key in keys:
+            obj = objects.get(key)
+            if obj is None:
+                continue
+            n += 1
+            if obj.hard_pin:
+                continue
+            if tiered:
+                if key in cold:
+                    cold.move_to_end(key)
+                else:
+                    policy.on_hit(key)
+                self._on_read(client_id, obj, now)
+            else:
+                policy.on_hit(key)
+        self.counters["index_hits"] += n
+        return n
 
     def _missing(self, key: str) -> CxlkvError:
         why = key_error(key)
@@ -984,6 +1259,7 @@ class MasterState:
 
     def _retire(self, obj: ObjectVersion, evicted: bool) -> None:
         """Mark a committed version REMOVED: free now, or when its last lease ends."""
+        self.index.retire(obj)
         if not obj.hard_pin:
             if self._cold.pop(obj.key, _ABSENT) is _ABSENT:
                 self.policy.on_remove(obj.key, evicted)
@@ -1226,6 +1502,8 @@ class MasterState:
     def _detach(self, obj: ObjectVersion, extents: list) -> None:
         """Take replicas out of ``obj.extents``: freed now, or when the last lease ends."""
         obj.extents = [e for e in obj.extents if e not in extents]
+        if obj.state == ObjState.COMPLETE and self._objects.get(obj.key) is obj:
+            self.index.publish(obj)  # readers leave the detached replicas before they are freed
         if obj.leases:
             obj.detached.extend(extents)
         else:
@@ -1433,6 +1711,8 @@ class MasterState:
                 self.counters["moves_dropped"] += 1  # removed, replaced or moved meanwhile
             return
         obj.extents.append(task.destination)
+        if task.kind == PROMOTE:
+            self.index.publish(obj)  # readable from the CXL tier now
         if task.kind == DEMOTE:
             cxl = [e for e in obj.extents if by_id[e[0]].tier == Tier.CXL]
             self._detach(obj, cxl)
@@ -1488,6 +1768,7 @@ class MasterState:
         reclaimed = self.counters["puts_reclaimed"] - reclaimed_before
         leases_expired = self.leases.expire(now)
         self.counters["lease_expiries"] += leases_expired
+        self._reclaim_quarantine(now)
         if self.tasks:
             self._sweep_tasks(now)
         evicted = self.evict_to_watermark(now, budget_s)

@@ -253,13 +253,16 @@ def test_reads_ride_out_clientd_restarts_with_retry_s(make_cluster, protocol: st
         t.join(90)
     assert not failures, failures
     assert done and done[0] > 0
-    # Without retry_s a read fails at once, as DaemonUnreachable (an Unavailable).
-    with cl.client(0, protocol=protocol) as c:
+    # Without retry_s a read through the daemon fails at once, as DaemonUnreachable
+    # (an Unavailable); a read from the region's index needs no daemon.
+    with cl.client(0, protocol=protocol, direct=False) as c, cl.client(0, protocol=protocol) as ix:
+        assert ix.get(keys[0]) == want[keys[0]]
         cl.clientds[0].stop()
         t0 = time.monotonic()
         with pytest.raises(DaemonUnreachable) as info:
             c.get(keys[0])
         assert isinstance(info.value, Unavailable) and time.monotonic() - t0 < 5
+        assert ix.get(keys[0]) == want[keys[0]] and ix.exists(keys[0])
     cl.restart_clientd(0)
     cl.assert_invariants()
 

@@ -92,12 +92,17 @@ def test_epoch_fencing_revokes_the_old_registration() -> None:
     obj = st.put_start(*old, "k", MiB, 0.0)
     new = client(st, previous=old[0])
     assert new[0] == old[0] and new[1] > old[1]
-    assert used(st) == 0
+    assert used(st) == MiB and st.quarantined_bytes == MiB  # the old epoch's writer may still copy
     with pytest.raises(StaleToken):
         st.put_end(*old, "k", obj.version, 0.0)
     with pytest.raises(StaleToken, match="fenced"):
         st.put_start(*old, "k2", 1, 0.0)
     put(st, new, "k", 1)
+    st.check_invariants()
+    with pytest.raises(InvalidArgument):
+        st.release_quarantine(*new, new[1], 0.0)  # only older registrations
+    assert st.release_quarantine(*new, old[1], 0.0) == MiB  # its copies drained: reusable
+    assert st.quarantined_bytes == 0
     st.check_invariants()
 
 
@@ -136,14 +141,14 @@ def test_sweep_expires_clients_puts_and_leases() -> None:
         st.heartbeat(*b, t)
     done = st.sweep(4.0)
     assert done == {"clients_expired": 1, "puts_reclaimed": 1, "leases_expired": 1, "evicted": 0}
-    assert used(st) == MiB and st.counters["deferred_frees"] == 1
+    assert used(st) == 2 * MiB and st.counters["deferred_frees"] == 1  # a's put is quarantined
     st.heartbeat(*b, 5.0)
     assert st.sweep(5.0)["puts_reclaimed"] == 1  # b's put timed out ...
-    assert used(st) == MiB and st.processing_count == 0  # ... and b, alive, may still be writing
+    assert used(st) == 2 * MiB and st.processing_count == 0  # ... and b, alive, may still be writing
     st.check_invariants()
     with pytest.raises(StaleToken):
         st.put_revoke(*b, "b", pb.version, 5.0)  # b ends the attempt: now the space is free
-    assert used(st) == 0
+    assert used(st) == MiB == st.quarantined_bytes  # a's put: a may still be writing somewhere
     st.check_invariants()
 
 
@@ -171,7 +176,11 @@ def test_a_timed_out_put_of_a_live_writer_is_fenced_until_the_writer_ends_it() -
     st.check_invariants()
 
 
-def test_fenced_space_returns_when_the_writer_expires_or_reregisters() -> None:
+def test_fenced_space_returns_only_once_its_writer_is_known_to_have_stopped() -> None:
+    """Expiry and re-registration do not prove a writer stopped (it may be paused,
+    partitioned): its space stays quarantined until the writer's clientd says so
+    (release_quarantine), an operator does (release_quarantine_of), or
+    writer_reclaim_s passes."""
     st = make_state(client_ttl_s=10.0, put_timeout_s=5.0)
     a, b = client(st), client(st)
     st.put_start(*a, "a", MiB, 0.0)
@@ -180,20 +189,52 @@ def test_fenced_space_returns_when_the_writer_expires_or_reregisters() -> None:
     st.heartbeat(*b, 6.0)
     st.sweep(6.0)
     assert used(st) == 2 * MiB and st.counters["puts_fenced"] == 2
-    client(st, 7.0, previous=a[0])  # a restarted: its old epoch's writers are gone
+    a2 = client(st, 7.0, previous=a[0])  # a re-registered: its old epoch may still be copying
+    assert used(st) == 2 * MiB and st.quarantined_bytes == MiB
+    assert st.release_quarantine(*a2, a[1], 7.5) == MiB  # a's clientd: the old epoch's copies are over
+    st.sweep(17.0)  # b missed its heartbeats: expired, never heard of since
+    assert used(st) == MiB == st.quarantined_bytes
+    st.sweep(10_000.0)
+    assert used(st) == MiB  # writer_reclaim_s = 0: time alone never frees it
+    assert st.release_quarantine_of(b[0]) == MiB  # an operator: that host is gone
+    assert used(st) == st.quarantined_bytes == 0
+    st.check_invariants()
+
+
+def test_writer_reclaim_s_frees_quarantined_space_after_that_long() -> None:
+    st = make_state(client_ttl_s=2.0, put_timeout_s=5.0, writer_reclaim_s=60.0)
+    a = client(st)
+    st.put_start(*a, "a", MiB, 0.0)
+    st.sweep(6.0)  # expired and timed out: quarantined
+    assert used(st) == MiB == st.quarantined_bytes and st.counters["puts_fenced"] == 0
+    st.sweep(50.0)
     assert used(st) == MiB
-    st.sweep(17.0)  # b missed its heartbeats: expired
+    st.sweep(70.0)
     assert used(st) == 0
     st.check_invariants()
 
 
-def test_a_dead_writers_timed_out_put_is_not_fenced() -> None:
-    st = make_state(client_ttl_s=2.0, put_timeout_s=5.0)
-    a = client(st)
-    st.put_start(*a, "a", MiB, 0.0)
-    st.sweep(6.0)  # expired and timed out: nobody can still be writing
-    assert used(st) == 0 and st.counters["puts_fenced"] == 0
+def test_reservations_commit_in_one_call_and_are_quarantined_with_their_registration() -> None:
+    st = make_state(size=8 * MiB, client_ttl_s=2.0)
+    w = client(st)
+    res = st.reserve(*w, 1000 + 128, 4, 0.0)
+    assert len(res) == 4 and used(st) == 4 * st.extent_bytes(1128)
+    obj = st.commit(*w, "k", res[0].version, 1000, 128, 77, 0.1)
+    assert obj.version == res[0].version and st.get(w[0], "k", 0.2)[0].checksum == 77
+    with pytest.raises(StaleToken):
+        st.commit(*w, "k2", res[0].version, 1000, 128, 77, 0.2)  # used already
+    with pytest.raises(AlreadyExists):
+        st.commit(*w, "k", res[1].version, 1000, 128, 78, 0.2)  # consumed: the writer is done with it
+    with pytest.raises(InvalidArgument):
+        st.commit(*w, "k3", res[2].version, 999, 128, 78, 0.2)  # not the reserved size
+    st.unreserve(*w, res[3].version, 0.3)
+    assert used(st) == st.extent_bytes(1128)
+    more = st.reserve(*w, 1128, 2, 0.4)
     st.check_invariants()
+    st.sweep(3.0)  # expired: the reservations may still be being written
+    assert st.quarantined_bytes == 2 * st.extent_bytes(1128) and st.exists("k")
+    st.check_invariants()
+    assert more
 
 
 def test_zero_length_value_takes_one_alignment_unit() -> None:

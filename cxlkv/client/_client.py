@@ -22,14 +22,17 @@ import numpy as np
 from cxlkv.client._conn import GrpcConnection, LeanConnection
 from cxlkv.client._cuda import CudaCopier, CudaSource, CudaTarget, is_cuda_tensor
 from cxlkv.client._direct import FALLBACK, DirectPath
+from cxlkv.client._index import FALLBACK as _IX_FALLBACK
+from cxlkv.client._index import MISS as _IX_MISS
+from cxlkv.client._index import IndexPath
 from cxlkv.client._memory import address_of, dst_array, src_array
 from cxlkv.client._pool import BufferPool, Segment
 from cxlkv.client.framing import METHODS_BY_NAME
 from cxlkv.errors import (
-    CxlkvError, DaemonUnreachable, Internal, InvalidArgument, InvalidKey, NotReady, OutOfRange, TooLarge,
-    UnknownBuffer, error_for,
+    CxlkvError, DaemonUnreachable, Internal, InvalidArgument, InvalidKey, NotFound, NotReady, OutOfRange,
+    TooLarge, UnknownBuffer, error_for,
 )
-from cxlkv.keys import validate_key, validate_replica_num
+from cxlkv.keys import key_error, validate_key, validate_replica_num
 from cxlkv.v1 import client_pb2, common_pb2
 
 __all__ = ["Client", "Result", "KeyInfo", "DEFAULT_POOL_BYTES", "default_socket_path"]
@@ -37,6 +40,10 @@ __all__ = ["Client", "Result", "KeyInfo", "DEFAULT_POOL_BYTES", "default_socket_
 MiB = 1 << 20
 #: Default size of the managed shared-buffer pool, in bytes.
 DEFAULT_POOL_BYTES = 64 * MiB
+#: How often reads from the index check the daemon connection (seconds): a
+#: daemon restarted on another region is noticed within this long.
+INDEX_CHECK_S = 0.2
+_NO_KEY = object()  # _index_path: a batch call (keys checked per item)
 #: Values up to this size travel inside the message by default, in bytes; larger
 #: ones are staged through the shared-buffer pool.
 DEFAULT_INLINE_BYTES = 64 << 10
@@ -452,6 +459,7 @@ class Client:
         self._pool = BufferPool(self._register_buffer, self._unregister_buffer, int(buffer_pool_bytes),
                                 share_with_group=share)
         self._direct: DirectPath | None = None
+        self._index_check_at = 0.0
         #: The daemon could not yet say whether it maps the regions direct mode mapped.
         self._direct_unsure = False
         self._conn()  # fail fast when the daemon is not running
@@ -472,6 +480,29 @@ class Client:
     def direct(self) -> bool:
         """Whether direct mode is in use (see :attr:`direct_status` for why not)."""
         return self._direct is not None and not self._direct.disabled
+
+    def _index_path(self, key: Any = _NO_KEY) -> IndexPath | None:
+        """The index reader when reads may use it now, else ``None`` (the daemon path).
+
+        ``key`` (single-key calls) must be a valid key, else the daemon path says
+        why. Every :data:`INDEX_CHECK_S` the daemon connection is checked as any
+        call checks it (a restarted daemon on another region turns direct mode
+        off); a daemon that is down does not stop reads from the index."""
+        d = self._direct
+        if d is None or d.index is None or d.disabled or self._closed or self._pid != os.getpid():
+            return None
+        if key is not _NO_KEY and (type(key) is not str or key_error(key) is not None):
+            return None
+        now = time.monotonic()
+        if now >= self._index_check_at:
+            self._index_check_at = now + INDEX_CHECK_S
+            try:
+                self._conn(check=True)
+            except CxlkvError:
+                pass
+            if d.disabled:
+                return None
+        return d.index
 
     def _use_direct(self, nbytes: int) -> bool:
         d = self._direct
@@ -626,6 +657,8 @@ class Client:
                 self._pool.close()
             except CxlkvError:
                 pass
+        if self._direct is not None and self._direct.index is not None and self._pid == os.getpid():
+            self._direct.index.flush_hits()
         self._closed = True
         d, self._direct = self._direct, None
         cu, self._cuda = self._cuda, None
@@ -732,16 +765,29 @@ class Client:
         """``put(key, value, upsert=True, ...)``: replace atomically; returns the new version."""
         return self.put(key, value, upsert=True, **options)
 
-    @_retried
-    @_utf8_keys
     def get(self, key: str) -> bytes:
         """The value of ``key``.
+
+        Read from the region's index with no RPC when this process maps the region
+        (docs/sdk.md "Reads from the index"), else through the daemon.
 
         Raises:
             NotFound: absent, not committed yet, or removed (also a ``KeyError``).
             LeaseExpired: the read could not finish within its lease (retry).
             ChecksumMismatch, InvalidKey, Unavailable: see docs/sdk.md.
         """
+        ix = self._index_path(key)
+        if ix is not None:
+            v = ix.get(key)
+            if v is _IX_MISS:
+                raise NotFound(f"key {key!r} not found", key=key)
+            if v is not _IX_FALLBACK:
+                return v  # type: ignore[return-value]
+        return self._get_daemon(key)
+
+    @_retried
+    @_utf8_keys
+    def _get_daemon(self, key: str) -> bytes:
         try:
             return self._call("Get", _GetRequest(key=key)).value
         except TooLarge as exc:
@@ -768,14 +814,22 @@ class Client:
                 return seg.array[off:off + r.value_size_bytes].tobytes()
         raise OutOfRange(f"value of key {key!r} kept growing while being read", key=key)
 
-    @_retried
-    @_utf8_keys
     def exists(self, key: str) -> bool:
-        """Whether ``key`` is committed (grants no lease).
+        """Whether ``key`` is committed (grants no lease; from the index when mapped).
 
         Raises:
             InvalidKey, Unavailable.
         """
+        ix = self._index_path(key)
+        if ix is not None:
+            (v,) = ix.exists_many([key])
+            if v is not _IX_FALLBACK:
+                return bool(v)
+        return self._exists_daemon(key)
+
+    @_retried
+    @_utf8_keys
+    def _exists_daemon(self, key: str) -> bool:
         return self._call("Exist", client_pb2.ExistRequest(key=key)).exists
 
     @_utf8_keys
@@ -855,8 +909,6 @@ class Client:
             return self._call("PutFrom", _PutFromRequest(key=key, options=opts, source=_BufferRange(
                 buffer_id=seg.buffer_id, offset_bytes=off, length_bytes=a.nbytes))).version
 
-    @_retried
-    @_utf8_keys
     def get_into(self, key: str, dst: Any) -> int:
         """Copy the value of ``key`` into the start of ``dst``.
 
@@ -871,6 +923,23 @@ class Client:
             InvalidArgument: ``dst`` is read-only or not contiguous.
             LeaseExpired, ChecksumMismatch, InvalidKey, Unavailable.
         """
+        ix = self._index_path(key)
+        if ix is not None and not is_cuda_tensor(dst):
+            a = dst_array(dst)
+            n = ix.get_into(key, a)
+            if n is _IX_MISS:
+                raise NotFound(f"key {key!r} not found", key=key)
+            if n is not _IX_FALLBACK:
+                if n < 0:  # type: ignore[operator]
+                    raise OutOfRange(f"value of key {key!r} is {-n} bytes, the destination holds {a.nbytes}",
+                                     key=key, requested_bytes=-n)  # type: ignore[operator]
+                return n  # type: ignore[return-value]
+        return self._get_into_rest(key, dst)
+
+    @_retried
+    @_utf8_keys
+    def _get_into_rest(self, key: str, dst: Any) -> int:
+        """:meth:`get_into` in direct mode (leased) or through the daemon."""
         if is_cuda_tensor(dst):
             return self._get_into_cuda(key, dst)
         a = dst_array(dst)
@@ -1054,8 +1123,6 @@ class Client:
             else:
                 results[i] = Result(True, version=r.version)
 
-    @_retried
-    @_utf8_keys
     def get_many(self, keys: Sequence[str]) -> list[Result]:
         """Read many values; one :class:`Result` per key (``value`` = bytes when ok).
 
@@ -1064,7 +1131,27 @@ class Client:
         Raises:
             Unavailable: the daemon cannot be reached.
         """
-        keys = list(keys)
+        keys = _check_keys(keys)
+        ix = self._index_path()
+        if ix is not None and keys:
+            out: list[Result | None] = [None] * len(keys)
+            rest: list[int] = []
+            for i, v in enumerate(ix.get_many(keys)):
+                if v is _IX_FALLBACK:
+                    rest.append(i)
+                elif v is _IX_MISS:
+                    out[i] = Result(False, error=NotFound(f"key {keys[i]!r} not found", key=keys[i]))
+                else:
+                    out[i] = Result(True, value=v)
+            if rest:
+                for i, r in zip(rest, self._get_many_daemon([keys[i] for i in rest])):
+                    out[i] = r
+            return out  # type: ignore[return-value]
+        return self._get_many_daemon(keys)
+
+    @_retried
+    @_utf8_keys
+    def _get_many_daemon(self, keys: list[str]) -> list[Result]:
         n = len(keys)
         results: list[Result | None] = [None] * n
         chunks = list(_chunks(n, 128))
@@ -1086,8 +1173,6 @@ class Client:
                     results[i] = Result(False, error=_status_error(r.status, keys[i]))
         return results  # type: ignore[return-value]
 
-    @_retried
-    @_utf8_keys
     def get_into_many(self, keys: Sequence[str], dsts: Sequence[Any]) -> list[Result]:
         """Copy the value of ``keys[i]`` into ``dsts[i]``; one :class:`Result` per key
         (``value`` = bytes copied when ok).
@@ -1098,9 +1183,38 @@ class Client:
         """
         if len(keys) != len(dsts):
             raise InvalidArgument(f"{len(keys)} keys but {len(dsts)} destinations")
+        keys, dsts = _check_keys(keys), list(dsts)
         n = len(keys)
         results: list[Result | None] = [None] * n
-        keys, dsts, positions = self._get_direct_many(list(keys), list(dsts), results)
+        ix = self._index_path()
+        if ix is not None and keys and not any(is_cuda_tensor(d) for d in dsts):
+            arrays = [dst_array(d) for d in dsts]
+            rest = []
+            for i, v in enumerate(ix.get_into_many(keys, arrays)):
+                if v is _IX_FALLBACK:
+                    rest.append(i)
+                elif v is _IX_MISS:
+                    results[i] = Result(False, error=NotFound(f"key {keys[i]!r} not found", key=keys[i]))
+                elif v < 0:  # type: ignore[operator]
+                    results[i] = Result(False, error=OutOfRange(
+                        f"value of key {keys[i]!r} is {-v} bytes, the destination holds {arrays[i].nbytes}",
+                        key=keys[i], requested_bytes=-v))  # type: ignore[operator]
+                else:
+                    results[i] = Result(True, v)
+            if not rest:
+                return results  # type: ignore[return-value]
+            sub = self._get_into_many_rest([keys[i] for i in rest], [dsts[i] for i in rest])
+            for i, r in zip(rest, sub):
+                results[i] = r
+            return results  # type: ignore[return-value]
+        return self._get_into_many_rest(keys, dsts)
+
+    @_retried
+    @_utf8_keys
+    def _get_into_many_rest(self, keys: list[str], dsts: list[Any]) -> list[Result]:
+        """:meth:`get_into_many` in direct mode (leased) or through the daemon."""
+        results: list[Result | None] = [None] * len(keys)
+        keys, dsts, positions = self._get_direct_many(keys, dsts, results)
         n = len(keys)
         sub: list[Result | None] = [None] * n
         if n:
@@ -1203,8 +1317,6 @@ class Client:
             targets.append((loc[0], loc[1], n))
         return arrays, targets, copy_back
 
-    @_retried
-    @_utf8_keys
     def get_prefix_into(self, keys: Sequence[str], dsts: Sequence[Any], tiers: list[int] | None = None) -> int:
         """The longest cached prefix of ``keys``, copied into ``dsts`` in one call.
 
@@ -1226,6 +1338,28 @@ class Client:
             raise InvalidArgument(f"{len(keys)} keys but {len(dsts)} destinations")
         if not keys:
             return 0
+        ix = self._index_path()
+        if ix is not None and not any(is_cuda_tensor(d) for d in dsts):
+            bad = next((k for k in keys if key_error(k) is not None), None)
+            if bad is not None:
+                raise InvalidKey(key_error(bad) or "invalid key", key=bad[:64] if isinstance(bad, str) else None)
+            arrays = [dst_array(d) for d in dsts]
+            matched, too_large, done = ix.get_prefix_into(keys, arrays)
+            if too_large:
+                raise OutOfRange(f"value of key {keys[matched]!r} is {too_large} bytes, the destination holds "
+                                 f"{arrays[matched].nbytes}", key=keys[matched], requested_bytes=too_large)
+            if tiers is not None:
+                tiers.extend([common_pb2.CXL] * matched)
+            if done:
+                return matched
+            return matched + self._get_prefix_daemon(list(keys[matched:]), list(dsts[matched:]), tiers)
+        return self._get_prefix_daemon(keys, dsts, tiers)
+
+    @_retried
+    @_utf8_keys
+    def _get_prefix_daemon(self, keys: Sequence[str], dsts: Sequence[Any], tiers: list[int] | None) -> int:
+        if not keys:
+            return 0
         with _Staged(self._pool) as st:
             arrays, targets, copy_back = self._targets(dsts, st)
             r = self._call("PackedGetPrefixInto", _packed_ranges(list(keys), targets))
@@ -1242,15 +1376,26 @@ class Client:
                     arrays[i][:n] = seg.array[off:off + n]
             return matched
 
-    @_retried
-    @_utf8_keys
     def exists_many(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key is committed (invalid keys answer ``False``).
 
         Raises:
             Unavailable: the daemon cannot be reached.
         """
-        keys = list(keys)
+        keys = _check_keys(keys)
+        ix = self._index_path()
+        if ix is not None and keys:
+            found = ix.exists_many(keys)
+            rest = [i for i, v in enumerate(found) if v is _IX_FALLBACK]
+            if rest:
+                for i, v in zip(rest, self._exists_many_daemon([keys[i] for i in rest])):
+                    found[i] = v
+            return [bool(v) for v in found]
+        return self._exists_many_daemon(keys)
+
+    @_retried
+    @_utf8_keys
+    def _exists_many_daemon(self, keys: list[str]) -> list[bool]:
         chunks = list(_chunks(len(keys), BATCH_ITEMS))
         out: list[bool] = []
         for resp in self._call_many("BatchExist", [client_pb2.BatchExistRequest(keys=keys[c.start:c.stop])

@@ -103,6 +103,8 @@ class DirectPath:
         self.identities = dict(identities or {})
         #: Why direct mode was turned off after start (:meth:`disable`); "" while on.
         self.disabled = ""
+        #: Reads from the region's index (:mod:`cxlkv.client._index`), or None.
+        self.index: Any = None
         self.flush = flush
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
@@ -165,7 +167,11 @@ class DirectPath:
         if not mapped:
             return None, why or "no region could be mapped"
         idents = {r.segment_id: r.region_uuid for r in info.regions if r.segment_id in mapped}
-        return cls(call, mapped, flush=info.coherence == "flush", send=send, identities=idents), why
+        path = cls(call, mapped, flush=info.coherence == "flush", send=send, identities=idents)
+        path.index, index_why = _open_index(info, mapped, idents, flush=path.flush, send=send or call)
+        if index_why:
+            log.info("direct mode: index reads off: %s", index_why)
+        return path, why
 
     def changed(self, info: client_pb2.DirectInfoResponse) -> str | None:
         """Whether ``info`` (a daemon's DirectInfo) still matches the regions
@@ -441,6 +447,34 @@ class DirectPath:
 
 
 # ===================================================================== helpers
+def _open_index(info: client_pb2.DirectInfoResponse, mapped: dict[int, Any], idents: dict[int, str], *,
+                flush: bool, send: Callable[[str, Any], None]) -> tuple[Any, str]:
+    """An :class:`~cxlkv.client._index.IndexPath` over the regions mapped here, when
+    the daemon reports a published index in one of them; else ``(None, why)``."""
+    if not info.index_region_uuid:
+        return None, "the daemon reads no index (none published, or not mapped there)"
+    by_uuid = {idents[sid]: r for sid, r in mapped.items() if sid in idents}
+    home = by_uuid.get(info.index_region_uuid)
+    if home is None:
+        return None, f"the index region {info.index_region_uuid} is not mapped here"
+    from cxlkv.client._index import MAX_VALUE_BYTES, IndexPath
+    from cxlkv.index import read_index_header
+    from cxlkv.region import read_identity
+    from cxlkv.transport.index import IndexReader
+
+    try:
+        geo = read_identity(home).index
+        if geo is None:
+            return None, f"region {home.path} has no index"
+        header = read_index_header(home, geo)
+        regions = [by_uuid.get(str(u)) for u in header.region_uuids]
+        reader = IndexReader(home, geo.index_offset_bytes, geo.table_offset_bytes, geo.buckets, regions,
+                             invalidate=flush, max_value_bytes=MAX_VALUE_BYTES)
+    except CxlkvError as exc:
+        return None, f"region {home.path}: {exc.message}"
+    return IndexPath(reader, send), ""
+
+
 def _nbytes(obj: Any) -> int:
     n = getattr(obj, "nbytes", None)
     return int(n) if n is not None else len(obj)

@@ -7,6 +7,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ClientReportHitsRequest(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ClientReportHitsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class PutRequest(_message.Message):
     __slots__ = ("key", "value", "options")
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -437,16 +447,20 @@ class DirectRegion(_message.Message):
     def __init__(self, segment_id: _Optional[int] = ..., segment_name: _Optional[str] = ..., path: _Optional[str] = ..., region_uuid: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class DirectInfoResponse(_message.Message):
-    __slots__ = ("offered", "coherence", "regions", "max_inline_bytes")
+    __slots__ = ("offered", "coherence", "regions", "max_inline_bytes", "index_region_uuid", "index_epoch")
     OFFERED_FIELD_NUMBER: _ClassVar[int]
     COHERENCE_FIELD_NUMBER: _ClassVar[int]
     REGIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_INLINE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INDEX_REGION_UUID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_EPOCH_FIELD_NUMBER: _ClassVar[int]
     offered: bool
     coherence: str
     regions: _containers.RepeatedCompositeFieldContainer[DirectRegion]
     max_inline_bytes: int
-    def __init__(self, offered: _Optional[bool] = ..., coherence: _Optional[str] = ..., regions: _Optional[_Iterable[_Union[DirectRegion, _Mapping]]] = ..., max_inline_bytes: _Optional[int] = ...) -> None: ...
+    index_region_uuid: str
+    index_epoch: int
+    def __init__(self, offered: _Optional[bool] = ..., coherence: _Optional[str] = ..., regions: _Optional[_Iterable[_Union[DirectRegion, _Mapping]]] = ..., max_inline_bytes: _Optional[int] = ..., index_region_uuid: _Optional[str] = ..., index_epoch: _Optional[int] = ...) -> None: ...
 
 class DirectExtent(_message.Message):
     __slots__ = ("extent", "tier", "direct")

@@ -174,6 +174,11 @@ class ClientServiceStub:
                 request_serializer=cxlkv_dot_v1_dot_client__pb2.BufferStatusRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_client__pb2.BufferStatusResponse.FromString,
                 _registered_method=True)
+        self.ReportHits = channel.unary_unary(
+                '/cxlkv.v1.ClientService/ReportHits',
+                request_serializer=cxlkv_dot_v1_dot_client__pb2.ClientReportHitsRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_client__pb2.ClientReportHitsResponse.FromString,
+                _registered_method=True)
 
 
 class ClientServiceServicer:
@@ -387,6 +392,14 @@ class ClientServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportHits(self, request, context):
+        """Keys an SDK read from the region's index itself (docs/index.md), reported
+        in batches; the daemon forwards them to the master's eviction policy.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -529,6 +542,11 @@ def add_ClientServiceServicer_to_server(servicer, server):
                     servicer.BufferStatus,
                     request_deserializer=cxlkv_dot_v1_dot_client__pb2.BufferStatusRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_client__pb2.BufferStatusResponse.SerializeToString,
+            ),
+            'ReportHits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportHits,
+                    request_deserializer=cxlkv_dot_v1_dot_client__pb2.ClientReportHitsRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_client__pb2.ClientReportHitsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1287,6 +1305,33 @@ class ClientService:
             '/cxlkv.v1.ClientService/BufferStatus',
             cxlkv_dot_v1_dot_client__pb2.BufferStatusRequest.SerializeToString,
             cxlkv_dot_v1_dot_client__pb2.BufferStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportHits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.ClientService/ReportHits',
+            cxlkv_dot_v1_dot_client__pb2.ClientReportHitsRequest.SerializeToString,
+            cxlkv_dot_v1_dot_client__pb2.ClientReportHitsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,6 +21,92 @@ PROMOTE: TaskKind
 CACHE: TaskKind
 COPY: TaskKind
 
+class PackedReserveRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "need_bytes", "counts")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NEED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    need_bytes: _containers.RepeatedScalarFieldContainer[int]
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., need_bytes: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PackedReserveResponse(_message.Message):
+    __slots__ = ("granted", "put_tokens", "segment_ids", "offsets_bytes", "lengths_bytes")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    granted: _containers.RepeatedScalarFieldContainer[int]
+    put_tokens: _containers.RepeatedScalarFieldContainer[int]
+    segment_ids: _containers.RepeatedScalarFieldContainer[int]
+    offsets_bytes: _containers.RepeatedScalarFieldContainer[int]
+    lengths_bytes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, granted: _Optional[_Iterable[int]] = ..., put_tokens: _Optional[_Iterable[int]] = ..., segment_ids: _Optional[_Iterable[int]] = ..., offsets_bytes: _Optional[_Iterable[int]] = ..., lengths_bytes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PackedCommitRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "keys", "put_tokens", "value_size_bytes", "header_bytes", "checksums", "flags")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HEADER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    put_tokens: _containers.RepeatedScalarFieldContainer[int]
+    value_size_bytes: _containers.RepeatedScalarFieldContainer[int]
+    header_bytes: _containers.RepeatedScalarFieldContainer[int]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    flags: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., put_tokens: _Optional[_Iterable[int]] = ..., value_size_bytes: _Optional[_Iterable[int]] = ..., header_bytes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., flags: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PackedUnreserveRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "put_tokens")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    put_tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., put_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReleaseQuarantineRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "upto_epoch")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    UPTO_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    upto_epoch: int
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., upto_epoch: _Optional[int] = ...) -> None: ...
+
+class ReleaseQuarantineResponse(_message.Message):
+    __slots__ = ("freed_bytes",)
+    FREED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    freed_bytes: int
+    def __init__(self, freed_bytes: _Optional[int] = ...) -> None: ...
+
+class ReportHitsRequest(_message.Message):
+    __slots__ = ("client_id", "keys")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReportHitsResponse(_message.Message):
+    __slots__ = ("applied",)
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    applied: int
+    def __init__(self, applied: _Optional[int] = ...) -> None: ...
+
 class RegionIdentity(_message.Message):
     __slots__ = ("segment_name", "region_uuid", "size_bytes", "device_path")
     SEGMENT_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -50,7 +136,7 @@ class RegisterClientRequest(_message.Message):
     def __init__(self, hostname: _Optional[str] = ..., name: _Optional[str] = ..., pid: _Optional[int] = ..., regions: _Optional[_Iterable[_Union[RegionIdentity, _Mapping]]] = ..., previous_client_id: _Optional[str] = ..., metrics_url: _Optional[str] = ...) -> None: ...
 
 class RegisterClientResponse(_message.Message):
-    __slots__ = ("client_id", "epoch", "heartbeat_interval_s", "client_ttl_s", "segments", "lease_ttl_s", "master_id", "lean_port")
+    __slots__ = ("client_id", "epoch", "heartbeat_interval_s", "client_ttl_s", "segments", "lease_ttl_s", "master_id", "lean_port", "index_region_uuid", "index_epoch")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +145,8 @@ class RegisterClientResponse(_message.Message):
     LEASE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     MASTER_ID_FIELD_NUMBER: _ClassVar[int]
     LEAN_PORT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_REGION_UUID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_EPOCH_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     epoch: int
     heartbeat_interval_s: float
@@ -67,7 +155,9 @@ class RegisterClientResponse(_message.Message):
     lease_ttl_s: float
     master_id: str
     lean_port: int
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., client_ttl_s: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., lease_ttl_s: _Optional[float] = ..., master_id: _Optional[str] = ..., lean_port: _Optional[int] = ...) -> None: ...
+    index_region_uuid: str
+    index_epoch: int
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., client_ttl_s: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., lease_ttl_s: _Optional[float] = ..., master_id: _Optional[str] = ..., lean_port: _Optional[int] = ..., index_region_uuid: _Optional[str] = ..., index_epoch: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("client_id", "epoch")

@@ -189,6 +189,31 @@ class MasterServiceStub:
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedMatchPrefixResponse.FromString,
                 _registered_method=True)
+        self.ReportHits = channel.unary_unary(
+                '/cxlkv.v1.MasterService/ReportHits',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.ReportHitsRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportHitsResponse.FromString,
+                _registered_method=True)
+        self.PackedReserve = channel.unary_unary(
+                '/cxlkv.v1.MasterService/PackedReserve',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.PackedReserveRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedReserveResponse.FromString,
+                _registered_method=True)
+        self.PackedCommit = channel.unary_unary(
+                '/cxlkv.v1.MasterService/PackedCommit',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.PackedCommitRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
+                _registered_method=True)
+        self.PackedUnreserve = channel.unary_unary(
+                '/cxlkv.v1.MasterService/PackedUnreserve',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.PackedUnreserveRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
+                _registered_method=True)
+        self.ReleaseQuarantine = channel.unary_unary(
+                '/cxlkv.v1.MasterService/ReleaseQuarantine',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -427,6 +452,46 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportHits(self, request, context):
+        """--- reads served from the region's index (docs/index.md) ---------------------
+        Keys read from the committed-object index with no RPC, reported afterwards
+        in batches so the eviction policy and the tier statistics see every hit.
+        One-way in spirit: the answer carries only how many keys were still committed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PackedReserve(self, request, context):
+        """--- writes in one round trip (docs/master.md "Reservations and fencing") ------
+        A writer takes extents ahead of need (PackedReserve), writes an object into
+        one, and names it with PackedCommit: one master round trip per put or batch.
+        Reservations it will not use go back with PackedUnreserve. When a
+        registration ends, its reservations and unfinished puts are quarantined until
+        its writer says it stopped (ReleaseQuarantine).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PackedCommit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PackedUnreserve(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseQuarantine(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -584,6 +649,31 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.PackedMatchPrefix,
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedMatchPrefixResponse.SerializeToString,
+            ),
+            'ReportHits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportHits,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportHitsRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.ReportHitsResponse.SerializeToString,
+            ),
+            'PackedReserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.PackedReserve,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedReserveRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedReserveResponse.SerializeToString,
+            ),
+            'PackedCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.PackedCommit,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedCommitRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.SerializeToString,
+            ),
+            'PackedUnreserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.PackedUnreserve,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedUnreserveRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.SerializeToString,
+            ),
+            'ReleaseQuarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseQuarantine,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1423,6 +1513,141 @@ class MasterService:
             '/cxlkv.v1.MasterService/PackedMatchPrefix',
             cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixRequest.SerializeToString,
             cxlkv_dot_v1_dot_master__pb2.PackedMatchPrefixResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportHits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/ReportHits',
+            cxlkv_dot_v1_dot_master__pb2.ReportHitsRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.ReportHitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PackedReserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/PackedReserve',
+            cxlkv_dot_v1_dot_master__pb2.PackedReserveRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.PackedReserveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PackedCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/PackedCommit',
+            cxlkv_dot_v1_dot_master__pb2.PackedCommitRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PackedUnreserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/PackedUnreserve',
+            cxlkv_dot_v1_dot_master__pb2.PackedUnreserveRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseQuarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/ReleaseQuarantine',
+            cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,178 @@
+"""Extents taken ahead of need: a put costs one master round trip (docs/clientd.md).
+
+clientd keeps, per object size (object header + value, as the master sizes an
+extent), a small stack of extents the master reserved for this registration
+(``PackedReserve``). A put takes one, copies the value and writes the object
+header into it, and names it with ``PackedCommit``: one master round trip per
+put or batch of puts instead of two (PutStart, PutEnd). The stack is refilled
+in the background when it runs below half its target; the target follows the
+largest batch seen (bounded in bytes, :data:`RESERVE_BYTES`), so a cache that
+is full holds little space idle. Sizes not seen recently, values over
+:data:`MAX_RESERVED_BYTES`, and puts with replicas or a preferred segment go
+through PutStart/PutEnd.
+
+A reservation belongs to the registration that took it: after a re-registration
+the stacks are dropped (the master quarantined them with the old registration,
+:meth:`cxlkv.master.state.MasterState.release_quarantine`), and a stopping
+daemon gives its stacks back (``PackedUnreserve``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from typing import TYPE_CHECKING, NamedTuple
+
+from cxlkv.errors import CxlkvError
+from cxlkv.v1 import master_pb2
+
+if TYPE_CHECKING:
+    from cxlkv.clientd.master_link import MasterLink
+
+__all__ = ["Reservation", "ReservePool", "RESERVE_BYTES", "MAX_RESERVED_BYTES"]
+
+log = logging.getLogger(__name__)
+
+#: Most bytes held reserved per object size (the stack's target is bounded by it).
+RESERVE_BYTES = 4 << 20
+#: Objects (header + value) larger than this are put with PutStart/PutEnd: the
+#: copy then dominates, and a large reservation would sit idle.
+MAX_RESERVED_BYTES = 1 << 20
+#: Object sizes kept at once (least recently used sizes are given back).
+MAX_SIZES = 8
+#: Smallest target of a stack, in extents.
+MIN_TARGET = 8
+
+
+class Reservation(NamedTuple):
+    """One reserved extent: its token (the object's version) and where it is."""
+
+    put_token: int
+    segment_id: int
+    offset_bytes: int
+    length_bytes: int
+
+
+class ReservePool:
+    """This daemon's reserved extents, per object size.
+
+    Args:
+        link: the master session.
+        enabled: ``False`` sends every put through PutStart/PutEnd.
+
+    Thread-safety: event-loop confined.
+    """
+
+    def __init__(self, link: "MasterLink", *, enabled: bool = True) -> None:
+        self.link = link
+        self.enabled = enabled
+        self._stacks: OrderedDict[int, list[Reservation]] = OrderedDict()
+        self._target: dict[int, int] = {}
+        self._refilling: set[int] = set()
+        self._generation = -1
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: Reservations taken, given back, dropped with an ended registration.
+        self.taken = 0
+        self.returned = 0
+        self.dropped = 0
+
+    @property
+    def held(self) -> int:
+        """Reserved extents not yet used."""
+        return sum(len(s) for s in self._stacks.values())
+
+    def _check_generation(self) -> None:
+        gen = self.link.generation
+        if gen != self._generation:
+            self.dropped += self.held  # the master quarantined them with the old registration
+            self._stacks.clear()
+            self._generation = gen
+
+    def take(self, need_bytes: int, n: int) -> list[Reservation]:
+        """Up to ``n`` reservations for objects of ``need_bytes`` (header + value);
+        schedules a refill. An empty answer means: use PutStart/PutEnd."""
+        if not self.enabled or need_bytes > MAX_RESERVED_BYTES or need_bytes <= 0 or not self.link.registered:
+            return []
+        self._check_generation()
+        stack = self._stacks.get(need_bytes)
+        if stack is None:
+            stack = self._stacks[need_bytes] = []
+            while len(self._stacks) > MAX_SIZES:
+                old, rest = self._stacks.popitem(last=False)
+                self._target.pop(old, None)
+                self._give_back_later(rest)
+        else:
+            self._stacks.move_to_end(need_bytes)
+        bound = max(1, RESERVE_BYTES // need_bytes)
+        target = min(bound, max(self._target.get(need_bytes, MIN_TARGET), 2 * n, MIN_TARGET))
+        self._target[need_bytes] = target
+        got = stack[-n:] if n < len(stack) else list(stack)
+        del stack[len(stack) - len(got):]
+        self.taken += len(got)
+        if len(stack) < target // 2 + 1 and need_bytes not in self._refilling:
+            self._refilling.add(need_bytes)
+            self._spawn(self._refill(need_bytes))
+        return got
+
+    def give_back(self, need_bytes: int, items: list[Reservation]) -> None:
+        """Return unused reservations (a copy that failed: the extent is still ours)."""
+        if not items:
+            return
+        self._check_generation()
+        if self.link.generation != self._generation:
+            return
+        self._stacks.setdefault(need_bytes, []).extend(items)
+
+    async def _refill(self, need_bytes: int) -> None:
+        try:
+            gen = self.link.generation
+            want = self._target.get(need_bytes, MIN_TARGET) - len(self._stacks.get(need_bytes, ()))
+            if want <= 0:
+                return
+            resp = await self.link.call("PackedReserve", lambda: master_pb2.PackedReserveRequest(
+                client_id=self.link.client_id, epoch=self.link.epoch, need_bytes=[need_bytes], counts=[want]))
+            got = [Reservation(t, s, o, n) for t, s, o, n in zip(
+                resp.put_tokens, resp.segment_ids, resp.offsets_bytes, resp.lengths_bytes)]
+            if self.link.generation != gen or self._generation != gen:
+                self.dropped += len(got)  # granted to a registration that has ended: quarantined there
+                return
+            self._stacks.setdefault(need_bytes, []).extend(got)
+        except CxlkvError as exc:
+            log.debug("PackedReserve of %d-byte extents failed: %s", need_bytes, exc.message)
+        finally:
+            self._refilling.discard(need_bytes)
+
+    def _give_back_later(self, items: list[Reservation]) -> None:
+        if items:
+            self._spawn(self._unreserve(items))
+
+    async def _unreserve(self, items: list[Reservation]) -> None:
+        gen = self.link.generation
+        if gen != self._generation:
+            return
+        try:
+            await self.link.call("PackedUnreserve", lambda: master_pb2.PackedUnreserveRequest(
+                client_id=self.link.client_id, epoch=self.link.epoch, put_tokens=[r.put_token for r in items]))
+            self.returned += len(items)
+        except CxlkvError as exc:
+            log.debug("PackedUnreserve of %d extent(s) failed: %s", len(items), exc.message)
+
+    def _spawn(self, coro: "asyncio.Future[None] | asyncio.coroutines.Coroutine[None, None, None]") -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        except RuntimeError:  # no loop: nothing to schedule (tests of the pure parts)
+            coro.close()  # type: ignore[union-attr]
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Give every reservation back (a clean stop) and wait for refills."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._check_generation()
+        items = [r for s in self._stacks.values() for r in s]
+        self._stacks.clear()
+        if items and self.link.registered:
+            await self._unreserve(items)

@@ -1,0 +1,218 @@
+"""Reads from the region's index, the SDK's side: a get that is a memory operation.
+
+When the process maps the region (direct mode) and its clientd reports that the
+master publishes a committed-object index there (``DirectInfo.index_region_uuid``,
+docs/index.md), :class:`IndexPath` answers ``get``, ``get_into``, their batch
+forms, ``get_prefix_into`` and ``exists`` with one C call each
+(:class:`cxlkv.transport.index.IndexReader`: probe the slot, copy while hashing
+the delivered bytes, check the extent's header) and no RPC at all.
+
+What a read promises instead of a lease: the bytes returned are those of one
+committed version of the key, verified (key, version, length, value checksum),
+or the read is a miss; a value overwritten under the copy is detected and read
+again once, then taken through the daemon (the leased RPC path). Lookups the
+index cannot answer (another tier, a value over the reader's size limit, an
+overflowed table, an index not published) answer :data:`FALLBACK` and go
+through the daemon.
+
+Hits are reported to the daemon in batches (``ReportHits``, sent without
+waiting for an answer: at most :data:`HITS_BATCH` keys or :data:`HITS_DELAY_S`
+late), which forwards them to the master's eviction policy.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+from cxlkv.errors import CxlkvError
+from cxlkv.keys import key_error
+from cxlkv.v1 import client_pb2
+
+__all__ = ["IndexPath", "MISS", "FALLBACK", "HITS_BATCH", "HITS_DELAY_S", "MAX_VALUE_BYTES"]
+
+#: Hits are sent to the daemon once this many are pending...
+HITS_BATCH = 512
+#: ... or when the oldest pending one is this old (seconds), at the next read.
+HITS_DELAY_S = 0.02
+#: Longer values are read through the daemon (a lease protects a long copy), in bytes.
+MAX_VALUE_BYTES = 4 << 20
+#: First size of a thread's scratch buffer for ``get`` (grown to the value's size), in bytes.
+_SCRATCH_BYTES = 64 << 10
+
+
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+#: The key is not committed (a definite miss, from the index).
+MISS = _Marker("MISS")
+#: The index cannot answer: read through the daemon.
+FALLBACK = _Marker("FALLBACK")
+
+
+class IndexPath:
+    """Lock-free reads of the cluster's index from this process.
+
+    Args:
+        reader: a :class:`cxlkv.transport.index.IndexReader` over regions this
+            process maps.
+        send: ``send(method_name, request)`` to the daemon without waiting (hit reports).
+
+    Thread-safety: safe to share; each thread has its own scratch buffer.
+    """
+
+    def __init__(self, reader: Any, send: Callable[[str, Any], None]) -> None:
+        from cxlkv.transport.index import IX_ELSEWHERE, IX_HIT, IX_MISS, IX_TOO_SMALL
+
+        self.reader = reader
+        self._send = send
+        self._hit, self._miss, self._small, self._elsewhere = IX_HIT, IX_MISS, IX_TOO_SMALL, IX_ELSEWHERE
+        self._local = threading.local()
+        self._hits: list[str] = []
+        self._hits_since = 0.0
+        self._hits_lock = threading.Lock()
+        #: Lookups answered (hit or miss) and handed to the daemon, since start.
+        self.answered = 0
+        self.fallbacks = 0
+
+    # -- hits --------------------------------------------------------------------
+    def _note_hits(self, keys: Sequence[str]) -> None:
+        hits = self._hits
+        if not hits:
+            self._hits_since = time.monotonic()
+        hits.extend(keys)
+        if len(hits) >= HITS_BATCH or time.monotonic() - self._hits_since >= HITS_DELAY_S:
+            self.flush_hits()
+
+    def flush_hits(self) -> None:
+        """Send the pending hit reports now (also called by ``Client.close``)."""
+        with self._hits_lock:
+            keys, self._hits = self._hits, []
+        if keys:
+            try:
+                self._send("ReportHits", client_pb2.ClientReportHitsRequest(keys=keys))
+            except CxlkvError:
+                pass  # only the eviction policy's information is lost, never data
+
+    # -- reads -------------------------------------------------------------------
+    def _scratch(self, nbytes: int) -> bytearray:
+        buf = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < nbytes:
+            buf = self._local.buf = bytearray(max(nbytes, _SCRATCH_BYTES))
+        return buf
+
+    def get(self, key: str) -> bytes | _Marker:
+        """The value of ``key`` as bytes, :data:`MISS`, or :data:`FALLBACK`."""
+        k = key.encode()
+        buf = self._scratch(0)
+        r = self.reader.get(k, buf)
+        oc = r.outcome
+        if oc == self._small:
+            buf = self._scratch(r.value_len_bytes)
+            r = self.reader.get(k, buf)
+            oc = r.outcome
+        if oc == self._hit:
+            self.answered += 1
+            self._note_hits((key,))
+            return bytes(memoryview(buf)[:r.value_len_bytes])
+        if oc == self._miss:
+            self.answered += 1
+            return MISS
+        self.fallbacks += 1
+        return FALLBACK
+
+    def get_into(self, key: str, dst: Any) -> int | _Marker:
+        """Copy ``key``'s value into ``dst`` (a writable contiguous buffer); its size,
+        :data:`MISS` or :data:`FALLBACK`. A value larger than ``dst`` answers
+        ``-size`` (the caller raises OutOfRange)."""
+        r = self.reader.get(key.encode(), dst)
+        oc = r.outcome
+        if oc == self._hit:
+            self.answered += 1
+            self._note_hits((key,))
+            return r.value_len_bytes
+        if oc == self._miss:
+            self.answered += 1
+            return MISS
+        if oc == self._small:
+            return -r.value_len_bytes
+        self.fallbacks += 1
+        return FALLBACK
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | _Marker]:
+        """:meth:`get` per key (invalid keys answer :data:`FALLBACK`: the daemon says why)."""
+        return [self.get(k) if key_error(k) is None else FALLBACK for k in keys]
+
+    def get_into_many(self, keys: Sequence[str], dsts: Sequence[Any]) -> list[int | _Marker]:
+        """:meth:`get_into` per item, in one C call (invalid keys answer :data:`FALLBACK`)."""
+        valid = [i for i, k in enumerate(keys) if key_error(k) is None]
+        out: list[int | _Marker] = [FALLBACK] * len(keys)
+        if not valid:
+            return out
+        results = self.reader.get_many([keys[i].encode() for i in valid], [dsts[i] for i in valid])
+        hits: list[str] = []
+        for i, r in zip(valid, results):
+            oc = r.outcome
+            if oc == self._hit:
+                out[i] = r.value_len_bytes
+                hits.append(keys[i])
+            elif oc == self._miss:
+                out[i] = MISS
+            elif oc == self._small:
+                out[i] = -r.value_len_bytes
+        self.answered += sum(1 for o in out if o is not FALLBACK)
+        if hits:
+            self._note_hits(hits)
+        return out
+
+    def get_prefix_into(self, keys: Sequence[str], dsts: Sequence[Any]) -> tuple[int, int, bool]:
+        """Copy the leading committed keys into ``dsts``.
+
+        Returns:
+            ``(matched, too_large, done)``: ``keys[:matched]`` were copied;
+            ``too_large`` is the size of ``keys[matched]``'s value when it did not
+            fit its destination (else 0); ``done`` is false when the prefix
+            stopped at a key the index cannot answer (continue through the daemon
+            from ``matched``).
+        """
+        results = self.reader.get_many([k.encode() for k in keys], dsts, prefix=True)
+        matched = 0
+        for r in results:
+            if r.outcome != self._hit:
+                break
+            matched += 1
+        if matched:
+            self._note_hits(keys[:matched])
+        if matched == len(keys):
+            self.answered += 1
+            return matched, 0, True
+        oc = results[matched].outcome
+        if oc == self._small:
+            return matched, results[matched].value_len_bytes, True
+        if oc == self._miss:
+            self.answered += 1
+            return matched, 0, True
+        self.fallbacks += 1
+        return matched, 0, False
+
+    def exists_many(self, keys: Sequence[str]) -> list[bool | _Marker]:
+        """Whether each key is committed: True, False, or :data:`FALLBACK`."""
+        valid = [i for i, k in enumerate(keys) if key_error(k) is None]
+        out: list[bool | _Marker] = [FALLBACK] * len(keys)
+        if not valid:
+            return out
+        for i, r in zip(valid, self.reader.probe_many([keys[i].encode() for i in valid])):
+            oc = r.outcome
+            if oc == self._miss:
+                out[i] = False
+            elif oc in (self._hit, self._elsewhere, self._small):
+                out[i] = True
+        return out

@@ -1,0 +1,103 @@
+"""What the master's state machine tells the region's index: publish and retire.
+
+:class:`~cxlkv.master.state.MasterState` calls its ``index`` (an
+:class:`ObjectIndex`) at exactly two kinds of points, so the index in the region
+always describes committed objects whose bytes are where it says:
+
+* :meth:`ObjectIndex.publish` when a version is committed (before the version it
+  replaces is retired) and whenever a committed version's readable replicas
+  change (demoted, promoted, a segment unmounted);
+* :meth:`ObjectIndex.retire` when a committed version leaves the key space
+  (removed, evicted, superseded, lost), before any of its extents is freed.
+
+Both write through to the region before they return (:class:`cxlkv.index.IndexWriter`),
+and the state calls them before the allocator can hand the space out again, so
+no reader is ever sent to space given to another object — the contract of
+docs/index.md. :class:`NoIndex` is the state's default (pure-state tests, a
+master that maps no region); :class:`RegionIndex` is the master server's.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import xxhash
+
+from cxlkv.index import IndexWriter
+from cxlkv.master.objects import ObjectVersion, ObjState
+from cxlkv.master.segments import Segment, Tier
+
+__all__ = ["ObjectIndex", "NoIndex", "RegionIndex"]
+
+_xxh3 = xxhash.xxh3_64_intdigest
+
+
+class ObjectIndex(Protocol):
+    """The state machine's view of the committed-object index."""
+
+    def publish(self, obj: ObjectVersion) -> None:
+        """``obj`` is the key's committed version, readable where its extents say."""
+
+    def retire(self, obj: ObjectVersion) -> None:
+        """``obj`` is no longer readable (a no-op if the index names another version)."""
+
+
+class NoIndex:
+    """No index: every read goes through the leased RPC path."""
+
+    def publish(self, obj: ObjectVersion) -> None:
+        """Nothing to publish."""
+
+    def retire(self, obj: ObjectVersion) -> None:
+        """Nothing to retire."""
+
+
+class RegionIndex:
+    """Publishes into the index of one region that the master maps.
+
+    Args:
+        writer: the index's writer (placement and slot writes).
+        region_numbers: segment id → region number in the index's region table,
+            for every CXL segment whose region the index names.
+        segments: segment id → segment (for a replica's tier).
+
+    A committed version is published with its first replica in a named region
+    whose object header and value checksum are known; otherwise (SSD or DRAM
+    tier only, a segment the index does not name, a bare value) as ELSEWHERE:
+    readers see it exists and read it through the leased RPC path.
+    """
+
+    def __init__(self, writer: IndexWriter, region_numbers: dict[int, int],
+                 segments: dict[int, Segment]) -> None:
+        self.writer = writer
+        self.region_numbers = region_numbers
+        self._segments = segments
+        #: Versions published and retired since start.
+        self.published = 0
+        self.retired = 0
+
+    def publish(self, obj: ObjectVersion) -> None:
+        """Write ``obj``'s slot (see the class docstring for what it says)."""
+        if obj.state != ObjState.COMPLETE:
+            return
+        h = _xxh3(obj.key.encode("utf-8"))
+        self.published += 1
+        numbers = self.region_numbers
+        if obj.header_bytes and obj.checksum:
+            for sid, off, _ in obj.extents:
+                rno = numbers.get(sid)
+                if rno is not None:
+                    self.writer.publish(obj.key, h, extent_offset_bytes=off, value_len_bytes=obj.size_bytes,
+                                        version=obj.version, value_checksum=obj.checksum,
+                                        header_bytes=obj.header_bytes, region_no=rno, tier=Tier.CXL,
+                                        elsewhere=False)
+                    return
+        seg = self._segments.get(obj.extents[0][0]) if obj.extents else None
+        self.writer.publish(obj.key, h, extent_offset_bytes=0, value_len_bytes=obj.size_bytes,
+                            version=obj.version, value_checksum=obj.checksum, header_bytes=obj.header_bytes,
+                            region_no=0, tier=int(seg.tier) if seg is not None else 0, elsewhere=True)
+
+    def retire(self, obj: ObjectVersion) -> None:
+        """Tombstone ``obj``'s slot if it still describes ``obj``'s version."""
+        self.retired += 1
+        self.writer.retire(obj.key, _xxh3(obj.key.encode("utf-8")), obj.version)
