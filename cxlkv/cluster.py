@@ -153,6 +153,8 @@ class LocalCluster:
             (:func:`cxlkv.certs.local_cluster_certs`: ``master``, ``clientd-<i>``
             each, ``admin``) and run every link to the master over mutual TLS;
             :meth:`tls_files` names the files of each identity.
+        certs_dir: with ``tls``, use the certificates already in this directory
+            (the same file names) instead of generating them.
 
     Raises:
         InvalidArgument: a negative number of clientds (0 starts the master
@@ -180,6 +182,7 @@ class LocalCluster:
         ssd_size_bytes: int = 0,
         ssd_dir: str | None = None,
         tls: bool = False,
+        certs_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if clientds < 0 or segments < 1:
             from cxlkv.errors import InvalidArgument
@@ -204,7 +207,8 @@ class LocalCluster:
         ]
         self.tls = tls
         #: Where the certificates are (``tls``), else "".
-        self.certs_dir = str(self.run_dir / "certs") if tls else ""
+        self.certs_dir = (str(certs_dir or self.run_dir / "certs")) if tls else ""
+        self._make_certs = tls and certs_dir is None
         self.ssd_size_bytes = int(ssd_size_bytes)
         self.ssd_path = (str(Path(ssd_dir or self.run_dir) / f"cxlkv-{self.cluster_id}-ssd0")
                          if ssd_size_bytes else "")
@@ -253,7 +257,7 @@ class LocalCluster:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._format_regions()
-            if self.tls:
+            if self._make_certs:
                 from cxlkv.certs import local_cluster_certs
 
                 local_cluster_certs(self.certs_dir, [f"clientd-{i}" for i in range(self.n_clientds)])

@@ -785,11 +785,14 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             allocation_strategy=st.strategy.name, eviction_policy=st.policy.name,
             uptime_s=now - self.started_at, metrics_url=self.metrics_url,
         )
+        full = self.auth is None or self.auth.full_stat(_CALLER.get())
         for seg in st.segments(include_unmounted=True):
-            segment_info(seg, resp.segments.add())
-        if self.auth is not None and not self.auth.full_stat(_CALLER.get()):
+            info = segment_info(seg, resp.segments.add())
+            if not full:
+                info.region_uuid = info.device_path = ""
+        if not full:  # client table, metrics URLs, region identities and paths: admins only
             resp.metrics_url = ""
-            return resp  # the client table (ids, hosts, metrics URLs) is for admins only
+            return resp
         for c in st.clients():
             resp.clients.add(
                 client_id=c.client_id, hostname=c.hostname, name=c.name, epoch=c.epoch,
