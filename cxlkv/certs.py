@@ -169,8 +169,9 @@ def issue(ca: CaFiles, directory: str | os.PathLike[str], name: str, *, roles: S
 def local_cluster_certs(directory: str | os.PathLike[str], clientd_names: Sequence[str]) -> dict[str, tuple[str, str]]:
     """A CA and the certificates of a one-machine cluster (``cxlkv cluster up --tls``, tests).
 
-    Makes ``master`` (SAN localhost, 127.0.0.1, ::1), one per clientd name (role
-    ``clientd``) and ``admin`` (role ``admin``).
+    Makes ``master`` (role ``master``), one per clientd name (role ``clientd``),
+    each with SAN localhost, 127.0.0.1, ::1 (they serve /metrics there), and
+    ``admin`` (role ``admin``).
 
     Returns:
         name → ``(cert_file, key_file)``, plus ``"ca"`` → ``(ca.pem, ca-key.pem)``.
@@ -182,7 +183,7 @@ def local_cluster_certs(directory: str | os.PathLike[str], clientd_names: Sequen
     out = {"ca": (ca.cert_file, ca.key_file)}
     out["master"] = issue(ca, directory, "master", roles=["master"], hosts=["localhost", "127.0.0.1", "::1"])
     for n in clientd_names:
-        out[n] = issue(ca, directory, n, roles=["clientd"], hosts=["localhost"])
+        out[n] = issue(ca, directory, n, roles=["clientd"], hosts=["localhost", "127.0.0.1", "::1"])
     out["admin"] = issue(ca, directory, "admin", roles=[ADMIN_ROLE])
     return out
 
