@@ -396,3 +396,80 @@ def test_unreadable_certificate_is_one_line(tmp_path: Path, tls_certs: TlsCerts)
     assert r.returncode == 2, r
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "missing.pem" in lines[0], r.stderr
+
+
+# ------------------------------------------------------------------ the state machine
+
+
+def test_authorizer_binds_client_ids_and_guards_admin_calls() -> None:
+    """The decisions alone, without a network: bind at registration, refuse others, admins by OU or name."""
+    from master.auth import Authorizer
+
+    auth = Authorizer(admin_names=["ops-bot"])
+    a, b = Identity("host-a", frozenset({"clientd"})), Identity("host-b", frozenset({"clientd"}))
+    admin, bot = Identity("alice", frozenset({"admin"})), Identity("ops-bot")
+    auth.check("RegisterClient", master_pb2.RegisterClientRequest(name="x"), a)
+    auth.registered("m-1", a, ["m-1"])
+    assert auth.owner("m-1") == "host-a"
+    hb = master_pb2.HeartbeatRequest(client_id="m-1", epoch=1)
+    auth.check("Heartbeat", hb, a)
+    for name, req in (("Heartbeat", hb), ("RegisterClient", master_pb2.RegisterClientRequest(previous_client_id="m-1")),
+                      ("ReleaseLeases", master_pb2.ReleaseLeasesRequest(client_id="m-1"))):
+        with pytest.raises(PermissionDenied, match="belongs to 'host-a', not to 'host-b'"):
+            auth.check(name, req, b)
+    with pytest.raises(PermissionDenied, match="no client certificate"):
+        auth.check("Stat", master_pb2.StatRequest(), None)
+    for who in (a, b):
+        with pytest.raises(PermissionDenied, match="needs an admin identity"):
+            auth.check("RemoveAll", master_pb2.RemoveAllRequest(), who)
+        assert not auth.full_stat(who)
+    for who in (admin, bot):
+        auth.check("RemoveAll", master_pb2.RemoveAllRequest(), who)
+        assert auth.full_stat(who)
+    # a clientd mounts its own DRAM tier, never a shared segment
+    auth.check("MountSegment", master_pb2.MountSegmentRequest(client_id="m-1", tier=common_pb2.DRAM), a)
+    with pytest.raises(PermissionDenied, match="own DRAM tier only"):
+        auth.check("MountSegment", master_pb2.MountSegmentRequest(client_id="m-1", tier=common_pb2.CXL), a)
+    # bindings of clients long gone are forgotten once they outnumber the live ones
+    for i in range(200):
+        auth.registered(f"old-{i}", a, ["m-1", f"old-{i}"])
+    assert auth.owner("old-0") is None and auth.owner("m-1") == "host-a"
+
+
+def test_cluster_up_tls_cli(tmp_path: Path) -> None:
+    """`cxlkv cluster up --tls`: generated certificates, put/get through clientd, admin calls with the
+    printed admin identity only."""
+    run_dir = tmp_path / "run"
+    up = _cxlkv("cluster", "up", "--tls", "--run-dir", str(run_dir), "--clientds", "1", "--region-size", "64MiB")
+    try:
+        assert up.returncode == 0, up.stderr
+        exports = dict(re.findall(r"(CXLKV_TLS_\w+)=(\S+)", up.stdout))
+        assert set(exports) == {"CXLKV_TLS_CA", "CXLKV_TLS_CERT", "CXLKV_TLS_KEY"}, up.stdout
+        master = re.search(r"^master\s+(\S+)", up.stdout, re.M).group(1)  # type: ignore[union-attr]
+        sock = str(run_dir / "clientd-0.sock")
+        value = tmp_path / "v"
+        value.write_bytes(b"tls cluster")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CXLKV_")}
+
+        def cli(*args: str, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "cxlkv.cli", *args], capture_output=True, text=True,
+                                  timeout=60, env={**env, **(extra or {})}, stdin=subprocess.DEVNULL)
+
+        assert cli("put", "--socket", sock, "sec/cli", str(value)).returncode == 0
+        got = cli("get", "--socket", sock, "sec/cli")
+        assert got.returncode == 0 and got.stdout == "tls cluster", got
+        listed = cli("admin", "ls", "--master", master, extra=exports)
+        assert listed.returncode == 0 and listed.stdout.startswith("sec/cli\t"), listed
+        plain = cli("admin", "remove-all", "--master", master)  # no certificate: no call
+        assert plain.returncode == 10 + 12 and "UNAVAILABLE" in plain.stderr, plain
+        certs = Path(exports["CXLKV_TLS_CA"]).parent
+        member = cli("admin", "remove-all", "--master", master, extra={
+            **exports, "CXLKV_TLS_CERT": str(certs / "clientd-0.pem"), "CXLKV_TLS_KEY": str(certs / "clientd-0-key.pem")})
+        assert member.returncode == 10 + 17 and "PERMISSION_DENIED" in member.stderr, member
+        assert cli("get", "--socket", sock, "sec/cli").stdout == "tls cluster"
+        status = cli("status", "--master", master, "--json", extra=exports)
+        assert status.returncode == 0, status.stderr
+        assert '"clientd-0"' in status.stdout  # the admin's Stat has the client table
+    finally:
+        down = _cxlkv("cluster", "down", "--run-dir", str(run_dir))
+        assert down.returncode == 0, down.stderr
