@@ -407,6 +407,12 @@ def _bench_allocator(live_target: int, churn_ops: int, seed: int = 1) -> list[Re
     return out
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _lean_records(quick: bool, tls: bool = False) -> list[Record]:
     """Batched puts and gets over the master's lean link (what clientd uses): an
     asyncio :class:`~cxlkv.lean.LeanChannel`, ``inflight`` batches in flight;
@@ -441,6 +447,15 @@ def _lean_records(quick: bool, tls: bool = False) -> list[Record]:
                 _check_packed_end(await ch.call("PackedPutEnd", end(keys, started)))
 
             held: dict[int, list[int]] = {}
+            #: (master CPU s, this process's CPU s, keys) per timed run: what TLS costs
+            #: each side, steadier than rates on a shared machine.
+            cpu_used: list[tuple[float, float, int]] = []
+
+            def add_cpu(rec: Record) -> Record:
+                rec.extra["master_cpu_us_per_key"] = round(statistics.median(m_ / n_ * 1e6 for m_, _, n_ in cpu_used), 3)
+                rec.extra["client_cpu_us_per_key"] = round(statistics.median(c_ / n_ * 1e6 for _, c_, n_ in cpu_used), 3)
+                cpu_used.clear()
+                return rec
 
             async def get_batch(ch: LeanChannel, keys: list[str], lane: int) -> None:
                 resp = await ch.call("BatchGetReplicaList", master_pb2.BatchGetReplicaListRequest(
@@ -458,9 +473,12 @@ def _lean_records(quick: bool, tls: bool = False) -> list[Record]:
                         await work(ch, jobs[i], k)
                         lat[i] = clock() - t
 
+                cpu0 = _cpu_s(m.proc.pid), time.process_time()
                 t0 = clock()
                 await asyncio.gather(*(lane(k) for k in range(inflight)))
                 wall = (clock() - t0) / 1e9
+                cpu_used.append((_cpu_s(m.proc.pid) - cpu0[0], time.process_time() - cpu0[1],
+                                 sum(len(j) for j in jobs)))
                 ch.close()
                 return wall, sum(len(j) for j in jobs), lat
 
@@ -474,11 +492,11 @@ def _lean_records(quick: bool, tls: bool = False) -> list[Record]:
                 rec = _record("put_batch", _timing(res), batch, inflight, limits["put"],
                               TARGET_BATCH_PUT_KEYS_PER_S, transport="lean")
                 rec.extra["form"] = "packed"
-                out.append(rec)
+                out.append(add_cpu(rec))
             keys = [f"lean/1/0/{i}" for i in range(n)]
             jobs = [keys[i:i + batch] for i in range(0, n, batch)]
             res = [asyncio.run(timed(jobs, 4, get_batch)) for _ in range(runs)]
-            out.append(_record("get_batch", _timing(res), batch, 4, limits["get"], None, transport="lean"))
+            out.append(add_cpu(_record("get_batch", _timing(res), batch, 4, limits["get"], None, transport="lean")))
         finally:
             m.close()
     for rec in out:
