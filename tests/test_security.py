@@ -473,3 +473,54 @@ def test_cluster_up_tls_cli(tmp_path: Path) -> None:
     finally:
         down = _cxlkv("cluster", "down", "--run-dir", str(run_dir))
         assert down.returncode == 0, down.stderr
+
+
+def test_tls_master_on_the_network_refuses_peers_without_a_certificate(tmp_path: Path, tls_certs: TlsCerts) -> None:
+    """With TLS a master may listen on every address; a peer dialling its network
+    address without a certificate (or with a foreign one) is refused, gRPC and lean,
+    and one with the cluster's certificate gets through."""
+    from master_harness import MasterProcess
+
+    addr = _other_local_address()
+    if addr is None:
+        pytest.skip("this host has no non-loopback address to dial from")
+
+    class WideMaster(MasterProcess):
+        def argv(self) -> list[str]:
+            return [sys.executable, "-m", "cxlkv.cli", "master", "--config", str(self.config_path),
+                    "--listen", "0.0.0.0:0", "--address-file", str(self.address_file)]
+
+    m = tls_certs.files("master")
+    with WideMaster(tmp_path, {"tls_ca_file": m.ca_file, "tls_cert_file": m.cert_file, "tls_key_file": m.key_file,
+                               "lean_listen_address": "0.0.0.0:0"}) as mp:
+        port = int(mp.address.rsplit(":", 1)[1])
+        lean_port = int(re.search(r"lean port (\d+)", mp.log()).group(1))  # type: ignore[union-attr]
+        remote = f"{addr}:{port}"
+        # the master's certificate names localhost: a member dialling the address overrides the name checked
+        name = [("grpc.ssl_target_name_override", "localhost"), ("grpc.enable_http_proxy", 0)]
+        ca = Path(m.ca_file).read_bytes()
+        for creds in (None, grpc.ssl_channel_credentials(root_certificates=ca),
+                      grpc_channel_credentials(tls_certs.files("rogue"))):
+            ch = (grpc.secure_channel(remote, creds, options=name) if creds is not None
+                  else grpc.insecure_channel(remote, options=name))
+            with pytest.raises(grpc.RpcError) as err:
+                master_pb2_grpc.MasterServiceStub(ch).RemoveAll(master_pb2.RemoveAllRequest(force=True), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            ch.close()
+
+        async def lean(ctx: ssl.SSLContext | None) -> Any:
+            ch = LeanChannel(addr, lean_port, METHODS, ssl=ctx)
+            try:
+                return await ch.call("Stat", master_pb2.StatRequest(), timeout=5)
+            finally:
+                ch.close()
+
+        for ctx in (None, _no_cert_context(m.ca_file), client_context(tls_certs.files("rogue"))):
+            if ctx is not None:
+                ctx.check_hostname = False  # dialled by address; the refusal must come from the client certificate
+            with pytest.raises(Unavailable):
+                asyncio.run(lean(ctx))
+        ch = grpc.secure_channel(remote, grpc_channel_credentials(tls_certs.files("admin")), options=name)
+        st = master_pb2_grpc.MasterServiceStub(ch).Stat(master_pb2.StatRequest(), timeout=5)
+        assert st.key_count == 0 and not st.clients
+        ch.close()
