@@ -17,7 +17,7 @@ import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from cxlkv.errors import ConfigError
 from cxlkv.tls import ADMIN_ROLE
@@ -96,10 +96,11 @@ def make_ca(directory: str | os.PathLike[str], *, name: str = "cxlkv-ca",
     return CaFiles(str(d / "ca.pem"), str(d / "ca-key.pem"))
 
 
-def _san(hosts: Iterable[str]) -> list:  # type: ignore[type-arg]
+def _san(hosts: Iterable[str]) -> list[Any]:
+    """``x509.GeneralName`` entries: IP addresses as such, anything else a DNS name."""
     from cryptography import x509
 
-    out = []
+    out: list[x509.GeneralName] = []
     for h in hosts:
         try:
             out.append(x509.IPAddress(ipaddress.ip_address(h.strip("[]"))))

@@ -9,7 +9,9 @@ alike), and :class:`Authorizer` decides each call from the caller's
   caller's identity (its certificate's CN). Every later call naming that client
   id (``client_id`` of heartbeats, puts, reads, lease releases, tier tasks; the
   ``previous_client_id`` of a re-registration) must come from the same identity,
-  so one clientd can neither fence nor act as another.
+  so one clientd can neither fence nor act as another. A re-registration naming
+  an id no certificate has bound on this master (it restarted) gets a new id:
+  the first caller after a restart cannot claim another daemon's.
 * **admin calls** (:data:`ADMIN_METHODS`: RemoveAll, RemoveByRegex, UnmountSegment,
   ListKeys; MountSegment of anything but the caller's own DRAM tier) need an
   admin identity: a certificate with ``OU=admin`` or a CN listed in
@@ -85,7 +87,12 @@ class Authorizer:
                 raise PermissionDenied(f"MountSegment of {request.name!r}: only an admin identity mounts "
                                        f"shared segments; {who.name!r} may mount its own DRAM tier only")
         if method == "RegisterClient":
-            self._own(method, request.previous_client_id, who)
+            prev = request.previous_client_id
+            self._own(method, prev, who)
+            if prev and prev not in self._owner:
+                # No identity ever proved this id to this master (it restarted, or the
+                # binding was forgotten): a fresh id, so no one can claim another's.
+                request.previous_client_id = ""
         elif method in _CLIENT_BOUND:
             self._own(method, request.client_id, who)
 
