@@ -133,6 +133,13 @@ def test_tls_cluster_works_end_to_end(tls_cluster: TestCluster) -> None:
         assert [r.value for r in got] == [bytes([i]) * 4096 for i in range(32)]
         c1.remove("sec/e2e")  # a single-key removal is a member's call
         assert not c0.exists("sec/e2e")
+        # a clientd's certificate is not an admin's: what its callers ask it to do
+        # to the whole cluster is refused, with the reason
+        with pytest.raises(PermissionDenied, match="RemoveAll needs an admin identity; 'clientd-0'"):
+            c0.remove_all(force=True)
+        with pytest.raises(PermissionDenied, match="ListKeys needs an admin identity"):
+            list(c0.list("sec/"))
+        assert c1.get("sec/e2e-3") == bytes([3]) * 4096
     for p in tls_cluster.clientds:
         assert "(mutual TLS)" in p.log_path.read_text(), "clientd's hot path is the lean link, over TLS"
     st = tls_cluster.assert_invariants()
