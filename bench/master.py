@@ -70,16 +70,27 @@ _SEGMENT_BYTES = 64 * TiB  # virtual: the master never touches bytes
 class _Master:
     """A master subprocess with a huge virtual segment, and a sync stub on it."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *, tls: bool = False) -> None:
         from cxlkv.cluster import ManagedProcess, wait_for_file
 
         address_file = run_dir / "master.address"
         conf = run_dir / "master.toml"
-        conf.write_text(tomli_w.dumps({
+        cfg: dict[str, Any] = {
             "listen_address": "127.0.0.1:0", "address_file": str(address_file),
             "log_level": "warning", "lease_ttl_s": 30.0,
             "segments": [{"name": "cxl0", "size_bytes": _SEGMENT_BYTES}],
-        }))
+        }
+        #: The bench client's TLS files (``None``: plaintext).
+        self.tls: Any = None
+        if tls:
+            from cxlkv.certs import local_cluster_certs
+            from cxlkv.tls import TlsFiles
+
+            certs = local_cluster_certs(run_dir / "certs", ["bench"])
+            ca = certs["ca"][0]
+            cfg.update(tls_ca_file=ca, tls_cert_file=certs["master"][0], tls_key_file=certs["master"][1])
+            self.tls = TlsFiles(ca, *certs["bench"])
+        conf.write_text(tomli_w.dumps(cfg))
         self.proc = ManagedProcess("master", [sys.executable, "-m", "cxlkv.cli", "master", "--config", str(conf)],
                                    run_dir / "master.log")
         self.proc.start()
@@ -89,7 +100,12 @@ class _Master:
         from cxlkv.v1 import master_pb2, master_pb2_grpc
 
         self.address = address_file.read_text().strip()
-        self.channel = grpc.insecure_channel(self.address)
+        if self.tls is not None:
+            from cxlkv.tls import grpc_channel_credentials
+
+            self.channel = grpc.secure_channel(self.address, grpc_channel_credentials(self.tls))
+        else:
+            self.channel = grpc.insecure_channel(self.address)
         self.stub = master_pb2_grpc.MasterServiceStub(self.channel)
         reg = self.stub.RegisterClient(master_pb2.RegisterClientRequest(hostname="bench", name="bench"))
         self.client_id, self.epoch = reg.client_id, reg.epoch
@@ -391,9 +407,16 @@ def _bench_allocator(live_target: int, churn_ops: int, seed: int = 1) -> list[Re
     return out
 
 
-def _lean_records(quick: bool) -> list[Record]:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _lean_records(quick: bool, tls: bool = False) -> list[Record]:
     """Batched puts and gets over the master's lean link (what clientd uses): an
-    asyncio :class:`~cxlkv.lean.LeanChannel`, ``inflight`` batches in flight."""
+    asyncio :class:`~cxlkv.lean.LeanChannel`, ``inflight`` batches in flight;
+    with ``tls`` over mutual TLS (generated certificates; ``extra["tls"]``)."""
     import asyncio
 
     from cxlkv.lean import LeanChannel, service_methods
@@ -406,7 +429,12 @@ def _lean_records(quick: bool) -> list[Record]:
     limits = _state_limits(n)
     out: list[Record] = []
     with tempfile.TemporaryDirectory(prefix="cxlkv-bench-master-") as tmp:
-        m = _Master(Path(tmp))
+        m = _Master(Path(tmp), tls=tls)
+        ssl_ctx = None
+        if m.tls is not None:
+            from cxlkv.tls import client_context
+
+            ssl_ctx = client_context(m.tls)
         try:
             reg = m.stub.RegisterClient(master_pb2.RegisterClientRequest(hostname="bench", name="lean"))
             cid, epoch = reg.client_id, reg.epoch
@@ -419,6 +447,15 @@ def _lean_records(quick: bool) -> list[Record]:
                 _check_packed_end(await ch.call("PackedPutEnd", end(keys, started)))
 
             held: dict[int, list[int]] = {}
+            #: (master CPU s, this process's CPU s, keys) per timed run: what TLS costs
+            #: each side, steadier than rates on a shared machine.
+            cpu_used: list[tuple[float, float, int]] = []
+
+            def add_cpu(rec: Record) -> Record:
+                rec.extra["master_cpu_us_per_key"] = round(statistics.median(m_ / n_ * 1e6 for m_, _, n_ in cpu_used), 3)
+                rec.extra["client_cpu_us_per_key"] = round(statistics.median(c_ / n_ * 1e6 for _, c_, n_ in cpu_used), 3)
+                cpu_used.clear()
+                return rec
 
             async def get_batch(ch: LeanChannel, keys: list[str], lane: int) -> None:
                 resp = await ch.call("BatchGetReplicaList", master_pb2.BatchGetReplicaListRequest(
@@ -426,7 +463,7 @@ def _lean_records(quick: bool) -> list[Record]:
                 held[lane] = [loc.lease_id for loc in resp.locations if not loc.status.code]
 
             async def timed(jobs: list[list[str]], inflight: int, work: Any) -> tuple[float, int, np.ndarray]:
-                ch = LeanChannel(host, reg.lean_port, methods)
+                ch = LeanChannel(host, reg.lean_port, methods, ssl=ssl_ctx)
                 lat = np.empty(len(jobs), dtype=np.int64)
                 clock = time.perf_counter_ns
 
@@ -436,9 +473,12 @@ def _lean_records(quick: bool) -> list[Record]:
                         await work(ch, jobs[i], k)
                         lat[i] = clock() - t
 
+                cpu0 = _cpu_s(m.proc.pid), time.process_time()
                 t0 = clock()
                 await asyncio.gather(*(lane(k) for k in range(inflight)))
                 wall = (clock() - t0) / 1e9
+                cpu_used.append((_cpu_s(m.proc.pid) - cpu0[0], time.process_time() - cpu0[1],
+                                 sum(len(j) for j in jobs)))
                 ch.close()
                 return wall, sum(len(j) for j in jobs), lat
 
@@ -452,20 +492,24 @@ def _lean_records(quick: bool) -> list[Record]:
                 rec = _record("put_batch", _timing(res), batch, inflight, limits["put"],
                               TARGET_BATCH_PUT_KEYS_PER_S, transport="lean")
                 rec.extra["form"] = "packed"
-                out.append(rec)
+                out.append(add_cpu(rec))
             keys = [f"lean/1/0/{i}" for i in range(n)]
             jobs = [keys[i:i + batch] for i in range(0, n, batch)]
             res = [asyncio.run(timed(jobs, 4, get_batch)) for _ in range(runs)]
-            out.append(_record("get_batch", _timing(res), batch, 4, limits["get"], None, transport="lean"))
+            out.append(add_cpu(_record("get_batch", _timing(res), batch, 4, limits["get"], None, transport="lean")))
         finally:
             m.close()
+    for rec in out:
+        rec.extra["tls"] = tls
     return out
 
 
 def run(quick: bool = False) -> list[Record]:
-    """Every master measurement; ``quick`` shrinks them to a smoke run."""
+    """Every master measurement; ``quick`` shrinks them to a smoke run. The lean
+    link is measured plaintext and over mutual TLS, in the same run."""
     records = _grpc_records(quick)
     records += _lean_records(quick)
+    records += _lean_records(quick, tls=True)
     gc.collect()
     records += _bench_allocator(100_000 if quick else 1_000_000, 20_000 if quick else 200_000)
     return records

@@ -174,7 +174,7 @@ class Daemon:
                 if cfg.metrics_address:
                     from cxlkv.clientd.metrics import start_metrics
 
-                    metrics, metrics_url = start_metrics(cfg.metrics_address, core, buffers, api)
+                    metrics, metrics_url = start_metrics(cfg.metrics_address, core, buffers, api, tls=cfg.tls)
                     link.metrics_url = api.metrics_url = metrics_url
                     log.info("metrics on %s", metrics_url)
                 grpc_fe = GrpcFrontEnd(api, self.socket_path, cfg.socket_mode)

@@ -262,6 +262,8 @@ class MasterLink:
         self.epoch = 0
         self.master_id = ""
         self._lean: LeanChannel | None = None
+        #: Client TLS context of the lean link (``None``: plaintext).
+        self._ssl: Any = None
         self.segments: list[common_pb2.SegmentInfo] = []
         self.segments_version = 0
         self.heartbeat_interval_s = 1.0
@@ -337,15 +339,20 @@ class MasterLink:
             StartupError: the master refused the registration for a reason other
                 than being unreachable (e.g. a region that is not the master's segment).
         """
-        self._channel = grpc.aio.insecure_channel(
-            self.address,
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.enable_http_proxy", 0),
-                ("grpc.keepalive_time_ms", 10_000),
-            ],
-        )
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.enable_http_proxy", 0),
+            ("grpc.keepalive_time_ms", 10_000),
+        ]
+        tls = self.cfg.tls
+        if tls.enabled:
+            from cxlkv.tls import client_context, grpc_channel_credentials
+
+            self._ssl = client_context(tls)
+            self._channel = grpc.aio.secure_channel(self.address, grpc_channel_credentials(tls), options=options)
+        else:
+            self._channel = grpc.aio.insecure_channel(self.address, options=options)
         self._stub = master_pb2_grpc.MasterServiceStub(self._channel)
         delay = 0.05
         while not self._closed:
@@ -467,8 +474,8 @@ class MasterLink:
             self._lean = None
         if port:
             host = self.address.rsplit(":", 1)[0].strip("[]")
-            self._lean = LeanChannel(host, port, _MASTER_METHODS)
-            log.info("lean link to the master on %s:%d", host, port)
+            self._lean = LeanChannel(host, port, _MASTER_METHODS, ssl=self._ssl)
+            log.info("lean link to the master on %s:%d%s", host, port, " (mutual TLS)" if self._ssl else "")
 
     async def reregister(self, seen_generation: int) -> None:
         """Register again unless another caller already did since ``seen_generation``.

@@ -159,7 +159,7 @@ class ClientdCollector:
 
 
 def start_metrics(address: str, core: ClientdCore, buffers: BufferRegistry,
-                  api: Any = None) -> tuple[Any, str]:
+                  api: Any = None, tls: Any = None) -> tuple[Any, str]:
     """Serve /metrics on ``host:port`` (port 0 picks one) in a daemon thread.
 
     Args:
@@ -168,6 +168,8 @@ def start_metrics(address: str, core: ClientdCore, buffers: BufferRegistry,
         buffers: the shared-buffer registry.
         api: the :class:`~cxlkv.clientd.api.ClientApi` to instrument with
             :func:`instrument_api` (before its front-ends are built), or ``None``.
+        tls: :class:`cxlkv.tls.TlsFiles`: serve https, scrapers need a CA-signed
+            certificate (``None`` or disabled: plain HTTP).
 
     Returns:
         (the HTTP server — call ``shutdown()`` to stop it, its URL).
@@ -183,4 +185,4 @@ def start_metrics(address: str, core: ClientdCore, buffers: BufferRegistry,
     registry = CollectorRegistry()
     registry.register(ClientdCollector(core, buffers, requests))  # type: ignore[arg-type]
     ProcessCollector(registry=registry)
-    return serve_metrics(address, registry)
+    return serve_metrics(address, registry, tls=tls)

@@ -33,6 +33,8 @@ SUBCOMMANDS: dict[str, str] = {
     "stat": "cxlkv.kvcli:stat_cmd",
     "config": "cxlkv.configcli:config_group",
     "status": "cxlkv.statuscli:status_cmd",
+    "admin": "cxlkv.admincli:admin_group",
+    "certs": "cxlkv.admincli:certs_group",
 }
 
 

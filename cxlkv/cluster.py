@@ -149,6 +149,12 @@ class LocalCluster:
         ssd_size_bytes: size of an SSD tier (segment ``ssd0``: a file in
             ``ssd_dir``, opened by every clientd with pread/pwrite); 0 = none.
         ssd_dir: where the SSD tier file lives (default: the run directory, on disk).
+        tls: generate a CA and certificates in ``<run_dir>/certs``
+            (:func:`cxlkv.certs.local_cluster_certs`: ``master``, ``clientd-<i>``
+            each, ``admin``) and run every link to the master over mutual TLS;
+            :meth:`tls_files` names the files of each identity.
+        certs_dir: with ``tls``, use the certificates already in this directory
+            (the same file names) instead of generating them.
 
     Raises:
         InvalidArgument: a negative number of clientds (0 starts the master
@@ -175,6 +181,8 @@ class LocalCluster:
         start_timeout_s: float = 30.0,
         ssd_size_bytes: int = 0,
         ssd_dir: str | None = None,
+        tls: bool = False,
+        certs_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if clientds < 0 or segments < 1:
             from cxlkv.errors import InvalidArgument
@@ -197,6 +205,10 @@ class LocalCluster:
         self.region_paths = [
             str(self.region_dir / f"cxlkv-{self.cluster_id}-cxl{i}") for i in range(segments)
         ]
+        self.tls = tls
+        #: Where the certificates are (``tls``), else "".
+        self.certs_dir = (str(certs_dir or self.run_dir / "certs")) if tls else ""
+        self._make_certs = tls and certs_dir is None
         self.ssd_size_bytes = int(ssd_size_bytes)
         self.ssd_path = (str(Path(ssd_dir or self.run_dir) / f"cxlkv-{self.cluster_id}-ssd0")
                          if ssd_size_bytes else "")
@@ -209,6 +221,20 @@ class LocalCluster:
     def lean_socket_path(self, i: int) -> str:
         """Lean-framing Unix socket of clientd ``i``."""
         return self.socket_path(i) + ".lean"
+
+    def tls_files(self, name: str) -> Any:
+        """The :class:`cxlkv.tls.TlsFiles` of identity ``name`` (``master``,
+        ``clientd-<i>``, ``admin``) of a ``tls`` cluster."""
+        from cxlkv.tls import TlsFiles
+
+        d = Path(self.certs_dir)
+        return TlsFiles(str(d / "ca.pem"), str(d / f"{name}.pem"), str(d / f"{name}-key.pem"))
+
+    def _tls_options(self, name: str) -> dict[str, str]:
+        if not self.tls:
+            return {}
+        f = self.tls_files(name)
+        return {"tls_ca_file": f.ca_file, "tls_cert_file": f.cert_file, "tls_key_file": f.key_file}
 
     @property
     def socket_paths(self) -> list[str]:
@@ -231,6 +257,10 @@ class LocalCluster:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._format_regions()
+            if self._make_certs:
+                from cxlkv.certs import local_cluster_certs
+
+                local_cluster_certs(self.certs_dir, [f"clientd-{i}" for i in range(self.n_clientds)])
             self._start_master()
             for i in range(self.n_clientds):
                 self.clientds.append(self._make_clientd(i))
@@ -270,6 +300,7 @@ class LocalCluster:
             ] + ([{"name": "ssd0", "size_bytes": self.ssd_size_bytes, "path": self.ssd_path, "tier": "ssd"}]
                  if self.ssd_path else []),
         }
+        cfg.update(self._tls_options("master"))
         cfg.update(self.master_options)
         conf = self.run_dir / "master.toml"
         conf.write_text(tomli_w.dumps(cfg))
@@ -293,6 +324,7 @@ class LocalCluster:
             "regions": [{"segment": f"cxl{s}", "path": p} for s, p in enumerate(self.region_paths)]
             + ([{"segment": "ssd0", "path": self.ssd_path, "tier": "ssd"}] if self.ssd_path else []),
         }
+        cfg.update(self._tls_options(f"clientd-{i}"))
         cfg.update(self.clientd_options)
         conf = self.run_dir / f"clientd-{i}.toml"
         conf.write_text(tomli_w.dumps(cfg))
@@ -349,6 +381,7 @@ class LocalCluster:
             "regions": self.region_paths,
             "region_size_bytes": self.region_size_bytes,
             "run_dir": str(self.run_dir),
+            "certs_dir": self.certs_dir,
         }
         tmp = self.run_dir / "cluster.json.tmp"
         tmp.write_text(json.dumps(state, indent=2))

@@ -88,8 +88,10 @@ def cluster_group() -> None:
 @click.option("--region-size", default="1GiB", show_default=True, help="Size of each emulated CXL region.")
 @click.option("--segments", default=1, show_default=True, type=click.IntRange(min=1), help="Number of CXL regions.")
 @click.option("--prefault/--no-prefault", default=False, show_default=True, help="Touch every region page at start.")
-def up_cmd(run_dir: str, clientds: int, region_size: str, segments: int, prefault: bool) -> None:
-    """Start a local cluster and leave it running."""
+@click.option("--tls", is_flag=True, help="Generate a CA and certificates in RUN_DIR/certs and run every link "
+                                          "to the master (gRPC, lean, /metrics) over mutual TLS.")
+def up_cmd(run_dir: str, clientds: int, region_size: str, segments: int, prefault: bool, tls: bool) -> None:
+    """Start a local cluster and leave it running (plaintext on loopback, or --tls)."""
     from cxlkv.cluster import LocalCluster
     from cxlkv.errors import CxlkvError
 
@@ -109,7 +111,7 @@ def up_cmd(run_dir: str, clientds: int, region_size: str, segments: int, prefaul
     try:
         size = parse_size(region_size, name="--region-size")
         cluster = LocalCluster(rd, clientds=clientds, region_size_bytes=size, segments=segments,
-                               clientd_options={"prefault": prefault})
+                               clientd_options={"prefault": prefault}, tls=tls)
         cluster.start()
     except CxlkvError as exc:
         raise click.ClickException(str(exc)) from None
@@ -119,6 +121,11 @@ def up_cmd(run_dir: str, clientds: int, region_size: str, segments: int, prefaul
     for path in cluster.region_paths:
         click.echo(f"region   {path} ({format_size(size)})")
     click.echo(f"\nexport CXLKV_SOCKET={cluster.socket_paths[0]}   # then: cxlkv put/get/stat …")
+    if tls:
+        a = cluster.tls_files("admin")
+        click.echo(f"certs    {cluster.certs_dir} (CA, master, clientd-N, admin)")
+        click.echo(f"export CXLKV_TLS_CA={a.ca_file} CXLKV_TLS_CERT={a.cert_file} CXLKV_TLS_KEY={a.key_file}"
+                   "   # the admin identity, for cxlkv status / cxlkv admin")
     click.echo("cxlkv status   # usage, hit rate, clients and each daemon's /metrics URL")
     click.echo(f"stop with: cxlkv cluster down --run-dir {run_dir}")
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
 from cxlkv.errors import ConfigError
+from cxlkv.tls import TlsFiles, is_loopback_host
 
 __all__ = [
     "parse_size",
@@ -144,6 +145,16 @@ class MasterConfig:
         "", "MasterService in lean frames for clientds' hot path: host:port (\"\" = listen_address's host, "
         "a free port; \"off\" = gRPC only)")
     metrics_address: str = _f("", "Prometheus /metrics host:port (\"\" = disabled; port 0 picks)")
+    tls_ca_file: str = _f("", "PEM certificate of the cluster CA: with tls_cert_file and tls_key_file, gRPC, the "
+                          "lean port and /metrics require mutual TLS, every caller a certificate this CA signed "
+                          "(\"\" = no TLS: loopback addresses only, unless allow_insecure)")
+    tls_cert_file: str = _f("", "PEM certificate of this master (its SAN names every address clientds dial)")
+    tls_key_file: str = _f("", "PEM private key of tls_cert_file (mode 0600)")
+    admin_identities: list[str] = _f(
+        [], "certificate names (CN) allowed the administrative calls (RemoveAll, pattern removal, "
+        "Mount/UnmountSegment, ListKeys, full Stat), besides certificates with OU=admin")
+    allow_insecure: bool = _f(False, "serve without TLS on non-loopback addresses (trusted networks only: "
+                                     "anyone who reaches the port can change the cluster)")
     segments: list[SegmentConfig] = _f([], "CXL regions (and SSD tier files) to mount at start")
     allocation_strategy: str = _f("cxl_first", "entry point name in cxlkv.allocation_strategies")
     eviction_policy: str = _f("lru", "entry point name in cxlkv.eviction_policies")
@@ -188,6 +199,11 @@ class MasterConfig:
         5.0, "the owner lease this master records in each region it maps lapses this long after its last "
         "heartbeat (heartbeats every quarter of it); another master takes a region over only once lapsed",
         unit="s")
+
+    @property
+    def tls(self) -> TlsFiles:
+        """The TLS files (``enabled`` false when none is configured)."""
+        return TlsFiles(self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
 
     def validate(self) -> None:
         """Check cross-field rules. Raises :class:`ConfigError` naming the key."""
@@ -238,6 +254,12 @@ class MasterConfig:
             raise ConfigError("heartbeat_interval_s must be shorter than client_ttl_s")
         _check_address("listen_address", self.listen_address)
         _check_address("metrics_address", self.metrics_address, empty_ok=True)
+        self.tls.check()
+        if not self.tls.enabled and not self.allow_insecure:
+            lean = self.lean_listen_address if self.lean_listen_address not in ("", "off") else ""
+            for key, address in (("listen_address", self.listen_address), ("lean_listen_address", lean),
+                                 ("metrics_address", self.metrics_address)):
+                _check_loopback(key, address)
         _check_level(self.log_level)
         _check_event_loop(self.event_loop)
 
@@ -260,6 +282,14 @@ class ClientdConfig:
 
     name: str = _f("clientd", "this daemon's name, unique on its host")
     master_address: str = _f("127.0.0.1:50051", "master gRPC host:port")
+    tls_ca_file: str = _f("", "PEM certificate of the cluster CA: with tls_cert_file and tls_key_file, the links "
+                          "to the master (gRPC and lean) and /metrics use mutual TLS (\"\" = no TLS: a loopback "
+                          "master_address only, unless allow_insecure)")
+    tls_cert_file: str = _f("", "PEM certificate of this daemon: its CN is the identity the master binds its "
+                                "client id to (unique per daemon)")
+    tls_key_file: str = _f("", "PEM private key of tls_cert_file (mode 0600)")
+    allow_insecure: bool = _f(False, "talk to a non-loopback master and serve metrics on a non-loopback "
+                                     "address without TLS (trusted networks only)")
     socket_path: str = _f("", "gRPC Unix socket (\"\" = <runtime dir>/<name>.sock)")
     lean_socket_path: str = _f("", "lean-framing Unix socket (\"\" = <socket_path>.lean)")
     socket_mode: int = _f(0o660, "permission bits of the sockets")
@@ -305,8 +335,17 @@ class ClientdConfig:
         if self.master_timeout_s <= 0:
             raise ConfigError("master_timeout_s: must be > 0")
         _check_address("metrics_address", self.metrics_address, empty_ok=True)
+        self.tls.check()
+        if not self.tls.enabled and not self.allow_insecure:
+            _check_loopback("master_address", self.master_address)
+            _check_loopback("metrics_address", self.metrics_address)
         _check_level(self.log_level)
         _check_event_loop(self.event_loop)
+
+    @property
+    def tls(self) -> TlsFiles:
+        """The TLS files (``enabled`` false when none is configured)."""
+        return TlsFiles(self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
 
     def resolved_socket_path(self) -> str:
         """The gRPC socket path, defaults filled in."""
@@ -324,6 +363,17 @@ def _check_address(key: str, address: str, *, empty_ok: bool = False) -> None:
     _, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"{key}: expected HOST:PORT (port 0 picks a free one), got {address!r}")
+
+
+def _check_loopback(key: str, address: str) -> None:
+    """Without TLS only a loopback ``address`` is allowed (``""``: not served)."""
+    if not address:
+        return
+    host = address.rpartition(":")[0]
+    if not is_loopback_host(host):
+        raise ConfigError(f"{key} {address!r} is not a loopback address and TLS is not configured: set "
+                          "tls_ca_file, tls_cert_file and tls_key_file (cxlkv certs), or allow_insecure = true "
+                          "on a trusted network")
 
 
 def _check_event_loop(name: str) -> None:

@@ -45,6 +45,9 @@ EXAMPLE_VALUES: dict[str, dict[str, Any]] = {
     "master": {
         "listen_address": "0.0.0.0:50051",
         "metrics_address": "0.0.0.0:9464",
+        "tls_ca_file": "/etc/cxlkv/tls/ca.pem",
+        "tls_cert_file": "/etc/cxlkv/tls/master.pem",
+        "tls_key_file": "/etc/cxlkv/tls/master-key.pem",
         "segments": [{"name": "cxl0", "size_bytes": "256GiB", "path": "/dev/dax0.0", "tier": "cxl",
                       "region_uuid": ""}],
     },
@@ -53,6 +56,9 @@ EXAMPLE_VALUES: dict[str, dict[str, Any]] = {
         "master_address": "kv-master.example.internal:50051",
         "socket_path": "/run/cxlkv/clientd.sock",
         "metrics_address": "0.0.0.0:9465",
+        "tls_ca_file": "/etc/cxlkv/tls/ca.pem",
+        "tls_cert_file": "/etc/cxlkv/tls/clientd.pem",
+        "tls_key_file": "/etc/cxlkv/tls/clientd-key.pem",
         "regions": [{"segment": "cxl0", "path": "/dev/dax0.0"}],
     },
 }

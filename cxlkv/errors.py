@@ -50,6 +50,7 @@ __all__ = [
     "UnknownClient",
     "UnknownBuffer",
     "OutOfRange",
+    "PermissionDenied",
     "RegionError",
     "ConfigError",
     "GRPC_STATUS",
@@ -84,6 +85,7 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_CLIENT = 14
     UNKNOWN_BUFFER = 15
     OUT_OF_RANGE = 16
+    PERMISSION_DENIED = 17
 
 
 class CxlkvError(Exception):
@@ -250,6 +252,13 @@ class OutOfRange(CxlkvError, IndexError):
     code = ErrorCode.OUT_OF_RANGE
 
 
+class PermissionDenied(CxlkvError, PermissionError):
+    """The caller's identity may not make this call: an admin call from a
+    non-admin certificate, or a client id bound to another certificate."""
+
+    code = ErrorCode.PERMISSION_DENIED
+
+
 class RegionError(CxlkvError, OSError):
     """A region could not be opened, sized or mapped.
 
@@ -282,7 +291,7 @@ _BY_CODE: dict[int, type[CxlkvError]] = {
     for cls in (
         NotFound, AlreadyExists, NoSpace, TooLarge, HasLease, LeaseExpired, InvalidKey,
         InvalidArgument, StaleToken, NotReady, ChecksumMismatch, Unavailable, Internal,
-        UnknownClient, UnknownBuffer, OutOfRange,
+        UnknownClient, UnknownBuffer, OutOfRange, PermissionDenied,
     )
 }
 
@@ -305,6 +314,7 @@ GRPC_STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.UNKNOWN_CLIENT: grpc.StatusCode.UNAUTHENTICATED,
     ErrorCode.UNKNOWN_BUFFER: grpc.StatusCode.NOT_FOUND,
     ErrorCode.OUT_OF_RANGE: grpc.StatusCode.OUT_OF_RANGE,
+    ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 # gRPC status codes seen without cxlkv details (transport failures, parse errors).
@@ -316,6 +326,7 @@ _FROM_GRPC: dict[grpc.StatusCode, type[CxlkvError]] = {
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.RESOURCE_EXHAUSTED: NoSpace,
     grpc.StatusCode.UNIMPLEMENTED: Internal,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
 }
 
 

@@ -30,6 +30,7 @@ import itertools
 import logging
 import os
 import socket
+import ssl as _ssl
 from typing import Any, Callable
 
 from google.protobuf.message import DecodeError
@@ -41,7 +42,7 @@ from cxlkv.errors import CxlkvError, ErrorCode, Internal, InvalidArgument, Unava
 from cxlkv.v1 import common_pb2
 
 __all__ = ["service_methods", "LeanRoute", "LeanProtocol", "LeanServer", "LeanChannel", "LeanConnectError",
-           "PEER_CRED", "peer_cred"]
+           "PEER_CRED", "PEER_IDENTITY", "peer_cred"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ log = logging.getLogger(__name__)
 #: request the current task serves (``SO_PEERCRED``, taken when the connection was
 #: accepted); ``None`` outside a lean Unix-socket call (TCP, gRPC).
 PEER_CRED: contextvars.ContextVar[tuple[int, int, int] | None] = contextvars.ContextVar("PEER_CRED", default=None)
+#: The :class:`cxlkv.tls.Identity` of the TLS peer whose request is being served
+#: (its certificate, checked at the handshake); ``None`` on a plaintext connection.
+PEER_IDENTITY: contextvars.ContextVar[Any] = contextvars.ContextVar("PEER_IDENTITY", default=None)
 
 
 def peer_cred(sock: socket.socket | None) -> tuple[int, int, int] | None:
@@ -126,6 +130,8 @@ class LeanProtocol(asyncio.Protocol):
         self._paused_reading = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._peer: tuple[int, int, int] | None = None
+        #: The TLS peer's identity (``None``: plaintext).
+        self._identity: Any = None
         #: While frames are dispatched: the answers to write together afterwards.
         self._batch: list[bytes] | None = None
 
@@ -135,6 +141,10 @@ class LeanProtocol(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         sock = transport.get_extra_info("socket")
         self._peer = peer_cred(sock)
+        if self._server.ssl is not None:  # asyncio calls this once the handshake (client cert checked) is done
+            from cxlkv.tls import identity_from_peercert
+
+            self._identity = identity_from_peercert(transport.get_extra_info("peercert"))
         if sock is not None:
             try:  # large answers (inline values) in one send: fewer wake-ups of both sides
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
@@ -177,9 +187,12 @@ class LeanProtocol(asyncio.Protocol):
     def _frames(self, data: bytes | bytearray) -> int:
         """Dispatch every complete frame of ``data``; returns bytes consumed."""
         self._batch = []  # answers of inline routes, written together below
+        token = PEER_IDENTITY.set(self._identity) if self._identity is not None else None
         try:
             return self._dispatch(data, self._routes)
         finally:
+            if token is not None:
+                PEER_IDENTITY.reset(token)
             self._flush()
             self._batch = None
 
@@ -329,6 +342,10 @@ class LeanServer:
         routes: the methods served.
         max_frame_bytes: largest accepted frame (``length`` field), in bytes.
         max_in_flight: calls one connection may have running before it is paused.
+        ssl: a server :class:`ssl.SSLContext` (:func:`cxlkv.tls.server_context`)
+            for TCP: every connection is TLS, the peer's certificate checked at
+            the handshake, its identity in :data:`PEER_IDENTITY` while its calls
+            run; ``None``: plaintext.
 
     Bind with :meth:`start_tcp` or :meth:`start_unix`. Each connection is a
     :class:`LeanProtocol` (partial frames, oversized frames, flow control,
@@ -336,8 +353,9 @@ class LeanServer:
     """
 
     def __init__(self, routes: dict[int, LeanRoute], *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 max_in_flight: int = 1024) -> None:
+                 max_in_flight: int = 1024, ssl: _ssl.SSLContext | None = None) -> None:
         self.routes = routes
+        self.ssl = ssl
         self.max_frame_bytes = max_frame_bytes
         self.max_in_flight = max_in_flight
         self.connections: set[Any] = set()
@@ -354,7 +372,8 @@ class LeanServer:
             OSError: the address cannot be bound.
         """
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._protocol, host or None, port, reuse_address=True)
+        self._server = await loop.create_server(self._protocol, host or None, port, reuse_address=True,
+                                                ssl=self.ssl)
         self.port = self._server.sockets[0].getsockname()[1]
         for s in self._server.sockets:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -449,12 +468,17 @@ class LeanChannel:
         host: server host.
         port: server port.
         methods: the service's methods (:func:`service_methods`).
+        ssl: a client :class:`ssl.SSLContext` (:func:`cxlkv.tls.client_context`):
+            the connection is TLS, the server verified against ``host``; ``None``:
+            plaintext.
 
     Not thread-safe: use from one event loop.
     """
 
-    def __init__(self, host: str, port: int, methods: tuple[Method, ...]) -> None:
+    def __init__(self, host: str, port: int, methods: tuple[Method, ...], *,
+                 ssl: _ssl.SSLContext | None = None) -> None:
         self.host, self.port = host, port
+        self.ssl = ssl
         self.target = f"{host}:{port}"
         self._by_name = {m.name: m for m in methods}
         self._ids = itertools.count(1)
@@ -473,7 +497,8 @@ class LeanChannel:
                 return self._proto
             loop = asyncio.get_running_loop()
             try:
-                _, proto = await loop.create_connection(lambda: _ChannelProtocol(self), self.host, self.port)
+                _, proto = await loop.create_connection(lambda: _ChannelProtocol(self), self.host, self.port,
+                                                        ssl=self.ssl)
             except OSError as exc:
                 raise LeanConnectError(f"lean link to {self.target}: {exc.strerror or exc}") from None
             self._proto = proto

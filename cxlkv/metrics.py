@@ -223,7 +223,8 @@ class MetricsBindError(OSError):
         return str(self.strerror)
 
 
-def serve_metrics(address: str, registry: CollectorRegistry, *, key: str = "metrics_address") -> tuple[Any, str]:
+def serve_metrics(address: str, registry: CollectorRegistry, *, key: str = "metrics_address",
+                  tls: Any = None) -> tuple[Any, str]:
     """Serve ``registry`` on ``http://address/metrics`` in a daemon thread.
 
     Args:
@@ -232,6 +233,9 @@ def serve_metrics(address: str, registry: CollectorRegistry, *, key: str = "metr
             with this host's name.
         registry: what to serve.
         key: the configuration key named in error messages.
+        tls: a :class:`cxlkv.tls.TlsFiles` with TLS on: served as ``https://``,
+            scrapers must present a certificate the cluster CA signed; ``None``
+            or disabled: plain HTTP.
 
     Returns:
         ``(server, url)``: call ``server.shutdown()`` then ``server.server_close()``
@@ -248,7 +252,12 @@ def serve_metrics(address: str, registry: CollectorRegistry, *, key: str = "metr
     if bind in ("[::]",):
         bind = "::"
     try:
-        server, _thread = start_http_server(port, addr=bind, registry=registry)
+        if tls is not None and tls.enabled:
+            server, _thread = start_http_server(
+                port, addr=bind, registry=registry, certfile=tls.cert_file, keyfile=tls.key_file,
+                client_cafile=tls.ca_file, client_auth_required=True)
+        else:
+            server, _thread = start_http_server(port, addr=bind, registry=registry)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise MetricsBindError(exc.errno or errno.EADDRNOTAVAIL,
@@ -257,4 +266,5 @@ def serve_metrics(address: str, registry: CollectorRegistry, *, key: str = "metr
     shown = socket.gethostname() if host in _WILDCARD_HOSTS else host
     if ":" in shown:
         shown = f"[{shown}]"
-    return server, f"http://{shown}:{bound_port}/metrics"
+    scheme = "https" if tls is not None and tls.enabled else "http"
+    return server, f"{scheme}://{shown}:{bound_port}/metrics"

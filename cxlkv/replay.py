@@ -687,8 +687,12 @@ def run_embedded(
     clientds: int = 2,
     show_progress: bool = False,
     run_dir: str | None = None,
+    tls: bool = False,
 ) -> ReplayReport:
     """Start a local cluster sized for ``opts``, replay, stop it (also on Ctrl-C).
+
+    With ``tls`` the cluster's links to the master run over mutual TLS
+    (generated certificates, :class:`~cxlkv.cluster.LocalCluster`).
 
     The region holds ``capacity_fraction × unique blocks`` blocks; the master
     evicts with ``opts.policy`` on allocation failure down to ``opts.low_watermark``.
@@ -733,11 +737,13 @@ def run_embedded(
         master_options=master_options,
         clientd_options=clientd_options,
         ssd_size_bytes=ssd_bytes,
+        tls=tls,
     )
     try:
         cluster.start()
         report = run_replay(opts, cluster.socket_paths, show_progress=show_progress, capacity_blocks=cap)
-        report.master_counters = _master_counters(cluster.master_address)
+        report.master_counters = _master_counters(cluster.master_address,
+                                                  cluster.tls_files("admin") if tls else None)
         return report
     finally:
         cluster.stop()
@@ -745,14 +751,15 @@ def run_embedded(
             tmp.cleanup()
 
 
-def _master_counters(address: str) -> dict[str, int]:
-    """The master's counters (Stat), or ``{}`` when it cannot be asked."""
+def _master_counters(address: str, tls: Any = None) -> dict[str, int]:
+    """The master's counters (Stat; mutual TLS with ``tls``), or ``{}`` when it cannot be asked."""
     import grpc
 
+    from cxlkv.admincli import master_channel
     from cxlkv.v1 import master_pb2, master_pb2_grpc
 
     try:
-        with grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)]) as ch:
+        with master_channel(address, tls) as ch:
             st = master_pb2_grpc.MasterServiceStub(ch).Stat(master_pb2.StatRequest(), timeout=10)
     except grpc.RpcError:
         return {}
@@ -779,10 +786,11 @@ def _master_counters(address: str) -> dict[str, int]:
 @click.option("--dram-fraction", default=0.0, show_default=True, type=float,
               help="Embedded: add a DRAM tier per clientd holding this fraction of the unique blocks.")
 @click.option("--key-prefix", default="blk/", show_default=True, help="Prefix of every block key.")
+@click.option("--tls", is_flag=True, help="Embedded: run the cluster's links to the master over mutual TLS.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON record.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON record here.")
 def replay_cmd(trace, embedded, sockets, block_bytes, capacity_fraction, clientds, workers, speedup,
-               limit, policy, ssd_fraction, dram_fraction, key_prefix, as_json, out) -> None:
+               limit, policy, ssd_fraction, dram_fraction, key_prefix, tls, as_json, out) -> None:
     """Replay a KV-cache trace: longest cached prefix, fetch + verify hits, put misses.
 
     TRACE defaults to the Mooncake conversation trace in ../shared/traces/ beside
@@ -811,7 +819,7 @@ def replay_cmd(trace, embedded, sockets, block_bytes, capacity_fraction, clientd
     progress = sys.stderr.isatty() and not as_json
     try:
         if embedded:
-            report = run_embedded(opts, clientds=clientds, show_progress=progress)
+            report = run_embedded(opts, clientds=clientds, show_progress=progress, tls=tls)
         else:
             if not sockets:
                 env = os.environ.get("CXLKV_SOCKET")

@@ -32,6 +32,8 @@ from typing import Any
 
 import click
 
+from cxlkv.admincli import tls_options
+
 from cxlkv.config import format_size
 
 __all__ = ["status_cmd", "collect_status", "usage_bar"]
@@ -61,8 +63,9 @@ def _tier_name(tier: int) -> str:
         return str(tier)
 
 
-def _master_stat(address: str) -> dict[str, Any]:
-    """The master's Stat as a plain dict.
+def _master_stat(address: str, tls: Any = None) -> dict[str, Any]:
+    """The master's Stat as a plain dict (over mutual TLS with ``tls``, a
+    :class:`cxlkv.tls.TlsFiles`; only an admin certificate gets the client table).
 
     Raises:
         CxlkvError: the master cannot be reached (Unavailable) or refused.
@@ -72,7 +75,9 @@ def _master_stat(address: str) -> dict[str, Any]:
     from cxlkv.errors import from_rpc_error
     from cxlkv.v1 import master_pb2, master_pb2_grpc
 
-    with grpc.insecure_channel(address, options=[("grpc.enable_http_proxy", 0)]) as channel:
+    from cxlkv.admincli import master_channel
+
+    with master_channel(address, tls) as channel:
         try:
             st = master_pb2_grpc.MasterServiceStub(channel).Stat(master_pb2.StatRequest(), timeout=MASTER_TIMEOUT_S)
         except grpc.RpcError as exc:
@@ -99,11 +104,16 @@ def _master_stat(address: str) -> dict[str, Any]:
     }
 
 
-def _scrape_prefix(url: str) -> dict[str, Any]:
+def _scrape_prefix(url: str, tls: Any = None) -> dict[str, Any]:
     """Prefix hit/miss and copied-byte counters from one clientd's /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S) as resp:
+    context = None
+    if url.startswith("https://") and tls is not None and tls.enabled:
+        from cxlkv.tls import client_context
+
+        context = client_context(tls)  # TLS metrics want a client certificate of the cluster's CA
+    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S, context=context) as resp:
         text = resp.read().decode()
     out = {"hits": 0.0, "misses": 0.0, "bytes_in": 0.0, "bytes_out": 0.0}
     for fam in text_string_to_metric_families(text):
@@ -122,7 +132,8 @@ def _local_prefix(local: dict[str, Any]) -> dict[str, Any]:
             "bytes_in": float(c.get("bytes_in", 0)), "bytes_out": float(c.get("bytes_out", 0))}
 
 
-def _hit_sources(master: dict[str, Any] | None, local: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+def _hit_sources(master: dict[str, Any] | None, local: dict[str, Any] | None,
+                 tls: Any = None) -> dict[str, dict[str, Any]]:
     """client id → prefix counters, from scrapes (or the local clientd's Stat)."""
     out: dict[str, dict[str, Any]] = {}
     local_id = (local or {}).get("client_id", "")
@@ -131,7 +142,7 @@ def _hit_sources(master: dict[str, Any] | None, local: dict[str, Any] | None) ->
             continue
         if c["metrics_url"]:
             try:
-                out[c["client_id"]] = {"source": "metrics", **_scrape_prefix(c["metrics_url"])}
+                out[c["client_id"]] = {"source": "metrics", **_scrape_prefix(c["metrics_url"], tls)}
                 continue
             except (OSError, ValueError, urllib.error.URLError) as exc:
                 out[c["client_id"]] = {"source": "unreachable", "error": str(getattr(exc, "reason", exc))}
@@ -153,7 +164,8 @@ def _hit_rate(sources: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "clientds_reporting": len(counted), "clientds_alive": len(sources)}
 
 
-def collect_status(master_address: str | None, socket_path: str | None, window_s: float = 0.0) -> dict[str, Any]:
+def collect_status(master_address: str | None, socket_path: str | None, window_s: float = 0.0,
+                   tls: Any = None) -> dict[str, Any]:
     """Everything ``cxlkv status`` shows, as one JSON-ready dict.
 
     Args:
@@ -161,6 +173,7 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
         socket_path: the local clientd's socket (``None``: ``$CXLKV_SOCKET`` or the
             default) — used when ``master_address`` is ``None``.
         window_s: when > 0, sample again after this many seconds and add rates.
+        tls: :class:`cxlkv.tls.TlsFiles` presented to the master (``None``: plaintext).
 
     Raises:
         CxlkvError: neither the master nor the clientd can be reached.
@@ -180,7 +193,7 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
         if master_address is None:
             return None
         try:
-            return _master_stat(master_address)
+            return _master_stat(master_address, tls)
         except CxlkvError as exc:
             if local is None:
                 raise
@@ -188,7 +201,7 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
             return None
 
     master = master_or_none()
-    sources = _hit_sources(master, local)
+    sources = _hit_sources(master, local, tls)
     out: dict[str, Any] = {"master": master, "clientd": local, "hit_rate": _hit_rate(sources),
                            "hit_sources": sources, "errors": errors}
     if master is not None:
@@ -215,7 +228,7 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
     if window_s > 0:
         time.sleep(window_s)
         master2 = master_or_none()
-        later = _hit_rate(_hit_sources(master2, local))
+        later = _hit_rate(_hit_sources(master2, local, tls))
         rates: dict[str, Any] = {"window_s": window_s}
         if master is not None and master2 is not None:
             for name in ("evictions", "evicted_bytes", "puts_committed", "lease_grants", "get_misses",
@@ -341,14 +354,20 @@ def _render(st: dict[str, Any]) -> str:
 @click.option("--window", "window_s", default=0.0, type=click.FloatRange(0, 3600), show_default=True,
               help="Sample twice, this many seconds apart, and show recent rates too.")
 @click.option("--json", "as_json", is_flag=True, help="Print everything as one JSON object.")
-def status_cmd(master_address: str | None, socket_path: str | None, window_s: float, as_json: bool) -> None:
+@tls_options
+def status_cmd(master_address: str | None, socket_path: str | None, window_s: float, as_json: bool,
+               tls_ca: str, tls_cert: str, tls_key: str) -> None:
     """The cluster at a glance: master, segments and tiers with usage, keys,
-    clients (alive/expired), hit rate, evictions, each daemon's metrics URL."""
+    clients (alive/expired), hit rate, evictions, each daemon's metrics URL.
+
+    With TLS on, the master shows clients and region identities to an admin
+    certificate only (--tls-ca/--tls-cert/--tls-key)."""
+    from cxlkv.admincli import tls_files
     from cxlkv.errors import CxlkvError
     from cxlkv.kvcli import exit_code_for
 
     try:
-        st = collect_status(master_address, socket_path, window_s)
+        st = collect_status(master_address, socket_path, window_s, tls_files(tls_ca, tls_cert, tls_key))
     except CxlkvError as err:
         hint = ""
         if master_address is None and err.code.name == "UNAVAILABLE" and "clientd" in err.message:

@@ -271,7 +271,7 @@ class MasterCollector:
 
 
 def start_master_metrics(address: str, state: MasterState, loop: asyncio.AbstractEventLoop,
-                         ) -> tuple[Any, str, RpcObserver]:
+                         tls: Any = None) -> tuple[Any, str, RpcObserver]:
     """Serve the master's /metrics on ``address`` (call on the event-loop thread).
 
     Returns:
@@ -286,5 +286,5 @@ def start_master_metrics(address: str, state: MasterState, loop: asyncio.Abstrac
     registry = CollectorRegistry()
     registry.register(MasterCollector(state, rpc, loop))  # type: ignore[arg-type]
     ProcessCollector(registry=registry)
-    server, url = serve_metrics(address, registry)
+    server, url = serve_metrics(address, registry, tls=tls)
     return server, url, RpcObserver(rpc)

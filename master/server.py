@@ -15,6 +15,12 @@ With ``metrics_address`` set, Prometheus ``/metrics`` is served too
 (:mod:`cxlkv.master.metrics`); under systemd (``Type=notify``) the master
 reports READY=1 once both are bound, STATUS= lines, STOPPING=1 on SIGTERM and
 watchdog pings (:class:`cxlkv.systemd.Notifier`).
+
+With ``tls_ca_file``/``tls_cert_file``/``tls_key_file`` set, the gRPC port, the
+lean port and /metrics take only mutual-TLS connections from certificates the
+CA signed, and :class:`~cxlkv.master.auth.Authorizer` checks every call's
+identity (client-id binding, admin calls). Without them the configuration only
+allows loopback addresses (``allow_insecure`` aside; :mod:`cxlkv.config`).
 """
 
 from __future__ import annotations
@@ -145,6 +151,10 @@ class MasterServer:
         if ir is not None:
             self.servicer.index_region_uuid = str(ir.identity.region_uuid)
             self.servicer.index_epoch = ir.epoch
+        if config.tls.enabled:
+            from cxlkv.master.auth import Authorizer
+
+            self.servicer.auth = Authorizer(config.admin_identities)
         self.address = ""
         #: ``http://host:port/metrics`` once serving with ``metrics_address`` set, else "".
         self.metrics_url = ""
@@ -165,7 +175,8 @@ class MasterServer:
             The bound ``host:port``.
 
         Raises:
-            ConfigError: malformed listen or metrics address.
+            ConfigError: malformed listen or metrics address, or a TLS file that
+                cannot be read or holds no certificate/key.
             ListenError: the listen or metrics address cannot be bound.
         """
         cfg = self.config
@@ -183,8 +194,16 @@ class MasterServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
+        tls = cfg.tls
+        ssl_ctx = None
+        if tls.enabled:
+            from cxlkv.tls import grpc_server_credentials, server_context
+
+            creds = grpc_server_credentials(tls)
+            ssl_ctx = server_context(tls)
         try:
-            port = server.add_insecure_port(cfg.listen_address)
+            port = (server.add_secure_port(cfg.listen_address, creds) if tls.enabled
+                    else server.add_insecure_port(cfg.listen_address))
         except RuntimeError as exc:
             reason = str(exc).split("; set GRPC_VERBOSITY")[0]
             raise ListenError(f"cannot listen on {cfg.listen_address}: {reason}") from None
@@ -195,7 +214,7 @@ class MasterServer:
         if cfg.lean_listen_address != "off":
             lean_host, lean_port = (_split_host_port(cfg.lean_listen_address) if cfg.lean_listen_address
                                     else (host, 0))
-            self._lean = LeanServer(self.servicer.lean_routes())
+            self._lean = LeanServer(self.servicer.lean_routes(), ssl=ssl_ctx)
             try:
                 self.servicer.lean_port = await self._lean.start_tcp(lean_host, lean_port)
             except OSError as exc:
@@ -212,8 +231,9 @@ class MasterServer:
             self._owner_task = asyncio.get_running_loop().create_task(self._owner_loop(), name="owner-lease")
         segs = ", ".join(f"{s.name}={format_size(s.size_bytes)}" for s in self.state.segments()) or "none"
         log.info(
-            "master %s serving on %s, lean port %s (strategy %s, eviction %s, segments: %s)", self.master_id,
-            self.address, self.servicer.lean_port or "off", self.state.strategy.name, self.state.policy.name, segs,
+            "master %s serving on %s, lean port %s (%s; strategy %s, eviction %s, segments: %s)", self.master_id,
+            self.address, self.servicer.lean_port or "off", "mutual TLS" if tls.enabled else "plaintext",
+            self.state.strategy.name, self.state.policy.name, segs,
         )
         if self.metrics_url:
             log.info("metrics on %s", self.metrics_url)
@@ -226,7 +246,7 @@ class MasterServer:
 
         try:
             self._metrics, url, observer = start_master_metrics(
-                self.config.metrics_address, self.state, asyncio.get_running_loop())
+                self.config.metrics_address, self.state, asyncio.get_running_loop(), tls=self.config.tls)
         except OSError as exc:
             raise ListenError(str(exc)) from None
         self.metrics_url = self.servicer.metrics_url = url

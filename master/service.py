@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextvars
 import functools
 import logging
 import time
@@ -29,7 +30,8 @@ from grpc_status import rpc_status
 
 from cxlkv import __version__
 from cxlkv.errors import CxlkvError, Internal, InvalidArgument, rpc_status_for
-from cxlkv.lean import LeanRoute, service_methods
+from cxlkv.lean import PEER_IDENTITY, LeanRoute, service_methods
+from cxlkv.tls import identity_from_auth_context
 from cxlkv.master.objects import ObjectVersion
 from cxlkv.master.segments import Segment, Tier
 from cxlkv.master.state import MasterState
@@ -46,23 +48,48 @@ _TIER_RANK = {Tier.DRAM: 0, Tier.CXL: 1, Tier.SSD: 2}
 
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Any]
 
+#: The identity of the caller whose handler runs (TLS on; ``None`` otherwise).
+_CALLER: contextvars.ContextVar[Any] = contextvars.ContextVar("_CALLER", default=None)
+
+
+def _caller(context: Any) -> Any:
+    """The TLS identity of a call: from gRPC's auth context, else the lean connection's."""
+    if context is not None:
+        return identity_from_auth_context(context.auth_context())
+    return PEER_IDENTITY.get()
+
 
 def _invoke(self: "MasterServicer", fn: Handler, name: str, request: Any, context: Any) -> tuple[Any, CxlkvError | None]:
-    """Run handler ``fn``; return (response, None) or (None, error), observed once."""
+    """Run handler ``fn``; return (response, None) or (None, error), observed once.
+
+    With an :class:`~cxlkv.master.auth.Authorizer` (TLS on) the caller's identity is
+    checked first; a refused call never reaches the state."""
     t0 = perf_counter()
+    auth = self.auth
+    token = None
     try:
+        if auth is not None:
+            who = _caller(context)
+            auth.check(name, request, who)
+            token = _CALLER.set(who)
         response = fn(self, request, context)
+        if auth is not None and name == "RegisterClient":
+            auth.registered(response.client_id, who, (c.client_id for c in self.state.clients()))
     except CxlkvError as err:
         error: CxlkvError = err
     except Exception as exc:  # a bug: one line to the caller, the traceback to the log once
         log.exception("%s failed", name)
         error = Internal(f"{name}: {type(exc).__name__}: {' '.join(str(exc).split())}")
     else:
+        if token is not None:
+            _CALLER.reset(token)
         if self.observe is not None:
             self.observe(name, 0, request, perf_counter() - t0)
         if self._task_waiters and self.state.tasks.queued:
             self.wake_task_waiters()
         return response, None
+    if token is not None:
+        _CALLER.reset(token)
     if self.observe is not None:
         self.observe(name, int(error.code), request, perf_counter() - t0)
     return None, error
@@ -200,6 +227,9 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     """
 
     observe: Callable[[str, int, Any, float], None] | None = None
+    #: ``None`` (no TLS: no identities, every call allowed), or the
+    #: :class:`~cxlkv.master.auth.Authorizer` checking each call's identity.
+    auth: Any = None
     #: TCP port of the lean-framing MasterService (0: not served); told to clients at registration.
     lean_port: int = 0
     #: The region holding the index this master publishes ("" = none) and its epoch; told at registration.
@@ -759,6 +789,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
 
     # ---------------------------------------------------------- tier moves
     async def FetchTasks(self, request, context):
+        if self.auth is not None:  # _fetch_tasks reads the caller's identity the lean way
+            PEER_IDENTITY.set(_caller(context))
         response, error = await self._fetch_tasks(request)
         if error is None:
             return response
@@ -829,8 +861,14 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             allocation_strategy=st.strategy.name, eviction_policy=st.policy.name,
             uptime_s=now - self.started_at, metrics_url=self.metrics_url,
         )
+        full = self.auth is None or self.auth.full_stat(_CALLER.get())
         for seg in st.segments(include_unmounted=True):
-            segment_info(seg, resp.segments.add())
+            info = segment_info(seg, resp.segments.add())
+            if not full:
+                info.region_uuid = info.device_path = ""
+        if not full:  # client table, metrics URLs, region identities and paths: admins only
+            resp.metrics_url = ""
+            return resp
         for c in st.clients():
             resp.clients.add(
                 client_id=c.client_id, hostname=c.hostname, name=c.name, epoch=c.epoch,

@@ -6,6 +6,10 @@
   each other (use distinct key prefixes).
 * ``make_cluster``: a factory for clusters with other options (region size,
   ``master_options`` such as a short ``client_ttl_s``, ``clientd_options``).
+* ``tls_certs``: one CA and the certificates of a TLS cluster (``master``,
+  ``clientd-0..2``, ``admin``) plus a certificate of another CA (``rogue``), made
+  once per session; a TLS cluster is ``TestCluster(..., tls=True,
+  certs_dir=tls_certs.dir)``, and ``master_stub(identity)`` calls as any of them.
 
 Teardown fails the test if a process had to be killed, is still running, a
 clientd logged a traceback (the daemon must never crash on bad input), or a
@@ -37,6 +41,7 @@ class TestCluster(LocalCluster):
     __test__ = False  # not a test class for pytest
 
     _channel: grpc.Channel | None = None
+    _tls_channels: dict[str, grpc.Channel] | None = None
 
     def client(self, i: int = 0, **kwargs: Any):
         """A :class:`cxlkv.Client` of clientd ``i`` (close it, or use ``with``)."""
@@ -44,8 +49,20 @@ class TestCluster(LocalCluster):
 
         return Client(self.socket_path(i), **kwargs)
 
-    def master_stub(self) -> master_pb2_grpc.MasterServiceStub:
-        """A gRPC stub on the master (channel reused; reset after a master restart)."""
+    def master_stub(self, identity: str = "admin") -> master_pb2_grpc.MasterServiceStub:
+        """A gRPC stub on the master (channel reused; reset after a master restart).
+
+        On a TLS cluster the channel presents ``identity``'s certificate
+        (``admin`` by default); plaintext clusters ignore it."""
+        if self.tls:
+            from cxlkv.tls import grpc_channel_credentials
+
+            chans = self._tls_channels = self._tls_channels or {}
+            if identity not in chans:
+                chans[identity] = grpc.secure_channel(self.master_address,
+                                                      grpc_channel_credentials(self.tls_files(identity)),
+                                                      options=[("grpc.enable_http_proxy", 0)])
+            return master_pb2_grpc.MasterServiceStub(chans[identity])
         if self._channel is None:
             self._channel = grpc.insecure_channel(self.master_address, options=[("grpc.enable_http_proxy", 0)])
         return master_pb2_grpc.MasterServiceStub(self._channel)
@@ -98,6 +115,9 @@ class TestCluster(LocalCluster):
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+        for ch in (self._tls_channels or {}).values():
+            ch.close()
+        self._tls_channels = None
         conf = self.run_dir / "master.toml"
         import tomllib
 
@@ -124,6 +144,9 @@ class TestCluster(LocalCluster):
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+        for ch in (self._tls_channels or {}).values():
+            ch.close()
+        self._tls_channels = None
         return super().stop(timeout_s)
 
 
@@ -193,3 +216,40 @@ def module_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     yield cl
     killed = cl.stop()
     _check_teardown(cl, killed)
+
+
+class TlsCerts:
+    """Certificates made once per session (:func:`tls_certs`).
+
+    Attributes:
+        dir: the directory: ``ca.pem``, ``ca-key.pem``, ``NAME.pem``/``NAME-key.pem``
+            for ``master``, ``clientd-0``, ``clientd-1``, ``clientd-2``, ``admin``.
+        rogue_dir: another CA's ``ca.pem`` and its ``rogue.pem``/``rogue-key.pem``
+            (CN clientd-0, OU admin: a look-alike the cluster must refuse).
+    """
+
+    def __init__(self, base: Path) -> None:
+        from cxlkv.certs import issue, local_cluster_certs, make_ca
+
+        self.dir = base / "ca"
+        local_cluster_certs(self.dir, ["clientd-0", "clientd-1", "clientd-2"])
+        self.rogue_dir = base / "rogue"
+        rogue_ca = make_ca(self.rogue_dir, name="rogue-ca")
+        cert, key = issue(rogue_ca, self.rogue_dir, "clientd-0", roles=["admin"], hosts=["localhost"])
+        Path(cert).rename(self.rogue_dir / "rogue.pem")
+        Path(key).rename(self.rogue_dir / "rogue-key.pem")
+
+    def files(self, name: str) -> Any:
+        """:class:`cxlkv.tls.TlsFiles` of ``name`` (``rogue``: the other CA's)."""
+        from cxlkv.tls import TlsFiles
+
+        if name == "rogue":
+            d = self.rogue_dir
+            return TlsFiles(str(self.dir / "ca.pem"), str(d / "rogue.pem"), str(d / "rogue-key.pem"))
+        return TlsFiles(str(self.dir / "ca.pem"), str(self.dir / f"{name}.pem"), str(self.dir / f"{name}-key.pem"))
+
+
+@pytest.fixture(scope="session")
+def tls_certs(tmp_path_factory: pytest.TempPathFactory) -> TlsCerts:
+    """A CA with the certificates of a TLS test cluster, and a rogue CA's look-alike."""
+    return TlsCerts(tmp_path_factory.mktemp("certs"))

@@ -855,6 +855,8 @@ class Client:
 
         Raises:
             InvalidArgument: ``regex`` does not compile.
+            PermissionDenied: a TLS cluster, where this is an admin's call and
+                the daemon's certificate is not an admin's.
             Unavailable.
         """
         return self._call("RemoveAll", client_pb2.ClientRemoveAllRequest(force=force, regex=regex)).removed
@@ -1442,6 +1444,7 @@ class Client:
         """Committed keys starting with ``prefix``, in key order (fetched page by page).
 
         Raises:
+            PermissionDenied: a TLS cluster (listing is an admin's call).
             Unavailable: the daemon cannot be reached.
         """
         token = ""

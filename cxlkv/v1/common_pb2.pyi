@@ -25,6 +25,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNKNOWN_CLIENT: _ClassVar[ErrorCode]
     UNKNOWN_BUFFER: _ClassVar[ErrorCode]
     OUT_OF_RANGE: _ClassVar[ErrorCode]
+    PERMISSION_DENIED: _ClassVar[ErrorCode]
 
 class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -57,6 +58,7 @@ INTERNAL: ErrorCode
 UNKNOWN_CLIENT: ErrorCode
 UNKNOWN_BUFFER: ErrorCode
 OUT_OF_RANGE: ErrorCode
+PERMISSION_DENIED: ErrorCode
 TIER_UNSPECIFIED: Tier
 CXL: Tier
 DRAM: Tier
