@@ -81,11 +81,12 @@ def test_master_index_rebuilt_from_region_scan_every_object_byte_for_byte(make_c
         assert f"rebuilt from the index of region {cl.region_paths[0]}: {len(values)} object(s)" in log
         assert "0 did not verify" in log
 
-        # both clientds re-register by themselves and read everything back
-        cl.wait_until(lambda: _read(a, "rec/upserted") == values["rec/upserted"], timeout_s=20,
-                      what="clientd-0 to re-register")
-        cl.wait_until(lambda: _read(b, "rec/upserted") == values["rec/upserted"], timeout_s=20,
-                      what="clientd-1 to re-register")
+        # both clientds re-register by themselves and read everything back (small
+        # values from the region's index at once; the 5 MiB one through the master)
+        big = next(k for k, v in values.items() if len(v) == 5 * MiB)
+        assert _read(a, "rec/upserted") == values["rec/upserted"]
+        cl.wait_until(lambda: _read(a, big) == values[big], timeout_s=20, what="clientd-0 to re-register")
+        cl.wait_until(lambda: _read(b, big) == values[big], timeout_s=20, what="clientd-1 to re-register")
         for i, (k, v) in enumerate(values.items()):
             assert (a if i % 2 == 0 else b).get(k) == v, k
         assert _read(a, "rec/removed") is None
