@@ -84,11 +84,27 @@ def tune_malloc() -> bool:
 def _prepare_socket_path(path: str) -> None:
     """Make ``path`` free for a new socket: remove a stale socket, refuse a live one.
 
+    A socket in the default runtime directory (:func:`cxlkv.config.default_runtime_dir`)
+    gets that directory checked, or created 0700, under the XDG rules
+    (:func:`cxlkv.rundir.check_private_dir`); the directory of an explicitly
+    configured path is the operator's choice and only created when missing.
+
     Raises:
-        StartupError: another process serves the socket, or the path is not a socket.
+        StartupError: another process serves the socket, the path is not a socket,
+            or the runtime directory is unsafe (another owner, group/other-writable).
     """
+    from cxlkv.config import default_runtime_dir
+    from cxlkv.rundir import check_private_dir
+
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.parent == default_runtime_dir():
+        try:
+            check_private_dir(p.parent, create=True,
+                              create_mode=0o755 if str(p.parent) == "/run/cxlkv" else 0o700)
+        except (CxlkvError, OSError) as exc:
+            raise StartupError(str(exc)) from None
+    else:
+        p.parent.mkdir(parents=True, exist_ok=True)
     try:
         st = p.lstat()
     except FileNotFoundError:

@@ -99,16 +99,22 @@ def format_size(n_bytes: int) -> str:
 
 
 def default_runtime_dir() -> Path:
-    """``/run/cxlkv`` when writable (root, systemd RuntimeDirectory), else
-    ``$XDG_RUNTIME_DIR/cxlkv``, else ``/tmp/cxlkv-<uid>``."""
+    """Where clientd's sockets live by default: ``$XDG_RUNTIME_DIR/cxlkv`` when
+    that variable is set, else ``/run/cxlkv`` when writable (root, systemd
+    ``RuntimeDirectory=``), else ``/tmp/cxlkv-<uid>``.
+
+    Only the path: the daemon and the SDK check it before use
+    (:func:`cxlkv.rundir.check_private_dir`: owned by the user or root, not
+    writable by group or others).
+    """
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "cxlkv"
     run = Path("/run/cxlkv")
     if run.is_dir() and os.access(run, os.W_OK):
         return run
     if os.geteuid() == 0 and Path("/run").is_dir() and os.access("/run", os.W_OK):
         return run
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg:
-        return Path(xdg) / "cxlkv"
     return Path(f"/tmp/cxlkv-{os.geteuid()}")
 
 
