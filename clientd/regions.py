@@ -81,11 +81,13 @@ class RegionSet:
             prefault: fault in every page for writing now (no first-touch faults later).
 
         Raises:
-            StartupError: a region is missing, unmappable, unformatted, resized,
-                formatted for another segment, or configured twice.
+            StartupError: a region is missing, unmappable, larger than the free
+                space its file still needs, unformatted, resized, formatted for
+                another segment, or configured twice.
         """
         from cxlkv.region import read_identity
         from cxlkv.transport import Region
+        from cxlkv.transport.space import reserve_file
 
         mapped: list[MappedRegion] = []
         try:
@@ -101,6 +103,14 @@ class RegionSet:
                         region = Region.open(rc.path)
                 except CxlkvError as exc:
                     raise StartupError(f"region {rc.path} (segment {rc.segment}): {exc.message}") from None
+                try:
+                    # Every block of a region or tier file allocated in its filesystem now:
+                    # one larger than its filesystem stops the daemon here, not with
+                    # SIGBUS or ENOSPC later (a DAX device is left alone).
+                    reserve_file(rc.path, "SSD tier" if rc.tier == "ssd" else "region")
+                except CxlkvError as exc:
+                    region.close()
+                    raise StartupError(f"segment {rc.segment}: {exc.message}") from None
                 try:
                     identity = read_identity(region)
                 except CxlkvError as exc:

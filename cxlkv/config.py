@@ -180,6 +180,10 @@ class MasterConfig:
         "at once, so that demoting them later frees CXL without a copy (1 = only when full)")
     task_timeout_s: float = _f(5.0, "a tier-move task not reported within this long is given again", unit="s")
     task_retries: int = _f(3, "a tier-move task given this many times without success is failed and counted")
+    full_tier_backoff_s: float = _f(
+        1.0, "a tier a clientd could not write into (its filesystem full, NO_SPACE) takes no new objects "
+        "for this long, doubling with each refusal in a row", unit="s")
+    full_tier_backoff_max_s: float = _f(60.0, "longest pause of a full tier (full_tier_backoff_s doubled)", unit="s")
     recover_from_region: list[str] = _f(
         [], "rebuild the index at start from these regions' object headers (metadata lost): "
         "\"PATH\" (segment named by the region's identity) or \"PATH=SEGMENT\"")
@@ -227,6 +231,8 @@ class MasterConfig:
             raise ConfigError("task_timeout_s: must be > 0")
         if self.task_retries < 1:
             raise ConfigError(f"task_retries: must be >= 1, got {self.task_retries}")
+        if not 0 < self.full_tier_backoff_s <= self.full_tier_backoff_max_s:
+            raise ConfigError("full_tier_backoff_s: must be > 0 and <= full_tier_backoff_max_s")
         if self.heartbeat_interval_s >= self.client_ttl_s:
             raise ConfigError("heartbeat_interval_s must be shorter than client_ttl_s")
         _check_address("listen_address", self.listen_address)

@@ -57,13 +57,18 @@ class Segment:
         mounted: False once unmounted: no allocations, its replicas are gone.
         allocator: the free-space manager over ``[REGION_HEADER_BYTES, size_bytes)``.
         object_count: live replicas placed in this segment.
+        refused_until: master clock (s) before which nothing new is placed here: a
+            clientd could not write into it (its filesystem is full, ENOSPC); 0 when
+            writable. Only host tiers (SSD) are ever marked.
+        refusals: consecutive write refusals (the backoff doubles with each; a
+            successful write into the segment resets it).
 
     Strategies must treat a segment as read-only.
     """
 
     __slots__ = (
         "segment_id", "name", "tier", "size_bytes", "region_uuid", "device_path",
-        "owner_client_id", "mounted", "allocator", "object_count",
+        "owner_client_id", "mounted", "allocator", "object_count", "refused_until", "refusals",
     )
 
     def __init__(
@@ -88,6 +93,8 @@ class Segment:
         self.mounted = True
         self.allocator = ExtentAllocator(REGION_HEADER_BYTES, size_bytes, alignment_bytes)
         self.object_count = 0
+        self.refused_until = 0.0
+        self.refusals = 0
 
     @property
     def capacity_bytes(self) -> int:

@@ -54,6 +54,20 @@ def checksum_buffer(buf: BufferLike) -> int:
         ) from None
 
 
+def _check_new_file(path: str, size: int) -> None:
+    """Refuse early (nothing created) a file to create that its filesystem cannot hold."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError:
+        return  # the map call names the problem
+    if st is None or (st.st_size == 0 and not os.path.isdir(path)):
+        from cxlkv.transport.space import check_fits
+
+        check_fits(path, size)
+
+
 class Region:
     """One mapped region: bounds-checked copies, cache maintenance, views, checksums.
 
@@ -86,7 +100,9 @@ class Region:
             size: expected size in bytes, or ``None`` to take the actual size.
                 When given, a file or device of another size is refused.
             create: create a missing emulation file and size an empty one to
-                ``size`` bytes (``size`` required, > 0). An existing non-empty
+                ``size`` bytes (``size`` required, > 0), its blocks allocated in
+                its filesystem (:func:`cxlkv.transport.space.reserve_file`): one
+                that does not fit is refused and removed. An existing non-empty
                 file is never resized.
             emulate_noncoherent: **test-only**: return a
                 :class:`~cxlkv.transport.emulate.NoncoherentRegion`, which models this
@@ -101,13 +117,27 @@ class Region:
         Raises:
             RegionError: (``.path``, ``.errno`` set) the path does not exist, no
                 permission, it is a directory or a non-DAX device (``/dev/null``),
-                its size is 0, its size differs from ``size`` (both named), or mmap
-                failed.
+                its size is 0, its size differs from ``size`` (both named), mmap
+                failed, or a file to create does not fit its filesystem.
             InvalidArgument: ``create=True`` without a positive ``size``; a negative size.
         """
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
             raise InvalidArgument(f"region {os.fspath(path)}: size must be a positive int of bytes, got {size!r}")
+        if create and size:
+            _check_new_file(os.fspath(path), size)
         handle = _b.cxlkv_map(path, size or 0, create)
+        if handle.created:
+            try:  # a file larger than its filesystem fails now, not with SIGBUS later
+                from cxlkv.transport.space import reserve_file
+
+                reserve_file(os.fspath(path))
+            except BaseException:
+                _b.cxlkv_unmap(handle)
+                try:
+                    os.unlink(path)  # created (sized from empty) here: take it back
+                except OSError:
+                    pass
+                raise
         if emulate_noncoherent is None:
             emulate_noncoherent = os.environ.get("CXLKV_TRANSPORT_EMULATE_NONCOHERENT", "") == "1"
         if emulate_noncoherent and cls is Region:
