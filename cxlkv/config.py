@@ -271,6 +271,9 @@ class ClientdConfig:
         0, "this host's DRAM tier: private memory mounted as a host-local segment for hot objects; 0 = off",
         unit="bytes")
     task_batch: int = _f(64, "most tier-move tasks fetched from the master at once (0 = run none)")
+    region_check_interval_s: float = _f(
+        0.5, "how often the mapped region files are checked for having shrunk (then retired: errors, "
+        "not SIGBUS)", unit="s")
     coherence: str = _f("coherent", "coherent, or flush (non-coherent CXL: flush before PutEnd, invalidate before read)")
     direct_mode: bool = _f(True, "offer direct mode: SDK processes that can map the regions copy bytes "
                                  "themselves, asking only for metadata (docs/sdk.md)")
@@ -292,6 +295,8 @@ class ClientdConfig:
                 raise ConfigError(f"regions[{r.segment}].tier: must be \"cxl\" or \"ssd\", got {r.tier!r}")
         if self.dram_tier_bytes and self.dram_tier_bytes < 1 << 20:
             raise ConfigError(f"dram_tier_bytes: must be 0 (off) or at least 1 MiB, got {self.dram_tier_bytes}")
+        if self.region_check_interval_s <= 0:
+            raise ConfigError("region_check_interval_s: must be > 0")
         if self.task_batch < 0:
             raise ConfigError(f"task_batch: must be >= 0, got {self.task_batch}")
         if self.master_timeout_s <= 0:

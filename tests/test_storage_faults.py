@@ -234,3 +234,99 @@ def test_file_region_enospc_is_no_space(small_fs: Path) -> None:
         with pytest.raises(NoSpace, match="filesystem is full") as exc:
             r.copy_in(1 * MiB, b"x" * (256 * KiB))
         assert exc.value.code == ErrorCode.NO_SPACE
+
+
+# ---------------------------------------------------------------- a region that shrinks
+
+def _alive(cl, i: int = 0) -> bool:
+    return cl.clientds[i].proc.poll() is None
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_region_truncated_under_running_clientd(make_cluster, direct: bool) -> None:
+    """Truncate the region file under a running cluster: the clientd stays alive and
+    answers a clear error for the segment (no SIGBUS), in this process too (direct mode)."""
+    from cxlkv.errors import CxlkvError
+
+    cl = make_cluster(clientds=1, region_size_bytes=16 * MiB)
+    value = lambda i: bytes([i % 251]) * (64 * KiB)  # noqa: E731
+    with cl.client(0, direct=direct) as c:
+        for i in range(150):  # ~9.6 MiB: most of the region
+            c.put(f"t/{i}", value(i))
+        assert c.get("t/149") == value(149)
+        os.truncate(cl.region_paths[0], 4 * MiB)
+        # reads and writes right after the truncation: a miss or an error, never wrong bytes
+        # and never a crash (whether or not the daemon's check has run yet)
+        outcomes: dict[str, int] = {}
+        for i in range(0, 150, 3):
+            try:
+                got = c.get(f"t/{i}")
+                assert got == value(i), f"wrong bytes for t/{i}"
+                outcomes["ok"] = outcomes.get("ok", 0) + 1
+            except CxlkvError as exc:
+                outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
+        for i in range(150, 160):
+            try:
+                c.put(f"t/{i}", value(i))
+            except CxlkvError:
+                pass
+        assert set(outcomes) <= {"ok", "ChecksumMismatch", "NotFound", "RegionError", "Unavailable"}, outcomes
+        assert _alive(cl), (cl.run_dir / "clientd-0.log").read_text()[-2000:]
+        log_path = cl.run_dir / "clientd-0.log"
+        cl.wait_until(lambda: "shrank to 4194304 bytes" in log_path.read_text(), timeout_s=10,
+                      what="clientd to see the region shrink")
+        # from now on: a clear error for the segment, for reads (even of bytes before the cut) and writes
+        with pytest.raises(CxlkvError, match="shrank to 4194304 bytes"):
+            c.get("t/149")
+        with pytest.raises(CxlkvError, match="shrank to 4194304 bytes"):
+            c.get("t/0")
+        with pytest.raises(CxlkvError, match="shrank"):
+            c.put("t/new", value(7))
+        assert _alive(cl)
+    log = log_path.read_text()
+    assert "Traceback" not in log
+    assert log.count("shrank to 4194304 bytes under this daemon") == 1  # logged once
+    with cl.client(0, direct=False) as c:  # the daemon still answers everything else
+        assert isinstance(c.exists("t/0"), bool)  # answered (whether it is listed is the master's matter)
+
+
+
+_GUARD_SCRIPT = r"""
+import os, sys
+from cxlkv.transport import Region, install_sigbus_guard
+path = sys.argv[1]
+r = Region.open(path, size=1 << 20, create=True)
+r.copy_in(4096, b"kept")
+r.copy_in(900_000, b"gone")
+if sys.argv[2] == "guard":
+    install_sigbus_guard()
+os.truncate(path, 64 * 1024)
+out = bytearray(4)
+r.copy_out(900_000, out)
+print("read", bytes(out), r.guard_hits, flush=True)
+r.copy_in(500_000, b"lost")
+back = bytearray(4)
+r.copy_out(4096, back)
+print("before the cut", bytes(back), r.guard_hits, flush=True)
+r.retire()
+try:
+    r.copy_out(0, bytearray(1))
+except Exception as exc:
+    print("retired", type(exc).__name__, flush=True)
+"""
+
+
+def test_sigbus_guard_turns_a_shrunk_file_into_zeros(tmp_path: Path) -> None:
+    """The transport's SIGBUS guard, in a process of its own: without it the first access
+    past the new end kills the process (SIGBUS); with it reads see zeros, writes are lost,
+    the hits are counted, and bytes before the cut stay readable."""
+    path = tmp_path / "region"
+    bare = subprocess.run([sys.executable, "-c", _GUARD_SCRIPT, str(path), "none"], capture_output=True,
+                          text=True, timeout=60)
+    assert bare.returncode == -7, (bare.returncode, bare.stdout, bare.stderr)  # -SIGBUS
+    path.unlink()
+    p = subprocess.run([sys.executable, "-c", _GUARD_SCRIPT, str(path), "guard"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["read b'\\x00\\x00\\x00\\x00' 1", "before the cut b'kept' 2",
+                                     "retired RegionError"]

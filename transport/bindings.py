@@ -42,6 +42,11 @@ __all__ = [
     "cxlkv_map",
     "cxlkv_unmap",
     "cxlkv_retire",
+    "cxlkv_guard_install",
+    "cxlkv_guard_add",
+    "cxlkv_guard_remove",
+    "cxlkv_guard_hits",
+    "cxlkv_guard_total_hits",
     "cxlkv_copy_in",
     "cxlkv_copy_out",
     "cxlkv_copy_in_hashed",
@@ -763,3 +768,38 @@ def cxlkv_prefault(r: Handle, offset: int, length: int) -> None:
         raise RegionError(f"prefault of {length} bytes at {offset} failed: {os.strerror(err[0])}", errno=int(err[0]))
     if rc != _OK:
         _raise_range(r, rc, "prefault", offset, length)
+
+
+# -- SIGBUS guard (a mapped file that shrinks) -------------------------------------
+
+def cxlkv_guard_install() -> None:
+    """Install the process's SIGBUS guard (idempotent): a fault past the end of a
+    registered mapping's file becomes zero memory instead of killing the process.
+
+    Raises:
+        RegionError: sigaction failed (errno set).
+    """
+    err = _new("int *")
+    if lib.cxlkv_guard_install(err) != _OK:
+        raise RegionError(f"installing the SIGBUS guard failed: {os.strerror(err[0])}", errno=int(err[0]))
+
+
+def cxlkv_guard_add(r: Handle) -> bool:
+    """Register ``r``'s mapping with the guard; False when the table (256) is full."""
+    return r.base != ffi.NULL and lib.cxlkv_guard_add(r.base, r.size_bytes) == _OK
+
+
+def cxlkv_guard_remove(r: Handle) -> None:
+    """Forget ``r``'s mapping (call before unmapping it)."""
+    if r.base != ffi.NULL:
+        lib.cxlkv_guard_remove(r.base)
+
+
+def cxlkv_guard_hits(r: Handle) -> int:
+    """Faults absorbed in ``r``'s mapping since it was registered (0 if not registered)."""
+    return int(lib.cxlkv_guard_hits(r.base)) if r.base != ffi.NULL else 0
+
+
+def cxlkv_guard_total_hits() -> int:
+    """Faults absorbed in every registered mapping of this process, ever."""
+    return int(lib.cxlkv_guard_total_hits())

@@ -24,7 +24,7 @@ from cxlkv.errors import InvalidArgument, OutOfRange, RegionError
 from cxlkv.transport import bindings as _b
 from cxlkv.transport.bindings import BufferLike, U64Array, ffi
 
-__all__ = ["Region", "checksum_buffer", "CHECKSUM_ALGORITHM"]
+__all__ = ["Region", "checksum_buffer", "CHECKSUM_ALGORITHM", "install_sigbus_guard"]
 
 #: The hash behind :meth:`Region.checksum` and :func:`checksum_buffer`
 #: (xxHash XXH3, 64-bit, seed 0).
@@ -52,6 +52,24 @@ def checksum_buffer(buf: BufferLike) -> int:
         raise InvalidArgument(
             f"checksum_buffer needs a C-contiguous bytes-like object, got {type(buf).__name__}"
         ) from None
+
+
+def install_sigbus_guard() -> None:
+    """Make this process survive a region file that shrinks under its mapping.
+
+    Accessing a mapped file past its (new) end raises SIGBUS, which kills the
+    process. After this call such a fault inside any :class:`Region`'s mapping
+    is absorbed: the pages from the fault to the end of the mapping become
+    private zero memory, the access completes (a read sees zeros, which fail
+    verification; a write is lost), and :attr:`Region.guard_hits` grows so the
+    owner can retire the region and answer errors. Faults anywhere else keep
+    their previous handler (by default: the process dies). Idempotent; clientd
+    installs it at start.
+
+    Raises:
+        RegionError: sigaction failed.
+    """
+    _b.cxlkv_guard_install()
 
 
 def _check_new_file(path: str, size: int) -> None:
@@ -84,6 +102,7 @@ class Region:
         self._base = ffi.cast("char *", handle.base)
         self._size = int(handle.size_bytes)
         self._exported = False
+        _b.cxlkv_guard_add(handle)  # covered once the process installs the SIGBUS guard
 
     # -- lifecycle -------------------------------------------------------------
     @classmethod
@@ -163,6 +182,7 @@ class Region:
         """
         if self._r is None or self._r.base == ffi.NULL:
             return
+        _b.cxlkv_guard_remove(self._r)
         if self._exported:
             _b.cxlkv_retire(self._r)
         else:
@@ -189,6 +209,27 @@ class Region:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{self._size} bytes"
         return f"<Region {self._path} {state}{' dax' if self.is_dax else ''}>"
+
+    def retire(self) -> None:
+        """Replace the mapping by private zero memory now (idempotent), even while
+        other threads copy through it: they read zeros or write into memory nobody
+        else sees; later calls raise :class:`~cxlkv.errors.RegionError` (closed).
+        For a file that shrank under the mapping (:attr:`guard_hits`).
+
+        Raises:
+            RegionError: the replacement mapping failed (errno set).
+        """
+        if self._r is None or self._r.base == ffi.NULL:
+            return
+        _b.cxlkv_guard_remove(self._r)
+        _b.cxlkv_retire(self._r)
+        self._base = ffi.NULL
+
+    @property
+    def guard_hits(self) -> int:
+        """Accesses past the end of the file that the SIGBUS guard turned into zero
+        memory (:func:`install_sigbus_guard`); nonzero means the file shrank."""
+        return _b.cxlkv_guard_hits(self._r) if not self.closed else 0
 
     # -- properties --------------------------------------------------------------
     @property
