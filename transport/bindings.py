@@ -19,6 +19,7 @@ handle is the caller's bug; :func:`cxlkv_retire` makes it memory-safe.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn, Union
 
@@ -784,15 +785,23 @@ def cxlkv_guard_install() -> None:
         raise RegionError(f"installing the SIGBUS guard failed: {os.strerror(err[0])}", errno=int(err[0]))
 
 
+_guard_lock = threading.Lock()  # the C table's writers must be serialised
+
+
 def cxlkv_guard_add(r: Handle) -> bool:
-    """Register ``r``'s mapping with the guard; False when the table (256) is full."""
-    return r.base != ffi.NULL and lib.cxlkv_guard_add(r.base, r.size_bytes) == _OK
+    """Register ``r``'s mapping with the guard; False when the table (256) is full.
+    Thread-safe."""
+    if r.base == ffi.NULL:
+        return False
+    with _guard_lock:
+        return lib.cxlkv_guard_add(r.base, r.size_bytes) == _OK
 
 
 def cxlkv_guard_remove(r: Handle) -> None:
-    """Forget ``r``'s mapping (call before unmapping it)."""
+    """Forget ``r``'s mapping (call before unmapping it). Thread-safe."""
     if r.base != ffi.NULL:
-        lib.cxlkv_guard_remove(r.base)
+        with _guard_lock:
+            lib.cxlkv_guard_remove(r.base)
 
 
 def cxlkv_guard_hits(r: Handle) -> int:
