@@ -1418,7 +1418,8 @@ class MasterState:
         failure; the object stays where it was) and the destination segment takes
         nothing new (puts, demotions, copies) for ``full_tier_backoff_s``, doubled
         with each refusal in a row up to ``full_tier_backoff_max_s``; then it is
-        tried again, and a successful write resets the backoff."""
+        tried again, and a successful write resets the backoff. Moves still queued
+        into the tier fail with it (their destinations freed)."""
         seg = self.segment_table.by_id[task.destination[0]]
         cfg = self.config
         if seg.refused_until <= now:  # tasks given before the mark do not lengthen it
@@ -1427,6 +1428,11 @@ class MasterState:
             seg.refusals += 1
             self.last_tier_refusal = (f"segment {seg.name} ({Tier(seg.tier).name.lower()}) refused a write, "
                                       f"no new objects there for {backoff:g} s: {why}")
+            # moves still queued into the tier would only meet the same full filesystem
+            sid = seg.segment_id
+            for queued in self.tasks.all():
+                if queued is not task and not queued.assigned_to and queued.destination[0] == sid:
+                    self._end_task(queued, None, f"segment {seg.name} paused: its filesystem is full")
         self.counters["tier_write_refusals"] += 1
         self._end_task(task, None, why)
 

@@ -300,12 +300,15 @@ def test_full_ssd_filesystem_pauses_the_tier_with_backoff() -> None:
     ssd = st.segment_table.by_name("ssd0")
     for i in range(9):
         put(st, c, f"k{i}")
-    tasks = st.fetch_tasks(c[0], c[1], 100, 0.0)
-    assert tasks and all(t.kind == DEMOTE for t in tasks)
-    st.complete_tasks(c[0], c[1], [(t.task_id, ErrorCode.NO_SPACE, "filesystem is full") for t in tasks], 0.0)
-    assert st.counters["tier_write_refusals"] == len(tasks)
+    queued = len(st.tasks)
+    tasks = st.fetch_tasks(c[0], c[1], 2, 0.0)
+    assert len(tasks) == 2 and queued > 2 and all(t.kind == DEMOTE for t in tasks)
+    st.complete_tasks(c[0], c[1], [(tasks[0].task_id, ErrorCode.NO_SPACE, "filesystem is full")], 0.0)
+    assert len(st.tasks) == 1  # the moves still queued into the tier failed with it; one still runs
+    st.complete_tasks(c[0], c[1], [(tasks[1].task_id, ErrorCode.NO_SPACE, "filesystem is full")], 0.0)
+    assert st.counters["tier_write_refusals"] == 2 and st.counters["moves_failed"] == queued
     assert st.counters["moves_retried"] == 0  # not retried into the full tier
-    assert ssd.refused_until == 1.0 and ssd.refusals == 1 and ssd.used_bytes == 0
+    assert ssd.refused_until == 1.0 and ssd.refusals == 1 and ssd.used_bytes == 0  # one pause, not two
     assert "refused a write" in st.last_tier_refusal
     # while paused: demotion falls back to eviction, puts never land on the tier
     for i in range(9, 30):
