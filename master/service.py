@@ -709,11 +709,11 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     def CompleteTasks(self, request, context):
         state = self.state
         refused = state.counters["tier_write_refusals"]
-        noted = state.last_tier_refusal
+        pauses = state.tier_pauses
         errs = state.complete_tasks(
             request.client_id, request.epoch,
             [(r.task_id, r.status.code, r.status.message) for r in request.results], self.clock())
-        if state.last_tier_refusal is not noted:  # a tier was marked full: once per backoff period
+        if state.tier_pauses != pauses:  # a tier was paused for a full filesystem: once per backoff period
             log.warning("%s (%d refused writes so far)", state.last_tier_refusal,
                         state.counters["tier_write_refusals"])
         elif state.counters["tier_write_refusals"] != refused:

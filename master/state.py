@@ -231,6 +231,8 @@ class MasterState:
         self.last_move_failure = ""  # an SSD or DRAM segment is mounted: reads feed the sketches
         #: The last time a tier was marked full (NO_SPACE from a move), one line ("" if never).
         self.last_tier_refusal = ""
+        #: Times a tier was paused for a full filesystem (one per backoff period).
+        self.tier_pauses = 0
         for sc in config.segments:
             try:
                 tier = tier_from_name(sc.tier)
@@ -1426,6 +1428,7 @@ class MasterState:
             backoff = min(cfg.full_tier_backoff_max_s, cfg.full_tier_backoff_s * (2 ** min(seg.refusals, 30)))
             seg.refused_until = now + backoff
             seg.refusals += 1
+            self.tier_pauses += 1
             self.last_tier_refusal = (f"segment {seg.name} ({Tier(seg.tier).name.lower()}) refused a write, "
                                       f"no new objects there for {backoff:g} s: {why}")
             # moves still queued into the tier would only meet the same full filesystem
