@@ -43,7 +43,8 @@ from cxlkv.clientd.master_link import (
 from cxlkv.clientd.reserve import Reservation, ReservePool
 from cxlkv.clientd.regions import MappedRegion, RegionSet
 from cxlkv.config import ClientdConfig
-from cxlkv.errors import CxlkvError, ErrorCode
+from cxlkv.errors import CxlkvError, ErrorCode, RegionError
+from cxlkv.transport.bindings import cxlkv_guard_total_hits as _guard_total_hits
 from cxlkv.keys import key_error, options_error
 from cxlkv.objheader import header_bytes_for, object_mismatch
 from cxlkv.transport.index import IX_ELSEWHERE, IX_HIT, IX_MISS, IX_TOO_SMALL
@@ -370,6 +371,7 @@ class ClientdCore:
 
         hashed = [i for i, _ in accepted if i not in failed]
         checksums: dict[int, int] = {}
+        faults_before = _guard_total_hits()
         if copies:
             live = [c for c in copies if c.index not in failed]
             if total >= self.large_copy_bytes:
@@ -401,6 +403,8 @@ class ClientdCore:
         # The header goes in after the value is in memory (flushed, in flush mode).
         failed.update(self._write_headers(
             [(i, r) for i, r in accepted if i not in failed], key_bytes, specs, checksums))
+        if _guard_total_hits() != faults_before:  # a region file shrank under these copies
+            self._fail_broken(accepted, failed)
 
         ends: list[tuple[int, master_pb2.PutStartResult]] = []
         revokes: list[tuple[int, master_pb2.PutStartResult]] = []
@@ -505,6 +509,22 @@ class ClientdCore:
             for i, exc in part.items():
                 errs.setdefault(i, exc)
         return errs
+
+    def _fail_broken(self, accepted: list[tuple[int, Any]], failed: dict[int, CxlkvError]) -> None:
+        """After copies during which the SIGBUS guard absorbed a fault: retire the
+        regions whose file shrank (:meth:`RegionSet.check_files`) and fail every put
+        with a replica there (its bytes went to zero memory, not to the region)."""
+        for why in self.regions.check_files():
+            log.error("%s", why)
+        by_id = self.regions.by_segment_id
+        for i, r in accepted:
+            if i in failed:
+                continue
+            for ext in r.extents:
+                m = by_id(ext.segment_id)
+                if m is not None and m.broken:
+                    failed[i] = RegionError(m.broken, path=m.path)
+                    break
 
     def _write_headers(
         self, items: list[tuple[int, Any]], key_bytes: dict[int, bytes], specs: list[PutSpec],

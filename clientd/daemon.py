@@ -84,11 +84,27 @@ def tune_malloc() -> bool:
 def _prepare_socket_path(path: str) -> None:
     """Make ``path`` free for a new socket: remove a stale socket, refuse a live one.
 
+    A socket in the default runtime directory (:func:`cxlkv.config.default_runtime_dir`)
+    gets that directory checked, or created 0700, under the XDG rules
+    (:func:`cxlkv.rundir.check_private_dir`); the directory of an explicitly
+    configured path is the operator's choice and only created when missing.
+
     Raises:
-        StartupError: another process serves the socket, or the path is not a socket.
+        StartupError: another process serves the socket, the path is not a socket,
+            or the runtime directory is unsafe (another owner, group/other-writable).
     """
+    from cxlkv.config import default_runtime_dir
+    from cxlkv.rundir import check_private_dir
+
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.parent == default_runtime_dir():
+        try:
+            check_private_dir(p.parent, create=True,
+                              create_mode=0o755 if str(p.parent) == "/run/cxlkv" else 0o700)
+        except (CxlkvError, OSError) as exc:
+            raise StartupError(str(exc)) from None
+    else:
+        p.parent.mkdir(parents=True, exist_ok=True)
     try:
         st = p.lstat()
     except FileNotFoundError:
@@ -156,6 +172,9 @@ class Daemon:
                 notify.status("mapping regions")
                 if not cfg.regions:
                     raise StartupError("no regions configured ([[regions]] with segment and path)")
+                from cxlkv.transport import install_sigbus_guard
+
+                install_sigbus_guard()  # a region file that shrinks: errors, never a SIGBUS death
                 regions = RegionSet.open(cfg.regions, prefault=cfg.prefault)
                 if cfg.dram_tier_bytes:
                     from cxlkv.clientd.tiers import open_dram_tier
@@ -214,14 +233,26 @@ class Daemon:
             notify.ready(f"serving on {self.socket_path} as client {link.client_id} of {cfg.master_address}"
                          + (f"; metrics {metrics_url}" if metrics_url else ""))
             reaper = asyncio.ensure_future(self._reap_buffers(buffers))
+            watcher = asyncio.ensure_future(self._watch_regions(regions))
             await self._stop.wait()
             notify.stopping("shutting down")
             reaper.cancel()
+            watcher.cancel()
             log.info("shutting down")
             return 0
         finally:
             watchdog.cancel()
             await self._shutdown(grpc_fe, lean, link, buffers, regions, executor, metrics)
+
+    async def _watch_regions(self, regions: RegionSet) -> None:
+        """Every ``region_check_interval_s``: retire regions whose file shrank (docs/clientd.md)."""
+        while True:
+            await asyncio.sleep(self.cfg.region_check_interval_s)
+            try:
+                for why in regions.check_files():
+                    log.error("%s", why)
+            except Exception:  # a bug; keep the daemon up
+                log.exception("region check failed")
 
     async def _reap_buffers(self, buffers: BufferRegistry) -> None:
         while True:

@@ -103,8 +103,8 @@ class DirectPuts:
         if not self.offered:
             return None
         m = self.core.regions.by_segment_id(segment_id)
-        if m is None or m.info is None or m.info.tier not in (_CXL, _UNSPECIFIED):
-            return None
+        if m is None or m.broken or m.info is None or m.info.tier not in (_CXL, _UNSPECIFIED):
+            return None  # a broken region (its file shrank) is no longer offered
         return m
 
     def _tier(self, segment_id: int) -> int:

@@ -50,13 +50,14 @@ class IndexReads:
         self.max_value_bytes = max_value_bytes
         self.enabled = enabled
         self._reader: Any = None
+        self._used: list[Any] = []  # the MappedRegions the reader reads (rebuilt when one breaks)
         self._generation = -1
         #: Why reads do not use the index ("" while they do), for Stat and logs.
         self.why_not = "not registered yet"
 
     def reader(self) -> Any:
         """The current reader, or ``None`` (every read on the RPC path)."""
-        if self._generation != self.link.generation:
+        if self._generation != self.link.generation or any(m.broken for m in self._used):
             self._rebuild()
         return self._reader
 
@@ -65,6 +66,7 @@ class IndexReads:
 
         self._generation = self.link.generation
         self._reader = None
+        self._used = []
         if not self.enabled:
             self.why_not = "index_reads = false"
             return
@@ -72,7 +74,7 @@ class IndexReads:
         if not want:
             self.why_not = "the master publishes no index"
             return
-        by_uuid = {str(m.identity.region_uuid): m for m in self.regions if not m.local}
+        by_uuid = {str(m.identity.region_uuid): m for m in self.regions if not m.local and not m.broken}
         home = by_uuid.get(want)
         if home is None or home.identity.index is None:
             self.why_not = f"the index region {want} is not mapped here"
@@ -88,6 +90,7 @@ class IndexReads:
             self.why_not = f"index region {home.path}: {exc.message}"
             log.warning("index reads off: %s", self.why_not)
             return
+        self._used = [by_uuid[str(u)] for u in header.region_uuids if str(u) in by_uuid]
         self.why_not = ""
         log.info("index reads on: index in region %s (segment %s), %d slots, %d region(s) named, %d mapped",
                  home.path, home.segment, geo.slots, len(regions), sum(r is not None for r in regions))

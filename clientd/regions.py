@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, NoReturn
 
 from cxlkv.config import RegionConfig
-from cxlkv.errors import CxlkvError
+from cxlkv.errors import CxlkvError, RegionError
 from cxlkv.v1 import common_pb2, master_pb2
 
 if TYPE_CHECKING:
     from cxlkv.region import RegionIdentity
     from cxlkv.transport import Region
 
-__all__ = ["StartupError", "MappedRegion", "RegionSet"]
+__all__ = ["StartupError", "MappedRegion", "BrokenRegion", "RegionSet"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,11 @@ class MappedRegion:
         segment_id: the master's id for it (0 until bound).
         local: this daemon's own DRAM tier (mounted with MountSegment, not
             reported at registration).
+        broken: why the region is unusable ("" while it is fine): its file shrank
+            under the mapping (:meth:`RegionSet.check_files`); ``region`` is then
+            a :class:`BrokenRegion` whose every call raises ``RegionError``.
+        watch_fd: a read-only descriptor of the mapped file, fstat()ed to see it
+            shrink (-1: a device, the SSD tier file, or the DRAM tier).
     """
 
     segment: str
@@ -54,11 +60,45 @@ class MappedRegion:
     segment_id: int = 0
     info: common_pb2.SegmentInfo | None = field(default=None, repr=False)
     local: bool = False
+    broken: str = ""
+    watch_fd: int = -1
 
     @property
     def size_bytes(self) -> int:
         """Mapped size in bytes."""
         return self.region.size_bytes
+
+
+class BrokenRegion:
+    """Stands in for a region whose file shrank under its mapping: every call raises.
+
+    The mapping itself was retired (zero memory), so a copy that was running
+    when the file shrank finished harmlessly; every later read, write or probe
+    of the segment is answered with :class:`~cxlkv.errors.RegionError` naming
+    the file and both sizes.
+    """
+
+    def __init__(self, why: str, path: str, size_bytes: int) -> None:
+        self.why = why
+        self.path = path
+        self.size_bytes = size_bytes
+        self.closed = True
+        self.is_dax = False
+        self.guard_hits = 0
+
+    def _raise(self, *_args: object, **_kw: object) -> NoReturn:
+        raise RegionError(self.why, path=self.path)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._raise
+
+    def close(self) -> None:
+        """Nothing left to unmap."""
+
+    def retire(self) -> None:
+        """Nothing left to retire."""
 
 
 class RegionSet:
@@ -81,11 +121,13 @@ class RegionSet:
             prefault: fault in every page for writing now (no first-touch faults later).
 
         Raises:
-            StartupError: a region is missing, unmappable, unformatted, resized,
-                formatted for another segment, or configured twice.
+            StartupError: a region is missing, unmappable, larger than the free
+                space its file still needs, unformatted, resized, formatted for
+                another segment, or configured twice.
         """
         from cxlkv.region import read_identity
         from cxlkv.transport import Region
+        from cxlkv.transport.space import reserve_file
 
         mapped: list[MappedRegion] = []
         try:
@@ -102,6 +144,14 @@ class RegionSet:
                 except CxlkvError as exc:
                     raise StartupError(f"region {rc.path} (segment {rc.segment}): {exc.message}") from None
                 try:
+                    # Every block of a region or tier file allocated in its filesystem now:
+                    # one larger than its filesystem stops the daemon here, not with
+                    # SIGBUS or ENOSPC later (a DAX device is left alone).
+                    reserve_file(rc.path, "SSD tier" if rc.tier == "ssd" else "region")
+                except CxlkvError as exc:
+                    region.close()
+                    raise StartupError(f"segment {rc.segment}: {exc.message}") from None
+                try:
                     identity = read_identity(region)
                 except CxlkvError as exc:
                     region.close()
@@ -112,7 +162,8 @@ class RegionSet:
                         f"region {rc.path} is formatted as segment {identity.segment_name!r}, "
                         f"but the config maps it as segment {rc.segment!r} (wrong file?)"
                     )
-                mapped.append(MappedRegion(rc.segment, rc.path, region, identity))
+                mapped.append(MappedRegion(rc.segment, rc.path, region, identity,
+                                           watch_fd=_watch_fd(rc.path) if rc.tier != "ssd" else -1))
                 if prefault:
                     try:
                         region.prefault()
@@ -206,7 +257,63 @@ class RegionSet:
     def __len__(self) -> int:
         return len(self._by_name)
 
+    def check_files(self) -> list[str]:
+        """Retire every mapped region whose file shrank under its mapping.
+
+        A file shorter than its mapping (``fstat`` of :attr:`MappedRegion.watch_fd`)
+        or a mapping in which the SIGBUS guard absorbed a fault
+        (:attr:`cxlkv.transport.Region.guard_hits`) is unusable: the mapping is
+        replaced by zero memory (``Region.retire``, safe while copies run) and the
+        region by a :class:`BrokenRegion`, so that every later call on its segment
+        is answered with a ``RegionError``. Cheap (one ``fstat`` per region); called
+        periodically and after a copy that met a fault.
+
+        Returns:
+            One line per region found broken by this call (for the log).
+        """
+        found: list[str] = []
+        for m in list(self._by_name.values()):
+            if m.broken or m.local:
+                continue
+            size = m.size_bytes
+            now_bytes = size
+            if m.watch_fd >= 0:
+                try:
+                    now_bytes = os.fstat(m.watch_fd).st_size
+                except OSError:
+                    pass
+            hits = getattr(m.region, "guard_hits", 0)  # the SSD tier (pread/pwrite) has no mapping
+            if now_bytes >= size and not hits:
+                continue
+            why = (f"region {m.path} (segment {m.segment}) shrank to {now_bytes} bytes under this daemon, which "
+                   f"maps {size} bytes: the segment is unusable here (restore or re-create the region and "
+                   f"restart clientd)")
+            old = m.region
+            m.broken = why
+            m.region = BrokenRegion(why, m.path, size)  # type: ignore[assignment]
+            try:
+                old.retire()
+            except CxlkvError as exc:  # keep the zero memory the guard put in place
+                log.error("retiring region %s failed: %s", m.path, exc.message)
+            found.append(why)
+        return found
+
     def close(self) -> None:
         """Unmap every region (shutdown; no copy may still be running)."""
         for m in self._by_name.values():
             m.region.close()
+            if m.watch_fd >= 0:
+                os.close(m.watch_fd)
+                m.watch_fd = -1
+
+
+def _watch_fd(path: str) -> int:
+    """A read-only descriptor of the regular file ``path`` (-1 for a device or on error)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return -1
+    return fd

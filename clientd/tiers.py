@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import socket
@@ -29,7 +30,7 @@ from typing import Any, Sequence
 
 import xxhash
 
-from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument, OutOfRange, RegionError
+from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument, NoSpace, OutOfRange, RegionError
 from cxlkv.objheader import object_mismatch
 from cxlkv.transport import portable
 from cxlkv.v1 import common_pb2, master_pb2
@@ -41,6 +42,12 @@ log = logging.getLogger(__name__)
 _xxh3 = xxhash.xxh3_64_intdigest
 #: Long-poll wait of one FetchTasks call, in milliseconds.
 FETCH_WAIT_MS = 1000
+#: errnos of a full filesystem: answered NO_SPACE, never UNAVAILABLE.
+_FULL_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT))
+#: Failed moves are logged at most once per this many seconds (the others counted in that line).
+MOVE_LOG_INTERVAL_S = 5.0
+#: Pause after a batch whose every move failed: doubles from the first value up to the second (s).
+FAILED_BATCH_PAUSE_S = (0.2, 5.0)
 
 
 def _writable(buf: Any, what: str) -> memoryview:
@@ -72,18 +79,32 @@ class FileRegion:
 
     @classmethod
     def open(cls, path: str, size: int = 0, create: bool = False) -> "FileRegion":
-        """Open (or with ``create``, create and size to ``size`` bytes) the file.
+        """Open (or with ``create``, create and size to ``size`` bytes, its blocks
+        allocated in its filesystem) the file.
 
         Raises:
-            RegionError: missing, unreadable, or of size 0.
+            RegionError: missing, unreadable, or of size 0; a file to create that
+                does not fit its filesystem (nothing is left behind).
         """
+        from cxlkv.transport.space import check_fits, reserve_file
+
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        existed = os.path.exists(path)
+        if create and size and (not existed or os.path.getsize(path) == 0):
+            check_fits(path, size, "SSD tier")
         try:
             fd = os.open(path, flags, 0o660)
         except OSError as exc:
             raise RegionError(f"SSD tier {path}: {exc.strerror or exc}", path=path) from None
-        if create and size:
-            os.ftruncate(fd, size)
+        try:
+            if create and size and os.fstat(fd).st_size == 0:
+                os.ftruncate(fd, size)
+                reserve_file(path, "SSD tier")  # a file larger than its filesystem fails now
+        except BaseException:
+            os.close(fd)
+            if not existed:
+                os.unlink(path)
+            raise
         r = cls(path, fd)
         if r._size == 0:
             os.close(fd)
@@ -138,14 +159,25 @@ class FileRegion:
             done += put
 
     def copy_in(self, offset: int, src: Any) -> int:
-        """Write ``src`` at ``offset``; returns bytes written."""
+        """Write ``src`` at ``offset``; returns bytes written.
+
+        Raises:
+            NoSpace: the file's filesystem is full (``ENOSPC``, ``EDQUOT``): possible
+                despite the preallocation at start on filesystems that cannot
+                reserve overwrites (copy-on-write, thin provisioning) or after holes
+                were punched into the file.
+            RegionError: outside the file, or another write error (errno set).
+        """
         view = memoryview(src).cast("B")
         self._check("copy_in", offset, len(view))
         try:
             self._pwrite_full(view, offset)
         except OSError as exc:
+            if exc.errno in _FULL_ERRNOS:
+                raise NoSpace(f"SSD tier {self._path}: its filesystem is full ({errno.errorcode[exc.errno]}) "
+                              f"writing {len(view)} bytes at {offset}", requested_bytes=len(view)) from None
             raise RegionError(f"SSD tier {self._path}: write failed: {exc.strerror or exc}",
-                              path=self._path) from None
+                              path=self._path, errno=exc.errno or 0) from None
         return len(view)
 
     def copy_out(self, offset: int, dst: Any) -> int:
@@ -297,7 +329,15 @@ class TaskWorker:
         batch: most tasks fetched per call.
         flush_mode: write back / invalidate cache lines around copies (non-coherent CXL).
 
-    Counters (``counters``): ``moves_done``, ``moves_failed``, ``move_bytes``.
+    Counters (``counters``): ``moves_done``, ``moves_failed``, ``move_bytes``,
+    ``moves_no_space`` (destination filesystem full).
+
+    A failed move is answered with its own code (``NO_SPACE`` for a full
+    destination filesystem, ``CHECKSUM_MISMATCH``, else ``UNAVAILABLE``); failures
+    are logged at most once per :data:`MOVE_LOG_INTERVAL_S` (that line counts the
+    others), and after a batch whose every move failed the worker pauses before
+    fetching again (:data:`FAILED_BATCH_PAUSE_S`, doubling), while the master stops
+    giving moves into a tier that refused them (docs/tiers.md).
     """
 
     def __init__(self, link: Any, regions: Any, executor: Executor, *, batch: int = 64,
@@ -307,9 +347,13 @@ class TaskWorker:
         self.executor = executor
         self.batch = batch
         self.flush_mode = flush_mode
-        self.counters: dict[str, int] = {"moves_done": 0, "moves_failed": 0, "move_bytes": 0}
+        self.counters: dict[str, int] = {"moves_done": 0, "moves_failed": 0, "move_bytes": 0,
+                                         "moves_no_space": 0}
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._log_at = 0.0  # monotonic time of the last failure logged
+        self._unlogged = 0  # failures since then
+        self._pause_s = 0.0
 
     def start(self) -> None:
         """Start polling (on the running loop)."""
@@ -344,6 +388,12 @@ class TaskWorker:
                 req_results = [master_pb2.TaskResult(task_id=t.task_id, status=st) for t, st in zip(tasks, results)]
                 await link.call("CompleteTasks", lambda: master_pb2.CompleteTasksRequest(
                     client_id=link.client_id, epoch=link.epoch, results=req_results))
+                if all(st.code for st in results):  # nothing moved: do not spin on a failing tier
+                    lo, hi = FAILED_BATCH_PAUSE_S
+                    self._pause_s = min(hi, self._pause_s * 2) if self._pause_s else lo
+                    await asyncio.sleep(self._pause_s)
+                else:
+                    self._pause_s = 0.0
             except asyncio.CancelledError:
                 raise
             except CxlkvError as exc:
@@ -357,20 +407,42 @@ class TaskWorker:
         """Copy and verify each task's extent; one Status per task (runs in a pool thread)."""
         out: list[common_pb2.Status] = []
         for t in tasks:
-            why = self._move(t, received_at)
-            if why is None:
+            failed = self._move(t, received_at)
+            if failed is None:
                 self.counters["moves_done"] += 1
                 self.counters["move_bytes"] += t.value_size_bytes
                 out.append(common_pb2.Status())
-            else:
-                self.counters["moves_failed"] += 1
-                log.warning("move of key %r (task %d) failed: %s", t.key[:64], t.task_id, why)
-                out.append(common_pb2.Status(code=ErrorCode.CHECKSUM_MISMATCH if "checksum" in why  # type: ignore[arg-type]
-                                             else ErrorCode.UNAVAILABLE, message=why))
+                continue
+            code, why = failed
+            self.counters["moves_failed"] += 1
+            if code == ErrorCode.NO_SPACE:
+                self.counters["moves_no_space"] += 1
+            self._log_failure(t, why)
+            out.append(common_pb2.Status(code=int(code), message=why))
         return out
 
-    def _move(self, t: master_pb2.MoveTask, received_at: float) -> str | None:
-        """Copy one extent; ``None`` on success, else why not."""
+    def _log_failure(self, t: master_pb2.MoveTask, why: str) -> None:
+        """Log a failed move, at most once per :data:`MOVE_LOG_INTERVAL_S` (copy threads; a
+        lost increment of the count only shortens a log line)."""
+        now = time.monotonic()
+        if now - self._log_at < MOVE_LOG_INTERVAL_S:
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more failed moves not logged in the last {MOVE_LOG_INTERVAL_S:g} s)" \
+            if self._unlogged else ""
+        self._log_at, self._unlogged = now, 0
+        log.warning("move of key %r (task %d) failed: %s%s", t.key[:64], t.task_id, why, more)
+
+    def _move(self, t: master_pb2.MoveTask, received_at: float) -> tuple[int, str] | None:
+        """Copy one extent; ``None`` on success, else ``(error code, why not)``."""
+        why = self._copy(t, received_at)
+        if why is None or isinstance(why, tuple):
+            return why
+        return (ErrorCode.CHECKSUM_MISMATCH if "checksum" in why or "differs" in why else ErrorCode.UNAVAILABLE,
+                why)
+
+    def _copy(self, t: master_pb2.MoveTask, received_at: float) -> str | tuple[int, str] | None:
+        """Copy one extent; ``None`` on success, else why not (with the code of a typed error)."""
         src = self.regions.by_segment_id(t.source.segment_id)
         dst = self.regions.by_segment_id(t.destination.segment_id)
         if src is None or dst is None:
@@ -400,7 +472,7 @@ class TaskWorker:
                     region.flush(off, hb)
             back = region.read(off, n)
         except CxlkvError as exc:
-            return exc.message
+            return (int(exc.code), exc.message)
         if back != data:
             return "destination read back differs from what was written"
         return None

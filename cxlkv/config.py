@@ -100,16 +100,22 @@ def format_size(n_bytes: int) -> str:
 
 
 def default_runtime_dir() -> Path:
-    """``/run/cxlkv`` when writable (root, systemd RuntimeDirectory), else
-    ``$XDG_RUNTIME_DIR/cxlkv``, else ``/tmp/cxlkv-<uid>``."""
+    """Where clientd's sockets live by default: ``$XDG_RUNTIME_DIR/cxlkv`` when
+    that variable is set, else ``/run/cxlkv`` when writable (root, systemd
+    ``RuntimeDirectory=``), else ``/tmp/cxlkv-<uid>``.
+
+    Only the path: the daemon and the SDK check it before use
+    (:func:`cxlkv.rundir.check_private_dir`: owned by the user or root, not
+    writable by group or others).
+    """
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "cxlkv"
     run = Path("/run/cxlkv")
     if run.is_dir() and os.access(run, os.W_OK):
         return run
     if os.geteuid() == 0 and Path("/run").is_dir() and os.access("/run", os.W_OK):
         return run
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg:
-        return Path(xdg) / "cxlkv"
     return Path(f"/tmp/cxlkv-{os.geteuid()}")
 
 
@@ -185,6 +191,10 @@ class MasterConfig:
         "at once, so that demoting them later frees CXL without a copy (1 = only when full)")
     task_timeout_s: float = _f(5.0, "a tier-move task not reported within this long is given again", unit="s")
     task_retries: int = _f(3, "a tier-move task given this many times without success is failed and counted")
+    full_tier_backoff_s: float = _f(
+        1.0, "a tier a clientd could not write into (its filesystem full, NO_SPACE) takes no new objects "
+        "for this long, doubling with each refusal in a row", unit="s")
+    full_tier_backoff_max_s: float = _f(60.0, "longest pause of a full tier (full_tier_backoff_s doubled)", unit="s")
     recover_from_region: list[str] = _f(
         [], "rebuild the metadata at start from these regions (metadata lost): from the region's "
         "committed-object index when it has one, else from its object headers; "
@@ -250,6 +260,8 @@ class MasterConfig:
             raise ConfigError("task_timeout_s: must be > 0")
         if self.task_retries < 1:
             raise ConfigError(f"task_retries: must be >= 1, got {self.task_retries}")
+        if not 0 < self.full_tier_backoff_s <= self.full_tier_backoff_max_s:
+            raise ConfigError("full_tier_backoff_s: must be > 0 and <= full_tier_backoff_max_s")
         if self.heartbeat_interval_s >= self.client_ttl_s:
             raise ConfigError("heartbeat_interval_s must be shorter than client_ttl_s")
         _check_address("listen_address", self.listen_address)
@@ -309,6 +321,9 @@ class ClientdConfig:
         0, "this host's DRAM tier: private memory mounted as a host-local segment for hot objects; 0 = off",
         unit="bytes")
     task_batch: int = _f(64, "most tier-move tasks fetched from the master at once (0 = run none)")
+    region_check_interval_s: float = _f(
+        0.5, "how often the mapped region files are checked for having shrunk (then retired: errors, "
+        "not SIGBUS)", unit="s")
     coherence: str = _f("coherent", "coherent, or flush (non-coherent CXL: flush before PutEnd, invalidate before read)")
     direct_mode: bool = _f(True, "offer direct mode: SDK processes that can map the regions copy bytes "
                                  "themselves, asking only for metadata (docs/sdk.md)")
@@ -330,6 +345,8 @@ class ClientdConfig:
                 raise ConfigError(f"regions[{r.segment}].tier: must be \"cxl\" or \"ssd\", got {r.tier!r}")
         if self.dram_tier_bytes and self.dram_tier_bytes < 1 << 20:
             raise ConfigError(f"dram_tier_bytes: must be 0 (off) or at least 1 MiB, got {self.dram_tier_bytes}")
+        if self.region_check_interval_s <= 0:
+            raise ConfigError("region_check_interval_s: must be > 0")
         if self.task_batch < 0:
             raise ConfigError(f"task_batch: must be >= 0, got {self.task_batch}")
         if self.master_timeout_s <= 0:

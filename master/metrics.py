@@ -91,6 +91,8 @@ COUNTER_HELP: dict[str, str] = {
     "ssd_evictions": "SSD-only objects dropped because the SSD tier was full",
     "ssd_copies_started": "CXL → SSD copies queued ahead of demotion (CXL past copy_ahead_watermark)",
     "ssd_copies": "SSD copies committed beside a CXL replica (a later demotion frees CXL at once)",
+    "tier_write_refusals": ("move tasks a clientd could not write because the destination tier's filesystem is "
+                            "full (NO_SPACE): the tier takes nothing new for full_tier_backoff_s, doubling"),
     "replicas_lost": "replicas lost with an unmounted segment",
     "objects_lost": "objects whose last replica was lost with an unmounted segment",
     "objects_recovered": "objects rebuilt from a region scan at start (--recover-from-region)",

@@ -60,13 +60,19 @@ class Segment:
             the master maps the region and it has an index (cxlkv.index), else
             ``size_bytes``.
         object_count: live replicas placed in this segment.
+        refused_until: master clock (s) before which nothing new is placed here: a
+            clientd could not write into it (its filesystem is full, ENOSPC); 0 when
+            writable. Only host tiers (SSD) are ever marked.
+        refusals: consecutive write refusals (the backoff doubles with each; a
+            successful write into the segment resets it).
 
     Strategies must treat a segment as read-only.
     """
 
     __slots__ = (
         "segment_id", "name", "tier", "size_bytes", "region_uuid", "device_path",
-        "owner_client_id", "mounted", "allocator", "object_count", "data_end_bytes",
+        "owner_client_id", "mounted", "allocator", "object_count", "data_end_bytes", "refused_until",
+        "refusals",
     )
 
     def __init__(
@@ -92,6 +98,8 @@ class Segment:
         self.allocator = ExtentAllocator(REGION_HEADER_BYTES, size_bytes, alignment_bytes)
         self.object_count = 0
         self.data_end_bytes = size_bytes
+        self.refused_until = 0.0
+        self.refusals = 0
 
     @property
     def capacity_bytes(self) -> int:

@@ -815,9 +815,17 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
 
     @_rpc
     def CompleteTasks(self, request, context):
-        errs = self.state.complete_tasks(
+        state = self.state
+        refused = state.counters["tier_write_refusals"]
+        pauses = state.tier_pauses
+        errs = state.complete_tasks(
             request.client_id, request.epoch,
             [(r.task_id, r.status.code, r.status.message) for r in request.results], self.clock())
+        if state.tier_pauses != pauses:  # a tier was paused for a full filesystem: once per backoff period
+            log.warning("%s (%d refused writes so far)", state.last_tier_refusal,
+                        state.counters["tier_write_refusals"])
+        elif state.counters["tier_write_refusals"] != refused:
+            log.debug("%d more writes refused by a full tier", state.counters["tier_write_refusals"] - refused)
         resp = master_pb2.CompleteTasksResponse()
         add = resp.results.add
         for err in errs:

@@ -36,7 +36,7 @@ from sortedcontainers import SortedList
 
 from cxlkv.config import MasterConfig
 from cxlkv.errors import (
-    AlreadyExists, CxlkvError, InvalidArgument, InvalidKey, NoSpace, NotFound, NotReady,
+    AlreadyExists, CxlkvError, ErrorCode, InvalidArgument, InvalidKey, NoSpace, NotFound, NotReady,
     StaleToken, TooLarge, Unavailable, UnknownClient, HasLease,
 )
 from cxlkv.keys import key_error
@@ -65,6 +65,7 @@ COUNTERS = (
     "demotions_started", "demotions", "demotions_no_copy", "promotions_started", "promotions", "promotions_skipped",
     "dram_caches_started", "dram_caches", "moves_failed", "moves_retried", "moves_dropped",
     "ssd_puts", "ssd_evictions", "dram_uncached", "ssd_copies_started", "ssd_copies",
+    "tier_write_refusals",
 )
 
 _MAX_LIST_PAGE = 10000
@@ -247,6 +248,10 @@ class MasterState:
         self.index: ObjectIndex = NoIndex()
         #: Why the last move task failed ("" if none failed), for Stat and logs.
         self.last_move_failure = ""  # an SSD or DRAM segment is mounted: reads feed the sketches
+        #: The last time a tier was marked full (NO_SPACE from a move), one line ("" if never).
+        self.last_tier_refusal = ""
+        #: Times a tier was paused for a full filesystem (one per backoff period).
+        self.tier_pauses = 0
         for sc in config.segments:
             try:
                 tier = tier_from_name(sc.tier)
@@ -629,8 +634,9 @@ class MasterState:
             replica_num = 1
         mounted = table.mounted
         fitting = mounted if need <= table.min_capacity else [s for s in mounted if s.capacity_bytes >= need]
-        if self._tiered:  # DRAM tiers are host-local caches: never the home of a new object
-            fitting = [s for s in fitting if s.tier != Tier.DRAM]
+        if self._tiered:  # DRAM tiers are host-local caches: never the home of a new object;
+            # a tier whose filesystem refused a write waits out its backoff
+            fitting = [s for s in fitting if s.tier != Tier.DRAM and s.refused_until <= now]
         request = _new_tuple(PlacementRequest, (need, replica_num, preferred_segment, 0))
         candidates = self.strategy.select(fitting, request)
         if self._has_ssd and candidates and candidates[0].tier == Tier.CXL:
@@ -846,7 +852,8 @@ class MasterState:
 
         Returns:
             The reservations granted (fewer than ``count`` when space ran out even
-            after eviction, or the writer holds ``reserve_max_extents``).
+            after eviction, or the writer holds ``reserve_max_extents``; none while
+            an SSD tier is mounted: puts there may land in either tier).
 
         Raises:
             UnknownClient, StaleToken: the writer's registration is not current.
@@ -860,6 +867,10 @@ class MasterState:
             raise InvalidArgument(f"reserve: {need_bytes} B must be > 0 and fit a segment "
                                   f"({table.max_capacity} B)")
         count = max(0, min(count, self.config.reserve_max_extents - len(client.reserved)))
+        if self._has_ssd:
+            # With an SSD tier a put may land there while CXL makes room by demotion
+            # (put_start): reserving CXL space would evict instead. Two round trips.
+            return []
         fitting = [s for s in table.mounted if s.tier == Tier.CXL and s.capacity_bytes >= need]
         if not fitting or not count:
             return []
@@ -1521,7 +1532,8 @@ class MasterState:
         need = obj.extents[0][2] if obj.extents else self.extent_bytes(obj.size_bytes + obj.header_bytes)
         have = {e[0] for e in obj.extents}
         pool = [s for s in self.segment_table.mounted
-                if s.tier == tier and s.segment_id not in have and s.capacity_bytes >= need]
+                if s.tier == tier and s.segment_id not in have and s.capacity_bytes >= need
+                and s.refused_until <= now]
         if not pool:
             return None
         request = _new_tuple(PlacementRequest, (need, 1, "", tier))
@@ -1675,12 +1687,40 @@ class MasterState:
                 out.append(StaleToken(f"task {task_id} is not running on client {client_id} "
                                       "(timed out and given again, or finished)"))
                 continue
-            if code:
+            if code == ErrorCode.NO_SPACE:
+                self._refused(task, now, f"client {client_id}: {message}")
+            elif code:
                 self._retry_or_fail(task, f"client {client_id}: {message}")
             else:
+                self.segment_table.by_id[task.destination[0]].refusals = 0
                 self._end_task(task, now, "")
             out.append(None)
         return out
+
+    def _refused(self, task: MoveTask, now: float, why: str) -> None:
+        """A clientd could not write ``task``'s destination: its tier's filesystem is
+        full. The task fails at once (retrying into a full tier only repeats the
+        failure; the object stays where it was) and the destination segment takes
+        nothing new (puts, demotions, copies) for ``full_tier_backoff_s``, doubled
+        with each refusal in a row up to ``full_tier_backoff_max_s``; then it is
+        tried again, and a successful write resets the backoff. Moves still queued
+        into the tier fail with it (their destinations freed)."""
+        seg = self.segment_table.by_id[task.destination[0]]
+        cfg = self.config
+        if seg.refused_until <= now:  # tasks given before the mark do not lengthen it
+            backoff = min(cfg.full_tier_backoff_max_s, cfg.full_tier_backoff_s * (2 ** min(seg.refusals, 30)))
+            seg.refused_until = now + backoff
+            seg.refusals += 1
+            self.tier_pauses += 1
+            self.last_tier_refusal = (f"segment {seg.name} ({Tier(seg.tier).name.lower()}) refused a write, "
+                                      f"no new objects there for {backoff:g} s: {why}")
+            # moves still queued into the tier would only meet the same full filesystem
+            sid = seg.segment_id
+            for queued in self.tasks.all():
+                if queued is not task and not queued.assigned_to and queued.destination[0] == sid:
+                    self._end_task(queued, None, f"segment {seg.name} paused: its filesystem is full")
+        self.counters["tier_write_refusals"] += 1
+        self._end_task(task, None, why)
 
     def _retry_or_fail(self, task: MoveTask, why: str) -> None:
         if task.attempts < self.config.task_retries:

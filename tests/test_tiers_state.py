@@ -287,3 +287,46 @@ def test_demotion_counters_add_up_with_copies_ahead() -> None:
     assert 0 <= n["demotions"] - n["demotions_no_copy"] <= n["demotions_started"]
     assert st.key_count == 9 and n["evictions"] == 0
     st.check_invariants()
+
+
+def test_full_ssd_filesystem_pauses_the_tier_with_backoff() -> None:
+    """NO_SPACE from a move (the SSD tier's filesystem is full): the task fails at once, the
+    tier takes nothing new for full_tier_backoff_s (doubling, capped), is tried again after
+    it, and a successful move resets the backoff."""
+    from cxlkv.errors import ErrorCode
+
+    st = make_state(full_tier_backoff_s=1.0, full_tier_backoff_max_s=3.0, copy_ahead_watermark=1.0)
+    c = client(st)
+    ssd = st.segment_table.by_name("ssd0")
+    for i in range(9):
+        put(st, c, f"k{i}")
+    queued = len(st.tasks)
+    tasks = st.fetch_tasks(c[0], c[1], 2, 0.0)
+    assert len(tasks) == 2 and queued > 2 and all(t.kind == DEMOTE for t in tasks)
+    st.complete_tasks(c[0], c[1], [(tasks[0].task_id, ErrorCode.NO_SPACE, "filesystem is full")], 0.0)
+    assert len(st.tasks) == 1  # the moves still queued into the tier failed with it; one still runs
+    st.complete_tasks(c[0], c[1], [(tasks[1].task_id, ErrorCode.NO_SPACE, "filesystem is full")], 0.0)
+    assert st.counters["tier_write_refusals"] == 2 and st.counters["moves_failed"] == queued
+    assert st.counters["moves_retried"] == 0  # not retried into the full tier
+    assert ssd.refused_until == 1.0 and ssd.refusals == 1 and ssd.used_bytes == 0  # one pause, not two
+    assert "refused a write" in st.last_tier_refusal
+    # while paused: demotion falls back to eviction, puts never land on the tier
+    for i in range(9, 30):
+        put(st, c, f"k{i}", now=0.5)
+    assert not st.fetch_tasks(c[0], c[1], 100, 0.5)
+    assert ssd.used_bytes == 0 and st.counters["evictions"] > 0
+    st.check_invariants()
+    # after the pause: tried again; another refusal doubles it, capped at 3 s
+    for i, (now, pause) in enumerate([(1.0, 2.0), (3.0, 3.0), (6.0, 3.0)]):
+        for k in range(4):
+            put(st, c, f"r{i}/{k}", now=now)
+        tasks = st.fetch_tasks(c[0], c[1], 100, now)
+        assert tasks, now
+        st.complete_tasks(c[0], c[1], [(t.task_id, ErrorCode.NO_SPACE, "full") for t in tasks], now)
+        assert ssd.refused_until == now + pause
+    # room again: a successful move resets the backoff
+    for k in range(4):
+        put(st, c, f"ok/{k}", now=9.0)
+    assert run_all(st, c, now=9.0) > 0
+    assert ssd.refusals == 0 and st.counters["demotions"] > 0
+    st.check_invariants()

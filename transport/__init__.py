@@ -44,10 +44,11 @@ from cxlkv.transport.bindings import (
     cxlkv_stream_threshold_bytes,
     cxlkv_unmap,
 )
-from cxlkv.transport.region import CHECKSUM_ALGORITHM, Region, checksum_buffer
+from cxlkv.transport.region import CHECKSUM_ALGORITHM, Region, checksum_buffer, install_sigbus_guard
 
 __all__ = [
     "Region",
+    "install_sigbus_guard",
     "checksum_buffer",
     "CHECKSUM_ALGORITHM",
     "CACHE_LINE_BYTES",

@@ -19,6 +19,7 @@ handle is the caller's bug; :func:`cxlkv_retire` makes it memory-safe.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn, Union
 
@@ -42,6 +43,11 @@ __all__ = [
     "cxlkv_map",
     "cxlkv_unmap",
     "cxlkv_retire",
+    "cxlkv_guard_install",
+    "cxlkv_guard_add",
+    "cxlkv_guard_remove",
+    "cxlkv_guard_hits",
+    "cxlkv_guard_total_hits",
     "cxlkv_copy_in",
     "cxlkv_copy_out",
     "cxlkv_copy_in_hashed",
@@ -913,3 +919,46 @@ def cxlkv_index_store(
                              f"region ({r.size_bytes} bytes); nothing was written")
         raise InvalidArgument(f"index_store: the table offset {table_offset} must be a multiple of "
                               f"{INDEX_SLOT_BYTES} bytes (status {rc})")
+
+
+# -- SIGBUS guard (a mapped file that shrinks) -------------------------------------
+
+def cxlkv_guard_install() -> None:
+    """Install the process's SIGBUS guard (idempotent): a fault past the end of a
+    registered mapping's file becomes zero memory instead of killing the process.
+
+    Raises:
+        RegionError: sigaction failed (errno set).
+    """
+    err = _new("int *")
+    if lib.cxlkv_guard_install(err) != _OK:
+        raise RegionError(f"installing the SIGBUS guard failed: {os.strerror(err[0])}", errno=int(err[0]))
+
+
+_guard_lock = threading.Lock()  # the C table's writers must be serialised
+
+
+def cxlkv_guard_add(r: Handle) -> bool:
+    """Register ``r``'s mapping with the guard; False when the table (256) is full.
+    Thread-safe."""
+    if r.base == ffi.NULL:
+        return False
+    with _guard_lock:
+        return lib.cxlkv_guard_add(r.base, r.size_bytes) == _OK
+
+
+def cxlkv_guard_remove(r: Handle) -> None:
+    """Forget ``r``'s mapping (call before unmapping it). Thread-safe."""
+    if r.base != ffi.NULL:
+        with _guard_lock:
+            lib.cxlkv_guard_remove(r.base)
+
+
+def cxlkv_guard_hits(r: Handle) -> int:
+    """Faults absorbed in ``r``'s mapping since it was registered (0 if not registered)."""
+    return int(lib.cxlkv_guard_hits(r.base)) if r.base != ffi.NULL else 0
+
+
+def cxlkv_guard_total_hits() -> int:
+    """Faults absorbed in every registered mapping of this process, ever."""
+    return int(lib.cxlkv_guard_total_hits())

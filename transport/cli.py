@@ -78,10 +78,16 @@ def region_group() -> None:
 def format_cmd(
     path: str, segment_name: str, size: int | None, create: bool, force: bool, as_json: bool
 ) -> None:
-    """Write a new identity header (uuid, size, segment name) at the start of PATH."""
+    """Write a new identity header (uuid, size, segment name) at the start of PATH.
+
+    An emulation file is allocated in full in its filesystem first (a sparse
+    one larger than its filesystem is refused in one line)."""
+    from cxlkv.transport.space import reserve_file
+
     if create and not size:
         raise click.UsageError("--create needs --size (e.g. --size 64MiB)")
     with _cli_errors(), Region.open(path, size=size, create=create) as region:
+        reserve_file(path)
         identity = format_region(region, segment_name, force=force)
     if not as_json:
         click.echo(f"formatted {path}")

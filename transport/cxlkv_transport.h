@@ -427,4 +427,28 @@ int cxlkv_index_probe_many(const cxlkv_index_t *ix, uint64_t n, const char *keys
                            const uint64_t *key_lens, int prefix,
                            cxlkv_ix_result_t *out, uint64_t *done);
 
+/*
+ * SIGBUS guard: a mapped file that shrinks (truncated by someone else) makes
+ * every access past its new end raise SIGBUS, which kills the process. Once
+ * installed, the guard's handler turns such a fault inside a registered
+ * mapping into zero memory: the pages from the faulting one to the end of the
+ * mapping are replaced by private anonymous zero pages (MAP_FIXED), the
+ * faulting access is retried and succeeds (reads see zeros, writes land in
+ * private memory), and the mapping's hit counter grows. Faults elsewhere (or
+ * of another kind than BUS_ADRERR) go to the handler that was installed before.
+ *
+ * cxlkv_guard_install: install the handler once per process (idempotent);
+ *   returns CXLKV_OK or CXLKV_E_INVAL with errno.
+ * cxlkv_guard_add / cxlkv_guard_remove: register / forget a mapping (before
+ *   unmapping it); at most 256 at once (CXLKV_E_TOO_LARGE when full). Callers
+ *   serialise add/remove; the handler reads the table without locks.
+ * cxlkv_guard_hits: faults absorbed in the mapping starting at `base` since it
+ *   was added (0 if unknown); cxlkv_guard_total_hits: in all mappings, ever.
+ */
+int cxlkv_guard_install(int *err_errno);
+int cxlkv_guard_add(void *base, uint64_t size_bytes);
+int cxlkv_guard_remove(void *base);
+uint64_t cxlkv_guard_hits(void *base);
+uint64_t cxlkv_guard_total_hits(void);
+
 #endif /* CXLKV_TRANSPORT_H */

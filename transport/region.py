@@ -24,7 +24,7 @@ from cxlkv.errors import InvalidArgument, OutOfRange, RegionError
 from cxlkv.transport import bindings as _b
 from cxlkv.transport.bindings import BufferLike, U64Array, ffi
 
-__all__ = ["Region", "checksum_buffer", "CHECKSUM_ALGORITHM"]
+__all__ = ["Region", "checksum_buffer", "CHECKSUM_ALGORITHM", "install_sigbus_guard"]
 
 #: The hash behind :meth:`Region.checksum` and :func:`checksum_buffer`
 #: (xxHash XXH3, 64-bit, seed 0).
@@ -54,6 +54,38 @@ def checksum_buffer(buf: BufferLike) -> int:
         ) from None
 
 
+def install_sigbus_guard() -> None:
+    """Make this process survive a region file that shrinks under its mapping.
+
+    Accessing a mapped file past its (new) end raises SIGBUS, which kills the
+    process. After this call such a fault inside any :class:`Region`'s mapping
+    is absorbed: the pages from the fault to the end of the mapping become
+    private zero memory, the access completes (a read sees zeros, which fail
+    verification; a write is lost), and :attr:`Region.guard_hits` grows so the
+    owner can retire the region and answer errors. Faults anywhere else keep
+    their previous handler (by default: the process dies). Idempotent; clientd
+    installs it at start.
+
+    Raises:
+        RegionError: sigaction failed.
+    """
+    _b.cxlkv_guard_install()
+
+
+def _check_new_file(path: str, size: int) -> None:
+    """Refuse early (nothing created) a file to create that its filesystem cannot hold."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError:
+        return  # the map call names the problem
+    if st is None or (st.st_size == 0 and not os.path.isdir(path)):
+        from cxlkv.transport.space import check_fits
+
+        check_fits(path, size)
+
+
 class Region:
     """One mapped region: bounds-checked copies, cache maintenance, views, checksums.
 
@@ -70,6 +102,7 @@ class Region:
         self._base = ffi.cast("char *", handle.base)
         self._size = int(handle.size_bytes)
         self._exported = False
+        _b.cxlkv_guard_add(handle)  # covered once the process installs the SIGBUS guard
 
     # -- lifecycle -------------------------------------------------------------
     @classmethod
@@ -86,7 +119,9 @@ class Region:
             size: expected size in bytes, or ``None`` to take the actual size.
                 When given, a file or device of another size is refused.
             create: create a missing emulation file and size an empty one to
-                ``size`` bytes (``size`` required, > 0). An existing non-empty
+                ``size`` bytes (``size`` required, > 0), its blocks allocated in
+                its filesystem (:func:`cxlkv.transport.space.reserve_file`): one
+                that does not fit is refused and removed. An existing non-empty
                 file is never resized.
             emulate_noncoherent: **test-only**: return a
                 :class:`~cxlkv.transport.emulate.NoncoherentRegion`, which models this
@@ -101,13 +136,27 @@ class Region:
         Raises:
             RegionError: (``.path``, ``.errno`` set) the path does not exist, no
                 permission, it is a directory or a non-DAX device (``/dev/null``),
-                its size is 0, its size differs from ``size`` (both named), or mmap
-                failed.
+                its size is 0, its size differs from ``size`` (both named), mmap
+                failed, or a file to create does not fit its filesystem.
             InvalidArgument: ``create=True`` without a positive ``size``; a negative size.
         """
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
             raise InvalidArgument(f"region {os.fspath(path)}: size must be a positive int of bytes, got {size!r}")
+        if create and size:
+            _check_new_file(os.fspath(path), size)
         handle = _b.cxlkv_map(path, size or 0, create)
+        if handle.created:
+            try:  # a file larger than its filesystem fails now, not with SIGBUS later
+                from cxlkv.transport.space import reserve_file
+
+                reserve_file(os.fspath(path))
+            except BaseException:
+                _b.cxlkv_unmap(handle)
+                try:
+                    os.unlink(path)  # created (sized from empty) here: take it back
+                except OSError:
+                    pass
+                raise
         if emulate_noncoherent is None:
             emulate_noncoherent = os.environ.get("CXLKV_TRANSPORT_EMULATE_NONCOHERENT", "") == "1"
         if emulate_noncoherent and cls is Region:
@@ -133,6 +182,7 @@ class Region:
         """
         if self._r is None or self._r.base == ffi.NULL:
             return
+        _b.cxlkv_guard_remove(self._r)
         if self._exported:
             _b.cxlkv_retire(self._r)
         else:
@@ -159,6 +209,27 @@ class Region:
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{self._size} bytes"
         return f"<Region {self._path} {state}{' dax' if self.is_dax else ''}>"
+
+    def retire(self) -> None:
+        """Replace the mapping by private zero memory now (idempotent), even while
+        other threads copy through it: they read zeros or write into memory nobody
+        else sees; later calls raise :class:`~cxlkv.errors.RegionError` (closed).
+        For a file that shrank under the mapping (:attr:`guard_hits`).
+
+        Raises:
+            RegionError: the replacement mapping failed (errno set).
+        """
+        if self._r is None or self._r.base == ffi.NULL:
+            return
+        _b.cxlkv_guard_remove(self._r)
+        _b.cxlkv_retire(self._r)
+        self._base = ffi.NULL
+
+    @property
+    def guard_hits(self) -> int:
+        """Accesses past the end of the file that the SIGBUS guard turned into zero
+        memory (:func:`install_sigbus_guard`); nonzero means the file shrank."""
+        return _b.cxlkv_guard_hits(self._r) if not self.closed else 0
 
     # -- properties --------------------------------------------------------------
     @property

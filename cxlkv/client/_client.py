@@ -61,13 +61,24 @@ _PutFromRequest = client_pb2.PutFromRequest
 
 
 def default_socket_path() -> str:
-    """``$CXLKV_SOCKET``, else ``<runtime dir>/clientd.sock`` (the daemon's default)."""
+    """``$CXLKV_SOCKET``, else ``<runtime dir>/clientd.sock`` (the daemon's default).
+
+    Raises:
+        UnsafeRuntimeDir: the runtime directory exists but another user owns it or
+            may write into it (:func:`cxlkv.rundir.check_private_dir`).
+    """
     env = os.environ.get("CXLKV_SOCKET")
     if env:
         return env
     from cxlkv.config import default_runtime_dir
+    from cxlkv.rundir import check_private_dir
 
-    return str(default_runtime_dir() / "clientd.sock")
+    run = default_runtime_dir()
+    try:
+        check_private_dir(run, create=False)
+    except FileNotFoundError:
+        pass  # no daemon there: connecting says so
+    return str(run / "clientd.sock")
 
 
 @dataclass

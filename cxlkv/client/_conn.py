@@ -30,6 +30,7 @@ from google.protobuf.message import DecodeError
 
 from cxlkv.client.framing import HEADER, HEADER_BYTES, LENGTH_BYTES, MIN_LENGTH, Method
 from cxlkv.errors import CxlkvError, DaemonUnreachable, Internal, Unavailable, error_for
+from cxlkv.rundir import UntrustedDaemon, check_daemon_peer
 from cxlkv.v1 import common_pb2
 
 __all__ = ["LeanConnection", "GrpcConnection"]
@@ -68,6 +69,8 @@ class LeanConnection:
 
     Raises:
         Unavailable: the socket does not exist or nobody listens on it.
+        UntrustedDaemon: the process listening on it runs as another user than
+            the caller, root or the socket's owner (``SO_PEERCRED``).
     """
 
     def __init__(self, path: str, timeout_s: float) -> None:
@@ -83,6 +86,7 @@ class LeanConnection:
         try:
             sock.settimeout(timeout_s)
             sock.connect(path)
+            check_daemon_peer(sock, path)  # before anything is sent
             # Blocking mode with kernel timeouts: one syscall per send/recv
             # (Python's settimeout adds a poll() before each).
             sock.settimeout(None)
@@ -95,6 +99,8 @@ class LeanConnection:
                 pass
         except OSError as exc:
             sock.close()
+            if isinstance(exc, UntrustedDaemon):
+                raise
             raise DaemonUnreachable(_unreachable(path, exc)) from None
         self._sock: socket.socket | None = sock
 
@@ -373,6 +379,8 @@ class GrpcConnection:
 
     Raises:
         Unavailable: the socket does not exist or nobody listens on it.
+        UntrustedDaemon: the process listening on it runs as another user than
+            the caller, root or the socket's owner (``SO_PEERCRED``).
     """
 
     def __init__(self, path: str, timeout_s: float) -> None:
@@ -384,7 +392,10 @@ class GrpcConnection:
         try:
             probe.settimeout(timeout_s)
             probe.connect(path)
+            check_daemon_peer(probe, path)  # before gRPC's own connection sends anything
         except OSError as exc:
+            if isinstance(exc, UntrustedDaemon):
+                raise
             raise DaemonUnreachable(_unreachable(path, exc)) from None
         finally:
             probe.close()

@@ -37,9 +37,15 @@ from typing import Any, Callable
 import numpy as np
 import xxhash
 
-from cxlkv.errors import ChecksumMismatch, CxlkvError, ErrorCode, LeaseExpired, OutOfRange, error_for
+from cxlkv.errors import ChecksumMismatch, CxlkvError, ErrorCode, LeaseExpired, OutOfRange, RegionError, error_for
 from cxlkv.objheader import header_bytes_for, pack_header, object_mismatch
 from cxlkv.v1 import client_pb2, common_pb2
+
+try:
+    from cxlkv.transport.bindings import cxlkv_guard_total_hits as _guard_total_hits
+except ImportError:  # no C transport: no direct mode either
+    def _guard_total_hits() -> int:
+        return 0
 
 __all__ = ["DirectPath", "Fallback", "HASH_IN_THREAD_BYTES"]
 
@@ -131,8 +137,9 @@ class DirectPath:
         if not info.regions:
             return None, "the daemon lists no region a direct caller may map"
         from cxlkv.region import read_identity
-        from cxlkv.transport import Region
+        from cxlkv.transport import Region, install_sigbus_guard
 
+        install_sigbus_guard()  # a region file that shrinks: zeros and errors, not a SIGBUS death
         mapped: dict[int, Any] = {}
         skipped: list[str] = []
         for r in info.regions:
@@ -315,6 +322,7 @@ class DirectPath:
         flush mode); the error that stopped it, or ``None``."""
         key_utf8 = it.key.encode("utf-8")
         hb = r.header_bytes or header_bytes_for(len(key_utf8))
+        faults = _guard_total_hits()
         try:
             for n, ext in enumerate(r.extents):
                 region = self._region(ext)
@@ -345,6 +353,12 @@ class DirectPath:
             return exc
         except (TypeError, ValueError, BufferError) as exc:
             return CxlkvError(f"copy failed: {exc}")
+        if _guard_total_hits() != faults:  # some mapping's file shrank meanwhile: was it ours?
+            for ext in r.extents:
+                region = self._region(ext)
+                if region is not None and getattr(region, "guard_hits", 0):
+                    return RegionError(f"region {region.path} shrank under this process: the value was not "
+                                       "written", path=region.path)
         return None
 
     def _revoke_quietly(self, items: list[_PutItem]) -> None:
