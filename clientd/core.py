@@ -228,6 +228,11 @@ class ClientdCore:
         self._puts_in_flight: dict[int, int] = {}
         #: Set whenever the last put round of an ended registration finishes.
         self.drained = asyncio.Event()
+        #: Tokens of the direct puts begun under registrations up to a generation
+        #: that are still pending (set by :class:`cxlkv.clientd.direct.DirectPuts`).
+        self.direct_pending: Callable[[int], list[int]] = lambda generation: []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        link.on_registered.append(self._registered)
 
     # ================================================================== puts
     async def put(self, specs: list[PutSpec]) -> list[client_pb2.PutResult]:
@@ -1039,6 +1044,51 @@ class ClientdCore:
             self.counters["prefix_hits"] += final
             return final, [o for o in out[:final] if o is not None]
         return 0, []
+
+    # ============================================= fencing of ended registrations
+    def _registered(self, first: bool, old_epoch: int, old_gen: int) -> None:
+        """The link registered again under the same client id: the old registration's
+        space (quarantined by the master) is freed once its writers stopped."""
+        if first or not old_epoch:
+            return  # a new process: the daemon releases its predecessor's (clientd/writers.py)
+        task = asyncio.get_running_loop().create_task(self.release_when_drained(old_epoch, old_gen))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def release_when_drained(self, upto_epoch: int, old_gen: int, keep: tuple[int, ...] = ()) -> int:
+        """Wait until every put round this daemon began in generations up to
+        ``old_gen`` is over, then tell the master that the registrations of this
+        client id up to ``upto_epoch`` stopped writing — except the direct puts
+        still pending (their writers free them by ending them, or by exiting).
+
+        Returns:
+            Bytes the master freed (0 when it could not be told: the space then
+            waits for the next re-registration, which covers older epochs too).
+        """
+        while any(g <= old_gen for g in self._puts_in_flight):
+            self.drained.clear()
+            try:
+                await asyncio.wait_for(self.drained.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+        kept = sorted(set(keep) | set(self.direct_pending(old_gen)))
+        link = self.link
+        for pause in (0.0, 0.2, 1.0, 5.0):
+            await asyncio.sleep(pause)
+            if link.epoch <= upto_epoch:
+                return 0
+            try:
+                resp = await link.call("ReleaseQuarantine", lambda: master_pb2.ReleaseQuarantineRequest(
+                    client_id=link.client_id, epoch=link.epoch, upto_epoch=upto_epoch, keep_put_tokens=kept))
+            except CxlkvError as exc:
+                log.debug("ReleaseQuarantine up to epoch %d failed: %s", upto_epoch, exc.message)
+                continue
+            self.counters["quarantine_released_bytes"] += resp.freed_bytes
+            if resp.freed_bytes:
+                log.info("registrations up to epoch %d stopped writing: the master freed %d quarantined "
+                         "bytes (%d direct put(s) kept for their writers)", upto_epoch, resp.freed_bytes, len(kept))
+            return int(resp.freed_bytes)
+        return 0
 
     # ================================================== existence and removal
     async def exist(self, keys: list[str]) -> list[tuple[bool, common_pb2.Status]]:

@@ -28,6 +28,7 @@ import os
 import signal
 import socket
 import stat
+from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from cxlkv.clientd.grpc_service import GrpcFrontEnd
 from cxlkv.clientd.lean import LeanServer
 from cxlkv.clientd.master_link import MasterLink
 from cxlkv.clientd.regions import RegionSet, StartupError
+from cxlkv.clientd.writers import Incarnation, still_running
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError
 from cxlkv.systemd import Notifier
@@ -139,6 +141,9 @@ class Daemon:
         self._stop = asyncio.Event()
         self._sockets_owned: list[str] = []
         self.tier_worker = None
+        self.core: ClientdCore | None = None
+        self.incarnation: Incarnation | None = None
+        self._release_prev: asyncio.Future[Any] | None = None
 
     def request_stop(self) -> None:
         """Ask the daemon to shut down (signal handlers call this)."""
@@ -186,10 +191,17 @@ class Daemon:
                 buffers.protect(regions.file_ids())  # never a "buffer" the daemon writes into
                 for path in (self.socket_path, self.lean_socket_path):
                     _prepare_socket_path(path)
+                # no other process of this daemon runs from here on; what the last one left (clientd/writers.py)
+                incarnation = self.incarnation = Incarnation(self.socket_path)
+                prev = incarnation.acquire()
                 metrics_url = ""
                 link = MasterLink(cfg, regions)
-                core = ClientdCore(cfg, regions, link, executor, copy_threads=copy_threads)
+                if prev is not None:
+                    link.client_id = prev.client_id  # registers again under it: its old epochs get fenced
+                core = self.core = ClientdCore(cfg, regions, link, executor, copy_threads=copy_threads)
                 api = ClientApi(cfg, core, buffers)
+                api.direct.incarnation = incarnation
+                link.on_registered.append(lambda *_: incarnation.record_registration(link.client_id, link.epoch))
                 if cfg.metrics_address:
                     from cxlkv.clientd.metrics import start_metrics
 
@@ -226,6 +238,11 @@ class Daemon:
                                      flush_mode=cfg.coherence == "flush")
             tier_worker.start()
             self.tier_worker = tier_worker
+            if prev is not None:
+                alive = [w for w in prev.direct if still_running(w)]
+                api.direct.adopt_previous(alive)
+                self._release_prev = asyncio.ensure_future(core.release_when_drained(
+                    prev.epoch, -1, tuple(w.put_token for w in alive)))
             await grpc_fe.set_serving(True)
             if cfg.ready_file:
                 Path(cfg.ready_file).write_text(f"{os.getpid()}\n")
@@ -275,8 +292,15 @@ class Daemon:
             await lean.stop(SHUTDOWN_GRACE_S)
         if self.tier_worker is not None:
             await self.tier_worker.close()
+        if self.core is not None:
+            try:
+                await self.core.reserve.close()  # unused reservations back to the master
+            except Exception:
+                log.exception("giving back reservations failed")
         if link is not None:
             await link.close()
+        if self.incarnation is not None:
+            self.incarnation.release()
         executor.shutdown(wait=True)
         buffers.close()
         if regions is not None:

@@ -96,6 +96,31 @@ class DirectPuts:
         self.offered = offered
         self._pending: dict[int, _Pending] = {}
         self._reaper: asyncio.Task[None] | None = None
+        #: Records the pending direct puts for a later process of this daemon (clientd/writers.py).
+        self.incarnation: Any = None
+        core.direct_pending = self.pending_tokens
+
+    def pending_tokens(self, generation: int) -> list[int]:
+        """Tokens of the pending direct puts begun in generations up to ``generation``."""
+        return [p.token for p in self._pending.values() if p.generation <= generation]
+
+    def adopt_previous(self, writers: list[Any]) -> None:
+        """Watch the direct puts a previous process of this daemon had pending whose
+        writers still run: each is ended when its writer sends DirectPutEnd (STALE_TOKEN,
+        then PutRevoke frees its quarantined space) or revoked when the writer exits."""
+        for w in writers:
+            self._pending[w.put_token] = _Pending(w.key, w.put_token, w.put_token, 0, 0, [], w.pid,
+                                                  w.pid_start, -1)
+        if writers:
+            self._ensure_reaper()
+            self._record()
+
+    def _record(self) -> None:
+        if self.incarnation is not None:
+            from cxlkv.clientd.writers import DirectWriter
+
+            self.incarnation.record_direct([DirectWriter(p.token, p.key, p.pid, p.pid_start)
+                                            for p in self._pending.values()])
 
     # ------------------------------------------------------------- regions
     def _direct_region(self, segment_id: int) -> "MappedRegion | None":
@@ -208,6 +233,7 @@ class DirectPuts:
                     extents=[self._extent(e, int(_CXL)) for e in exts])
             if revokes:
                 await self._revoke(revokes)
+        self._record()  # before the writer learns its extents: a later process must know of it
         return client_pb2.DirectPutStartResponse(results=results)  # type: ignore[arg-type]
 
     async def put_end(self, req: client_pb2.DirectPutEndRequest) -> client_pb2.DirectPutEndResponse:
@@ -255,11 +281,14 @@ class DirectPuts:
             fenced: list[tuple[str, int, int]] = []
             for (i, e), s in zip(ends, statuses):
                 out[i] = s
-                if s.code == _STALE_TOKEN and link.generation == gen:
-                    fenced.append((e[0], e[1], 0))  # timed out while the writer copied
+                if s.code == _STALE_TOKEN:
+                    # timed out while the writer copied, or begun under a registration that
+                    # ended: the writer is done now, so its held space may be freed
+                    fenced.append((e[0], e[1], 0))
             if fenced:
                 await self.core.release_fenced(fenced)
         self.core.counters["direct_put_ends"] += len(ends)
+        self._record()
         return client_pb2.DirectPutEndResponse(results=out)  # type: ignore[arg-type]
 
     def _check_header(self, p: _Pending, checksum: int) -> str | None:
@@ -321,6 +350,7 @@ class DirectPuts:
             return 0
         for p in dead:
             self._pending.pop(p.token, None)
+        self._record()
         log.info("revoking %d direct put(s) of exited writer(s) %s", len(dead),
                  sorted({p.pid for p in dead}))
         await self._revoke([(p.key, p.token, 0) for p in dead])

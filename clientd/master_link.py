@@ -285,6 +285,10 @@ class MasterLink:
         self._hits_handle: asyncio.TimerHandle | None = None
         #: Hits reports dropped because the master could not be reached (counted, never retried).
         self.hits_dropped = 0
+        #: Called after every registration with ``(first, old_epoch, old_generation)``:
+        #: the registration that ended (epoch 0 on the first) — clientd then frees
+        #: its quarantined space once its writers are known to have stopped.
+        self.on_registered: list[Callable[[bool, int, int], None]] = []
         #: The region holding the index the master publishes ("" = none) and its epoch (docs/index.md).
         self.index_region_uuid = ""
         self.index_epoch = 0
@@ -420,6 +424,7 @@ class MasterLink:
             for p in problems:
                 log.error("after re-registration: %s; reads and writes there fail", p)
         was = self.master_id
+        old_epoch, old_gen = (self.epoch if resp.client_id == self.client_id else 0), self.generation
         self.client_id = resp.client_id
         self.epoch = resp.epoch
         self.master_id = resp.master_id
@@ -434,6 +439,11 @@ class MasterLink:
         self.generation += 1
         self._registered.set()
         self._warned_unavailable = False
+        for cb in self.on_registered:
+            try:
+                cb(first, old_epoch, old_gen)
+            except Exception:  # a bug in a callback must not undo the registration
+                log.exception("registration callback failed")
         if first:
             log.info(
                 "registered with master %s (%s) as %s, epoch %d; %d segment(s), %d mapped here",

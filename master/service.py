@@ -679,7 +679,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
 
     @_rpc
     def ReleaseQuarantine(self, request, context):
-        freed = self.state.release_quarantine(request.client_id, request.epoch, request.upto_epoch, self.clock())
+        freed = self.state.release_quarantine(request.client_id, request.epoch, request.upto_epoch, self.clock(),
+                                              request.keep_put_tokens)
         if freed:
             log.info("client %s: %d quarantined bytes of registrations up to epoch %d freed (its writers "
                      "stopped)", request.client_id, freed, request.upto_epoch)

@@ -511,11 +511,14 @@ class MasterState:
         self._quarantined_at[obj.version] = now
         self.counters["quarantined"] += 1
 
-    def release_quarantine(self, client_id: str, epoch: int, upto_epoch: int, now: float) -> int:
+    def release_quarantine(self, client_id: str, epoch: int, upto_epoch: int, now: float,
+                           keep: Iterable[int] = ()) -> int:
         """Free the space quarantined from ``client_id``'s registrations up to
         ``upto_epoch``: the caller, that client's current registration, says every
         writer of those registrations has stopped (clientd drained its copies, or
-        proved its previous process and its direct writers gone).
+        proved its previous process and its direct writers gone). The puts in
+        ``keep`` stay quarantined: their writers (direct-mode processes) still run;
+        each is freed when its writer ends it (PutRevoke) or is found dead.
 
         Returns:
             Bytes freed.
@@ -528,7 +531,9 @@ class MasterState:
         if upto_epoch >= client.epoch:
             raise InvalidArgument(f"release_quarantine: epoch {upto_epoch} is not older than the current "
                                   f"registration's ({client.epoch})")
-        return self._release(lambda o: o.client_id == client_id and o.epoch <= upto_epoch)
+        kept = frozenset(keep)
+        return self._release(lambda o: o.client_id == client_id and o.epoch <= upto_epoch
+                             and o.version not in kept)
 
     def release_quarantine_of(self, client_id: str) -> int:
         """Free everything quarantined from ``client_id`` (an operator's word that

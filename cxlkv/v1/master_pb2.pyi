@@ -78,14 +78,16 @@ class PackedUnreserveRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., put_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleaseQuarantineRequest(_message.Message):
-    __slots__ = ("client_id", "epoch", "upto_epoch")
+    __slots__ = ("client_id", "epoch", "upto_epoch", "keep_put_tokens")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     UPTO_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEEP_PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     epoch: int
     upto_epoch: int
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., upto_epoch: _Optional[int] = ...) -> None: ...
+    keep_put_tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., upto_epoch: _Optional[int] = ..., keep_put_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleaseQuarantineResponse(_message.Message):
     __slots__ = ("freed_bytes",)
