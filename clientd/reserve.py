@@ -35,14 +35,14 @@ __all__ = ["Reservation", "ReservePool", "RESERVE_BYTES", "MAX_RESERVED_BYTES"]
 log = logging.getLogger(__name__)
 
 #: Most bytes held reserved per object size (the stack's target is bounded by it).
-RESERVE_BYTES = 4 << 20
+RESERVE_BYTES = 1 << 20
 #: Objects (header + value) larger than this are put with PutStart/PutEnd: the
 #: copy then dominates, and a large reservation would sit idle.
 MAX_RESERVED_BYTES = 1 << 20
 #: Object sizes kept at once (least recently used sizes are given back).
 MAX_SIZES = 8
 #: Smallest target of a stack, in extents.
-MIN_TARGET = 8
+MIN_TARGET = 4
 
 
 class Reservation(NamedTuple):

@@ -308,7 +308,7 @@ def open_dram_tier(name: str, size_bytes: int, *, prefault: bool = False) -> Any
     region = Region.open(path, size=size_bytes, create=True)
     try:
         os.unlink(path)  # the mapping stays: memory private to this process, freed when it exits
-        format_region(region, seg)
+        format_region(region, seg, index=False)  # host-local: read through the daemon only
         identity = read_identity(region)
         if prefault:
             region.prefault()

@@ -153,6 +153,8 @@ class LocalCluster:
             (:func:`cxlkv.certs.local_cluster_certs`: ``master``, ``clientd-<i>``
             each, ``admin``) and run every link to the master over mutual TLS;
             :meth:`tls_files` names the files of each identity.
+        index_objects: objects to size each region's committed-object index for
+            (``None``: the default, one per 16 KiB of region; cxlkv.index).
         certs_dir: with ``tls``, use the certificates already in this directory
             (the same file names) instead of generating them.
 
@@ -182,6 +184,7 @@ class LocalCluster:
         ssd_size_bytes: int = 0,
         ssd_dir: str | None = None,
         tls: bool = False,
+        index_objects: int | None = None,
         certs_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if clientds < 0 or segments < 1:
@@ -206,6 +209,7 @@ class LocalCluster:
             str(self.region_dir / f"cxlkv-{self.cluster_id}-cxl{i}") for i in range(segments)
         ]
         self.tls = tls
+        self.index_objects = index_objects
         #: Where the certificates are (``tls``), else "".
         self.certs_dir = (str(certs_dir or self.run_dir / "certs")) if tls else ""
         self._make_certs = tls and certs_dir is None
@@ -280,12 +284,12 @@ class LocalCluster:
 
         for i, path in enumerate(self.region_paths):
             with Region.open(path, size=self.region_size_bytes, create=True) as region:
-                format_region(region, f"cxl{i}")
+                format_region(region, f"cxl{i}", expected_objects=self.index_objects)
         if self.ssd_path:
             from cxlkv.clientd.tiers import FileRegion
 
             with FileRegion.open(self.ssd_path, size=self.ssd_size_bytes, create=True) as ssd:
-                format_region(ssd, "ssd0")  # type: ignore[arg-type]
+                format_region(ssd, "ssd0", index=False)  # type: ignore[arg-type]  # read through clientd
 
     def _start_master(self) -> None:
         address_file = self.run_dir / "master.address"

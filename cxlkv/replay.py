@@ -671,14 +671,21 @@ BLOCK_HEADER_BYTES = 128
 
 
 def region_bytes_for(capacity_blocks: int, block_bytes: int, alignment_bytes: int = 64,
-                     header_bytes: int = BLOCK_HEADER_BYTES) -> int:
+                     header_bytes: int = BLOCK_HEADER_BYTES, *, index: bool = False) -> int:
     """Region size (header included) whose allocatable space holds exactly
     ``capacity_blocks`` blocks of ``block_bytes`` (each extent: object header,
-    key and value, aligned)."""
+    key and value, aligned). With ``index`` the region also holds a committed-object
+    index sized for ``capacity_blocks`` objects (format it with that
+    ``expected_objects``), and the 4096-byte alignment of the index's offset."""
     from cxlkv.region import REGION_HEADER_BYTES
 
     extent = -(-(block_bytes + header_bytes) // alignment_bytes) * alignment_bytes
-    return REGION_HEADER_BYTES + capacity_blocks * extent
+    size = REGION_HEADER_BYTES + capacity_blocks * extent
+    if index:
+        from cxlkv.index import index_geometry
+
+        size += index_geometry(1 << 62, capacity_blocks).index_bytes + 4096
+    return size
 
 
 def run_embedded(
@@ -733,7 +740,8 @@ def run_embedded(
     cluster = LocalCluster(
         run_dir or tmp.name,  # type: ignore[union-attr]
         clientds=clientds,
-        region_size_bytes=region_bytes_for(cap, opts.block_bytes),
+        region_size_bytes=region_bytes_for(cap, opts.block_bytes, index=True),
+        index_objects=cap,
         master_options=master_options,
         clientd_options=clientd_options,
         ssd_size_bytes=ssd_bytes,

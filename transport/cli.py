@@ -74,9 +74,14 @@ def region_group() -> None:
 )
 @click.option("--create", is_flag=True, help="Create and size the emulation file if missing.")
 @click.option("--force", is_flag=True, help="Re-format a region that already holds a header.")
+@click.option("--expected-objects", type=click.IntRange(min=1), default=None,
+              help="Objects to size the committed-object index for (default: one per 16 KiB of region; "
+                   "the index costs 128 bytes of region per expected object, docs/index.md).")
+@click.option("--no-index", is_flag=True, help="Lay out no index (reads go through the leased RPC path).")
 @click.option("--json", "as_json", is_flag=True, help="Print the new identity as JSON.")
 def format_cmd(
-    path: str, segment_name: str, size: int | None, create: bool, force: bool, as_json: bool
+    path: str, segment_name: str, size: int | None, create: bool, force: bool, as_json: bool,
+    expected_objects: int | None = None, no_index: bool = False,
 ) -> None:
     """Write a new identity header (uuid, size, segment name) at the start of PATH.
 
@@ -88,7 +93,8 @@ def format_cmd(
         raise click.UsageError("--create needs --size (e.g. --size 64MiB)")
     with _cli_errors(), Region.open(path, size=size, create=create) as region:
         reserve_file(path)
-        identity = format_region(region, segment_name, force=force)
+        identity = format_region(region, segment_name, force=force, expected_objects=expected_objects,
+                                 index=not no_index)
     if not as_json:
         click.echo(f"formatted {path}")
     _print_identity(path, identity, as_json)
