@@ -71,6 +71,8 @@ FUSED_HASH_MIN_BYTES = 256 << 10
 #: seconds: reads hold their lease only while they copy.
 REMOVE_LEASE_WAIT_S = 0.05
 REMOVE_RETRY_FIRST_S = 0.002
+#: Deadline of a RemoveAll / RemoveByRegex call to the master, in seconds (it runs by slices).
+REMOVE_ALL_TIMEOUT_S = 120.0
 
 _OK = int(ErrorCode.OK)
 _NOT_FOUND = int(ErrorCode.NOT_FOUND)
@@ -891,25 +893,25 @@ class ClientdCore:
             InvalidArgument: ``regex`` does not compile.
             Unavailable, NotReady: the master cannot be reached.
         """
-        import re
-
-        from cxlkv.errors import InvalidArgument
+        from cxlkv.keys import compile_key_pattern
 
         if regex:
-            try:
-                re.compile(regex)
-            except re.error as exc:
-                raise InvalidArgument(f"regex {regex!r} does not compile: {exc}") from None
+            compile_key_pattern(regex)  # RE2, as the master: a bad pattern fails here, with its reason
         await self.link.flush_releases()
+        # The master removes by slices, answering other calls meanwhile: millions of
+        # keys take seconds, longer than master_timeout_s allows an ordinary call.
+        timeout = max(self.cfg.master_timeout_s, REMOVE_ALL_TIMEOUT_S)
         total = master_pb2.RemoveAllResponse()
         delay = REMOVE_RETRY_FIRST_S
         waited = 0.0
         while True:
             if regex:
                 r = await self.link.call(
-                    "RemoveByRegex", lambda: master_pb2.RemoveByRegexRequest(pattern=regex, force=force))
+                    "RemoveByRegex", lambda: master_pb2.RemoveByRegexRequest(pattern=regex, force=force),
+                    timeout=timeout)
             else:
-                r = await self.link.call("RemoveAll", lambda: master_pb2.RemoveAllRequest(force=force))
+                r = await self.link.call("RemoveAll", lambda: master_pb2.RemoveAllRequest(force=force),
+                                         timeout=timeout)
             total.removed += r.removed
             total.skipped_leased = r.skipped_leased
             if not r.skipped_leased or waited >= REMOVE_LEASE_WAIT_S:

@@ -40,6 +40,7 @@ from cxlkv.clientd.master_link import MasterLink
 from cxlkv.clientd.regions import RegionSet, StartupError
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError
+from cxlkv.loops import StallMonitor
 from cxlkv.systemd import Notifier
 
 __all__ = ["Daemon", "SHUTDOWN_GRACE_S", "BUFFER_REAP_INTERVAL_S", "EXIT_STARTUP", "tune_malloc"]
@@ -123,6 +124,8 @@ class Daemon:
         self._stop = asyncio.Event()
         self._sockets_owned: list[str] = []
         self.tier_worker = None
+        #: How long the event loop is held (cxlkv_event_loop_stall_* metrics).
+        self.stalls = StallMonitor()
 
     def request_stop(self) -> None:
         """Ask the daemon to shut down (signal handlers call this)."""
@@ -151,6 +154,7 @@ class Daemon:
         metrics = None
         notify = self.notifier
         watchdog = asyncio.ensure_future(notify.run_watchdog())
+        self.stalls.start()
         try:
             try:
                 notify.status("mapping regions")
@@ -174,7 +178,8 @@ class Daemon:
                 if cfg.metrics_address:
                     from cxlkv.clientd.metrics import start_metrics
 
-                    metrics, metrics_url = start_metrics(cfg.metrics_address, core, buffers, api)
+                    metrics, metrics_url = start_metrics(cfg.metrics_address, core, buffers, api,
+                                                         stalls=self.stalls)
                     link.metrics_url = api.metrics_url = metrics_url
                     log.info("metrics on %s", metrics_url)
                 grpc_fe = GrpcFrontEnd(api, self.socket_path, cfg.socket_mode)
@@ -221,6 +226,7 @@ class Daemon:
             return 0
         finally:
             watchdog.cancel()
+            self.stalls.stop()
             await self._shutdown(grpc_fe, lean, link, buffers, regions, executor, metrics)
 
     async def _reap_buffers(self, buffers: BufferRegistry) -> None:

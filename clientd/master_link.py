@@ -61,6 +61,18 @@ LINGER_FRACTION = 1.0
 MAX_LINGER_S = 0.002
 #: gRPC message size limit towards the master, in bytes (keys may be 4 KiB each).
 MAX_MESSAGE_BYTES = 64 << 20
+#: gRPC reconnect backoff towards the master, in milliseconds: the first wait after
+#: a failed connection, and the longest (gRPC's defaults, 1 s growing to 120 s, kept
+#: clientds away for up to a minute after a restarted master was serving again).
+RECONNECT_BACKOFF_INITIAL_MS = 100
+RECONNECT_BACKOFF_MAX_MS = 250
+#: Time one connection attempt may take, in milliseconds (gRPC's
+#: ``min_reconnect_backoff_ms``: its minimum connect deadline; default 20 s).
+RECONNECT_CONNECT_TIMEOUT_MS = 1000
+#: While the master is unreachable, the heartbeat loop tries this often, in seconds
+#: (instead of every ``heartbeat_interval_s``), so the daemon registers again as soon
+#: as a restarted master serves.
+RECONNECT_POLL_S = 0.1
 
 
 class StartedExtent(NamedTuple):
@@ -327,6 +339,11 @@ class MasterLink:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.enable_http_proxy", 0),
                 ("grpc.keepalive_time_ms", 10_000),
+                # Back within a second of a restarted master serving, whatever the
+                # outage's length: gRPC's default backoff grows to 120 s between attempts.
+                ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
+                ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS),
+                ("grpc.min_reconnect_backoff_ms", RECONNECT_CONNECT_TIMEOUT_MS),
             ],
         )
         self._stub = master_pb2_grpc.MasterServiceStub(self._channel)
@@ -461,7 +478,9 @@ class MasterLink:
 
     async def _heartbeat_loop(self) -> None:
         while not self._closed:
-            await asyncio.sleep(self.heartbeat_interval_s)
+            # Unreachable master: poll quickly, to be back within a second of its return.
+            await asyncio.sleep(self.heartbeat_interval_s if self.connected
+                                else min(self.heartbeat_interval_s, RECONNECT_POLL_S))
             gen = self.generation
             try:
                 if not self.registered:

@@ -36,6 +36,7 @@ from grpc_reflection.v1alpha import reflection
 from cxlkv.config import MasterConfig, format_size
 from cxlkv.errors import ConfigError
 from cxlkv.lean import LeanServer
+from cxlkv.loops import StallMonitor
 from cxlkv.master.recovery import recover_regions
 from cxlkv.master.service import MasterServicer
 from cxlkv.master.state import MasterState
@@ -134,6 +135,8 @@ class MasterServer:
         self._health: health.aio.HealthServicer | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
+        #: How long the event loop is held (cxlkv_event_loop_stall_* metrics).
+        self.stalls = StallMonitor()
 
     async def start(self) -> str:
         """Bind, start serving, start the sweep, write the address file.
@@ -149,7 +152,7 @@ class MasterServer:
         host, want_port = _split_host_port(cfg.listen_address)
         _probe_listen(cfg.listen_address, host, want_port)
         server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", cfg.max_request_bytes),
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
         ])
@@ -172,7 +175,7 @@ class MasterServer:
         if cfg.lean_listen_address != "off":
             lean_host, lean_port = (_split_host_port(cfg.lean_listen_address) if cfg.lean_listen_address
                                     else (host, 0))
-            self._lean = LeanServer(self.servicer.lean_routes())
+            self._lean = LeanServer(self.servicer.lean_routes(), max_frame_bytes=cfg.max_request_bytes)
             try:
                 self.servicer.lean_port = await self._lean.start_tcp(lean_host, lean_port)
             except OSError as exc:
@@ -185,6 +188,7 @@ class MasterServer:
         shown_host = "127.0.0.1" if host in _WILDCARD_HOSTS else host
         self.address = f"{shown_host}:{port}"
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop(), name="sweep")
+        self.stalls.start()
         segs = ", ".join(f"{s.name}={format_size(s.size_bytes)}" for s in self.state.segments()) or "none"
         log.info(
             "master %s serving on %s, lean port %s (strategy %s, eviction %s, segments: %s)", self.master_id,
@@ -201,7 +205,7 @@ class MasterServer:
 
         try:
             self._metrics, url, observer = start_master_metrics(
-                self.config.metrics_address, self.state, asyncio.get_running_loop())
+                self.config.metrics_address, self.state, asyncio.get_running_loop(), stalls=self.stalls)
         except OSError as exc:
             raise ListenError(str(exc)) from None
         self.metrics_url = self.servicer.metrics_url = url
@@ -251,6 +255,7 @@ class MasterServer:
         if self._lean is not None:
             await self._lean.stop(self.grace_s)
             self._lean = None
+        self.stalls.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             try:

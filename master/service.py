@@ -2,7 +2,10 @@
 
 Every state call runs on the event-loop thread (the handlers are coroutines that
 never await in the middle of state work), so the state needs no lock; ``now`` is
-``time.monotonic()`` read once per call.
+``time.monotonic()`` read once per call. The O(keys) calls (RemoveAll,
+RemoveByRegex) run by slices of at most ``slice_s`` and await between them, so
+no call holds the loop (heartbeats are answered within 100 ms throughout); batch
+calls over ``max_batch_items`` are refused before any work (:mod:`cxlkv.limits`).
 
 Errors: single-item RPCs abort with the cxlkv error packed in the gRPC status
 details (:func:`cxlkv.errors.rpc_status_for`); batch RPCs answer a per-item
@@ -30,6 +33,7 @@ from grpc_status import rpc_status
 from cxlkv import __version__
 from cxlkv.errors import CxlkvError, Internal, InvalidArgument, rpc_status_for
 from cxlkv.lean import LeanRoute, service_methods
+from cxlkv.limits import BatchLimit
 from cxlkv.master.objects import ObjectVersion
 from cxlkv.master.segments import Segment, Tier
 from cxlkv.master.state import MasterState
@@ -51,6 +55,8 @@ def _invoke(self: "MasterServicer", fn: Handler, name: str, request: Any, contex
     """Run handler ``fn``; return (response, None) or (None, error), observed once."""
     t0 = perf_counter()
     try:
+        if name in self._limit_fields:
+            self.batch_limit.check(name, request)
         response = fn(self, request, context)
     except CxlkvError as err:
         error: CxlkvError = err
@@ -212,6 +218,10 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         self._lease_ttl_ms = int(round(state.config.lease_ttl_s * 1000))
         self._task_waiters = 0
         self._task_event: asyncio.Event | None = None
+        #: Refuses batch calls over ``max_batch_items`` (docs/protocol.md, Limits).
+        self.batch_limit = BatchLimit(master_pb2.DESCRIPTOR.services_by_name["MasterService"],
+                                      state.config.max_batch_items)
+        self._limit_fields = self.batch_limit.fields
 
     def wake_task_waiters(self) -> None:
         """Answer every FetchTasks long poll now (tasks were queued)."""
@@ -225,8 +235,10 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         same handlers, errors and metrics hook as the gRPC path, without HTTP/2."""
         routes: dict[int, LeanRoute] = {}
         for m in service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"]):
-            if m.name == "FetchTasks":
-                routes[m.number] = LeanRoute(m.name, m.request_type.FromString, self._lean_fetch_tasks, m.request_type)
+            waits = {"FetchTasks": self._lean_fetch_tasks, "RemoveAll": self._lean_remove_all,
+                     "RemoveByRegex": self._lean_remove_by_regex}.get(m.name)
+            if waits is not None:  # long polls and sliced operations: run as tasks
+                routes[m.number] = LeanRoute(m.name, m.request_type.FromString, waits, m.request_type)
                 continue
             fn = getattr(type(self), m.name).__wrapped__
             routes[m.number] = LeanRoute(m.name, m.request_type.FromString, self._lean_handler(fn, m.name),
@@ -234,8 +246,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return routes
 
     def _lean_handler(self, fn: Handler, name: str) -> Callable[[Any], Any]:
-        """``fn`` as an inline lean route: every master handler but FetchTasks
-        answers without waiting."""
+        """``fn`` as an inline lean route: every master handler but FetchTasks,
+        RemoveAll and RemoveByRegex answers without waiting."""
 
         def handler(request: Any) -> Any:
             response, error = _invoke(self, fn, name, request, None)
@@ -671,15 +683,51 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             add()
         return resp
 
-    @_rpc
-    def RemoveAll(self, request, context):
-        removed, skipped = self.state.remove_all(self.clock(), request.force)
-        return master_pb2.RemoveAllResponse(removed=removed, skipped_leased=skipped)
+    async def RemoveAll(self, request, context):
+        response, error = await self._remove_all("RemoveAll", request, None)
+        if error is None:
+            return response
+        await context.abort_with_status(rpc_status.to_status(rpc_status_for(error)))
 
-    @_rpc
-    def RemoveByRegex(self, request, context):
-        removed, skipped = self.state.remove_all(self.clock(), request.force, pattern=request.pattern)
-        return master_pb2.RemoveAllResponse(removed=removed, skipped_leased=skipped)
+    async def RemoveByRegex(self, request, context):
+        response, error = await self._remove_all("RemoveByRegex", request, request.pattern)
+        if error is None:
+            return response
+        await context.abort_with_status(rpc_status.to_status(rpc_status_for(error)))
+
+    async def _lean_remove_all(self, request: Any) -> Any:
+        response, error = await self._remove_all("RemoveAll", request, None)
+        if error is not None:
+            raise error
+        return response
+
+    async def _lean_remove_by_regex(self, request: Any) -> Any:
+        response, error = await self._remove_all("RemoveByRegex", request, request.pattern)
+        if error is not None:
+            raise error
+        return response
+
+    async def _remove_all(self, name: str, request: Any, pattern: str | None) -> tuple[Any, CxlkvError | None]:
+        """RemoveAll / RemoveByRegex by slices of at most ``slice_s`` of event-loop
+        time (:class:`~cxlkv.master.state.RemoveAllCursor`), yielding to the loop
+        between slices: heartbeats and every other call are answered meanwhile."""
+        t0 = perf_counter()
+        error: CxlkvError | None = None
+        response = None
+        slice_s = self.state.config.slice_s
+        try:
+            cursor = self.state.remove_all_start(request.force, pattern)
+            while not cursor.step(self.clock(), slice_s):
+                await asyncio.sleep(0)
+            response = master_pb2.RemoveAllResponse(removed=cursor.removed, skipped_leased=cursor.skipped)
+        except CxlkvError as err:
+            error = err
+        except Exception as exc:  # a bug: one line to the caller, the traceback to the log once
+            log.exception("%s failed", name)
+            error = Internal(f"{name}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+        if self.observe is not None:
+            self.observe(name, int(error.code) if error is not None else 0, request, perf_counter() - t0)
+        return response, error
 
     # ---------------------------------------------------------- tier moves
     async def FetchTasks(self, request, context):

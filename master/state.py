@@ -27,7 +27,6 @@ the state without touching it.
 from __future__ import annotations
 
 import itertools
-import re
 import time
 from collections import OrderedDict
 from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
@@ -39,7 +38,7 @@ from cxlkv.errors import (
     AlreadyExists, CxlkvError, InvalidArgument, InvalidKey, NoSpace, NotFound, NotReady,
     StaleToken, TooLarge, Unavailable, UnknownClient, HasLease,
 )
-from cxlkv.keys import key_error
+from cxlkv.keys import compile_key_pattern, key_error
 from cxlkv.master.eviction import EvictionPolicy, load_policy
 from cxlkv.master.invariants import check_invariants
 from cxlkv.master.leases import Lease, LeaseTable
@@ -48,7 +47,7 @@ from cxlkv.master.segments import Segment, SegmentTable, Tier, tier_from_name
 from cxlkv.master.strategies import AllocationStrategy, PlacementRequest, load_strategy
 from cxlkv.master.tiering import CACHE, COPY, DEMOTE, PROMOTE, AccessSketch, MoveTask, TaskTable
 
-__all__ = ["MasterState", "PutSpec", "RegionReport", "RestoredObject", "RestoreReport", "COUNTERS", "Lease"]
+__all__ = ["MasterState", "RemoveAllCursor", "PutSpec", "RegionReport", "RestoredObject", "RestoreReport", "COUNTERS", "Lease"]
 
 #: Names of :attr:`MasterState.counters` (all start at 0 and only grow).
 COUNTERS = (
@@ -948,8 +947,11 @@ class MasterState:
         return out
 
     def remove_all(self, now: float, force: bool = False, pattern: str | None = None) -> tuple[int, int]:
-        """Remove every committed object (whose key matches ``pattern``, a Python
-        ``re`` searched in the key, when given). In-flight puts are untouched.
+        """Remove every committed object (whose key matches ``pattern``, an RE2
+        pattern searched in the key, when given) in one go. In-flight puts are untouched.
+
+        The service runs :meth:`remove_all_start` by slices instead, so that one
+        call never holds the event loop; this form is for tests and tools.
 
         Returns:
             ``(removed, skipped_leased)``.
@@ -957,23 +959,24 @@ class MasterState:
         Raises:
             InvalidArgument: ``pattern`` does not compile.
         """
-        rx = None
-        if pattern is not None:
-            try:
-                rx = re.compile(pattern)
-            except re.error as exc:
-                raise InvalidArgument(f"bad regular expression {pattern!r}: {exc}") from None
-        removed = skipped = 0
-        for obj in list(self._objects.values()):
-            if rx is not None and rx.search(obj.key) is None:
-                continue
-            if obj.leases and not force:
-                skipped += 1
-                continue
-            self._drop_committed(obj, evicted=False)
-            removed += 1
-        self.counters["removes"] += removed
-        return removed, skipped
+        cursor = self.remove_all_start(force, pattern)
+        while not cursor.step(now, None):
+            pass
+        return cursor.removed, cursor.skipped
+
+    def remove_all_start(self, force: bool = False, pattern: str | None = None) -> "RemoveAllCursor":
+        """Begin a RemoveAll / RemoveByRegex to run by slices (:meth:`RemoveAllCursor.step`).
+
+        The objects committed now are the ones considered; each is removed when its
+        slice comes unless it was removed or replaced (upsert) meanwhile. Objects
+        committed after this call are kept. ``pattern`` is an RE2 pattern
+        (:func:`cxlkv.keys.compile_key_pattern`: linear time in the key's length).
+
+        Raises:
+            InvalidArgument: ``pattern`` does not compile.
+        """
+        matcher = compile_key_pattern(pattern) if pattern is not None else None
+        return RemoveAllCursor(self, matcher, force)
 
     def _drop_committed(self, obj: ObjectVersion, evicted: bool) -> None:
         """Take a committed version out of the key space and retire it."""
@@ -1569,3 +1572,65 @@ class MasterState:
         except AssertionError as exc:
             return str(exc) or "invariant violated"
         return ""
+
+
+class RemoveAllCursor:
+    """One RemoveAll / RemoveByRegex in progress (:meth:`MasterState.remove_all_start`).
+
+    Taking the snapshot of committed objects costs O(n) list work (a few ms per
+    million keys); each :meth:`step` removes objects for at most its budget, so
+    the caller (the service) answers other calls between slices.
+
+    Attributes:
+        removed: objects removed so far.
+        skipped: leased objects left in place (not ``force``).
+        done: every object of the snapshot has been considered.
+    """
+
+    #: Objects handled between two looks at the work clock.
+    CHECK_EVERY = 256
+
+    def __init__(self, state: MasterState, matcher: object | None, force: bool) -> None:
+        self._state = state
+        self._search = matcher.search if matcher is not None else None  # type: ignore[attr-defined]
+        self._force = force
+        self._todo = list(state._objects.values())
+        self._pos = 0
+        self.removed = 0
+        self.skipped = 0
+        self.done = not self._todo
+
+    def step(self, now: float, budget_s: float | None) -> bool:
+        """Handle the next objects for at most ``budget_s`` seconds of the state's
+        work clock (``None``: all of them). Returns :attr:`done`."""
+        st = self._state
+        objects = st._objects
+        todo = self._todo
+        search = self._search
+        clock = st._work_clock
+        deadline = None if budget_s is None else clock() + budget_s
+        pos = self._pos
+        end = len(todo)
+        removed = 0
+        while pos < end:
+            stop = min(end, pos + self.CHECK_EVERY)
+            for obj in todo[pos:stop]:
+                if objects.get(obj.key) is not obj:  # removed or replaced since the start
+                    continue
+                if search is not None and search(obj.key) is None:
+                    continue
+                if obj.leases and not self._force:
+                    self.skipped += 1
+                    continue
+                st._drop_committed(obj, evicted=False)
+                removed += 1
+            pos = stop
+            if deadline is not None and clock() >= deadline:
+                break
+        self._pos = pos
+        self.removed += removed
+        st.counters["removes"] += removed
+        if pos >= end:
+            self.done = True
+            self._todo = []
+        return self.done

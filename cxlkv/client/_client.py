@@ -30,6 +30,7 @@ from cxlkv.errors import (
     UnknownBuffer, error_for,
 )
 from cxlkv.keys import validate_key, validate_replica_num
+from cxlkv.limits import SDK_BATCH_ITEMS
 from cxlkv.v1 import client_pb2, common_pb2
 
 __all__ = ["Client", "Result", "KeyInfo", "DEFAULT_POOL_BYTES", "default_socket_path"]
@@ -40,8 +41,9 @@ DEFAULT_POOL_BYTES = 64 * MiB
 #: Values up to this size travel inside the message by default, in bytes; larger
 #: ones are staged through the shared-buffer pool.
 DEFAULT_INLINE_BYTES = 64 << 10
-#: Most items in one batch request.
-BATCH_ITEMS = 1024
+#: Most items in one batch request (the daemons' ``max_batch_items`` is never
+#: below it: larger batches are split into several calls, cxlkv.limits).
+BATCH_ITEMS = SDK_BATCH_ITEMS
 #: Most inline value bytes in one batch request.
 BATCH_INLINE_BYTES = 16 * MiB
 
@@ -1226,6 +1228,14 @@ class Client:
             raise InvalidArgument(f"{len(keys)} keys but {len(dsts)} destinations")
         if not keys:
             return 0
+        if len(keys) > BATCH_ITEMS:  # calls under the daemon's max_batch_items, prefix after prefix
+            matched = 0
+            for c in _chunks(len(keys), BATCH_ITEMS):
+                got = self.get_prefix_into(keys[c.start:c.stop], dsts[c.start:c.stop], tiers)
+                matched += got
+                if got < len(c):
+                    break
+            return matched
         with _Staged(self._pool) as st:
             arrays, targets, copy_back = self._targets(dsts, st)
             r = self._call("PackedGetPrefixInto", _packed_ranges(list(keys), targets))
