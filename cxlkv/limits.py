@@ -21,14 +21,35 @@ from typing import Any
 
 from cxlkv.errors import LimitExceeded
 
-__all__ = ["DEFAULT_MAX_BATCH_ITEMS", "MIN_MAX_BATCH_ITEMS", "SDK_BATCH_ITEMS", "BatchLimit"]
+__all__ = ["DEFAULT_MAX_BATCH_ITEMS", "DEFAULT_MASTER_MAX_BATCH_ITEMS", "MIN_MAX_BATCH_ITEMS", "SDK_BATCH_ITEMS",
+           "SDK_BATCH_INLINE_BYTES", "DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MASTER_MAX_REQUEST_BYTES",
+           "MIN_MAX_REQUEST_BYTES", "MIN_MASTER_MAX_REQUEST_BYTES", "BatchLimit"]
 
-#: Default ``max_batch_items`` of the master and of clientd, in items per call.
-DEFAULT_MAX_BATCH_ITEMS = 65_536
+MiB = 1 << 20
+#: Default ``max_batch_items`` of clientd, in items per call. Measured on the
+#: 2-vCPU machine of docs/benchmarks.md (gRPC, empty values): a BatchPut of 16,384
+#: items held clientd's loop 94 ms, one of 65,536 items 620 ms.
+DEFAULT_MAX_BATCH_ITEMS = 16_384
+#: Default ``max_batch_items`` of the master, in items per call: its batch puts cost
+#: about 40 µs per item (BatchPutStart + BatchPutEnd of 1,024 items: 87 ms; of
+#: 4,096: 250 ms); clientd sends at most 1,024 items per call.
+DEFAULT_MASTER_MAX_BATCH_ITEMS = 2048
 #: Most items the SDK (and clientd towards the master) puts in one call; the
 #: smallest ``max_batch_items`` a configuration may set.
 SDK_BATCH_ITEMS = 1024
 MIN_MAX_BATCH_ITEMS = SDK_BATCH_ITEMS
+#: Most inline value bytes the SDK puts in one batch call.
+SDK_BATCH_INLINE_BYTES = 16 * MiB
+#: Default and smallest ``max_request_bytes`` of clientd, in bytes (the SDK's
+#: inline batches of 16 MiB plus their keys must fit). Parsing is proportional to
+#: the items a request holds, before any limit on items can be checked: 2M keys
+#: (36 MB) parse in about 55 ms, so the byte limit also bounds that time.
+DEFAULT_MAX_REQUEST_BYTES = 32 * MiB
+MIN_MAX_REQUEST_BYTES = 17 * MiB
+#: Default and smallest ``max_request_bytes`` of the master, in bytes (clientd's
+#: 1,024-item calls with 4 KiB keys take about 4.2 MiB).
+DEFAULT_MASTER_MAX_REQUEST_BYTES = 16 * MiB
+MIN_MASTER_MAX_REQUEST_BYTES = 8 * MiB
 
 
 class BatchLimit:

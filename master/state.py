@@ -1594,7 +1594,7 @@ class RemoveAllCursor:
         self._state = state
         self._search = matcher.search if matcher is not None else None  # type: ignore[attr-defined]
         self._force = force
-        self._todo = list(state._objects.values())
+        self._todo: list[ObjectVersion | None] = list(state._objects.values())
         self._pos = 0
         self.removed = 0
         self.skipped = 0
@@ -1614,7 +1614,9 @@ class RemoveAllCursor:
         removed = 0
         while pos < end:
             stop = min(end, pos + self.CHECK_EVERY)
-            for obj in todo[pos:stop]:
+            for i in range(pos, stop):
+                obj = todo[i]
+                todo[i] = None  # freed in its slice, not all at once when the snapshot goes
                 if objects.get(obj.key) is not obj:  # removed or replaced since the start
                     continue
                 if search is not None and search(obj.key) is None:

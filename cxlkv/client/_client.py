@@ -30,7 +30,7 @@ from cxlkv.errors import (
     UnknownBuffer, error_for,
 )
 from cxlkv.keys import validate_key, validate_replica_num
-from cxlkv.limits import SDK_BATCH_ITEMS
+from cxlkv.limits import SDK_BATCH_INLINE_BYTES, SDK_BATCH_ITEMS
 from cxlkv.v1 import client_pb2, common_pb2
 
 __all__ = ["Client", "Result", "KeyInfo", "DEFAULT_POOL_BYTES", "default_socket_path"]
@@ -45,7 +45,7 @@ DEFAULT_INLINE_BYTES = 64 << 10
 #: below it: larger batches are split into several calls, cxlkv.limits).
 BATCH_ITEMS = SDK_BATCH_ITEMS
 #: Most inline value bytes in one batch request.
-BATCH_INLINE_BYTES = 16 * MiB
+BATCH_INLINE_BYTES = SDK_BATCH_INLINE_BYTES
 
 _M = METHODS_BY_NAME
 _PutRequest = client_pb2.PutRequest
