@@ -3,7 +3,7 @@
 Every state call runs on the event-loop thread (the handlers are coroutines that
 never await in the middle of state work), so the state needs no lock; ``now`` is
 ``time.monotonic()`` read once per call. The O(keys) calls (RemoveAll,
-RemoveByRegex) run by slices of at most ``slice_s`` and await between them, so
+RemoveByRegex, UnmountSegment) run by slices of at most ``slice_s`` and await between them, so
 no call holds the loop (heartbeats are answered within 100 ms throughout); batch
 calls over ``max_batch_items`` are refused before any work (:mod:`cxlkv.limits`).
 
@@ -236,7 +236,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         routes: dict[int, LeanRoute] = {}
         for m in service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"]):
             waits = {"FetchTasks": self._lean_fetch_tasks, "RemoveAll": self._lean_remove_all,
-                     "RemoveByRegex": self._lean_remove_by_regex}.get(m.name)
+                     "RemoveByRegex": self._lean_remove_by_regex, "UnmountSegment": self._lean_unmount}.get(m.name)
             if waits is not None:  # long polls and sliced operations: run as tasks
                 routes[m.number] = LeanRoute(m.name, m.request_type.FromString, waits, m.request_type)
                 continue
@@ -247,7 +247,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
 
     def _lean_handler(self, fn: Handler, name: str) -> Callable[[Any], Any]:
         """``fn`` as an inline lean route: every master handler but FetchTasks,
-        RemoveAll and RemoveByRegex answers without waiting."""
+        RemoveAll, RemoveByRegex and UnmountSegment answers without waiting."""
 
         def handler(request: Any) -> Any:
             response, error = _invoke(self, fn, name, request, None)
@@ -362,11 +362,29 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         log.info("segment %r mounted (id %d, %d B)", seg.name, seg.segment_id, seg.size_bytes)
         return master_pb2.MountSegmentResponse(segment=segment_info(seg))
 
-    @_rpc
-    def UnmountSegment(self, request, context):
-        lost, objects = self.state.unmount_segment(request.name, self.clock())
-        log.warning("segment %r unmounted: %d replica(s) lost, %d object(s) lost", request.name, lost, objects)
-        return master_pb2.UnmountSegmentResponse(replicas_lost=lost, objects_lost=objects)
+    async def UnmountSegment(self, request, context):
+        response, error = await self._unmount(request)
+        if error is None:
+            return response
+        await context.abort_with_status(rpc_status.to_status(rpc_status_for(error)))
+
+    async def _lean_unmount(self, request: Any) -> Any:
+        response, error = await self._unmount(request)
+        if error is not None:
+            raise error
+        return response
+
+    async def _unmount(self, request: Any) -> tuple[Any, CxlkvError | None]:
+        def start() -> Any:
+            return self.state.unmount_start(request.name, self.clock())
+
+        def answer(cursor: Any) -> Any:
+            log.warning("segment %r unmounted: %d replica(s) lost, %d object(s) lost", request.name,
+                        cursor.replicas_lost, cursor.objects_lost)
+            return master_pb2.UnmountSegmentResponse(replicas_lost=cursor.replicas_lost,
+                                                     objects_lost=cursor.objects_lost)
+
+        return await self._sliced("UnmountSegment", request, start, answer)
 
     @_rpc
     def ListSegments(self, request, context):
@@ -708,18 +726,26 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return response
 
     async def _remove_all(self, name: str, request: Any, pattern: str | None) -> tuple[Any, CxlkvError | None]:
-        """RemoveAll / RemoveByRegex by slices of at most ``slice_s`` of event-loop
-        time (:class:`~cxlkv.master.state.RemoveAllCursor`), yielding to the loop
-        between slices: heartbeats and every other call are answered meanwhile."""
+        """RemoveAll / RemoveByRegex by slices (:class:`~cxlkv.master.state.RemoveAllCursor`)."""
+        return await self._sliced(
+            name, request, lambda: self.state.remove_all_start(request.force, pattern),
+            lambda c: master_pb2.RemoveAllResponse(removed=c.removed, skipped_leased=c.skipped))
+
+    async def _sliced(self, name: str, request: Any, start: Callable[[], Any],
+                      answer: Callable[[Any], Any]) -> tuple[Any, CxlkvError | None]:
+        """Run an O(objects) state operation by slices of at most ``slice_s`` of
+        event-loop time (``start()`` returns a cursor whose ``step(now, budget_s)``
+        returns true when done), yielding to the loop between slices: heartbeats and
+        every other call are answered meanwhile. ``answer(cursor)`` builds the response."""
         t0 = perf_counter()
         error: CxlkvError | None = None
         response = None
         slice_s = self.state.config.slice_s
         try:
-            cursor = self.state.remove_all_start(request.force, pattern)
+            cursor = start()
             while not cursor.step(self.clock(), slice_s):
                 await asyncio.sleep(0)
-            response = master_pb2.RemoveAllResponse(removed=cursor.removed, skipped_leased=cursor.skipped)
+            response = answer(cursor)
         except CxlkvError as err:
             error = err
         except Exception as exc:  # a bug: one line to the caller, the traceback to the log once

@@ -38,12 +38,12 @@ PROBE_BOUND_S = 0.4
 STALL_BOUND_S = 0.25
 
 
-def _insert_through_master(cluster, n: int, prefix: str, batch: int = 2048) -> None:
+def _insert_through_master(cluster, n: int, prefix: str, batch: int = 2048, **options) -> None:
     """Commit ``n`` empty values straight through the master's batch put path."""
     w = Writer(cluster.master_stub(), name="bulk")
     for start in range(0, n, batch):
         keys = [f"{prefix}{i:09d}" for i in range(start, min(n, start + batch))]
-        statuses = w.batch_put(keys, 0)
+        statuses = w.batch_put(keys, 0, **options)
         assert all(s.code == 0 for s in statuses), [s for s in statuses if s.code][:3]
 
 
@@ -121,6 +121,30 @@ def test_remove_all_of_many_keys_keeps_the_master_answering(make_cluster) -> Non
         c.put("many/after", b"x")
         assert c.get("many/after") == b"x"
     cluster.assert_invariants()
+
+
+def test_unmounting_a_segment_of_many_objects_keeps_the_master_answering(make_cluster) -> None:
+    n = 100_000
+    cluster = make_cluster(clientds=1, segments=2, master_options={"client_ttl_s": 3.0})
+    _insert_through_master(cluster, n, "seg/", preferred_segment="cxl0")
+    master_url = cluster.master_stat(False).metrics_url
+    probe_client = Writer(cluster.master_stub(), name="probe")
+    over_before, _ = _stalls_over(master_url, STALL_BOUND_S)
+    with _Probe(probe_client.heartbeat) as probe:
+        t0 = time.perf_counter()
+        r = cluster.master_stub().UnmountSegment(master_pb2.UnmountSegmentRequest(name="cxl0"), timeout=120)
+        took = time.perf_counter() - t0
+    over_after, _ = _stalls_over(master_url, STALL_BOUND_S)
+    print(f"unmount of a segment of {n} objects: {took:.2f} s; heartbeat worst {probe.worst_s * 1000:.1f} ms; "
+          f"stalls over {STALL_BOUND_S} s: {over_after - over_before}")
+    assert (r.replicas_lost, r.objects_lost) == (n, n)
+    assert not probe.errors and probe.worst_s < PROBE_BOUND_S, sorted(probe.latencies)[-5:]
+    assert over_after == over_before
+    st = cluster.assert_invariants()
+    assert st.key_count == 0 and [s.name for s in st.segments if s.mounted] == ["cxl1"]
+    with cluster.client(0) as c:  # the cluster goes on in the other segment
+        c.put("seg/after", b"x")
+        assert c.get("seg/after") == b"x"
 
 
 def test_pathological_pattern_finishes_at_once(cluster) -> None:
@@ -215,3 +239,70 @@ def test_oversized_calls_get_their_own_error_and_the_daemons_go_on(make_cluster)
         assert all(r.ok for r in c.remove_many(keys[:3000]))
     cluster.assert_invariants()
     assert cluster.clientds[0].alive() and cluster.master.alive()
+
+
+# ------------------------------------------------------- the cursors, pure state
+
+
+def _state_with(n: int, segments: int = 1):
+    from cxlkv.config import SegmentConfig
+    from cxlkv.master.state import MasterState, PutSpec
+
+    cfg = MasterConfig(segments=[SegmentConfig(name=f"cxl{i}", size_bytes=16 * MiB) for i in range(segments)])
+    cfg.validate()
+    clock = [0.0]
+    st = MasterState(cfg, work_clock=lambda: clock[0])
+    c = st.register_client("h", "w", 1, [], "", "", 0.0)
+    keys = [f"k/{i:05d}" for i in range(n)]
+    for j, seg in enumerate(f"cxl{i}" for i in range(segments)):
+        part = keys[j::segments]
+        res = st.put_start_batch(c.client_id, c.epoch, [PutSpec(k, 10, preferred_segment=seg) for k in part], 0.0)
+        st.put_end_batch(c.client_id, c.epoch, [(k, r.version, 0) for k, r in zip(part, res)], 0.0)
+    return st, c, clock
+
+
+def test_remove_all_cursor_runs_by_budget_and_sees_changes_between_slices() -> None:
+    from cxlkv.master.state import PutSpec
+
+    st, c, clock = _state_with(1000)
+    cursor = st.remove_all_start(pattern=r"^k/0")  # every key
+    # a work clock that advances 1 ms per look: a 2 ms budget ends a slice at the second look
+    ticking = iter(range(10**6))
+    st._work_clock = lambda: next(ticking) * 1e-3
+    assert cursor.step(0.0, 0.002) is False and 0 < cursor.removed < 1000
+    first = cursor.removed
+    # between slices: one key removed, one replaced (upsert), one new key committed
+    st.remove("k/00999", 0.0)
+    obj = st.put_start(c.client_id, c.epoch, "k/00998", 5, 0.0, upsert=True)
+    st.put_end(c.client_id, c.epoch, "k/00998", obj.version, 0.0)
+    res = st.put_start_batch(c.client_id, c.epoch, [PutSpec("k/0new", 1)], 0.0)
+    st.put_end_batch(c.client_id, c.epoch, [("k/0new", res[0].version, 0)], 0.0)
+    st.check_invariants()  # consistent between slices
+    while not cursor.step(0.0, 0.002):
+        st.check_invariants()
+    assert cursor.removed == 998 and cursor.removed > first  # not the removed, replaced or new ones
+    assert st.key_count == 2 and st.exists("k/00998") and st.exists("k/0new")
+    st.check_invariants()
+
+
+def test_unmount_cursor_keeps_reads_and_accounting_right_between_slices() -> None:
+    from cxlkv.errors import NotReady
+
+    st, c, clock = _state_with(2000, segments=2)
+    ticking = iter(range(10**6))
+    st._work_clock = lambda: next(ticking) * 1e-3
+    cursor = st.unmount_start("cxl0", 0.0)
+    assert cursor.step(0.0, 0.002) is False
+    # between slices: no new extents there, its name cannot be mounted again, the
+    # objects not reached yet are still readable (their bytes are untouched)
+    assert all(s.name != "cxl0" for s in st.segments())
+    with pytest.raises(NotReady):
+        st.mount_segment(c.client_id, c.epoch, "cxl0", 1, 16 * MiB, "", "", 0.0)
+    assert st.get_object("k/01998") is not None
+    st.remove("k/01998", 0.0, force=True)  # removed mid-unmount: freed where it can be
+    st.check_invariants()
+    while not cursor.step(0.0, 0.002):
+        st.check_invariants()
+    assert (cursor.replicas_lost, cursor.objects_lost) == (999, 999)
+    assert st.key_count == 1000 and all(st.get_object(f"k/{i:05d}") is not None for i in range(1, 2000, 2))
+    st.check_invariants()

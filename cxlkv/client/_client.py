@@ -796,13 +796,20 @@ class Client:
 
     @_utf8_keys
     def remove_all(self, force: bool = False, regex: str = "") -> int:
-        """Remove every committed object, or those whose key matches ``regex`` (``re.search``).
+        """Remove every committed object, or those whose key matches ``regex``.
+
+        ``regex`` is an RE2 pattern searched in the key (anchor with ``^``): Python's
+        ``re`` syntax without backreferences and look-around, matched in time
+        linear in the key's length, so no pattern can stall the master (docs/sdk.md).
+        The master runs the removal by slices, answering other calls meanwhile:
+        millions of keys take seconds (about 9 s for 2M on 2 vCPUs); keep
+        ``timeout_s`` above that.
 
         Returns:
             Objects removed (leased ones are skipped unless ``force``).
 
         Raises:
-            InvalidArgument: ``regex`` does not compile.
+            InvalidArgument: ``regex`` does not compile with RE2 (the message says why).
             Unavailable.
         """
         return self._call("RemoveAll", client_pb2.ClientRemoveAllRequest(force=force, regex=regex)).removed
