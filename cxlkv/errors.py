@@ -412,10 +412,11 @@ def from_rpc_error(exc: grpc.RpcError, *, target: str = "") -> CxlkvError:
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(details):
-        # gRPC's own receive limit (the server's max_request_bytes), not a full store
+        # gRPC's own message limit, not a full store: most often a request over the
+        # server's max_request_bytes (else an answer over this side's receive limit)
         where = f" ({target})" if target else ""
-        return LimitExceeded(f"request refused{where}: {details} (max_request_bytes); split the call",
-                             limit_name="max_request_bytes")
+        return LimitExceeded(f"message refused{where}: {details} (the server's max_request_bytes, "
+                             "or this side's receive limit); split the call", limit_name="max_request_bytes")
     cls = _FROM_GRPC.get(code, Internal)  # type: ignore[arg-type]
     name = getattr(code, "name", "error")
     if name == cls.code.name:  # the error's own code says it: never "UNAVAILABLE: UNAVAILABLE (…)"
