@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import OrderedDict
-from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
 
 from sortedcontainers import SortedList
 
@@ -1640,7 +1640,7 @@ class RemoveAllCursor:
         self._state = state
         self._search = matcher.search if matcher is not None else None  # type: ignore[attr-defined]
         self._force = force
-        self._todo: list[ObjectVersion | None] = list(state._objects.values())
+        self._todo: list[Any] = list(state._objects.values())  # ObjectVersion, None once handled
         self._pos = 0
         self.removed = 0
         self.skipped = 0
@@ -1661,7 +1661,7 @@ class RemoveAllCursor:
         while pos < end:
             stop = min(end, pos + self.CHECK_EVERY)
             for i in range(pos, stop):
-                obj = todo[i]
+                obj: ObjectVersion = todo[i]
                 todo[i] = None  # freed in its slice, not all at once when the snapshot goes
                 if objects.get(obj.key) is not obj:  # removed or replaced since the start
                     continue
@@ -1705,7 +1705,7 @@ class UnmountCursor:
         self._state = state
         self.segment = seg
         state._unmount_begin(seg, now)
-        self._todo: list[ObjectVersion | None] = list(state._objects.values())
+        self._todo: list[Any] = list(state._objects.values())  # ObjectVersion, None once handled
         self._pos = 0
         self.replicas_lost = 0
         self.objects_lost = 0
@@ -1726,7 +1726,7 @@ class UnmountCursor:
         while pos < end:
             stop = min(end, pos + self.CHECK_EVERY)
             for i in range(pos, stop):
-                obj = todo[i]
+                obj: ObjectVersion = todo[i]
                 todo[i] = None  # freed in its slice
                 if objects.get(obj.key) is not obj:  # removed or replaced meanwhile
                     continue
