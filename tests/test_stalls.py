@@ -33,7 +33,7 @@ from ops_helpers import scrape
 MiB = 1 << 20
 #: Heartbeat/Stat answer bound asserted while a long call runs (the contract is
 #: 100 ms; the rest is margin for a loaded machine and the probe's own gRPC cost).
-PROBE_BOUND_S = 0.4
+PROBE_BOUND_S = 0.2
 #: Bound on the daemon's own measure of its longest event-loop stall.
 STALL_BOUND_S = 0.25
 

@@ -802,7 +802,7 @@ class Client:
         ``re`` syntax without backreferences and look-around, matched in time
         linear in the key's length, so no pattern can stall the master (docs/sdk.md).
         The master runs the removal by slices, answering other calls meanwhile:
-        millions of keys take seconds (about 9 s for 2M on 2 vCPUs); keep
+        millions of keys take seconds (about 18 s for 2M on 2 vCPUs); keep
         ``timeout_s`` above that.
 
         Returns:
