@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import xxhash
 
-from cxlkv.clientd.master_link import Located, Location, MasterLink
+from cxlkv.clientd.master_link import MAX_BATCH_ITEMS, Located, Location, MasterLink
 from cxlkv.clientd.regions import MappedRegion, RegionSet
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode
@@ -786,6 +786,10 @@ class ClientdCore:
     async def get_prefix(self, keys: list[str], targets: list[ReadTarget]) -> tuple[int, list[ReadOutcome]]:
         """The longest cached prefix of ``keys``, copied into ``targets``.
 
+        A query longer than the master link's batch size (:data:`MAX_BATCH_ITEMS`
+        keys) is asked part after part, as long as each part matches whole: no
+        master call is over the master's ``max_batch_items``.
+
         Returns:
             ``(matched, outcomes)``: ``keys[:matched]`` were found and copied; one
             OK outcome per matched key.
@@ -795,7 +799,7 @@ class ClientdCore:
             OutOfRange: a matched value is larger than its target (nothing is kept).
             Unavailable, NotReady: the master cannot be reached.
         """
-        from cxlkv.errors import InvalidKey, error_for
+        from cxlkv.errors import InvalidKey
 
         for k in keys:
             why = key_error(k)
@@ -805,6 +809,22 @@ class ClientdCore:
         self.counters["prefix_keys"] += len(keys)
         if not keys:
             return 0, []
+        if len(keys) <= MAX_BATCH_ITEMS:
+            return await self._get_prefix_part(keys, targets)
+        matched, outcomes = 0, []
+        for start in range(0, len(keys), MAX_BATCH_ITEMS):
+            part = keys[start:start + MAX_BATCH_ITEMS]
+            got, outs = await self._get_prefix_part(part, targets[start:start + MAX_BATCH_ITEMS])
+            matched += got
+            outcomes.extend(outs)
+            if got < len(part):
+                break
+        return matched, outcomes
+
+    async def _get_prefix_part(self, keys: list[str], targets: list[ReadTarget]) -> tuple[int, list[ReadOutcome]]:
+        """:meth:`get_prefix` of at most :data:`MAX_BATCH_ITEMS` valid keys."""
+        from cxlkv.errors import error_for
+
         for attempt in range(2):
             resp, t0 = (await self.link.match_prefix.submit([keys]))[0]
             matched = min(int(resp.matched), len(resp.locations), len(keys))

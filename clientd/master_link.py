@@ -306,7 +306,8 @@ class MasterLink:
             "BatchExistKey", self._send_exist, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.match_prefix: Coalescer[list[str], tuple[PrefixMatch, float]] = Coalescer(
-            "BatchMatchPrefix", self._send_match_prefix, max_items=64)
+            "BatchMatchPrefix", self._send_match_prefix, max_items=MAX_BATCH_ITEMS,
+            weight=lambda q: max(1, len(q)))  # the master counts every query's keys
         self.remove = {
             force: Coalescer(f"BatchRemove(force={force})",
                              lambda keys, f=force: self._send_remove(keys, f), max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
@@ -667,9 +668,17 @@ class MasterLink:
             self._release_handle = asyncio.get_running_loop().call_later(RELEASE_DELAY_S, self._release_timer)
 
     def _take_releases(self) -> list[int]:
+        """Up to :data:`MAX_BATCH_ITEMS` pending lease ids, to ride on one call (the
+        master refuses a call over its ``max_batch_items``); the rest wait for the
+        next call or the release timer."""
         ids = self._pending_releases
-        self._pending_releases = []
-        return ids
+        if len(ids) <= MAX_BATCH_ITEMS:
+            self._pending_releases = []
+            return ids
+        self._pending_releases = ids[MAX_BATCH_ITEMS:]
+        if self._release_handle is None and not self._closed:
+            self._release_handle = asyncio.get_running_loop().call_later(RELEASE_DELAY_S, self._release_timer)
+        return ids[:MAX_BATCH_ITEMS]
 
     def _return_releases(self, ids: list[int]) -> None:
         if ids:

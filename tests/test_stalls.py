@@ -236,6 +236,17 @@ def test_oversized_calls_get_their_own_error_and_the_daemons_go_on(make_cluster)
         assert all(r.ok for r in results)
         found = c.exists_many(keys)
         assert sum(found) == 3000 and found[:3000] == [True] * 3000
+        # a long prefix query: the SDK asks 1,024 keys at a time, prefix after prefix …
+        dsts = [bytearray(1) for _ in range(3010)]
+        assert c.get_prefix_into(keys[:3010], dsts) == 3000
+        # … and clientd does the same towards the master when a caller sends it more
+        import cxlkv.client._client as sdk
+
+        sdk_batch, sdk.BATCH_ITEMS = sdk.BATCH_ITEMS, 4096
+        try:
+            assert c.get_prefix_into(keys[:3010], dsts) == 3000
+        finally:
+            sdk.BATCH_ITEMS = sdk_batch
         assert all(r.ok for r in c.remove_many(keys[:3000]))
     cluster.assert_invariants()
     assert cluster.clientds[0].alive() and cluster.master.alive()
@@ -306,3 +317,28 @@ def test_unmount_cursor_keeps_reads_and_accounting_right_between_slices() -> Non
     assert (cursor.replicas_lost, cursor.objects_lost) == (999, 999)
     assert st.key_count == 1000 and all(st.get_object(f"k/{i:05d}") is not None for i in range(1, 2000, 2))
     st.check_invariants()
+
+
+def test_coalescer_counts_weights_against_its_item_limit() -> None:
+    """clientd's prefix queries are coalesced by their keys, not by queries: a call
+    to the master never holds more keys than its max_batch_items."""
+    import asyncio
+
+    from cxlkv.clientd.batcher import Coalescer
+
+    calls: list[list[list[str]]] = []
+
+    async def send(queries: list[list[str]]) -> list[int]:
+        calls.append(queries)
+        await asyncio.sleep(0)
+        return [len(q) for q in queries]
+
+    async def scenario() -> list:
+        co: Coalescer = Coalescer("q", send, max_items=100, weight=len)
+        sizes = [60, 30, 30, 5, 100, 150]
+        return await asyncio.gather(*(co.submit([[f"k{i}"] * n]) for i, n in enumerate(sizes)))
+
+    results = asyncio.run(scenario())
+    assert [r[0] for r in results] == [60, 30, 30, 5, 100, 150]  # every query answered, in order
+    assert all(sum(map(len, c)) <= 100 or len(c) == 1 for c in calls), [list(map(len, c)) for c in calls]
+    assert sum(len(c) for c in calls) == 6
