@@ -196,6 +196,8 @@ def test_oversized_calls_get_their_own_error_and_the_daemons_go_on(make_cluster)
     cluster = make_cluster(clientds=1, clientd_options={"max_request_bytes": 17 * MiB})
     limit = ClientdConfig().max_batch_items
     too_many = [f"big/{i}" for i in range(limit + 1)]
+    (clientd_url,) = [cl.metrics_url for cl in cluster.master_stat(False).clients if cl.name == "clientd-0"]
+    clientd_over_before, _ = _stalls_over(clientd_url, STALL_BOUND_S)
     # clientd, gRPC framing
     with grpc.insecure_channel(f"unix:{cluster.socket_path(0)}") as ch:
         stub = client_pb2_grpc.ClientServiceStub(ch)
@@ -217,6 +219,8 @@ def test_oversized_calls_get_their_own_error_and_the_daemons_go_on(make_cluster)
     assert code == int(ErrorCode.TOO_LARGE) and "max_batch_items" in detail.message, detail
     code, body = _lean_call(cluster.lean_socket_path(0), "Exist", client_pb2.ExistRequest(key="big/x"))
     assert code == 0 and client_pb2.ExistResponse.FromString(body).exists is False
+    # refused before any work: clientd's loop was never held meanwhile
+    assert _stalls_over(clientd_url, STALL_BOUND_S)[0] == clientd_over_before
     # the master refuses the same way (gRPC; its lean port shares the handler)
     with pytest.raises(grpc.RpcError) as info:
         cluster.master_stub().BatchExistKey(master_pb2.BatchExistKeyRequest(keys=too_many), timeout=30)
