@@ -21,6 +21,7 @@ from cxlkv.clientd.direct import DirectPuts
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument, TooLarge, error_for
 from cxlkv.keys import key_error, validate_key
 from cxlkv.lean import PEER_CRED
+from cxlkv.limits import BatchLimit
 from cxlkv.v1 import client_pb2, common_pb2
 
 if TYPE_CHECKING:
@@ -37,6 +38,19 @@ _Status = common_pb2.Status
 _PutResult = client_pb2.PutResult
 _GetResult = client_pb2.GetResult
 _GetIntoResult = client_pb2.GetIntoResult
+
+
+def _limited(handler: Any, name: str, limit: BatchLimit) -> Any:
+    """``handler`` that first refuses a request over ``limit`` (LimitExceeded, code TOO_LARGE)."""
+    check = limit.check
+
+    async def call(request: Any) -> Any:
+        check(name, request)
+        return await handler(request)
+
+    call.__name__ = name
+    call.__doc__ = getattr(handler, "__doc__", None)
+    return call
 
 
 def _raise_put(result: client_pb2.PutResult, key: str) -> None:
@@ -66,6 +80,11 @@ class ClientApi:
         self._hostname = socket.gethostname()
         #: Direct mode: metadata for SDK processes that copy bytes themselves.
         self.direct = DirectPuts(core, offered=bool(getattr(cfg, "direct_mode", True)))
+        #: Refuses batch calls over ``max_batch_items`` before any work (docs/protocol.md, Limits).
+        self.batch_limit = BatchLimit(client_pb2.DESCRIPTOR.services_by_name["ClientService"],
+                                      cfg.max_batch_items)
+        for name in self.batch_limit.fields:
+            setattr(self, name, _limited(getattr(self, name), name, self.batch_limit))
 
     # -- inline values ------------------------------------------------------
     def _inline_spec(self, req: client_pb2.PutRequest, upsert: bool) -> PutSpec | client_pb2.PutResult:

@@ -49,11 +49,14 @@ class Coalescer(Generic[I, R]):
         send: ``async send(items) -> results``, one result per item in order. An
             exception fails every submitter of that call.
         max_items: most items in one ``send`` (a single larger submission still
-            goes out whole, alone).
+            goes out whole, alone), counted by ``weight``.
         max_in_flight: most concurrent ``send`` calls of this kind.
         linger_fraction: how long a call may wait for the rest of a cohort, as a
             fraction of the previous call's latency (0: never wait).
         max_linger_s: upper bound of that wait, in seconds.
+        weight: how many items one item counts for against ``max_items`` (e.g. the
+            keys of one prefix query; default 1 each), so that a call stays under
+            the master's ``max_batch_items``.
 
     Thread-safety: event-loop confined (call from the loop's thread only).
     """
@@ -67,12 +70,14 @@ class Coalescer(Generic[I, R]):
         max_in_flight: int = 1,
         linger_fraction: float = 0.0,
         max_linger_s: float = 0.0,
+        weight: Callable[[I], int] | None = None,
     ) -> None:
         if max_items < 1 or max_in_flight < 1:
             raise ValueError("max_items and max_in_flight must be >= 1")
         self.name = name
         self._send = send
         self._max_items = max_items
+        self._weight = weight
         self._max_in_flight = max_in_flight
         self._queue: deque[tuple[list[I], asyncio.Future[Sequence[R]]]] = deque()
         self._in_flight = 0
@@ -150,18 +155,22 @@ class Coalescer(Generic[I, R]):
         while self._queue and self._in_flight < self._max_in_flight:
             entries: list[tuple[list[I], asyncio.Future[Sequence[R]]]] = []
             n = 0
+            counted = 0  # n, or the items' weights
+            weight = self._weight
             while self._queue:
                 items, fut = self._queue[0]
                 if fut.done():  # the submitter was cancelled before we sent
                     self._queue.popleft()
                     self._queued_items -= len(items)
                     continue
-                if entries and n + len(items) > self._max_items:
+                size = len(items) if weight is None else sum(weight(i) for i in items)
+                if entries and counted + size > self._max_items:
                     break
                 self._queue.popleft()
                 self._queued_items -= len(items)
                 entries.append((items, fut))
                 n += len(items)
+                counted += size
             if not entries:
                 return
             self._in_flight += 1

@@ -38,7 +38,7 @@ import xxhash
 
 from cxlkv.clientd.index_reads import IndexReads
 from cxlkv.clientd.master_link import (
-    _OK_STATUS as _LINK_OK, Located, Location, MasterLink, StartedExtent, StartedPut,
+    _OK_STATUS as _LINK_OK, MAX_BATCH_ITEMS, Located, Location, MasterLink, StartedExtent, StartedPut,
 )
 from cxlkv.clientd.reserve import Reservation, ReservePool
 from cxlkv.clientd.regions import MappedRegion, RegionSet
@@ -77,6 +77,8 @@ FUSED_HASH_MIN_BYTES = 256 << 10
 #: seconds: reads hold their lease only while they copy.
 REMOVE_LEASE_WAIT_S = 0.05
 REMOVE_RETRY_FIRST_S = 0.002
+#: Deadline of a RemoveAll / RemoveByRegex call to the master, in seconds (it runs by slices).
+REMOVE_ALL_TIMEOUT_S = 120.0
 
 _OK = int(ErrorCode.OK)
 _NOT_FOUND = int(ErrorCode.NOT_FOUND)
@@ -956,6 +958,10 @@ class ClientdCore:
     async def get_prefix(self, keys: list[str], targets: list[ReadTarget]) -> tuple[int, list[ReadOutcome]]:
         """The longest cached prefix of ``keys``, copied into ``targets``.
 
+        A query longer than the master link's batch size (:data:`MAX_BATCH_ITEMS`
+        keys) is asked part after part, as long as each part matches whole: no
+        master call is over the master's ``max_batch_items``.
+
         Returns:
             ``(matched, outcomes)``: ``keys[:matched]`` were found and copied; one
             OK outcome per matched key.
@@ -1015,11 +1021,25 @@ class ClientdCore:
         return len(outs), outs, done
 
     async def _get_prefix_rpc(self, keys: list[str], targets: list[ReadTarget]) -> tuple[int, list[ReadOutcome]]:
-        """:meth:`get_prefix` through the master (leases)."""
-        from cxlkv.errors import error_for
-
+        """:meth:`get_prefix` through the master (leases), at most MAX_BATCH_ITEMS keys a call."""
         if not keys:
             return 0, []
+        if len(keys) <= MAX_BATCH_ITEMS:
+            return await self._get_prefix_part(keys, targets)
+        matched, outcomes = 0, []
+        for start in range(0, len(keys), MAX_BATCH_ITEMS):
+            part = keys[start:start + MAX_BATCH_ITEMS]
+            got, outs = await self._get_prefix_part(part, targets[start:start + MAX_BATCH_ITEMS])
+            matched += got
+            outcomes.extend(outs)
+            if got < len(part):
+                break
+        return matched, outcomes
+
+    async def _get_prefix_part(self, keys: list[str], targets: list[ReadTarget]) -> tuple[int, list[ReadOutcome]]:
+        """:meth:`get_prefix` of at most :data:`MAX_BATCH_ITEMS` valid keys."""
+        from cxlkv.errors import error_for
+
         for attempt in range(2):
             resp, t0 = (await self.link.match_prefix.submit([keys]))[0]
             matched = min(int(resp.matched), len(resp.locations), len(keys))
@@ -1164,25 +1184,25 @@ class ClientdCore:
             InvalidArgument: ``regex`` does not compile.
             Unavailable, NotReady: the master cannot be reached.
         """
-        import re
-
-        from cxlkv.errors import InvalidArgument
+        from cxlkv.keys import compile_key_pattern
 
         if regex:
-            try:
-                re.compile(regex)
-            except re.error as exc:
-                raise InvalidArgument(f"regex {regex!r} does not compile: {exc}") from None
+            compile_key_pattern(regex)  # RE2, as the master: a bad pattern fails here, with its reason
         await self.link.flush_releases()
+        # The master removes by slices, answering other calls meanwhile: millions of
+        # keys take seconds, longer than master_timeout_s allows an ordinary call.
+        timeout = max(self.cfg.master_timeout_s, REMOVE_ALL_TIMEOUT_S)
         total = master_pb2.RemoveAllResponse()
         delay = REMOVE_RETRY_FIRST_S
         waited = 0.0
         while True:
             if regex:
                 r = await self.link.call(
-                    "RemoveByRegex", lambda: master_pb2.RemoveByRegexRequest(pattern=regex, force=force))
+                    "RemoveByRegex", lambda: master_pb2.RemoveByRegexRequest(pattern=regex, force=force),
+                    timeout=timeout)
             else:
-                r = await self.link.call("RemoveAll", lambda: master_pb2.RemoveAllRequest(force=force))
+                r = await self.link.call("RemoveAll", lambda: master_pb2.RemoveAllRequest(force=force),
+                                         timeout=timeout)
             total.removed += r.removed
             total.skipped_leased = r.skipped_leased
             if not r.skipped_leased or waited >= REMOVE_LEASE_WAIT_S:

@@ -42,6 +42,7 @@ from cxlkv.clientd.regions import RegionSet, StartupError
 from cxlkv.clientd.writers import Incarnation, still_running
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError
+from cxlkv.loops import StallMonitor
 from cxlkv.systemd import Notifier
 
 __all__ = ["Daemon", "SHUTDOWN_GRACE_S", "BUFFER_REAP_INTERVAL_S", "EXIT_STARTUP", "tune_malloc"]
@@ -144,6 +145,8 @@ class Daemon:
         self.core: ClientdCore | None = None
         self.incarnation: Incarnation | None = None
         self._release_prev: asyncio.Future[Any] | None = None
+        #: How long the event loop is held (cxlkv_event_loop_stall_* metrics).
+        self.stalls = StallMonitor()
 
     def request_stop(self) -> None:
         """Ask the daemon to shut down (signal handlers call this)."""
@@ -172,6 +175,7 @@ class Daemon:
         metrics = None
         notify = self.notifier
         watchdog = asyncio.ensure_future(notify.run_watchdog())
+        self.stalls.start()
         try:
             try:
                 notify.status("mapping regions")
@@ -205,7 +209,8 @@ class Daemon:
                 if cfg.metrics_address:
                     from cxlkv.clientd.metrics import start_metrics
 
-                    metrics, metrics_url = start_metrics(cfg.metrics_address, core, buffers, api, tls=cfg.tls)
+                    metrics, metrics_url = start_metrics(cfg.metrics_address, core, buffers, api, tls=cfg.tls,
+                                                         stalls=self.stalls)
                     link.metrics_url = api.metrics_url = metrics_url
                     log.info("metrics on %s", metrics_url)
                 grpc_fe = GrpcFrontEnd(api, self.socket_path, cfg.socket_mode)
@@ -259,6 +264,7 @@ class Daemon:
             return 0
         finally:
             watchdog.cancel()
+            self.stalls.stop()
             await self._shutdown(grpc_fe, lean, link, buffers, regions, executor, metrics)
 
     async def _watch_regions(self, regions: RegionSet) -> None:

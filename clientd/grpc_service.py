@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 #: Full name of the service, as health and reflection report it.
 SERVICE_NAME = client_pb2.DESCRIPTOR.services_by_name["ClientService"].full_name
-#: Largest message the daemon's gRPC server accepts or sends, in bytes.
+#: Largest message the daemon's gRPC server sends, in bytes (what it accepts is
+#: the configuration's ``max_request_bytes``).
 MAX_MESSAGE_BYTES = 256 << 20
 
 
@@ -91,7 +92,7 @@ class GrpcFrontEnd:
         self.socket_mode = socket_mode
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", api.cfg.max_request_bytes),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
         ])

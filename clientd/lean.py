@@ -13,7 +13,7 @@ link; this module only maps ClientService method numbers onto :class:`ClientApi`
 
 from __future__ import annotations
 
-from cxlkv.client.framing import DEFAULT_MAX_FRAME_BYTES, METHODS
+from cxlkv.client.framing import METHODS
 from cxlkv.clientd.api import ClientApi
 from cxlkv.lean import LeanProtocol, LeanRoute
 from cxlkv.lean import LeanServer as _LeanServer
@@ -28,7 +28,8 @@ class LeanServer(_LeanServer):
         api: the ClientService methods.
         socket_path: Unix socket path (must not exist; the daemon clears stale ones).
         socket_mode: permission bits set on the socket.
-        max_frame_bytes: largest accepted frame (``length`` field), in bytes.
+        max_frame_bytes: largest accepted frame (``length`` field), in bytes
+            (default: the configuration's ``max_request_bytes``).
         max_in_flight: calls one connection may have running before it is paused.
     """
 
@@ -38,10 +39,12 @@ class LeanServer(_LeanServer):
         socket_path: str,
         socket_mode: int,
         *,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        max_frame_bytes: int | None = None,
         max_in_flight: int = 1024,
     ) -> None:
         routes = {m.number: LeanRoute(m.name, m.request_type.FromString, getattr(api, m.name), m.request_type) for m in METHODS}
+        if max_frame_bytes is None:
+            max_frame_bytes = api.cfg.max_request_bytes
         super().__init__(routes, max_frame_bytes=max_frame_bytes, max_in_flight=max_in_flight)
         self.api = api
         self.socket_path = socket_path

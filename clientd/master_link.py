@@ -67,6 +67,18 @@ LINGER_FRACTION = 1.0
 MAX_LINGER_S = 0.002
 #: gRPC message size limit towards the master, in bytes (keys may be 4 KiB each).
 MAX_MESSAGE_BYTES = 64 << 20
+#: gRPC reconnect backoff towards the master, in milliseconds: the first wait after
+#: a failed connection, and the longest (gRPC's defaults, 1 s growing to 120 s, kept
+#: clientds away for up to a minute after a restarted master was serving again).
+RECONNECT_BACKOFF_INITIAL_MS = 100
+RECONNECT_BACKOFF_MAX_MS = 250
+#: Time one connection attempt may take, in milliseconds (gRPC's
+#: ``min_reconnect_backoff_ms``: its minimum connect deadline; default 20 s).
+RECONNECT_CONNECT_TIMEOUT_MS = 1000
+#: While the master is unreachable, the heartbeat loop tries this often, in seconds
+#: (instead of every ``heartbeat_interval_s``), so the daemon registers again as soon
+#: as a restarted master serves.
+RECONNECT_POLL_S = 0.1
 
 
 class StartedExtent(NamedTuple):
@@ -317,7 +329,8 @@ class MasterLink:
             "BatchExistKey", self._send_exist, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.match_prefix: Coalescer[list[str], tuple[PrefixMatch, float]] = Coalescer(
-            "BatchMatchPrefix", self._send_match_prefix, max_items=64)
+            "BatchMatchPrefix", self._send_match_prefix, max_items=MAX_BATCH_ITEMS,
+            weight=lambda q: max(1, len(q)))  # the master counts every query's keys
         self.remove = {
             force: Coalescer(f"BatchRemove(force={force})",
                              lambda keys, f=force: self._send_remove(keys, f), max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
@@ -348,6 +361,11 @@ class MasterLink:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.enable_http_proxy", 0),
             ("grpc.keepalive_time_ms", 10_000),
+            # Back within a second of a restarted master serving, whatever the
+            # outage's length: gRPC's default backoff grows to 120 s between attempts.
+            ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_INITIAL_MS),
+            ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MAX_MS),
+            ("grpc.min_reconnect_backoff_ms", RECONNECT_CONNECT_TIMEOUT_MS),
         ]
         tls = self.cfg.tls
         if tls.enabled:
@@ -502,7 +520,9 @@ class MasterLink:
 
     async def _heartbeat_loop(self) -> None:
         while not self._closed:
-            await asyncio.sleep(self.heartbeat_interval_s)
+            # Unreachable master: poll quickly, to be back within a second of its return.
+            await asyncio.sleep(self.heartbeat_interval_s if self.connected
+                                else min(self.heartbeat_interval_s, RECONNECT_POLL_S))
             gen = self.generation
             try:
                 if not self.registered:
@@ -702,9 +722,17 @@ class MasterLink:
             self._release_handle = asyncio.get_running_loop().call_later(RELEASE_DELAY_S, self._release_timer)
 
     def _take_releases(self) -> list[int]:
+        """Up to :data:`MAX_BATCH_ITEMS` pending lease ids, to ride on one call (the
+        master refuses a call over its ``max_batch_items``); the rest wait for the
+        next call or the release timer."""
         ids = self._pending_releases
-        self._pending_releases = []
-        return ids
+        if len(ids) <= MAX_BATCH_ITEMS:
+            self._pending_releases = []
+            return ids
+        self._pending_releases = ids[MAX_BATCH_ITEMS:]
+        if self._release_handle is None and not self._closed:
+            self._release_handle = asyncio.get_running_loop().call_later(RELEASE_DELAY_S, self._release_timer)
+        return ids[:MAX_BATCH_ITEMS]
 
     def _return_releases(self, ids: list[int]) -> None:
         if ids:

@@ -24,7 +24,7 @@ from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Gauge
 from cxlkv.clientd.buffers import BufferRegistry
 from cxlkv.clientd.core import ClientdCore
 from cxlkv.errors import CxlkvError, ErrorCode
-from cxlkv.metrics import MethodStats, RequestStats, build_info, serve_metrics
+from cxlkv.metrics import MethodStats, RequestStats, StallCollector, build_info, serve_metrics
 
 __all__ = ["ClientdCollector", "start_metrics", "instrument_api", "BATCH_FIELDS"]
 
@@ -159,7 +159,7 @@ class ClientdCollector:
 
 
 def start_metrics(address: str, core: ClientdCore, buffers: BufferRegistry,
-                  api: Any = None, tls: Any = None) -> tuple[Any, str]:
+                  api: Any = None, tls: Any = None, stalls: Any = None) -> tuple[Any, str]:
     """Serve /metrics on ``host:port`` (port 0 picks one) in a daemon thread.
 
     Args:
@@ -170,6 +170,8 @@ def start_metrics(address: str, core: ClientdCore, buffers: BufferRegistry,
             :func:`instrument_api` (before its front-ends are built), or ``None``.
         tls: :class:`cxlkv.tls.TlsFiles`: serve https, scrapers need a CA-signed
             certificate (``None`` or disabled: plain HTTP).
+        stalls: the daemon's :class:`cxlkv.loops.StallMonitor` (its event-loop
+            stall metrics), or ``None``.
 
     Returns:
         (the HTTP server — call ``shutdown()`` to stop it, its URL).
@@ -184,5 +186,7 @@ def start_metrics(address: str, core: ClientdCore, buffers: BufferRegistry,
         instrument_api(api, requests)
     registry = CollectorRegistry()
     registry.register(ClientdCollector(core, buffers, requests))  # type: ignore[arg-type]
+    if stalls is not None:
+        registry.register(StallCollector(stalls))  # type: ignore[arg-type]
     ProcessCollector(registry=registry)
     return serve_metrics(address, registry, tls=tls)

@@ -120,7 +120,7 @@ def default_runtime_dir() -> Path:
 
 
 def _f(default: Any, doc: str, unit: str = "", **kw: Any) -> Any:
-    """A documented dataclass field; ``unit`` is "bytes", "s" or ""."""
+    """A documented dataclass field; ``unit`` is "bytes", "s", "items" or ""."""
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": doc, "unit": unit}, **kw)
     return field(default=default, metadata={"doc": doc, "unit": unit}, **kw)
@@ -174,6 +174,12 @@ class MasterConfig:
     low_watermark: float = _f(0.90, "used/capacity ratio eviction frees down to")
     evict_budget_s: float = _f(0.005, "most time one eviction pass may take", unit="s")
     sweep_interval_s: float = _f(0.5, "period of the lease/put/client expiry sweep", unit="s")
+    max_batch_items: int = _f(2048, "most items in one batch call; more is refused with TOO_LARGE "
+                              "(docs/protocol.md, Limits)", unit="items")
+    max_request_bytes: int = _f(16 << 20, "largest request accepted (gRPC message, lean frame); larger is "
+                                "refused with TOO_LARGE", unit="bytes")
+    slice_s: float = _f(0.01, "long operations (RemoveAll, RemoveByRegex, UnmountSegment) run in slices of "
+                        "at most this much event-loop time, so heartbeats are answered between them", unit="s")
     log_level: str = _f("info", "debug, info, warning or error")
     log_json: bool = _f(False, "log JSON lines instead of text")
     event_loop: str = _f("uvloop", "uvloop (libuv, in C: less CPU per call) or asyncio (the standard library's)")
@@ -264,6 +270,9 @@ class MasterConfig:
             raise ConfigError("full_tier_backoff_s: must be > 0 and <= full_tier_backoff_max_s")
         if self.heartbeat_interval_s >= self.client_ttl_s:
             raise ConfigError("heartbeat_interval_s must be shorter than client_ttl_s")
+        _check_limits(self.max_batch_items, self.max_request_bytes, master=True)
+        if not 0 < self.slice_s <= 1:
+            raise ConfigError(f"slice_s: must be in (0, 1] seconds, got {self.slice_s}")
         _check_address("listen_address", self.listen_address)
         _check_address("metrics_address", self.metrics_address, empty_ok=True)
         self.tls.check()
@@ -328,6 +337,10 @@ class ClientdConfig:
     direct_mode: bool = _f(True, "offer direct mode: SDK processes that can map the regions copy bytes "
                                  "themselves, asking only for metadata (docs/sdk.md)")
     master_timeout_s: float = _f(10.0, "deadline of each call to the master", unit="s")
+    max_batch_items: int = _f(16_384, "most items in one batch call of the local API; more is refused with "
+                              "TOO_LARGE (the SDK splits its batches; docs/protocol.md, Limits)", unit="items")
+    max_request_bytes: int = _f(32 << 20, "largest request accepted on the local API (gRPC message, lean "
+                                "frame); larger is refused with TOO_LARGE", unit="bytes")
     log_level: str = _f("info", "debug, info, warning or error")
     log_json: bool = _f(False, "log JSON lines instead of text")
     event_loop: str = _f("uvloop", "uvloop (libuv, in C: less CPU per call) or asyncio (the standard library's)")
@@ -351,6 +364,10 @@ class ClientdConfig:
             raise ConfigError(f"task_batch: must be >= 0, got {self.task_batch}")
         if self.master_timeout_s <= 0:
             raise ConfigError("master_timeout_s: must be > 0")
+        _check_limits(self.max_batch_items, self.max_request_bytes, master=False)
+        if self.max_request_bytes < self.max_inline_bytes + (1 << 20):
+            raise ConfigError(f"max_request_bytes ({self.max_request_bytes}) must exceed max_inline_bytes "
+                              f"({self.max_inline_bytes}) by at least 1 MiB")
         _check_address("metrics_address", self.metrics_address, empty_ok=True)
         self.tls.check()
         if not self.tls.enabled and not self.allow_insecure:
@@ -371,6 +388,18 @@ class ClientdConfig:
     def resolved_lean_socket_path(self) -> str:
         """The lean-framing socket path, defaults filled in."""
         return self.lean_socket_path or self.resolved_socket_path() + ".lean"
+
+
+def _check_limits(max_batch_items: int, max_request_bytes: int, *, master: bool) -> None:
+    """Bounds of the per-call limits (cxlkv.limits). Raises :class:`ConfigError`."""
+    from cxlkv.limits import MIN_MASTER_MAX_REQUEST_BYTES, MIN_MAX_BATCH_ITEMS, MIN_MAX_REQUEST_BYTES
+
+    if max_batch_items < MIN_MAX_BATCH_ITEMS:
+        raise ConfigError(f"max_batch_items: must be >= {MIN_MAX_BATCH_ITEMS} (the batch size of the SDK "
+                          f"and of clientd's master calls), got {max_batch_items}")
+    low = MIN_MASTER_MAX_REQUEST_BYTES if master else MIN_MAX_REQUEST_BYTES
+    if not low <= max_request_bytes <= 1 << 30:
+        raise ConfigError(f"max_request_bytes: must be in [{format_size(low)}, 1 GiB], got {max_request_bytes}")
 
 
 def _check_address(key: str, address: str, *, empty_ok: bool = False) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "AlreadyExists",
     "NoSpace",
     "TooLarge",
+    "LimitExceeded",
     "HasLease",
     "LeaseExpired",
     "InvalidKey",
@@ -169,6 +170,34 @@ class TooLarge(CxlkvError, ValueError):
     """Larger than every segment (nothing evicted) or than the inline limit."""
 
     code = ErrorCode.TOO_LARGE
+
+
+class LimitExceeded(TooLarge):
+    """A call over one of a daemon's documented per-call limits (docs/protocol.md, "Limits"):
+    more items in one batch call than ``max_batch_items``, or a request larger than
+    ``max_request_bytes``. Code ``TOO_LARGE``; the message names the limit and its
+    configuration key. Split the call (the SDK does this itself).
+
+    Attributes:
+        limit_name: the configuration key of the limit (``"max_batch_items"``, ...).
+        limit: the limit's value (items or bytes, as its name says).
+        requested: what the call asked for, in the same unit.
+    """
+
+    def __init__(self, message: str = "", *, limit_name: str = "", limit: int = 0, requested: int = 0,
+                 **fields) -> None:
+        super().__init__(message, **fields)
+        self.limit_name = limit_name
+        self.limit = limit
+        self.requested = requested
+
+    def __reduce__(self):
+        return (_rebuild_limit, (self.message, self.limit_name, self.limit, self.requested, self.requested_bytes))
+
+
+def _rebuild_limit(message, limit_name, limit, requested, requested_bytes):
+    return LimitExceeded(message, limit_name=limit_name, limit=limit, requested=requested,
+                         requested_bytes=requested_bytes)
 
 
 class HasLease(CxlkvError):
@@ -393,6 +422,12 @@ def from_rpc_error(exc: grpc.RpcError, *, target: str = "") -> CxlkvError:
                 )
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(details):
+        # gRPC's own message limit, not a full store: most often a request over the
+        # server's max_request_bytes (else an answer over this side's receive limit)
+        where = f" ({target})" if target else ""
+        return LimitExceeded(f"message refused{where}: {details} (the server's max_request_bytes, "
+                             "or this side's receive limit); split the call", limit_name="max_request_bytes")
     cls = _FROM_GRPC.get(code, Internal)  # type: ignore[arg-type]
     name = getattr(code, "name", "error")
     if name == cls.code.name:  # the error's own code says it: never "UNAVAILABLE: UNAVAILABLE (…)"

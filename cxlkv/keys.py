@@ -12,7 +12,12 @@ from typing import Any
 from cxlkv.errors import InvalidArgument, InvalidKey
 
 __all__ = ["MAX_KEY_BYTES", "MAX_REPLICA_NUM", "validate_key", "key_error", "replica_num_error",
-           "validate_replica_num", "options_error"]
+           "validate_replica_num", "options_error", "compile_key_pattern", "MAX_PATTERN_BYTES"]
+
+#: Longest pattern ``remove_all(regex=...)`` accepts, in UTF-8 bytes.
+MAX_PATTERN_BYTES = 4096
+#: Most memory RE2 may use to compile one pattern, in bytes (RE2's own default is 8 MiB).
+_PATTERN_MEM_BYTES = 8 << 20
 
 #: Longest key, in UTF-8 bytes.
 MAX_KEY_BYTES = 4096
@@ -91,3 +96,41 @@ def validate_key(key: object) -> str:
         shown = key[:64] + "…" if isinstance(key, str) and len(key) > 64 else key
         raise InvalidKey(why, key=shown if isinstance(shown, str) else None)
     return key  # type: ignore[return-value]
+
+
+def compile_key_pattern(pattern: str) -> Any:
+    """Compile a key pattern of ``RemoveByRegex`` / ``remove_all(regex=...)`` with RE2.
+
+    RE2 (the ``google-re2`` package) matches in time linear in the key's length
+    whatever the pattern: a pattern such as ``(a+)+$`` that makes a backtracking
+    engine (Python's ``re``) run for minutes on one long key costs RE2 microseconds.
+    The syntax is RE2's (docs/sdk.md): Python's ``re`` without backreferences and
+    look-around. Matching is ``search`` (anywhere in the key; anchor with ``^``).
+
+    Returns:
+        The compiled pattern (its ``search(key)`` returns a match or ``None``).
+
+    Raises:
+        InvalidArgument: the pattern is over :data:`MAX_PATTERN_BYTES`, or RE2
+            cannot compile it (the message says why).
+    """
+    import re2
+
+    if not isinstance(pattern, str):
+        raise InvalidArgument(f"regex must be a str, got {type(pattern).__name__}")
+    if len(pattern.encode("utf-8", "surrogatepass")) > MAX_PATTERN_BYTES:
+        raise InvalidArgument(f"regex of {len(pattern.encode('utf-8', 'surrogatepass'))} bytes is over the "
+                              f"limit of {MAX_PATTERN_BYTES} bytes")
+    options = re2.Options()
+    options.log_errors = False
+    options.max_mem = _PATTERN_MEM_BYTES
+    try:
+        return re2.compile(pattern, options=options)
+    except re2.error as exc:
+        why = exc.args[0] if exc.args else exc
+        if isinstance(why, bytes):
+            why = why.decode("utf-8", "replace")
+        raise InvalidArgument(f"bad regular expression {pattern!r} (RE2 syntax: no backreferences or "
+                              f"look-around): {why}") from None
+    except (TypeError, UnicodeError) as exc:
+        raise InvalidArgument(f"bad regular expression {pattern!r}: {exc}") from None

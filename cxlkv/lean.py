@@ -38,7 +38,7 @@ from google.protobuf.message import DecodeError
 from cxlkv.client.framing import (
     DEFAULT_MAX_FRAME_BYTES, HEADER, HEADER_BYTES, LENGTH_BYTES, MIN_LENGTH, Method, service_methods,
 )
-from cxlkv.errors import CxlkvError, ErrorCode, Internal, InvalidArgument, Unavailable, error_for
+from cxlkv.errors import CxlkvError, ErrorCode, Internal, InvalidArgument, LimitExceeded, Unavailable, error_for
 from cxlkv.v1 import common_pb2
 
 __all__ = ["service_methods", "LeanRoute", "LeanProtocol", "LeanServer", "LeanChannel", "LeanConnectError",
@@ -111,8 +111,9 @@ class LeanProtocol(asyncio.Protocol):
 
     * an unknown method number or an unparsable message gets an INVALID_ARGUMENT
       answer and the connection goes on (the framing is intact);
-    * a ``length`` below 12 or above ``max_frame_bytes`` cannot be skipped safely:
-      it gets an INVALID_ARGUMENT answer, then the connection is closed;
+    * a ``length`` below 12 (INVALID_ARGUMENT) or above ``max_frame_bytes``
+      (TOO_LARGE, :class:`~cxlkv.errors.LimitExceeded`) cannot be skipped safely:
+      it gets that answer, then the connection is closed;
     * a client that disconnects mid-frame just goes away; calls it had started run
       to completion (a put is never left half-done) and their answers are dropped;
     * a client that sends faster than it reads is paused (asyncio flow control),
@@ -254,12 +255,16 @@ class LeanProtocol(asyncio.Protocol):
 
     def _fatal(self, rid: int, length: int) -> None:
         """A frame length that cannot be honoured: answer, then close the connection."""
+        err: CxlkvError
         if length < MIN_LENGTH:
-            msg = f"frame length {length} is below the minimum of {MIN_LENGTH} bytes"
+            err = InvalidArgument(f"frame length {length} is below the minimum of {MIN_LENGTH} bytes")
         else:
-            msg = f"frame of {length} bytes is over the limit of {self._max_frame} bytes"
-        log.warning("lean connection closed: %s", msg)
-        self._answer_error(rid, InvalidArgument(msg))
+            err = LimitExceeded(
+                f"request frame of {length} bytes is over the limit of {self._max_frame} bytes "
+                "(max_request_bytes); split the call", limit_name="max_request_bytes", limit=self._max_frame,
+                requested=length, requested_bytes=length)
+        log.warning("lean connection closed: %s", err.message)
+        self._answer_error(rid, err)
         self._flush()
         self._closed = True
         self._buf = bytearray()
@@ -486,7 +491,7 @@ class LeanChannel:
         self._proto: _ChannelProtocol | None = None
         self._connecting: asyncio.Lock | None = None
 
-    async def _connection(self) -> _ChannelProtocol:
+    async def _connection(self, timeout: float | None = None) -> _ChannelProtocol:
         proto = self._proto
         if proto is not None and proto.transport is not None and not proto.transport.is_closing():
             return proto
@@ -496,9 +501,13 @@ class LeanChannel:
             if self._proto is not None and self._proto.transport is not None and not self._proto.transport.is_closing():
                 return self._proto
             loop = asyncio.get_running_loop()
+            connect = loop.create_connection(lambda: _ChannelProtocol(self), self.host, self.port, ssl=self.ssl)
             try:
-                _, proto = await loop.create_connection(lambda: _ChannelProtocol(self), self.host, self.port,
-                                                        ssl=self.ssl)
+                # bounded: a host that drops packets would hold the call for the kernel's
+                # SYN retries (minutes); a timeout is a failed connect (nothing was sent)
+                _, proto = await asyncio.wait_for(connect, timeout) if timeout else await connect
+            except asyncio.TimeoutError:
+                raise LeanConnectError(f"lean link to {self.target}: no connection within {timeout:g} s") from None
             except OSError as exc:
                 raise LeanConnectError(f"lean link to {self.target}: {exc.strerror or exc}") from None
             self._proto = proto
@@ -521,7 +530,7 @@ class LeanChannel:
                 (the call may or may not have run).
         """
         method = self._by_name[name]
-        proto = await self._connection()
+        proto = await self._connection(timeout)
         rid = next(self._ids)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rid] = (fut, method.response_type)

@@ -47,6 +47,7 @@ __all__ = [
     "split_address",
     "serve_metrics",
     "MetricsBindError",
+    "StallCollector",
 ]
 
 #: Latency histogram upper bounds, in seconds (50 µs … 10 s).
@@ -268,3 +269,28 @@ def serve_metrics(address: str, registry: CollectorRegistry, *, key: str = "metr
         shown = f"[{shown}]"
     scheme = "https" if tls is not None and tls.enabled else "http"
     return server, f"{scheme}://{shown}:{bound_port}/metrics"
+
+
+class StallCollector:
+    """The event loop's stalls (:class:`cxlkv.loops.StallMonitor`) as Prometheus metrics:
+    ``cxlkv_event_loop_stall_seconds`` (histogram of every wake-up's delay) and
+    ``cxlkv_event_loop_stall_max_seconds`` (gauge: the longest of the last window).
+
+    Args:
+        monitor: the daemon's monitor.
+    """
+
+    def __init__(self, monitor: Any) -> None:
+        self.monitor = monitor
+
+    def collect(self) -> Iterator[Any]:
+        m = self.monitor
+        yield histogram_family(
+            "cxlkv_event_loop_stall_seconds",
+            f"how late the event loop woke a task due every {m.interval_s:g} s: the time it was held", [],
+            [([], m.histogram)])
+        gauge = GaugeMetricFamily(
+            "cxlkv_event_loop_stall_max_seconds",
+            f"longest event-loop stall of the last {m.window_s:g} s", labels=[])
+        gauge.add_metric([], m.max_s)
+        yield gauge

@@ -42,7 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from cxlkv.master.segments import Tier
 from cxlkv.master.state import MasterState
-from cxlkv.metrics import RequestStats, build_info, serve_metrics
+from cxlkv.metrics import RequestStats, StallCollector, build_info, serve_metrics
 
 __all__ = ["MasterCollector", "RpcObserver", "COUNTER_HELP", "BATCH_FIELDS", "start_master_metrics"]
 
@@ -273,8 +273,11 @@ class MasterCollector:
 
 
 def start_master_metrics(address: str, state: MasterState, loop: asyncio.AbstractEventLoop,
-                         tls: Any = None) -> tuple[Any, str, RpcObserver]:
+                         tls: Any = None, stalls: Any = None) -> tuple[Any, str, RpcObserver]:
     """Serve the master's /metrics on ``address`` (call on the event-loop thread).
+
+    ``stalls`` (a :class:`cxlkv.loops.StallMonitor`, or ``None``) adds the event
+    loop's stall metrics.
 
     Returns:
         ``(server, url, observer)``: stop ``server`` with ``shutdown()`` and
@@ -287,6 +290,8 @@ def start_master_metrics(address: str, state: MasterState, loop: asyncio.Abstrac
     rpc = RequestStats("cxlkv_master_rpc", "master RPC")
     registry = CollectorRegistry()
     registry.register(MasterCollector(state, rpc, loop))  # type: ignore[arg-type]
+    if stalls is not None:
+        registry.register(StallCollector(stalls))  # type: ignore[arg-type]
     ProcessCollector(registry=registry)
     server, url = serve_metrics(address, registry, tls=tls)
     return server, url, RpcObserver(rpc)

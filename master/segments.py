@@ -206,6 +206,10 @@ class SegmentTable:
         seg.allocator = ExtentAllocator(REGION_HEADER_BYTES, data_end_bytes, self.alignment_bytes)
         self._refresh()
 
+    def refresh(self) -> None:
+        """Recompute the mounted list after a segment's ``mounted`` flag changed."""
+        self._refresh()
+
     def _refresh(self) -> None:
         self.mounted = [s for s in self.by_id.values() if s.mounted]
         caps = [s.capacity_bytes for s in self.mounted]

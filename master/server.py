@@ -42,6 +42,7 @@ from grpc_reflection.v1alpha import reflection
 from cxlkv.config import MasterConfig, format_size
 from cxlkv.errors import ConfigError
 from cxlkv.lean import LeanServer
+from cxlkv.loops import StallMonitor
 from cxlkv.master.owner import Deposed, RegionOwnership
 from cxlkv.master.recovery import parse_recover_spec, recover_regions
 from cxlkv.master.service import MasterServicer
@@ -167,6 +168,8 @@ class MasterServer:
         #: Why this master stopped on its own ("" unless deposed).
         self.deposed = ""
         self._stopped = asyncio.Event()
+        #: How long the event loop is held (cxlkv_event_loop_stall_* metrics).
+        self.stalls = StallMonitor()
 
     async def start(self) -> str:
         """Bind, start serving, start the sweep, write the address file.
@@ -183,7 +186,7 @@ class MasterServer:
         host, want_port = _split_host_port(cfg.listen_address)
         _probe_listen(cfg.listen_address, host, want_port)
         server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", cfg.max_request_bytes),
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
         ])
@@ -214,7 +217,7 @@ class MasterServer:
         if cfg.lean_listen_address != "off":
             lean_host, lean_port = (_split_host_port(cfg.lean_listen_address) if cfg.lean_listen_address
                                     else (host, 0))
-            self._lean = LeanServer(self.servicer.lean_routes(), ssl=ssl_ctx)
+            self._lean = LeanServer(self.servicer.lean_routes(), ssl=ssl_ctx, max_frame_bytes=cfg.max_request_bytes)
             try:
                 self.servicer.lean_port = await self._lean.start_tcp(lean_host, lean_port)
             except OSError as exc:
@@ -229,6 +232,7 @@ class MasterServer:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop(), name="sweep")
         if self.ownership.owned:
             self._owner_task = asyncio.get_running_loop().create_task(self._owner_loop(), name="owner-lease")
+        self.stalls.start()
         segs = ", ".join(f"{s.name}={format_size(s.size_bytes)}" for s in self.state.segments()) or "none"
         log.info(
             "master %s serving on %s, lean port %s (%s; strategy %s, eviction %s, segments: %s)", self.master_id,
@@ -246,7 +250,8 @@ class MasterServer:
 
         try:
             self._metrics, url, observer = start_master_metrics(
-                self.config.metrics_address, self.state, asyncio.get_running_loop(), tls=self.config.tls)
+                self.config.metrics_address, self.state, asyncio.get_running_loop(), tls=self.config.tls,
+                stalls=self.stalls)
         except OSError as exc:
             raise ListenError(str(exc)) from None
         self.metrics_url = self.servicer.metrics_url = url
@@ -322,6 +327,7 @@ class MasterServer:
         if not self.deposed:
             self.ownership.release()
         self.ownership.close()
+        self.stalls.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             try:

@@ -2,7 +2,10 @@
 
 Every state call runs on the event-loop thread (the handlers are coroutines that
 never await in the middle of state work), so the state needs no lock; ``now`` is
-``time.monotonic()`` read once per call.
+``time.monotonic()`` read once per call. The O(keys) calls (RemoveAll,
+RemoveByRegex, UnmountSegment) run by slices of at most ``slice_s`` and await between them, so
+no call holds the loop (heartbeats are answered within 100 ms throughout); batch
+calls over ``max_batch_items`` are refused before any work (:mod:`cxlkv.limits`).
 
 Errors: single-item RPCs abort with the cxlkv error packed in the gRPC status
 details (:func:`cxlkv.errors.rpc_status_for`); batch RPCs answer a per-item
@@ -31,6 +34,7 @@ from grpc_status import rpc_status
 from cxlkv import __version__
 from cxlkv.errors import CxlkvError, Internal, InvalidArgument, rpc_status_for
 from cxlkv.lean import PEER_IDENTITY, LeanRoute, service_methods
+from cxlkv.limits import BatchLimit
 from cxlkv.tls import identity_from_auth_context
 from cxlkv.master.objects import ObjectVersion
 from cxlkv.master.segments import Segment, Tier
@@ -45,6 +49,9 @@ _COMPLETE = common_pb2.COMPLETE
 #: Longest FetchTasks wait a clientd may ask for, in milliseconds.
 _MAX_TASK_WAIT_MS = 5000
 _TIER_RANK = {Tier.DRAM: 0, Tier.CXL: 1, Tier.SSD: 2}
+#: Between two slices of a long operation the loop is left to other work for this
+#: fraction of ``slice_s`` (the operation takes that much longer in all).
+_SLICE_PAUSE_FRACTION = 0.2
 
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Any]
 
@@ -72,6 +79,8 @@ def _invoke(self: "MasterServicer", fn: Handler, name: str, request: Any, contex
             who = _caller(context)
             auth.check(name, request, who)
             token = _CALLER.set(who)
+        if name in self._limit_fields:
+            self.batch_limit.check(name, request)
         response = fn(self, request, context)
         if auth is not None and name == "RegisterClient":
             auth.registered(response.client_id, who, (c.client_id for c in self.state.clients()))
@@ -245,6 +254,10 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         self._lease_ttl_ms = int(round(state.config.lease_ttl_s * 1000))
         self._task_waiters = 0
         self._task_event: asyncio.Event | None = None
+        #: Refuses batch calls over ``max_batch_items`` (docs/protocol.md, Limits).
+        self.batch_limit = BatchLimit(master_pb2.DESCRIPTOR.services_by_name["MasterService"],
+                                      state.config.max_batch_items)
+        self._limit_fields = self.batch_limit.fields
 
     def wake_task_waiters(self) -> None:
         """Answer every FetchTasks long poll now (tasks were queued)."""
@@ -258,8 +271,10 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         same handlers, errors and metrics hook as the gRPC path, without HTTP/2."""
         routes: dict[int, LeanRoute] = {}
         for m in service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"]):
-            if m.name == "FetchTasks":
-                routes[m.number] = LeanRoute(m.name, m.request_type.FromString, self._lean_fetch_tasks, m.request_type)
+            waits = {"FetchTasks": self._lean_fetch_tasks, "RemoveAll": self._lean_remove_all,
+                     "RemoveByRegex": self._lean_remove_by_regex, "UnmountSegment": self._lean_unmount}.get(m.name)
+            if waits is not None:  # long polls and sliced operations: run as tasks
+                routes[m.number] = LeanRoute(m.name, m.request_type.FromString, waits, m.request_type)
                 continue
             fn = getattr(type(self), m.name).__wrapped__
             routes[m.number] = LeanRoute(m.name, m.request_type.FromString, self._lean_handler(fn, m.name),
@@ -267,8 +282,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return routes
 
     def _lean_handler(self, fn: Handler, name: str) -> Callable[[Any], Any]:
-        """``fn`` as an inline lean route: every master handler but FetchTasks
-        answers without waiting."""
+        """``fn`` as an inline lean route: every master handler but FetchTasks,
+        RemoveAll, RemoveByRegex and UnmountSegment answers without waiting."""
 
         def handler(request: Any) -> Any:
             response, error = _invoke(self, fn, name, request, None)
@@ -384,11 +399,31 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         log.info("segment %r mounted (id %d, %d B)", seg.name, seg.segment_id, seg.size_bytes)
         return master_pb2.MountSegmentResponse(segment=segment_info(seg))
 
-    @_rpc
-    def UnmountSegment(self, request, context):
-        lost, objects = self.state.unmount_segment(request.name, self.clock())
-        log.warning("segment %r unmounted: %d replica(s) lost, %d object(s) lost", request.name, lost, objects)
-        return master_pb2.UnmountSegmentResponse(replicas_lost=lost, objects_lost=objects)
+    async def UnmountSegment(self, request, context):
+        if self.auth is not None:  # _sliced reads the caller's identity the lean way
+            PEER_IDENTITY.set(_caller(context))
+        response, error = await self._unmount(request)
+        if error is None:
+            return response
+        await context.abort_with_status(rpc_status.to_status(rpc_status_for(error)))
+
+    async def _lean_unmount(self, request: Any) -> Any:
+        response, error = await self._unmount(request)
+        if error is not None:
+            raise error
+        return response
+
+    async def _unmount(self, request: Any) -> tuple[Any, CxlkvError | None]:
+        def start() -> Any:
+            return self.state.unmount_start(request.name, self.clock())
+
+        def answer(cursor: Any) -> Any:
+            log.warning("segment %r unmounted: %d replica(s) lost, %d object(s) lost", request.name,
+                        cursor.replicas_lost, cursor.objects_lost)
+            return master_pb2.UnmountSegmentResponse(replicas_lost=cursor.replicas_lost,
+                                                     objects_lost=cursor.objects_lost)
+
+        return await self._sliced("UnmountSegment", request, start, answer)
 
     @_rpc
     def ListSegments(self, request, context):
@@ -778,15 +813,71 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             add()
         return resp
 
-    @_rpc
-    def RemoveAll(self, request, context):
-        removed, skipped = self.state.remove_all(self.clock(), request.force)
-        return master_pb2.RemoveAllResponse(removed=removed, skipped_leased=skipped)
+    async def RemoveAll(self, request, context):
+        if self.auth is not None:  # _sliced reads the caller's identity the lean way
+            PEER_IDENTITY.set(_caller(context))
+        response, error = await self._remove_all("RemoveAll", request, None)
+        if error is None:
+            return response
+        await context.abort_with_status(rpc_status.to_status(rpc_status_for(error)))
 
-    @_rpc
-    def RemoveByRegex(self, request, context):
-        removed, skipped = self.state.remove_all(self.clock(), request.force, pattern=request.pattern)
-        return master_pb2.RemoveAllResponse(removed=removed, skipped_leased=skipped)
+    async def RemoveByRegex(self, request, context):
+        if self.auth is not None:  # _sliced reads the caller's identity the lean way
+            PEER_IDENTITY.set(_caller(context))
+        response, error = await self._remove_all("RemoveByRegex", request, request.pattern)
+        if error is None:
+            return response
+        await context.abort_with_status(rpc_status.to_status(rpc_status_for(error)))
+
+    async def _lean_remove_all(self, request: Any) -> Any:
+        response, error = await self._remove_all("RemoveAll", request, None)
+        if error is not None:
+            raise error
+        return response
+
+    async def _lean_remove_by_regex(self, request: Any) -> Any:
+        response, error = await self._remove_all("RemoveByRegex", request, request.pattern)
+        if error is not None:
+            raise error
+        return response
+
+    async def _remove_all(self, name: str, request: Any, pattern: str | None) -> tuple[Any, CxlkvError | None]:
+        """RemoveAll / RemoveByRegex by slices (:class:`~cxlkv.master.state.RemoveAllCursor`)."""
+        return await self._sliced(
+            name, request, lambda: self.state.remove_all_start(request.force, pattern),
+            lambda c: master_pb2.RemoveAllResponse(removed=c.removed, skipped_leased=c.skipped))
+
+    async def _sliced(self, name: str, request: Any, start: Callable[[], Any],
+                      answer: Callable[[Any], Any]) -> tuple[Any, CxlkvError | None]:
+        """Run an O(objects) state operation by slices of at most ``slice_s`` of
+        event-loop time (``start()`` returns a cursor whose ``step(now, budget_s)``
+        returns true when done), yielding to the loop between slices: heartbeats and
+        every other call are answered meanwhile. ``answer(cursor)`` builds the response."""
+        t0 = perf_counter()
+        error: CxlkvError | None = None
+        response = None
+        slice_s = self.state.config.slice_s
+        pause_s = slice_s * _SLICE_PAUSE_FRACTION
+        try:
+            if self.auth is not None:  # the identity check of every call (_invoke)
+                self.auth.check(name, request, _caller(None))
+            if name in self._limit_fields:
+                self.batch_limit.check(name, request)
+            cursor = start()
+            while not cursor.step(self.clock(), slice_s):
+                # A pause, not sleep(0): one gRPC call needs several turns of the loop,
+                # and sleep(0) gives the others one turn per slice (2M-key RemoveAll:
+                # heartbeats p50 87 ms with sleep(0))
+                await asyncio.sleep(pause_s)
+            response = answer(cursor)
+        except CxlkvError as err:
+            error = err
+        except Exception as exc:  # a bug: one line to the caller, the traceback to the log once
+            log.exception("%s failed", name)
+            error = Internal(f"{name}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+        if self.observe is not None:
+            self.observe(name, int(error.code) if error is not None else 0, request, perf_counter() - t0)
+        return response, error
 
     # ---------------------------------------------------------- tier moves
     async def FetchTasks(self, request, context):

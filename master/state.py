@@ -27,10 +27,9 @@ the state without touching it.
 from __future__ import annotations
 
 import itertools
-import re
 import time
 from collections import OrderedDict
-from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
 
 from sortedcontainers import SortedList
 
@@ -39,7 +38,7 @@ from cxlkv.errors import (
     AlreadyExists, CxlkvError, ErrorCode, InvalidArgument, InvalidKey, NoSpace, NotFound, NotReady,
     StaleToken, TooLarge, Unavailable, UnknownClient, HasLease,
 )
-from cxlkv.keys import key_error
+from cxlkv.keys import compile_key_pattern, key_error
 from cxlkv.master.eviction import EvictionPolicy, load_policy
 from cxlkv.master.invariants import check_invariants
 from cxlkv.master.leases import Lease, LeaseTable
@@ -49,7 +48,7 @@ from cxlkv.master.segments import Segment, SegmentTable, Tier, tier_from_name
 from cxlkv.master.strategies import AllocationStrategy, PlacementRequest, load_strategy
 from cxlkv.master.tiering import CACHE, COPY, DEMOTE, PROMOTE, AccessSketch, MoveTask, TaskTable
 
-__all__ = ["MasterState", "PutSpec", "RegionReport", "RestoredObject", "RestoreReport", "COUNTERS", "Lease"]
+__all__ = ["MasterState", "RemoveAllCursor", "UnmountCursor", "PutSpec", "RegionReport", "RestoredObject", "RestoreReport", "COUNTERS", "Lease"]
 
 #: Names of :attr:`MasterState.counters` (all start at 0 and only grow).
 COUNTERS = (
@@ -221,6 +220,9 @@ class MasterState:
         self._quarantine: dict[int, ObjectVersion] = {}
         self._quarantined_at: dict[int, float] = {}
         self._draining: set[int] = set()  # segment ids evicting down to the low watermark
+        #: Segments being unmounted by slices (id → segment): unmounted, their replicas
+        #: still listed on the objects not reached yet (UnmountCursor).
+        self._unmounting: dict[int, Segment] = {}
         # clients
         self._clients: dict[str, ClientRecord] = {}
         self._expired_clients: OrderedDict[str, ClientRecord] = OrderedDict()
@@ -299,6 +301,8 @@ class MasterState:
                 name with another identity (the message names both).
         """
         client = self.writer(client_id, epoch, now)
+        if any(s.name == name for s in self._unmounting.values()):
+            raise NotReady(f"segment {name!r} is being unmounted; mount it again once that is done")
         table = self.segment_table
         seg = table.check_mount(name, tier, size_bytes, region_uuid, device_path)
         if seg is not None:
@@ -322,10 +326,11 @@ class MasterState:
         self._tiered = any(s.tier != Tier.CXL for s in mounted)
 
     def unmount_segment(self, name: str, now: float) -> tuple[int, int]:
-        """Stop allocating from a segment and drop its replicas.
+        """Stop allocating from a segment and drop its replicas, in one go.
 
         Objects with a replica elsewhere stay readable; objects without one are
-        removed; puts left without any replica are revoked. O(objects).
+        removed; puts left without any replica are revoked. O(objects). The
+        service runs :meth:`unmount_start` by slices instead.
 
         Returns:
             ``(replicas_lost, objects_lost)``.
@@ -333,35 +338,51 @@ class MasterState:
         Raises:
             NotFound: no mounted segment of that name.
         """
+        cursor = self.unmount_start(name, now)
+        while not cursor.step(now, None):
+            pass
+        return cursor.replicas_lost, cursor.objects_lost
+
+    def unmount_start(self, name: str, now: float) -> "UnmountCursor":
+        """Begin unmounting a segment, to finish by slices (:meth:`UnmountCursor.step`).
+
+        At once: the segment takes no new extents, puts and tier moves that use it
+        are revoked or trimmed. Then, slice by slice, committed objects lose their
+        replica there (an object left without one is removed). Until an object's
+        slice comes its replica there stays listed: the bytes are untouched (nothing
+        is freed or allocated in the segment meanwhile), so reads of it still get
+        the object. The segment's name cannot be mounted again until the end.
+
+        Raises:
+            NotFound: no mounted segment of that name.
+        """
         seg = self.segment_table.by_name(name)
         if seg is None or not seg.mounted:
             raise NotFound(f"segment {name!r} is not mounted")
-        return self._unmount(seg, now)
+        return UnmountCursor(self, seg, now)
 
     def _unmount(self, seg: Segment, now: float) -> tuple[int, int]:
+        cursor = UnmountCursor(self, seg, now)
+        while not cursor.step(now, None):
+            pass
+        return cursor.replicas_lost, cursor.objects_lost
+
+    def _unmount_begin(self, seg: Segment, now: float) -> None:
         sid = seg.segment_id
-        seg.mounted = False  # frees below must not touch its allocator
-        replicas_lost = 0
-        objects_lost = 0
+        seg.mounted = False  # frees below must not touch its allocator; strategies skip it
+        self._unmounting[sid] = seg
+        self.segment_table.refresh()
+        self._tiers_changed()
+        self._unmount_side_tables(seg)
+
+    def _unmount_side_tables(self, seg: Segment) -> None:
+        """Drop ``seg`` from the tables that are not O(objects): tasks, puts,
+        removed-but-leased and fenced versions (at the start and again at the end
+        of a sliced unmount: calls between slices may have added some)."""
+        sid = seg.segment_id
         for task in self.tasks.all():
             if task.source[0] == sid or task.destination[0] == sid:
                 self._end_task(task, None, f"segment {seg.name!r} was unmounted")
-        for obj in list(self._objects.values()):
-            if obj.detached:
-                obj.detached = [e for e in obj.detached if e[0] != sid]
-            kept = [e for e in obj.extents if e[0] != sid]
-            if len(kept) != len(obj.extents):
-                replicas_lost += len(obj.extents) - len(kept)
-                upper = self._has_cxl(obj)
-                obj.extents = kept
-                if not kept:
-                    objects_lost += 1
-                    self._drop_committed(obj, evicted=False)
-                    continue
-                self.index.publish(obj)
-                if upper and not self._has_cxl(obj) and not obj.hard_pin:
-                    self.policy.on_remove(obj.key, False)
-                    self._cold[obj.key] = None
         for obj in list(self._puts.values()):
             kept = [e for e in obj.extents if e[0] != sid]
             if len(kept) != len(obj.extents):
@@ -384,16 +405,39 @@ class MasterState:
                     c = self._clients.get(obj.client_id)
                     if c is not None:
                         c.reserved.pop(token, None)
+
+    def _unmount_object(self, obj: ObjectVersion, sid: int) -> tuple[int, int]:
+        """Drop ``obj``'s replica in segment ``sid``: (replicas lost, objects lost)."""
+        if obj.detached:
+            obj.detached = [e for e in obj.detached if e[0] != sid]
+        kept = [e for e in obj.extents if e[0] != sid]
+        if len(kept) == len(obj.extents):
+            return 0, 0
+        lost = len(obj.extents) - len(kept)
+        upper = self._has_cxl(obj)
+        obj.extents = kept
+        if not kept:
+            self._drop_committed(obj, evicted=False)
+            return lost, 1
+        self.index.publish(obj)  # readers leave the replica in the unmounted segment
+        if upper and not self._has_cxl(obj) and not obj.hard_pin:
+            self.policy.on_remove(obj.key, False)
+            self._cold[obj.key] = None
+        return lost, 0
+
+    def _unmount_end(self, seg: Segment, replicas_lost: int, objects_lost: int) -> None:
+        sid = seg.segment_id
+        self._unmount_side_tables(seg)
         self._dram_lru.pop(sid, None)
         if self._dram_of.get(seg.owner_client_id) is seg:
             del self._dram_of[seg.owner_client_id]
         self._moving_out.pop(sid, None)
+        self._unmounting.pop(sid, None)
         self.segment_table.unmount(seg)
         self._tiers_changed()
         self.counters["segments_unmounted"] += 1
         self.counters["replicas_lost"] += replicas_lost
         self.counters["objects_lost"] += objects_lost
-        return replicas_lost, objects_lost
 
     # -------------------------------------------------------------- clients
     def register_client(
@@ -1239,8 +1283,11 @@ class MasterState:
         return out
 
     def remove_all(self, now: float, force: bool = False, pattern: str | None = None) -> tuple[int, int]:
-        """Remove every committed object (whose key matches ``pattern``, a Python
-        ``re`` searched in the key, when given). In-flight puts are untouched.
+        """Remove every committed object (whose key matches ``pattern``, an RE2
+        pattern searched in the key, when given) in one go. In-flight puts are untouched.
+
+        The service runs :meth:`remove_all_start` by slices instead, so that one
+        call never holds the event loop; this form is for tests and tools.
 
         Returns:
             ``(removed, skipped_leased)``.
@@ -1248,23 +1295,24 @@ class MasterState:
         Raises:
             InvalidArgument: ``pattern`` does not compile.
         """
-        rx = None
-        if pattern is not None:
-            try:
-                rx = re.compile(pattern)
-            except re.error as exc:
-                raise InvalidArgument(f"bad regular expression {pattern!r}: {exc}") from None
-        removed = skipped = 0
-        for obj in list(self._objects.values()):
-            if rx is not None and rx.search(obj.key) is None:
-                continue
-            if obj.leases and not force:
-                skipped += 1
-                continue
-            self._drop_committed(obj, evicted=False)
-            removed += 1
-        self.counters["removes"] += removed
-        return removed, skipped
+        cursor = self.remove_all_start(force, pattern)
+        while not cursor.step(now, None):
+            pass
+        return cursor.removed, cursor.skipped
+
+    def remove_all_start(self, force: bool = False, pattern: str | None = None) -> "RemoveAllCursor":
+        """Begin a RemoveAll / RemoveByRegex to run by slices (:meth:`RemoveAllCursor.step`).
+
+        The objects committed now are the ones considered; each is removed when its
+        slice comes unless it was removed or replaced (upsert) meanwhile. Objects
+        committed after this call are kept. ``pattern`` is an RE2 pattern
+        (:func:`cxlkv.keys.compile_key_pattern`: linear time in the key's length).
+
+        Raises:
+            InvalidArgument: ``pattern`` does not compile.
+        """
+        matcher = compile_key_pattern(pattern) if pattern is not None else None
+        return RemoveAllCursor(self, matcher, force)
 
     def _drop_committed(self, obj: ObjectVersion, evicted: bool) -> None:
         """Take a committed version out of the key space and retire it."""
@@ -1895,3 +1943,127 @@ class MasterState:
         except AssertionError as exc:
             return str(exc) or "invariant violated"
         return ""
+
+
+class RemoveAllCursor:
+    """One RemoveAll / RemoveByRegex in progress (:meth:`MasterState.remove_all_start`).
+
+    Taking the snapshot of committed objects costs O(n) list work (a few ms per
+    million keys); each :meth:`step` removes objects for at most its budget, so
+    the caller (the service) answers other calls between slices.
+
+    Attributes:
+        removed: objects removed so far.
+        skipped: leased objects left in place (not ``force``).
+        done: every object of the snapshot has been considered.
+    """
+
+    #: Objects handled between two looks at the work clock.
+    CHECK_EVERY = 256
+
+    def __init__(self, state: MasterState, matcher: object | None, force: bool) -> None:
+        self._state = state
+        self._search = matcher.search if matcher is not None else None  # type: ignore[attr-defined]
+        self._force = force
+        self._todo: list[Any] = list(state._objects.values())  # ObjectVersion, None once handled
+        self._pos = 0
+        self.removed = 0
+        self.skipped = 0
+        self.done = not self._todo
+
+    def step(self, now: float, budget_s: float | None) -> bool:
+        """Handle the next objects for at most ``budget_s`` seconds of the state's
+        work clock (``None``: all of them). Returns :attr:`done`."""
+        st = self._state
+        objects = st._objects
+        todo = self._todo
+        search = self._search
+        clock = st._work_clock
+        deadline = None if budget_s is None else clock() + budget_s
+        pos = self._pos
+        end = len(todo)
+        removed = 0
+        while pos < end:
+            stop = min(end, pos + self.CHECK_EVERY)
+            for i in range(pos, stop):
+                obj: ObjectVersion = todo[i]
+                todo[i] = None  # freed in its slice, not all at once when the snapshot goes
+                if objects.get(obj.key) is not obj:  # removed or replaced since the start
+                    continue
+                if search is not None and search(obj.key) is None:
+                    continue
+                if obj.leases and not self._force:
+                    self.skipped += 1
+                    continue
+                st._drop_committed(obj, evicted=False)
+                removed += 1
+            pos = stop
+            if deadline is not None and clock() >= deadline:
+                break
+        self._pos = pos
+        self.removed += removed
+        st.counters["removes"] += removed
+        if pos >= end:
+            self.done = True
+            self._todo = []
+        return self.done
+
+
+class UnmountCursor:
+    """One segment unmount in progress (:meth:`MasterState.unmount_start`).
+
+    Construction does the bounded part (the segment stops taking extents; puts,
+    tasks, leased and fenced versions drop it); each :meth:`step` takes committed
+    objects' replicas off the segment for at most its budget; the last one
+    finishes (the segment's allocator is reset, counters added).
+
+    Attributes:
+        segment: the segment being unmounted.
+        replicas_lost: replicas dropped so far.
+        objects_lost: objects removed so far (their only replica was there).
+        done: finished.
+    """
+
+    CHECK_EVERY = 256
+
+    def __init__(self, state: MasterState, seg: Segment, now: float) -> None:
+        self._state = state
+        self.segment = seg
+        state._unmount_begin(seg, now)
+        self._todo: list[Any] = list(state._objects.values())  # ObjectVersion, None once handled
+        self._pos = 0
+        self.replicas_lost = 0
+        self.objects_lost = 0
+        self.done = False
+
+    def step(self, now: float, budget_s: float | None) -> bool:
+        """Handle the next objects for at most ``budget_s`` seconds of the state's
+        work clock (``None``: all of them), finishing after the last. Returns :attr:`done`."""
+        if self.done:
+            return True
+        st = self._state
+        objects = st._objects
+        sid = self.segment.segment_id
+        todo = self._todo
+        clock = st._work_clock
+        deadline = None if budget_s is None else clock() + budget_s
+        pos, end = self._pos, len(todo)
+        while pos < end:
+            stop = min(end, pos + self.CHECK_EVERY)
+            for i in range(pos, stop):
+                obj: ObjectVersion = todo[i]
+                todo[i] = None  # freed in its slice
+                if objects.get(obj.key) is not obj:  # removed or replaced meanwhile
+                    continue
+                lost, gone = st._unmount_object(obj, sid)
+                self.replicas_lost += lost
+                self.objects_lost += gone
+            pos = stop
+            if deadline is not None and clock() >= deadline:
+                break
+        self._pos = pos
+        if pos >= end:
+            self._todo = []
+            st._unmount_end(self.segment, self.replicas_lost, self.objects_lost)
+            self.done = True
+        return self.done

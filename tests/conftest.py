@@ -110,6 +110,11 @@ class TestCluster(LocalCluster):
 
     def restart_master(self) -> None:
         """Stop the master and start a fresh one (empty state, new master_id) on the same address."""
+        self.stop_master()
+        self.start_master_again()
+
+    def stop_master(self) -> None:
+        """Stop the master (SIGTERM, then SIGKILL) and forget its channel."""
         assert self.master is not None
         self.master.stop()
         if self._channel is not None:
@@ -118,6 +123,15 @@ class TestCluster(LocalCluster):
         for ch in (self._tls_channels or {}).values():
             ch.close()
         self._tls_channels = None
+
+    def start_master_again(self) -> float:
+        """Start a fresh master (empty state, new master_id) on the address of the stopped one.
+
+        Returns:
+            When it started serving: the wall-clock time (``time.time()``) its
+            address file was written, which it does once serving.
+        """
+        assert self.master is not None
         conf = self.run_dir / "master.toml"
         import tomllib
 
@@ -132,6 +146,7 @@ class TestCluster(LocalCluster):
         self.master.start()
         wait_for_file(address_file, self.start_timeout_s, self.master)
         assert address_file.read_text().strip() == self.master_address
+        return address_file.stat().st_mtime
 
     def kill_clientd(self, i: int) -> None:
         """SIGKILL clientd ``i`` (a host crash) and reap it."""

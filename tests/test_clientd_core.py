@@ -47,8 +47,11 @@ class _Link:
     ``copy_s`` seconds of the fake clock for the first ``slow_reads`` reads."""
 
     generation = 1
+    registered = True
+    index_region_uuid = ""  # publishes no index: reads take the leased path under test
 
     def __init__(self, clock: _Clock, *, slow_reads: int) -> None:
+        self.on_registered: list = []
         self.clock = clock
         self.slow_reads = slow_reads
         self.released: list[int] = []

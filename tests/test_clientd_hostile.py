@@ -388,8 +388,10 @@ def test_impossible_frame_lengths_close_only_that_connection(module_cluster, len
     r = Raw(module_cluster.lean_socket_path(0))
     r.send(struct.pack("<IHHQ", length, 1, 0, 42))
     code, rid, body = r.read()
-    assert code == CODE.INVALID_ARGUMENT and rid == 42
-    assert "frame" in common_pb2.ErrorDetail.FromString(body).message
+    # too short: INVALID_ARGUMENT; too long: TOO_LARGE naming max_request_bytes (docs/protocol.md, Limits)
+    assert code == (CODE.INVALID_ARGUMENT if length < 12 else CODE.TOO_LARGE) and rid == 42
+    message = common_pb2.ErrorDetail.FromString(body).message
+    assert "frame" in message and (length < 12 or "max_request_bytes" in message)
     with pytest.raises((ConnectionError, OSError)):
         r.read()
     r.close()

@@ -9,12 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from cxlkv.errors import AlreadyExists, InvalidArgument, StaleToken
+from cxlkv.errors import AlreadyExists, ErrorCode, InvalidArgument, StaleToken
 from cxlkv.lean import LeanChannel, service_methods
-from cxlkv.v1 import master_pb2
+from cxlkv.v1 import common_pb2, master_pb2
 from master_harness import MasterProcess, assert_invariant
 
 METHODS = service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"])
+
+
+def _recv_exactly(s: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        assert chunk, "connection closed early"
+        data += chunk
+    return data
 
 
 def _lean_port(mp: MasterProcess) -> int:
@@ -71,7 +80,10 @@ def test_lean_port_survives_garbage(tmp_path: Path) -> None:
             s.recv(length - 12)
             s.sendall(struct.pack("<IHHQ", 1 << 31, 1, 0, 8))  # absurd length: answered, then closed
             data = s.recv(16)
-            assert struct.unpack("<IHHQ", data)[1] == int(InvalidArgument.code)
+            length, code, _f, rid = struct.unpack("<IHHQ", data)
+            assert rid == 8 and code == int(ErrorCode.TOO_LARGE)  # over max_request_bytes: its own error
+            detail = common_pb2.ErrorDetail.FromString(_recv_exactly(s, length - 12))
+            assert "max_request_bytes" in detail.message and detail.requested_bytes == 1 << 31
         # still serving, over both framings
         assert mp.stub.ExistKey(master_pb2.ExistKeyRequest(key="x")).exists is False
         assert _lean_port(mp) == port

@@ -33,6 +33,7 @@ from cxlkv.errors import (
     TooLarge, UnknownBuffer, error_for,
 )
 from cxlkv.keys import key_error, validate_key, validate_replica_num
+from cxlkv.limits import SDK_BATCH_INLINE_BYTES, SDK_BATCH_ITEMS
 from cxlkv.v1 import client_pb2, common_pb2
 
 __all__ = ["Client", "Result", "KeyInfo", "DEFAULT_POOL_BYTES", "default_socket_path"]
@@ -47,10 +48,11 @@ _NO_KEY = object()  # _index_path: a batch call (keys checked per item)
 #: Values up to this size travel inside the message by default, in bytes; larger
 #: ones are staged through the shared-buffer pool.
 DEFAULT_INLINE_BYTES = 64 << 10
-#: Most items in one batch request.
-BATCH_ITEMS = 1024
+#: Most items in one batch request (the daemons' ``max_batch_items`` is never
+#: below it: larger batches are split into several calls, cxlkv.limits).
+BATCH_ITEMS = SDK_BATCH_ITEMS
 #: Most inline value bytes in one batch request.
-BATCH_INLINE_BYTES = 16 * MiB
+BATCH_INLINE_BYTES = SDK_BATCH_INLINE_BYTES
 
 _M = METHODS_BY_NAME
 _PutRequest = client_pb2.PutRequest
@@ -859,13 +861,20 @@ class Client:
 
     @_utf8_keys
     def remove_all(self, force: bool = False, regex: str = "") -> int:
-        """Remove every committed object, or those whose key matches ``regex`` (``re.search``).
+        """Remove every committed object, or those whose key matches ``regex``.
+
+        ``regex`` is an RE2 pattern searched in the key (anchor with ``^``): Python's
+        ``re`` syntax without backreferences and look-around, matched in time
+        linear in the key's length, so no pattern can stall the master (docs/sdk.md).
+        The master runs the removal by slices, answering other calls meanwhile:
+        millions of keys take seconds (about 18 s for 2M on 2 vCPUs); keep
+        ``timeout_s`` above that.
 
         Returns:
             Objects removed (leased ones are skipped unless ``force``).
 
         Raises:
-            InvalidArgument: ``regex`` does not compile.
+            InvalidArgument: ``regex`` does not compile with RE2 (the message says why).
             PermissionDenied: a TLS cluster, where this is an admin's call and
                 the daemon's certificate is not an admin's.
             Unavailable.
@@ -1351,6 +1360,14 @@ class Client:
             raise InvalidArgument(f"{len(keys)} keys but {len(dsts)} destinations")
         if not keys:
             return 0
+        if len(keys) > BATCH_ITEMS:  # calls under the daemon's max_batch_items, prefix after prefix
+            matched = 0
+            for c in _chunks(len(keys), BATCH_ITEMS):
+                got = self.get_prefix_into(keys[c.start:c.stop], dsts[c.start:c.stop], tiers)
+                matched += got
+                if got < len(c):
+                    break
+            return matched
         ix = self._index_path()
         if ix is not None and not any(is_cuda_tensor(d) for d in dsts):
             bad = next((k for k in keys if key_error(k) is not None), None)

@@ -696,8 +696,8 @@ class MooncakeDistributedStore(TensorCalls):
         return [0 if r.ok else mooncake_code(r.error) if r.error else _NOT_FOUND for r in results]
 
     def remove_by_regex(self, regex_pattern: str) -> int:
-        """Remove every object whose key matches ``regex_pattern`` (Python ``re.search``;
-        an empty pattern matches every key).
+        """Remove every object whose key matches ``regex_pattern`` (an RE2 pattern,
+        searched in the key; an empty pattern matches every key).
 
         Returns:
             Objects removed (leased ones are skipped), or a negative code
