@@ -288,7 +288,7 @@ def test_kill9_of_the_master_under_puts_loses_no_committed_object(make_cluster) 
     cl.assert_invariants()
 
 
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "bug: after kill -9 and --recover-from-region the new master treats the extents the dead master had "
     "reserved for a clientd (clientd/reserve.py) as free and gives them to other clientds' puts, while the "
     "clientd that holds them still writes into them until it notices the new master: committed, "
