@@ -80,7 +80,13 @@ def _start_master(cl: TestCluster, *args: str, log_name: str) -> None:
     conf.write_text(tomli_w.dumps(cfg))
     address_file = cl.run_dir / "master.address"
     address_file.unlink(missing_ok=True)
-    argv = [a for a in cl.master.argv]
+    argv, old = [], list(cl.master.argv)
+    while old:  # the configured command line, without an earlier restart's recovery arguments
+        a = old.pop(0)
+        if a == "--recover-from-region":
+            old.pop(0)
+        else:
+            argv.append(a)
     cl.master = ManagedProcess("master", [*argv, *args], cl.run_dir / log_name)
     cl.master.start()
     wait_for_file(address_file, cl.start_timeout_s, cl.master)
@@ -106,8 +112,9 @@ def _get(c: Any, key: str) -> bytes | None:
         return None
 
 
-def _bounded(fn: Any, timeout_s: float, what: str) -> Any:
-    """Run ``fn`` in a thread; fail (without hanging) if it does not end in ``timeout_s``."""
+def _bounded(fn: Any, timeout_s: float) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``fn`` in a thread, waiting at most ``timeout_s``: ``(thread, {"value"|"error": …})``
+    (the caller checks ``thread.is_alive()``: a call that blocks does not hang the test)."""
     out: dict[str, Any] = {}
 
     def run() -> None:
@@ -190,7 +197,7 @@ def test_reads_from_the_index_while_the_master_is_stopped(make_cluster) -> None:
             t0 = time.monotonic()
             done = {}
             for name, c in (("sdk", sdk), ("lean", lean), ("grpc", rpc)):
-                t, out = _bounded(lambda c=c: reads(c), 30.0, name)
+                t, out = _bounded(lambda c=c: reads(c), 30.0)
                 assert not t.is_alive(), f"{name}: reads blocked while the master is stopped (a master call)"
                 if "error" in out:
                     raise out["error"]
@@ -314,7 +321,7 @@ def test_a_clientd_with_reservations_of_a_dead_master_never_overwrites_new_objec
                 a.put(k, v)  # acknowledged by the recovered master
         with cl.client(1, direct=False, timeout_s=30) as b:
             late = [os.urandom(size) for _ in range(4)]
-            t, _ = _bounded(lambda: [_put_quiet(b, f"late/{i}", v) for i, v in enumerate(late)], 0.5, "late")
+            t, _ = _bounded(lambda: [_put_quiet(b, f"late/{i}", v) for i, v in enumerate(late)], 0.5)
             cl.clientds[1].signal(signal.SIGCONT)
             t.join(30)
     finally:
