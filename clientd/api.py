@@ -331,7 +331,13 @@ class ClientApi:
         """Keys an SDK read from the region's index itself: forwarded to the master's
         eviction policy in this daemon's next hits batch (invalid keys are dropped)."""
         keys = [k for k in req.keys if key_error(k) is None]
-        self.core.counters["index_hits_reported"] += len(keys)
+        c = self.core.counters
+        c["index_hits_reported"] += len(keys)
+        c["get_items"] += req.get_items
+        c["bytes_out"] += req.bytes_out
+        c["prefix_queries"] += req.prefix_queries
+        c["prefix_keys"] += req.prefix_keys
+        c["prefix_hits"] += req.prefix_hits
         self.core.link.report_hits(keys)
         return client_pb2.ClientReportHitsResponse()
 

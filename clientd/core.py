@@ -308,8 +308,10 @@ class ClientdCore:
             seen[specs[i].key] = seen.get(specs[i].key, 0) + 1
         for i in todo:
             o = specs[i].options
-            if (o is not None and (o.replica_num > 1 or o.preferred_segment)) or seen[specs[i].key] > 1:
-                continue  # duplicates of a batch go through PutStart, so the first one wins
+            if (o is not None and (o.replica_num > 1 or o.preferred_segment or o.upsert)) or seen[specs[i].key] > 1:
+                # duplicates of a batch go through PutStart, so the first one wins; so do
+                # upserts, so a key's versions keep growing (a reservation may be older)
+                continue
             want.setdefault(header_bytes_for(len(key_bytes[i])) + specs[i].size, []).append(i)
         out: dict[int, StartedPut] = {}
         for need, positions in want.items():
@@ -691,6 +693,7 @@ class ClientdCore:
             oc = r.outcome
             if oc == IX_HIT:
                 n = r.value_len_bytes
+                self.counters["bytes_out"] += n
                 o = ReadOutcome(size=n, version=r.version, tier=r.tier)
                 if t is None:
                     o.value = bytes(memoryview(self._scratch)[:n])  # type: ignore[arg-type]
@@ -1008,6 +1011,7 @@ class ClientdCore:
             if oc == IX_HIT:
                 outs.append(ReadOutcome(size=r.value_len_bytes, version=r.version, tier=r.tier))
                 hits.append(key)
+                self.counters["bytes_out"] += r.value_len_bytes
                 continue
             if oc == IX_TOO_SMALL:
                 raise OutOfRange(f"value of key {key!r} is {r.value_len_bytes} bytes, the target holds "

@@ -107,8 +107,8 @@ class ReservePool:
         bound = max(1, RESERVE_BYTES // need_bytes)
         target = min(bound, max(self._target.get(need_bytes, MIN_TARGET), 2 * n, MIN_TARGET))
         self._target[need_bytes] = target
-        got = stack[-n:] if n < len(stack) else list(stack)
-        del stack[len(stack) - len(got):]
+        got = stack[:n]  # oldest first: a key's successive puts through this daemon get growing versions
+        del stack[:len(got)]
         self.taken += len(got)
         if len(stack) < target // 2 + 1 and need_bytes not in self._refilling:
             self._refilling.add(need_bytes)

@@ -160,6 +160,27 @@ def unmount_cmd(master_address: str, tls_ca: str, tls_cert: str, tls_key: str, s
     _run(run)
 
 
+@admin_group.command("release-writer")
+@_master_option
+@tls_options
+@click.argument("client_id")
+def release_writer_cmd(master_address: str, tls_ca: str, tls_cert: str, tls_key: str, client_id: str) -> None:
+    """Free the space quarantined from CLIENT_ID's ended registrations.
+
+    Only when every writer of that clientd is known to be gone (its host died, or
+    it was removed for good): space quarantined after an expiry is otherwise
+    freed by the clientd itself once it comes back (docs/master.md,
+    "Reservations and fencing"). `cxlkv status` lists expired clients."""
+    from cxlkv.v1 import master_pb2
+
+    def run() -> None:
+        tls = tls_files(tls_ca, tls_cert, tls_key)
+        r = _call(master_address, tls, "ReleaseWriter", master_pb2.ReleaseWriterRequest(client_id=client_id))
+        click.echo(f"released {r.freed_bytes} quarantined bytes of client {client_id}")
+
+    _run(run)
+
+
 @click.group("certs")
 def certs_group() -> None:
     """Make the cluster's CA and certificates (ECDSA P-256, PEM; keys mode 0600)."""

@@ -38,7 +38,7 @@ from cxlkv.v1 import common_pb2, master_pb2
 __all__ = ["Authorizer", "ADMIN_METHODS"]
 
 #: Methods only an admin identity may call.
-ADMIN_METHODS = frozenset({"RemoveAll", "RemoveByRegex", "UnmountSegment", "ListKeys"})
+ADMIN_METHODS = frozenset({"RemoveAll", "RemoveByRegex", "UnmountSegment", "ListKeys", "ReleaseWriter"})
 
 _SERVICE = master_pb2.DESCRIPTOR.services_by_name["MasterService"]
 #: Methods whose request names the caller's client id (``client_id`` field).

@@ -98,6 +98,13 @@ COUNTER_HELP: dict[str, str] = {
     "objects_recovered": "objects rebuilt from a region scan at start (--recover-from-region)",
     "puts_fenced": ("puts revoked by put_timeout_s while their writer was alive: the space stays held "
                     "until the writer ends the attempt or expires"),
+    "index_hits": "reads served from the region's index (no lease), reported afterwards in batches",
+    "reservations": "extents reserved ahead of need for clientds (puts in one round trip)",
+    "reservations_returned": "reserved extents given back unused",
+    "commits": "puts committed into a reserved extent (PackedCommit: one master round trip)",
+    "quarantined": ("puts and reservations of ended registrations quarantined: their writer may still be "
+                    "writing; held until it is known to have stopped"),
+    "quarantine_released_bytes": "bytes freed from quarantine (the writer stopped, or an operator said so)",
 }
 
 #: Repeated field holding the items of each batch RPC (its length is the batch size).
@@ -115,6 +122,9 @@ BATCH_FIELDS: dict[str, str] = {
     "PackedPutRevoke": "keys",
     "PackedGetReplicaList": "keys",
     "PackedMatchPrefix": "queries",
+    "PackedCommit": "keys",
+    "PackedUnreserve": "put_tokens",
+    "ReportHits": "keys",
 }
 
 
@@ -149,6 +159,8 @@ class _Snapshot:
     processing: int
     leases: int
     deferred: int
+    reserved_bytes: int
+    quarantined_bytes: int
     counters: dict[str, int]
     clients_alive: int
     clients_expired: int
@@ -194,7 +206,8 @@ class MasterCollector:
                 expired += 1
         return _Snapshot(
             segments=segs, keys=st.key_count, processing=st.processing_count, leases=len(st.leases),
-            deferred=st.deferred_count, counters=dict(st.counters), clients_alive=alive,
+            deferred=st.deferred_count, reserved_bytes=st.reserved_bytes, quarantined_bytes=st.quarantined_bytes,
+            counters=dict(st.counters), clients_alive=alive,
             clients_expired=expired, high_watermark=st.config.high_watermark,
             low_watermark=st.config.low_watermark,
         )
@@ -253,6 +266,11 @@ class MasterCollector:
         yield GaugeMetricFamily("cxlkv_master_leases", "live read leases", value=snap.leases)
         yield GaugeMetricFamily("cxlkv_master_deferred_frees_pending",
                                 "removed versions whose space waits for their last lease", value=snap.deferred)
+        yield GaugeMetricFamily("cxlkv_master_reserved_bytes",
+                                "bytes clientds hold reserved ahead of need", value=snap.reserved_bytes)
+        yield GaugeMetricFamily("cxlkv_master_quarantined_bytes",
+                                "bytes held for writers of ended registrations until they are known to have stopped",
+                                value=snap.quarantined_bytes)
         clients = GaugeMetricFamily("cxlkv_master_clients",
                                     "clientd registrations: alive, or expired (the most recent 256 kept)",
                                     labels=["state"])

@@ -722,6 +722,17 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return master_pb2.ReleaseQuarantineResponse(freed_bytes=freed)
 
     @_rpc
+    def ReleaseWriter(self, request, context):
+        st = self.state
+        if any(c.client_id == request.client_id and c.alive for c in st.clients()):
+            raise InvalidArgument(f"client {request.client_id} is registered and alive: its writers have not "
+                                  "stopped; release-writer is for a host that is gone")
+        freed = st.release_quarantine_of(request.client_id)
+        log.warning("operator released %d quarantined bytes of client %s (its writers are gone)", freed,
+                    request.client_id)
+        return master_pb2.ReleaseQuarantineResponse(freed_bytes=freed)
+
+    @_rpc
     def ReportHits(self, request, context):
         return master_pb2.ReportHitsResponse(
             applied=self.state.report_hits(request.client_id, request.keys, self.clock()))
@@ -953,7 +964,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         resp = master_pb2.StatResponse(
             master_id=st.master_id, version=__version__,
             key_count=st.key_count, processing_count=st.processing_count, lease_count=len(st.leases),
-            fenced_count=st.fenced_count,
+            fenced_count=st.fenced_count, reserved_count=st.reserved_count,
+            quarantined_count=st.quarantined_count, quarantined_bytes=st.quarantined_bytes,
             capacity_bytes=sum(s.capacity_bytes for s in mounted),
             used_bytes=sum(s.used_bytes for s in mounted),
             counters=st.counters,

@@ -605,6 +605,21 @@ class MasterState:
             self._release(lambda o: o.version in old)
 
     @property
+    def quarantined_count(self) -> int:
+        """Puts and reservations held for writers that may still be writing."""
+        return len(self._quarantine)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes clientds hold reserved ahead of need."""
+        return sum(e[2] for o in self._reserved.values() for e in o.extents)
+
+    @property
+    def reserved_count(self) -> int:
+        """Extents clientds hold reserved ahead of need."""
+        return len(self._reserved)
+
+    @property
     def quarantined_bytes(self) -> int:
         """Bytes held for writers that may still be writing."""
         return sum(e[2] for o in self._quarantine.values() for e in o.extents)

@@ -232,7 +232,8 @@ def assert_invariant(stub: master_pb2_grpc.MasterServiceStub) -> master_pb2.Stat
         for o, n in exts:
             assert REGION_HEADER_BYTES <= o and o + n <= seg.size_bytes
         committed = sum(n for _, n in exts)
-        if st.processing_count == 0 and st.lease_count == 0 and st.fenced_count == 0:
+        if (st.processing_count == 0 and st.lease_count == 0 and st.fenced_count == 0
+                and st.quarantined_count == 0 and st.reserved_count == 0):
             assert seg.used_bytes == committed, (seg.name, seg.used_bytes, committed)
         else:
             assert seg.used_bytes >= committed

@@ -79,11 +79,15 @@ def test_writer_killed_between_put_start_and_put_end(tmp_path: Path) -> None:
                 writer.kill()
                 writer.wait(5)
             writer.stdout.close()
-        # Once the writer expires its put is revoked and its space is back.
+        # Once the writer expires its put is revoked; its space is quarantined (a
+        # stopped writer may still be copying) until someone vouches it is gone.
         _wait_for(lambda: stat(m.stub).counters["clients_expired"] >= 1, step=other.heartbeat)
         st = stat(m.stub)
-        assert st.used_bytes == 0 and st.processing_count == 0
-        assert st.counters["puts_reclaimed"] >= 1
+        assert st.processing_count == 0 and st.counters["puts_reclaimed"] >= 1
+        assert st.used_bytes == st.quarantined_bytes == 4 * MiB and st.quarantined_count == 1
+        freed = m.stub.ReleaseWriter(master_pb2.ReleaseWriterRequest(client_id=dead["client_id"]))
+        assert freed.freed_bytes == 4 * MiB  # an operator: that writer is gone
+        assert stat(m.stub).used_bytes == 0
         res = other.put("blk", MiB)
         assert res.version > dead["token"]
         # The dead attempt's PutEnd, arriving late, is refused.

@@ -671,7 +671,10 @@ class Client:
             except CxlkvError:
                 pass
         if self._direct is not None and self._direct.index is not None and self._pid == os.getpid():
-            self._direct.index.flush_hits()
+            try:
+                self._direct.index.flush_hits(wait=True)
+            except Exception:  # noqa: BLE001 - closing must not fail on a lost report
+                pass
         self._closed = True
         d, self._direct = self._direct, None
         cu, self._cuda = self._cuda, None

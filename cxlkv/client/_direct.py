@@ -175,7 +175,7 @@ class DirectPath:
             return None, why or "no region could be mapped"
         idents = {r.segment_id: r.region_uuid for r in info.regions if r.segment_id in mapped}
         path = cls(call, mapped, flush=info.coherence == "flush", send=send, identities=idents)
-        path.index, index_why = _open_index(info, mapped, idents, flush=path.flush, send=send or call)
+        path.index, index_why = _open_index(info, mapped, idents, flush=path.flush, send=send or call, call=call)
         if index_why:
             log.info("direct mode: index reads off: %s", index_why)
         return path, why
@@ -462,7 +462,8 @@ class DirectPath:
 
 # ===================================================================== helpers
 def _open_index(info: client_pb2.DirectInfoResponse, mapped: dict[int, Any], idents: dict[int, str], *,
-                flush: bool, send: Callable[[str, Any], None]) -> tuple[Any, str]:
+                flush: bool, send: Callable[[str, Any], None],
+                call: Callable[[str, Any], Any] | None = None) -> tuple[Any, str]:
     """An :class:`~cxlkv.client._index.IndexPath` over the regions mapped here, when
     the daemon reports a published index in one of them; else ``(None, why)``."""
     if not info.index_region_uuid:
@@ -486,7 +487,7 @@ def _open_index(info: client_pb2.DirectInfoResponse, mapped: dict[int, Any], ide
                              invalidate=flush, max_value_bytes=MAX_VALUE_BYTES)
     except CxlkvError as exc:
         return None, f"region {home.path}: {exc.message}"
-    return IndexPath(reader, send), ""
+    return IndexPath(reader, send, call), ""
 
 
 def _nbytes(obj: Any) -> int:

@@ -32,6 +32,9 @@ from cxlkv.v1 import client_pb2
 
 __all__ = ["IndexPath", "MISS", "FALLBACK", "HITS_BATCH", "HITS_DELAY_S", "MAX_VALUE_BYTES"]
 
+#: What a process reports of its index reads (``ClientReportHitsRequest`` fields).
+_STATS = ("get_items", "bytes_out", "prefix_queries", "prefix_keys", "prefix_hits")
+
 #: Hits are sent to the daemon once this many are pending...
 HITS_BATCH = 512
 #: ... or when the oldest pending one is this old (seconds), at the next read.
@@ -65,42 +68,61 @@ class IndexPath:
         reader: a :class:`cxlkv.transport.index.IndexReader` over regions this
             process maps.
         send: ``send(method_name, request)`` to the daemon without waiting (hit reports).
+        call: ``call(method_name, request)`` waiting for the answer (the last report, at close).
 
     Thread-safety: safe to share; each thread has its own scratch buffer.
     """
 
-    def __init__(self, reader: Any, send: Callable[[str, Any], None]) -> None:
+    def __init__(self, reader: Any, send: Callable[[str, Any], None],
+                 call: Callable[[str, Any], Any] | None = None) -> None:
         from cxlkv.transport.index import IX_ELSEWHERE, IX_HIT, IX_MISS, IX_TOO_SMALL
 
         self.reader = reader
         self._send = send
+        self._call = call
         self._hit, self._miss, self._small, self._elsewhere = IX_HIT, IX_MISS, IX_TOO_SMALL, IX_ELSEWHERE
         self._local = threading.local()
         self._hits: list[str] = []
+        self._stats = dict.fromkeys(_STATS, 0)  # not yet reported
+        self._pending = False
         self._hits_since = 0.0
         self._hits_lock = threading.Lock()
         #: Lookups answered (hit or miss) and handed to the daemon, since start.
         self.answered = 0
         self.fallbacks = 0
 
-    # -- hits --------------------------------------------------------------------
-    def _note_hits(self, keys: Sequence[str]) -> None:
-        hits = self._hits
-        if not hits:
-            self._hits_since = time.monotonic()
-        hits.extend(keys)
-        if len(hits) >= HITS_BATCH or time.monotonic() - self._hits_since >= HITS_DELAY_S:
+    # -- hits and statistics -----------------------------------------------------
+    def _note(self, hits: Sequence[str] = (), **stats: int) -> None:
+        """Count what was read (for the daemon's metrics) and queue the hits (for the
+        master's eviction policy); report when :data:`HITS_BATCH` hits or
+        :data:`HITS_DELAY_S` have accumulated."""
+        now = time.monotonic()
+        with self._hits_lock:
+            if not self._pending:
+                self._hits_since = now
+                self._pending = True
+            self._hits.extend(hits)
+            pending = self._stats
+            for k, v in stats.items():
+                pending[k] += v
+            due = len(self._hits) >= HITS_BATCH or now - self._hits_since >= HITS_DELAY_S
+        if due:
             self.flush_hits()
 
-    def flush_hits(self) -> None:
-        """Send the pending hit reports now (also called by ``Client.close``)."""
+    def flush_hits(self, wait: bool = False) -> None:
+        """Send the pending report now; with ``wait``, as a call whose answer is
+        awaited (``Client.close``: the daemon has counted it before close returns)."""
         with self._hits_lock:
+            if not self._pending:
+                return
             keys, self._hits = self._hits, []
-        if keys:
-            try:
-                self._send("ReportHits", client_pb2.ClientReportHitsRequest(keys=keys))
-            except CxlkvError:
-                pass  # only the eviction policy's information is lost, never data
+            stats, self._stats = self._stats, dict.fromkeys(_STATS, 0)
+            self._pending = False
+        try:
+            (self._call if wait and self._call is not None else self._send)(
+                "ReportHits", client_pb2.ClientReportHitsRequest(keys=keys, **stats))
+        except CxlkvError:
+            pass  # only the eviction policy's and the metrics' information is lost, never data
 
     # -- reads -------------------------------------------------------------------
     def _scratch(self, nbytes: int) -> bytearray:
@@ -121,10 +143,12 @@ class IndexPath:
             oc = r.outcome
         if oc == self._hit:
             self.answered += 1
-            self._note_hits((key,))
-            return bytes(memoryview(buf)[:r.value_len_bytes])
+            n = r.value_len_bytes
+            self._note((key,), get_items=1, bytes_out=n)
+            return bytes(memoryview(buf)[:n])
         if oc == self._miss:
             self.answered += 1
+            self._note(get_items=1)
             return MISS
         self.fallbacks += 1
         return FALLBACK
@@ -137,10 +161,11 @@ class IndexPath:
         oc = r.outcome
         if oc == self._hit:
             self.answered += 1
-            self._note_hits((key,))
+            self._note((key,), get_items=1, bytes_out=r.value_len_bytes)
             return r.value_len_bytes
         if oc == self._miss:
             self.answered += 1
+            self._note(get_items=1)
             return MISS
         if oc == self._small:
             return -r.value_len_bytes
@@ -159,18 +184,20 @@ class IndexPath:
             return out
         results = self.reader.get_many([keys[i].encode() for i in valid], [dsts[i] for i in valid])
         hits: list[str] = []
+        nbytes = misses = 0
         for i, r in zip(valid, results):
             oc = r.outcome
             if oc == self._hit:
                 out[i] = r.value_len_bytes
                 hits.append(keys[i])
+                nbytes += r.value_len_bytes
             elif oc == self._miss:
                 out[i] = MISS
+                misses += 1
             elif oc == self._small:
                 out[i] = -r.value_len_bytes
         self.answered += sum(1 for o in out if o is not FALLBACK)
-        if hits:
-            self._note_hits(hits)
+        self._note(hits, get_items=len(hits) + misses, bytes_out=nbytes)
         return out
 
     def get_prefix_into(self, keys: Sequence[str], dsts: Sequence[Any]) -> tuple[int, int, bool]:
@@ -184,24 +211,27 @@ class IndexPath:
             from ``matched``).
         """
         results = self.reader.get_many([k.encode() for k in keys], dsts, prefix=True)
-        matched = 0
+        matched = nbytes = 0
         for r in results:
             if r.outcome != self._hit:
                 break
             matched += 1
-        if matched:
-            self._note_hits(keys[:matched])
-        if matched == len(keys):
+            nbytes += r.value_len_bytes
+        done = True
+        too_large = 0
+        if matched < len(keys):
+            oc = results[matched].outcome
+            if oc == self._small:
+                too_large = results[matched].value_len_bytes
+            elif oc != self._miss:
+                done = False  # the daemon answers from here on (and counts that part)
+        if done:
             self.answered += 1
-            return matched, 0, True
-        oc = results[matched].outcome
-        if oc == self._small:
-            return matched, results[matched].value_len_bytes, True
-        if oc == self._miss:
-            self.answered += 1
-            return matched, 0, True
-        self.fallbacks += 1
-        return matched, 0, False
+        else:
+            self.fallbacks += 1
+        self._note(keys[:matched], bytes_out=nbytes, prefix_hits=matched,
+                   prefix_queries=1 if done else 0, prefix_keys=len(keys) if done else matched)
+        return matched, too_large, done
 
     def exists_many(self, keys: Sequence[str]) -> list[bool | _Marker]:
         """Whether each key is committed: True, False, or :data:`FALLBACK`."""

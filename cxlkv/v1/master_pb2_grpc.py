@@ -214,6 +214,11 @@ class MasterServiceStub:
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.FromString,
                 _registered_method=True)
+        self.ReleaseWriter = channel.unary_unary(
+                '/cxlkv.v1.MasterService/ReleaseWriter',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.ReleaseWriterRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -492,6 +497,14 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseWriter(self, request, context):
+        """An operator's word that every writer of client_id is gone (its host died):
+        frees all its quarantined space. Admin only (`cxlkv admin release-writer`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -673,6 +686,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
             'ReleaseQuarantine': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseQuarantine,
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.SerializeToString,
+            ),
+            'ReleaseWriter': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseWriter,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReleaseWriterRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.SerializeToString,
             ),
     }
@@ -1647,6 +1665,33 @@ class MasterService:
             target,
             '/cxlkv.v1.MasterService/ReleaseQuarantine',
             cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseWriter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/ReleaseWriter',
+            cxlkv_dot_v1_dot_master__pb2.ReleaseWriterRequest.SerializeToString,
             cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.FromString,
             options,
             channel_credentials,

@@ -95,6 +95,7 @@ MOONCAKE_CODES: dict[CxlkvCode, ErrorCode] = {CxlkvCode[name]: code for name, co
     "UNKNOWN_CLIENT": ErrorCode.CLIENT_NOT_FOUND,
     "UNKNOWN_BUFFER": ErrorCode.INVALID_PARAMS,
     "OUT_OF_RANGE": ErrorCode.INVALID_PARAMS,       # destination smaller than the value
+    "PERMISSION_DENIED": ErrorCode.ILLEGAL_CLIENT,  # TLS: an identity not allowed this call
 }.items()}
 
 
