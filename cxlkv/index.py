@@ -49,7 +49,8 @@ offset bytes  field
 40     8      value checksum: xxh3_64 of the value (u64)
 48     4      header bytes: the value's offset from the extent start (u32)
 52     2      flags (u16): bit 0 LIVE, bit 1 ELSEWHERE (committed, not in a
-              CXL region: read it through the leased RPC path)
+              CXL region: read it through the leased RPC path), bit 2 GRANT
+              (without LIVE: space handed to a writer, see below)
 54     1      region number (u8): position in the region table
 55     1      tier (u8): ``cxlkv.v1.Tier`` of the replica described
 56     8      slot checksum: xxh3_64 of bytes [0, 56), seq included (u64)
@@ -71,6 +72,15 @@ checksum holds, then checks the extent's own header (key, version, lengths)
 and the delivered bytes' checksum against the slot, so a reused extent, a torn
 slot or a stale cache line is a retry or a miss, never data.
 
+A **grant slot** (flags GRANT, not LIVE) records an extent the master handed to
+a writer and that is not yet committed or freed: key hash = xxh3_64 of a NUL
+byte followed by ``grant:<token>:<region number>`` (no user key holds a NUL),
+extent offset, its length (in the value length field), version = the put
+token, value checksum = xxh3_64 of the writer's client id, region number. Readers skip it (not LIVE); a master that starts on the region
+finds every grant of its predecessor and keeps that space out of use until the
+writer's clientd says it stopped writing — a writer stalled across a master
+restart never lands in space given to another object.
+
 This module needs no compiled code for the layout functions; :class:`IndexWriter`
 and :func:`read_slots` take a mapped region (:class:`cxlkv.transport.Region` or
 one with the same methods).
@@ -91,9 +101,10 @@ from cxlkv.errors import InvalidArgument, RegionError
 
 __all__ = [
     "INDEX_MAGIC", "INDEX_FORMAT_VERSION", "INDEX_HEADER_BYTES", "SLOT_BYTES", "BUCKET_SLOTS",
-    "MAX_REGIONS", "SLOT_LIVE", "SLOT_ELSEWHERE", "DEFAULT_BYTES_PER_OBJECT",
+    "MAX_REGIONS", "SLOT_LIVE", "SLOT_ELSEWHERE", "SLOT_GRANT", "DEFAULT_BYTES_PER_OBJECT", "Grant",
     "IndexGeometry", "Slot", "OwnerLease", "index_geometry", "buckets_of", "pack_slot", "unpack_slot",
-    "format_index", "read_index_header", "read_slots", "set_publish_word", "read_owner", "write_owner",
+    "format_index", "read_index_header", "read_slots", "read_grants", "client_hash", "set_publish_word",
+    "read_owner", "write_owner",
     "IndexWriter",
 ]
 
@@ -113,6 +124,10 @@ MAX_REGIONS = 32
 SLOT_LIVE = 1
 #: Slot flag: committed, but not readable from a CXL region (SSD or DRAM tier only).
 SLOT_ELSEWHERE = 2
+#: Slot flag (without LIVE): an extent the master handed to a writer (an in-flight put or
+#: a reservation) and not yet committed or freed. Readers skip it; a master starting on
+#: the region quarantines it for its writer (docs/master.md "Reservations and fencing").
+SLOT_GRANT = 4
 #: Default sizing: one expected object per this many bytes of region (16 KiB),
 #: two slots per expected object — the index then costs 128 B per expected
 #: object, 0.8 % of the region.
@@ -414,7 +429,9 @@ class IndexWriter:
         self._by_hash: dict[int, _Placed] = {}
         self._overflowed: dict[str, int] = {}  # key → version, not in the table
         self._used = bytearray(geometry.buckets)  # per bucket: bitmask of occupied slots
-        self._one = np.zeros(1, dtype=np.uint64)
+        self._pending: list[tuple[int, int, int, int, int, int, int, int]] = []
+        self._grants: dict[int, list[str]] = {}  # put token → its grant slots' keys
+        self._overflow_dirty = False
         #: Slots written since start (publishes and tombstones).
         self.writes = 0
 
@@ -478,17 +495,15 @@ class IndexWriter:
             slot_no = self._place(key_hash)
         if slot_no is None:
             if key not in self._overflowed:
-                self._overflowed[key] = version
-                _set_overflow(self.region, self.geometry, len(self._overflowed))
-            else:
-                self._overflowed[key] = version
+                self._overflow_dirty = True
+            self._overflowed[key] = version
             return False
         self._by_hash[key_hash] = _Placed(slot_no, key, version)
         flags = SLOT_LIVE | (SLOT_ELSEWHERE if elsewhere else 0)
         self._store(slot_no, key_hash, extent_offset_bytes, value_len_bytes, version, value_checksum,
                     header_bytes, flags | (region_no << 16) | (tier << 24))
         if self._overflowed.pop(key, None) is not None:  # in the table now: out of the overflow
-            _set_overflow(self.region, self.geometry, len(self._overflowed))
+            self._overflow_dirty = True
         return True
 
     def retire(self, key: str, key_hash: int, version: int | None = None) -> None:
@@ -507,7 +522,7 @@ class IndexWriter:
         v = self._overflowed.get(key)
         if v is not None and (version is None or v == version):
             del self._overflowed[key]
-            _set_overflow(self.region, self.geometry, len(self._overflowed))
+            self._overflow_dirty = True
 
     def tombstone(self, slot_no: int) -> None:
         """Empty a slot no key was adopted into (recovery: a slot that does not verify)."""
@@ -527,22 +542,137 @@ class IndexWriter:
             self.region.copy_in(off, chunk[:n] if n < len(chunk) else chunk)
             off += n
         self.region.flush(g.table_offset_bytes, g.slots * SLOT_BYTES)
+        self._pending = []
+        self._grants.clear()
         self._by_hash.clear()
         self._overflowed.clear()
         self._used = bytearray(g.buckets)
+        self._overflow_dirty = False
         _set_overflow(self.region, g, 0)
 
     def _store(self, slot_no: int, key_hash: int, extent: int, vlen: int, version: int, vsum: int,
                hbytes: int, meta: int) -> None:
-        self.writes += 1
-        store = getattr(self.region, "index_store", None)
-        g = self.geometry
-        if store is not None:
-            store(g.table_offset_bytes, g.slots, [slot_no], [key_hash], [extent], [vlen], [version], [vsum],
-                  [hbytes], [meta], self.flush)
-            return
-        _store_portable(self.region, g, slot_no, key_hash, extent, vlen, version, vsum, hbytes, meta,
-                        self.flush)
+        self._pending.append((slot_no, key_hash, extent, vlen, version, vsum, hbytes, meta))
+        if len(self._pending) >= _MAX_PENDING:
+            self.sync()
+
+    def sync(self) -> None:
+        """Write the slots queued since the last call, in order, in one C call (each
+        slot written back, then one fence), then the overflow word.
+
+        The master calls it before it answers any call (and at the end of each
+        sweep): a commit is published, and a tombstone is visible, before anyone
+        learns of the commit or of the freed space (docs/index.md).
+        """
+        pending, self._pending = self._pending, []
+        if pending:
+            self.writes += len(pending)
+            g = self.geometry
+            store = getattr(self.region, "index_store", None)
+            if store is not None:
+                cols = [list(c) for c in zip(*pending)]
+                store(g.table_offset_bytes, g.slots, *cols, self.flush)
+            else:
+                for p in pending:
+                    _store_portable(self.region, g, *p, self.flush)
+        if self._overflow_dirty:
+            self._overflow_dirty = False
+            _set_overflow(self.region, self.geometry, len(self._overflowed))
+
+    # -- grants (space handed to writers) ---------------------------------------
+    def grant(self, token: int, client_id: str, *, extent_offset_bytes: int, length_bytes: int,
+              region_no: int) -> bool:
+        """Record that the extent of put token ``token`` was handed to ``client_id``.
+
+        Returns:
+            False when no slot is free for it (the caller should not hand it out:
+            a master taking over could not know of it).
+        """
+        key = _grant_key(token, region_no)
+        h = _xxh3(key.encode())
+        placed = self._by_hash.get(h)
+        slot_no = placed.slot_no if placed is not None and placed.key == key else self._place(h)
+        if slot_no is None:
+            return False
+        self._by_hash[h] = _Placed(slot_no, key, token)
+        keys = self._grants.setdefault(token, [])
+        if key not in keys:
+            keys.append(key)
+        self._store(slot_no, h, extent_offset_bytes, length_bytes, token, client_hash(client_id), 0,
+                    SLOT_GRANT | (region_no << 16))
+        return True
+
+    def ungrant(self, token: int) -> None:
+        """Forget the grants of ``token`` (committed, revoked and freed, or released)."""
+        for key in self._grants.pop(token, ()):
+            self.retire(key, _xxh3(key.encode()))
+
+    def regrant(self, g: "Grant") -> bool:
+        """Write a grant found before the table was emptied again (same token, writer, extent)."""
+        key = _grant_key(g.put_token, g.region_no)
+        h = _xxh3(key.encode())
+        slot_no = self._place(h)
+        if slot_no is None:
+            return False
+        self._by_hash[h] = _Placed(slot_no, key, g.put_token)
+        self._grants.setdefault(g.put_token, []).append(key)
+        self._store(slot_no, h, g.extent_offset_bytes, g.length_bytes, g.put_token, g.client_hash, 0,
+                    SLOT_GRANT | (g.region_no << 16))
+        return True
+
+    def adopt_grant(self, g: "Grant") -> None:
+        """Take over a grant slot found in the region (a master starting on it)."""
+        key = _grant_key(g.put_token, g.region_no)
+        self.adopt(g.slot_no, key, _xxh3(key.encode()), g.put_token)
+        self._grants.setdefault(g.put_token, []).append(key)
+
+    @property
+    def grants(self) -> int:
+        """Tokens holding grant slots."""
+        return len(self._grants)
+
+
+#: Queued slot writes that make :meth:`IndexWriter.sync` run at once (a long batch).
+_MAX_PENDING = 4096
+
+
+class Grant(NamedTuple):
+    """A grant slot found in a region (:func:`read_grants`)."""
+
+    slot_no: int
+    put_token: int
+    client_hash: int
+    region_no: int
+    extent_offset_bytes: int
+    length_bytes: int
+
+
+def _grant_key(token: int, region_no: int) -> str:
+    return f"\0grant:{token}:{region_no}"  # NUL: never a user key
+
+
+def client_hash(client_id: str) -> int:
+    """xxh3_64 of a client id, as grant slots record their writer."""
+    return _xxh3(client_id.encode())
+
+
+def read_grants(region: Any, geometry: IndexGeometry, *, chunk_slots: int = 16384) -> list[Grant]:
+    """Every verified grant slot of the table (extents handed to writers)."""
+    base = geometry.table_offset_bytes
+    out: list[Grant] = []
+    for first in range(0, geometry.slots, chunk_slots):
+        n = min(chunk_slots, geometry.slots - first)
+        region.invalidate(base + first * SLOT_BYTES, n * SLOT_BYTES)
+        raw = region.read(base + first * SLOT_BYTES, n * SLOT_BYTES)
+        words = np.frombuffer(raw, dtype="<u8").reshape(n, 8)
+        flags = (words[:, 6] >> np.uint64(32)) & np.uint64(0xFFFF)
+        for i in np.flatnonzero((flags & np.uint64(SLOT_GRANT)) & ~(flags & np.uint64(SLOT_LIVE))):
+            i = int(i)
+            slot = unpack_slot(raw[i * SLOT_BYTES:(i + 1) * SLOT_BYTES])
+            if slot is not None and slot.flags & SLOT_GRANT and not slot.flags & SLOT_LIVE:
+                out.append(Grant(first + i, slot.version, slot.value_checksum, slot.region_no,
+                                 slot.extent_offset_bytes, slot.value_len_bytes))
+    return out
 
 
 def _store_portable(region: Any, g: IndexGeometry, slot_no: int, key_hash: int, extent: int, vlen: int,

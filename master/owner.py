@@ -32,8 +32,8 @@ from typing import Any, Callable
 from cxlkv.config import MasterConfig
 from cxlkv.errors import ConfigError, CxlkvError
 from cxlkv.index import (
-    MAX_REGIONS, IndexGeometry, IndexWriter, OwnerLease, read_index_header, read_owner, set_publish_word,
-    write_owner,
+    MAX_REGIONS, IndexGeometry, IndexWriter, OwnerLease, read_grants, read_index_header, read_owner,
+    set_publish_word, write_owner,
 )
 from cxlkv.master.publish import RegionIndex
 from cxlkv.master.segments import Segment, Tier
@@ -211,13 +211,34 @@ class RegionOwnership:
         self.writer = IndexWriter(ir.region, ir.geometry, flush=self.flush)
         self.publisher = RegionIndex(self.writer, numbers, self.state.segment_table.by_id)
         self.state.index = self.publisher
+        # Space the previous master had handed to writers (grant slots): held for them
+        # until their clientd says they stopped — with or without recovery.
+        grants = read_grants(ir.region, ir.geometry)
         found: dict[str, int] = {}
         if recover:
             from cxlkv.master.recovery import recover_from_index
 
+            for g in grants:
+                self.writer.adopt_grant(g)
             found = recover_from_index(self.state, self, numbers, now)
         else:
             self.writer.clear()
+        by_number = {i: o.segment.segment_id for i, o in enumerate(named)}
+        held = 0
+        for g in grants:
+            sid = by_number.get(g.region_no)
+            if sid is not None and self.state.quarantine_granted(sid, g.extent_offset_bytes, g.length_bytes,
+                                                                 g.put_token, g.client_hash, now):
+                held += 1
+                if not recover:
+                    self.writer.regrant(g)
+            elif recover:
+                self.writer.ungrant(g.put_token)  # its put was committed (an object owns it) or its region is gone
+        if grants:
+            log.info("index: %d extent(s) the previous master had handed to writers are held until their "
+                     "clientds say they stopped writing (%d already committed or gone)", held, len(grants) - held)
+        found["grants_held"] = held
+        self.writer.sync()
         set_publish_word(ir.region, ir.geometry, ir.epoch)
         return found
 

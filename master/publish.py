@@ -41,6 +41,15 @@ class ObjectIndex(Protocol):
     def retire(self, obj: ObjectVersion) -> None:
         """``obj`` is no longer readable (a no-op if the index names another version)."""
 
+    def grant(self, obj: ObjectVersion) -> bool:
+        """``obj``'s extents go to its writer (a put or a reservation); False: not recordable."""
+
+    def ungrant(self, obj: ObjectVersion) -> None:
+        """``obj``'s writer is done with its extents (committed, or freed)."""
+
+    def sync(self) -> None:
+        """Make every write so far visible (before the master answers a call)."""
+
 
 class NoIndex:
     """No index: every read goes through the leased RPC path."""
@@ -50,6 +59,16 @@ class NoIndex:
 
     def retire(self, obj: ObjectVersion) -> None:
         """Nothing to retire."""
+
+    def grant(self, obj: ObjectVersion) -> bool:
+        """Nothing to record."""
+        return True
+
+    def ungrant(self, obj: ObjectVersion) -> None:
+        """Nothing to forget."""
+
+    def sync(self) -> None:
+        """Nothing to write."""
 
 
 class RegionIndex:
@@ -101,3 +120,22 @@ class RegionIndex:
         """Tombstone ``obj``'s slot if it still describes ``obj``'s version."""
         self.retired += 1
         self.writer.retire(obj.key, _xxh3(obj.key.encode("utf-8")), obj.version)
+
+    def grant(self, obj: ObjectVersion) -> bool:
+        """Record the writer's extents in named regions (grant slots, one per replica's
+        first extent in a named region: a master taking over quarantines them)."""
+        ok = True
+        for sid, off, n in obj.extents:
+            rno = self.region_numbers.get(sid)
+            if rno is not None:
+                ok = self.writer.grant(obj.version, obj.client_id, extent_offset_bytes=off, length_bytes=n,
+                                       region_no=rno) and ok
+        return ok
+
+    def ungrant(self, obj: ObjectVersion) -> None:
+        """Drop ``obj``'s grant slot (a no-op when it has none)."""
+        self.writer.ungrant(obj.version)
+
+    def sync(self) -> None:
+        """Write the queued slots (one C call)."""
+        self.writer.sync()

@@ -274,6 +274,7 @@ class MasterServer:
             await asyncio.sleep(interval)
             try:
                 done = self.state.sweep(time.monotonic())
+                self.state.index.sync()
             except Exception:  # a bug; keep the master up and say so once per sweep
                 log.exception("sweep failed")
                 continue

@@ -81,7 +81,10 @@ def _invoke(self: "MasterServicer", fn: Handler, name: str, request: Any, contex
             token = _CALLER.set(who)
         if name in self._limit_fields:
             self.batch_limit.check(name, request)
-        response = fn(self, request, context)
+        try:
+            response = fn(self, request, context)
+        finally:
+            self.state.index.sync()  # what the call published or tombstoned, visible before it answers
         if auth is not None and name == "RegisterClient":
             auth.registered(response.client_id, who, (c.client_id for c in self.state.clients()))
     except CxlkvError as err:
@@ -876,6 +879,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
                 self.batch_limit.check(name, request)
             cursor = start()
             while not cursor.step(self.clock(), slice_s):
+                self.state.index.sync()
                 # A pause, not sleep(0): one gRPC call needs several turns of the loop,
                 # and sleep(0) gives the others one turn per slice (2M-key RemoveAll:
                 # heartbeats p50 87 ms with sleep(0))
@@ -886,6 +890,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         except Exception as exc:  # a bug: one line to the caller, the traceback to the log once
             log.exception("%s failed", name)
             error = Internal(f"{name}: {type(exc).__name__}: {' '.join(str(exc).split())}")
+        self.state.index.sync()
         if self.observe is not None:
             self.observe(name, int(error.code) if error is not None else 0, request, perf_counter() - t0)
         return response, error

@@ -60,6 +60,7 @@ COUNTERS = (
     "objects_recovered", "puts_fenced", "index_hits",
     # writes in one round trip and writer fencing (docs/master.md)
     "reservations", "reservations_returned", "commits", "quarantined", "quarantine_released_bytes",
+    "grants_unrecorded", "grants_recovered",
     # tiers (docs/tiers.md)
     "demotions_started", "demotions", "demotions_no_copy", "promotions_started", "promotions", "promotions_skipped",
     "dram_caches_started", "dram_caches", "moves_failed", "moves_retried", "moves_dropped",
@@ -145,6 +146,17 @@ _ABSENT = object()
 #: Policy candidates a put looks at to free CXL space at once (objects with an SSD copy).
 _ROOM_CANDIDATES = 64
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
+
+
+def _grant_owner(writer_hash: int) -> str:
+    """The owner recorded for space a previous master had granted (its writer known by hash)."""
+    return f"#grant:{writer_hash:016x}"
+
+
+def _client_hash(client_id: str) -> int:
+    from cxlkv.index import client_hash
+
+    return client_hash(client_id)
 
 
 def _short(key: str) -> str:
@@ -576,13 +588,42 @@ class MasterState:
             raise InvalidArgument(f"release_quarantine: epoch {upto_epoch} is not older than the current "
                                   f"registration's ({client.epoch})")
         kept = frozenset(keep)
-        return self._release(lambda o: o.client_id == client_id and o.epoch <= upto_epoch
-                             and o.version not in kept)
+        inherited = _grant_owner(_client_hash(client_id))  # held from a previous master's grants
+        return self._release(lambda o: (o.client_id == client_id or o.client_id == inherited)
+                             and o.epoch <= upto_epoch and o.version not in kept)
+
+    def quarantine_granted(self, segment_id: int, offset_bytes: int, length_bytes: int, put_token: int,
+                           writer_hash: int, now: float) -> bool:
+        """Hold an extent a previous master had handed to a writer (a grant slot found
+        in the region at start): quarantined for that writer (known by the xxh3_64
+        of its client id) until its clientd says it stopped writing.
+
+        Returns:
+            False when the extent is not free here (an object restored from the
+            index owns it: the grant's put was committed), so nothing is held.
+        """
+        seg = self.segment_table.by_id.get(segment_id)
+        if seg is None or not seg.mounted:
+            return False
+        try:
+            need = seg.allocator.claim(offset_bytes, length_bytes)
+        except ValueError:
+            return False
+        seg.object_count += 1
+        obj = ObjectVersion("", need, put_token, [(segment_id, offset_bytes, need)], _grant_owner(writer_hash),
+                            0, now)
+        obj.state = ObjState.FAILED
+        self._quarantine_obj(obj, now)
+        self.counters["grants_recovered"] += 1
+        if put_token >= self._seq:
+            self._seq = put_token + 1
+        return True
 
     def release_quarantine_of(self, client_id: str) -> int:
         """Free everything quarantined from ``client_id`` (an operator's word that
         the host is gone: ``cxlkv admin release-writer``). Returns bytes freed."""
-        return self._release(lambda o: o.client_id == client_id)
+        inherited = _grant_owner(_client_hash(client_id))
+        return self._release(lambda o: o.client_id == client_id or o.client_id == inherited)
 
     def _release(self, match: Callable[[ObjectVersion], bool]) -> int:
         freed = 0
@@ -728,6 +769,8 @@ class MasterState:
         self._pending[key] = obj
         self._puts[version] = obj
         client.puts[version] = obj
+        if not self.index.grant(obj):
+            self.counters["grants_unrecorded"] += 1  # the index is full: this put is not fenced across a restart
         self.counters["puts_started"] += 1
         return obj
 
@@ -834,6 +877,7 @@ class MasterState:
         old = self._objects.get(key)
         obj.state = ObjState.COMPLETE
         obj.checksum = checksum
+        self.index.ungrant(obj)  # its writer is done
         self.index.publish(obj)  # readers move to the new version before the old one's space is freed
         if old is not None:
             self._retire(old, evicted=False)
@@ -950,6 +994,10 @@ class MasterState:
             version = self._seq
             self._seq = version + 1
             obj = ObjectVersion("", need_bytes, version, extents, client_id, epoch, now)
+            if not self.index.grant(obj):  # no room to record it: a master taking over could not know
+                obj.state = ObjState.FAILED
+                self._free_extents(obj)
+                break
             self._reserved[version] = obj
             client.reserved[version] = obj
             out.append(obj)
@@ -1008,6 +1056,7 @@ class MasterState:
         obj.soft_pin_until = now + self.config.soft_pin_ttl_s if soft_pin and not hard_pin else 0.0
         obj.state = ObjState.COMPLETE
         obj.checksum = checksum
+        self.index.ungrant(obj)  # its writer is done
         self.index.publish(obj)  # readers move to the new version before the old one's space is freed
         if old is not None:
             self._retire(old, evicted=False)
@@ -1349,6 +1398,7 @@ class MasterState:
             self._free_extents(obj)
 
     def _free_extents(self, obj: ObjectVersion) -> None:
+        self.index.ungrant(obj)
         segments = self.segment_table.by_id
         for sid, off, _ in obj.extents:
             seg = segments[sid]

@@ -500,11 +500,13 @@ def test_the_leads_index_writer_is_read(tmp_path: Path) -> None:
         r.write_headers([8192], [hb], b"key", [0], [3], [5], [len(v)], [h3(v)])
         assert w.publish("key", h3(b"key"), extent_offset_bytes=8192, value_len_bytes=len(v), version=5,
                          value_checksum=h3(v), header_bytes=hb, region_no=0, tier=1, elsewhere=False)
+        w.sync()  # slot writes are queued until the master answers the call that made them
         for pr in (False, True):
             rd = IndexReader.from_header(r, g.index_offset_bytes, [r], portable=pr)
             buf = bytearray(4096)
             assert rd.get(b"key", buf) == IndexResult(IX_HIT, 1, len(v), 5, 0) and bytes(buf[:len(v)]) == v
         w.retire("key", h3(b"key"))
+        w.sync()
         assert IndexReader.from_header(r, g.index_offset_bytes, [r]).get(b"key", buf).outcome == IX_MISS
 
 
