@@ -778,6 +778,9 @@ class ClientdCore:
                 if why is not None:
                     self.counters["checksum_failures"] += 1
                     log.warning("key %r: %s; answered as a miss", keys[i][:64], why)
+                    # under a live lease the bytes cannot have been reused: destroyed. The
+                    # master checks and drops it, so it is not listed forever.
+                    self.link.report_damaged(keys[i], loc.version)
                     out[i] = ReadOutcome(_CHECKSUM_MISMATCH, (
                         f"key {keys[i]!r}: {why} (stale, torn or corrupt read; reported as a miss)"))
                     continue

@@ -38,7 +38,7 @@ _MASTER_METHODS = service_methods(master_pb2.DESCRIPTOR.services_by_name["Master
 _LEAN_METHODS = frozenset(m.name for m in _MASTER_METHODS if m.name.startswith(("Batch", "Packed"))) | {
     "ReleaseLeases", "PutStart", "PutEnd", "PutRevoke", "GetReplicaList", "ExistKey", "MatchPrefix",
     "Remove", "RemoveAll", "RemoveByRegex", "ListKeys", "Stat", "ListSegments", "FetchTasks", "CompleteTasks",
-    "ReportHits"}
+    "ReportHits", "ReportDamaged", "PackedCommit", "PackedReserve", "PackedUnreserve", "ReleaseQuarantine"}
 
 __all__ = ["MasterLink", "Located", "Location", "LocatedReplica", "PrefixMatch", "unpack_locations",
            "RELEASE_DELAY_S", "MAX_BATCH_ITEMS"]
@@ -796,6 +796,23 @@ class MasterLink:
                 # Only the policy's information is lost (recency of these keys), never data.
                 self.hits_dropped += len(part)
                 log.debug("ReportHits of %d key(s) failed: %s", len(part), exc.message)
+
+    def report_damaged(self, key: str, version: int) -> None:
+        """Tell the master a committed version's bytes were found destroyed (sent at once,
+        in the background; the master checks before it drops anything)."""
+        if self._closed or not self.registered:
+            return
+
+        async def send() -> None:
+            try:
+                await self.call("ReportDamaged", lambda: master_pb2.ReportDamagedRequest(
+                    client_id=self.client_id, keys=[key], versions=[version]))
+            except CxlkvError as exc:
+                log.debug("ReportDamaged of %r failed: %s", key[:64], exc.message)
+
+        task = asyncio.get_running_loop().create_task(send())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     @property
     def pending_hits(self) -> int:

@@ -209,7 +209,8 @@ class RegionOwnership:
         self._write_region_table(ir, [o.identity.region_uuid for o in named])
         numbers = {o.segment.segment_id: i for i, o in enumerate(named)}
         self.writer = IndexWriter(ir.region, ir.geometry, flush=self.flush)
-        self.publisher = RegionIndex(self.writer, numbers, self.state.segment_table.by_id)
+        self.publisher = RegionIndex(self.writer, numbers, self.state.segment_table.by_id,
+                                     {o.segment.segment_id: o.region for o in self.owned})
         self.state.index = self.publisher
         # Space the previous master had handed to writers (grant slots): held for them
         # until their clientd says they stopped — with or without recovery.

@@ -19,7 +19,7 @@ master that maps no region); :class:`RegionIndex` is the master server's.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import xxhash
 
@@ -27,7 +27,10 @@ from cxlkv.index import IndexWriter
 from cxlkv.master.objects import ObjectVersion, ObjState
 from cxlkv.master.segments import Segment, Tier
 
-__all__ = ["ObjectIndex", "NoIndex", "RegionIndex"]
+__all__ = ["ObjectIndex", "NoIndex", "RegionIndex", "VERIFY_MAX_BYTES"]
+
+#: Damage reports of larger values are not checked (and so never drop the object).
+VERIFY_MAX_BYTES = 16 << 20
 
 _xxh3 = xxhash.xxh3_64_intdigest
 
@@ -50,6 +53,9 @@ class ObjectIndex(Protocol):
     def sync(self) -> None:
         """Make every write so far visible (before the master answers a call)."""
 
+    def damaged(self, obj: ObjectVersion) -> bool | None:
+        """Whether ``obj``'s bytes are destroyed, checked in the region (``None``: cannot tell)."""
+
 
 class NoIndex:
     """No index: every read goes through the leased RPC path."""
@@ -70,6 +76,10 @@ class NoIndex:
     def sync(self) -> None:
         """Nothing to write."""
 
+    def damaged(self, obj: ObjectVersion) -> bool | None:
+        """Cannot tell: no region mapped."""
+        return None
+
 
 class RegionIndex:
     """Publishes into the index of one region that the master maps.
@@ -87,9 +97,11 @@ class RegionIndex:
     """
 
     def __init__(self, writer: IndexWriter, region_numbers: dict[int, int],
-                 segments: dict[int, Segment]) -> None:
+                 segments: dict[int, Segment], regions: dict[int, Any] | None = None) -> None:
         self.writer = writer
         self.region_numbers = region_numbers
+        #: segment id → the master's mapping of its region (to check damage reports).
+        self.regions = dict(regions or {})
         self._segments = segments
         #: Versions published and retired since start.
         self.published = 0
@@ -139,3 +151,28 @@ class RegionIndex:
     def sync(self) -> None:
         """Write the queued slots (one C call)."""
         self.writer.sync()
+
+    def damaged(self, obj: ObjectVersion) -> bool | None:
+        """Check ``obj`` in the first named region holding a replica: its object header
+        must describe it and its value's xxh3_64 must be ``obj.checksum``. ``None`` when
+        no replica is in a region this master maps, or the value is over
+        :data:`VERIFY_MAX_BYTES` (hashing it would hold the event loop)."""
+        from cxlkv.errors import CxlkvError
+        from cxlkv.objheader import object_mismatch
+
+        if not obj.header_bytes or not obj.checksum or obj.size_bytes > VERIFY_MAX_BYTES:
+            return None
+        for sid, off, _ in obj.extents:
+            region = self.regions.get(sid)
+            if region is None:
+                continue
+            try:
+                region.invalidate(off, obj.header_bytes + obj.size_bytes)
+                head = region.read(off, obj.header_bytes)
+                if object_mismatch(head, obj.key.encode("utf-8"), obj.version, obj.size_bytes, obj.header_bytes,
+                                   obj.checksum) is not None:
+                    return True
+                return region.checksum(off + obj.header_bytes, obj.size_bytes) != obj.checksum
+            except CxlkvError:
+                return None
+        return None

@@ -736,6 +736,17 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return master_pb2.ReleaseQuarantineResponse(freed_bytes=freed)
 
     @_rpc
+    def ReportDamaged(self, request, context):
+        keys, versions = list(request.keys), list(request.versions)
+        if len(keys) != len(versions):
+            raise InvalidArgument(f"ReportDamaged: {len(keys)} keys with {len(versions)} versions")
+        dropped = self.state.report_damaged(zip(keys, versions))
+        if dropped:
+            log.warning("dropped %d object(s) whose bytes were destroyed (reported by client %s, checked in "
+                        "the region)", dropped, request.client_id)
+        return master_pb2.ReportDamagedResponse(dropped=dropped)
+
+    @_rpc
     def ReportHits(self, request, context):
         return master_pb2.ReportHitsResponse(
             applied=self.state.report_hits(request.client_id, request.keys, self.clock()))

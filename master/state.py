@@ -60,7 +60,7 @@ COUNTERS = (
     "objects_recovered", "puts_fenced", "index_hits",
     # writes in one round trip and writer fencing (docs/master.md)
     "reservations", "reservations_returned", "commits", "quarantined", "quarantine_released_bytes",
-    "grants_unrecorded", "grants_recovered",
+    "grants_unrecorded", "grants_recovered", "objects_damaged_dropped", "damage_reports_unverified",
     # tiers (docs/tiers.md)
     "demotions_started", "demotions", "demotions_no_copy", "promotions_started", "promotions", "promotions_skipped",
     "dram_caches_started", "dram_caches", "moves_failed", "moves_retried", "moves_dropped",
@@ -1257,6 +1257,29 @@ class MasterState:
                 policy.on_hit(key)
         self.counters["index_hits"] += n
         return n
+
+    def report_damaged(self, items: Iterable[tuple[str, int]]) -> int:
+        """Readers found these ``(key, version)`` destroyed under a valid lease: each
+        committed version the index confirms damaged (its header or checksum no
+        longer holds in the region) is dropped, so it is not listed forever; the
+        others (another version by now, or not checkable) are left alone.
+
+        Returns:
+            Objects dropped.
+        """
+        dropped = 0
+        for key, version in items:
+            obj = self._objects.get(key)
+            if obj is None or obj.version != version:
+                continue
+            verdict = self.index.damaged(obj)
+            if verdict:
+                self._drop_committed(obj, evicted=False)
+                dropped += 1
+            elif verdict is None:
+                self.counters["damage_reports_unverified"] += 1
+        self.counters["objects_damaged_dropped"] += dropped
+        return dropped
 
     def _missing(self, key: str) -> CxlkvError:
         why = key_error(key)

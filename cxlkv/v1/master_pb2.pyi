@@ -21,6 +21,22 @@ PROMOTE: TaskKind
 CACHE: TaskKind
 COPY: TaskKind
 
+class ReportDamagedRequest(_message.Message):
+    __slots__ = ("client_id", "keys", "versions")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., versions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReportDamagedResponse(_message.Message):
+    __slots__ = ("dropped",)
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    dropped: int
+    def __init__(self, dropped: _Optional[int] = ...) -> None: ...
+
 class ReleaseWriterRequest(_message.Message):
     __slots__ = ("client_id",)
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]

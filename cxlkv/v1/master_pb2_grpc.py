@@ -219,6 +219,11 @@ class MasterServiceStub:
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.ReleaseWriterRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.FromString,
                 _registered_method=True)
+        self.ReportDamaged = channel.unary_unary(
+                '/cxlkv.v1.MasterService/ReportDamaged',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -505,6 +510,16 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportDamaged(self, request, context):
+        """Committed versions a reader found destroyed under a valid lease (their bytes no
+        longer match their header or checksum). The master checks each against the
+        region itself and drops the ones it confirms (counted), so a key that can never
+        be read again is not listed forever; unconfirmed reports change nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -692,6 +707,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.ReleaseWriter,
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReleaseWriterRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.SerializeToString,
+            ),
+            'ReportDamaged': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportDamaged,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1693,6 +1713,33 @@ class MasterService:
             '/cxlkv.v1.MasterService/ReleaseWriter',
             cxlkv_dot_v1_dot_master__pb2.ReleaseWriterRequest.SerializeToString,
             cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportDamaged(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/ReportDamaged',
+            cxlkv_dot_v1_dot_master__pb2.ReportDamagedRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.ReportDamagedResponse.FromString,
             options,
             channel_credentials,
             insecure,
