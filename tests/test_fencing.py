@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 import cxlkv.client._direct as direct_mod
-from cxlkv.errors import CxlkvError, NotReady
+from cxlkv.errors import CxlkvError, NotFound, NotReady
 
 MiB = 1 << 20
 
@@ -68,3 +68,69 @@ def test_a_stalled_direct_writer_never_lands_in_reused_space(make_cluster, monke
         cl.wait_until(lambda: cl.master_stat().fenced_count == 0, what="the fenced space to be freed")
     st = cl.assert_invariants()
     assert st.used_bytes < 2 * 20 * MiB + MiB  # only "good" (and nothing fenced) holds space
+
+
+def test_a_direct_writer_stalled_across_a_restart_of_its_clientd_never_lands_in_reused_space(
+        make_cluster, monkeypatch) -> None:
+    """The direct-mode SDK writer stops mid-put; its clientd is killed (kill -9) and
+    restarted; the master expires the old registration and quarantines the writer's
+    extent. The new clientd finds the old one's record (clientd/writers.py): the
+    writer still runs, so its put stays held while another host fills the region;
+    when the writer resumes, its copy lands in its own (quarantined) extent, and
+    the space is freed once the writer has ended its put."""
+    import signal
+
+    cl = make_cluster(region_size_bytes=64 * MiB, master_options={"client_ttl_s": 1.0,
+                                                                   "heartbeat_interval_s": 0.2})
+    real_copy_in = direct_mod._copy_in
+    stalled, resume = threading.Event(), threading.Event()
+
+    def copy_in_after_a_stall(*args, **kwargs):
+        if not stalled.is_set():
+            stalled.set()
+            resume.wait(60)  # the clientd is killed and restarted meanwhile
+        return real_copy_in(*args, **kwargs)
+
+    monkeypatch.setattr(direct_mod, "_copy_in", copy_in_after_a_stall)
+    late = np.full(20 * MiB, 0x11, np.uint8)
+    outcome: list[object] = []
+    with cl.client(0, direct_threshold_bytes=0) as writer, cl.client(1, direct=False) as other:
+        assert writer.direct, writer.direct_status
+
+        def slow_put() -> None:
+            try:
+                outcome.append(writer.put_from("k", late))
+            except CxlkvError as exc:
+                outcome.append(exc)
+
+        t = threading.Thread(target=slow_put)
+        t.start()
+        assert stalled.wait(10)
+        cl.clientds[0].signal(signal.SIGKILL)
+        cl.clientds[0].proc.wait(10)
+        cl.restart_clientd(0)
+        # the new process registers under the old client id (its predecessor's record): the old
+        # registration ends, and the writer's extent is quarantined, not freed
+        cl.wait_until(lambda: cl.master_stat(check_invariants=False).quarantined_bytes >= 20 * MiB,
+                      timeout_s=20, what="the stalled writer's extent to be quarantined")
+        # the other host fills the region twice over: every free extent is reused
+        written: dict[str, bytes] = {}
+        for i in range(100):
+            v = bytes([i % 251]) * (MiB - 512)
+            try:
+                other.put(f"fill/{i}", v)
+                written[f"fill/{i}"] = v
+            except CxlkvError:
+                pass
+        assert cl.master_stat(check_invariants=False).quarantined_bytes >= 20 * MiB  # still held
+        resume.set()
+        t.join(30)
+        assert not t.is_alive() and outcome
+        for k, v in written.items():
+            try:
+                assert other.get(k) == v, k
+            except NotFound:
+                pass  # evicted
+        cl.wait_until(lambda: cl.master_stat(check_invariants=False).quarantined_bytes == 0, timeout_s=20,
+                      what="the writer's space to be freed once it ended its put")
+    cl.assert_invariants()

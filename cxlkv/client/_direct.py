@@ -37,7 +37,9 @@ from typing import Any, Callable
 import numpy as np
 import xxhash
 
-from cxlkv.errors import ChecksumMismatch, CxlkvError, ErrorCode, LeaseExpired, OutOfRange, RegionError, error_for
+from cxlkv.errors import (
+    ChecksumMismatch, CxlkvError, DaemonUnreachable, ErrorCode, LeaseExpired, OutOfRange, RegionError, error_for,
+)
 from cxlkv.objheader import header_bytes_for, pack_header, object_mismatch
 from cxlkv.v1 import client_pb2, common_pb2
 
@@ -304,7 +306,15 @@ class DirectPath:
         add_end = end_req.items.add
         for it, revoke in ends:
             add_end(key=it.key, put_token=it.token, checksum=0 if revoke else _value(it.checksum), revoke=revoke)
-        statuses = self._call("DirectPutEnd", end_req).results
+        try:
+            statuses = self._call("DirectPutEnd", end_req).results
+        except DaemonUnreachable:
+            # The daemon went away between start and end. The one that answers now (a
+            # restarted daemon knows this writer's pending puts from its predecessor's
+            # record, clientd/writers.py) is told this process is done with them, so the
+            # space held for it is freed; the puts themselves failed.
+            self._revoke_quietly([it for it, _ in started])
+            raise
         retry: list[_PutItem] = []
         for (it, revoke), st in zip(ends, statuses):
             if revoke:
