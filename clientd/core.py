@@ -779,8 +779,10 @@ class ClientdCore:
                     self.counters["checksum_failures"] += 1
                     log.warning("key %r: %s; answered as a miss", keys[i][:64], why)
                     # under a live lease the bytes cannot have been reused: destroyed. The
-                    # master checks and drops it, so it is not listed forever.
-                    self.link.report_damaged(keys[i], loc.version)
+                    # master checks and drops it, so it is not listed forever — unless this
+                    # mapping's file shrank (what it reads proves nothing then)
+                    if not getattr(c.mapped.region, "guard_hits", 0):
+                        self.link.report_damaged(keys[i], loc.version)
                     out[i] = ReadOutcome(_CHECKSUM_MISMATCH, (
                         f"key {keys[i]!r}: {why} (stale, torn or corrupt read; reported as a miss)"))
                     continue

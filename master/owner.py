@@ -125,8 +125,9 @@ class RegionOwnership:
 
     # -- set-up ----------------------------------------------------------------
     def _open(self, path: str, seg: Segment) -> OwnedRegion | None:
-        from cxlkv.transport import Region
+        from cxlkv.transport import Region, install_sigbus_guard
 
+        install_sigbus_guard()  # a region file that shrinks: zero memory and an error line, never a SIGBUS death
         try:
             region = Region.open(path)
         except CxlkvError as exc:
@@ -263,6 +264,12 @@ class RegionOwnership:
                 must stop at once; it writes nothing more).
         """
         for o in self.owned:
+            hits = getattr(o.region, "guard_hits", 0)
+            if hits and not getattr(o, "shrunk", False):
+                o.shrunk = True  # type: ignore[attr-defined]
+                log.error("region %s (segment %s) shrank under the master (its file was truncated): index "
+                          "writes past its end are lost; clientds retire the region; re-create and re-format it",
+                          o.path, o.segment.name)
             cur = read_owner(o.region, o.geometry)
             if cur is None or cur.owner_id != self.owner_id or cur.epoch != o.epoch:
                 what = "no owner record" if cur is None else (

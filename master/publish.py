@@ -166,6 +166,8 @@ class RegionIndex:
             region = self.regions.get(sid)
             if region is None:
                 continue
+            if getattr(region, "guard_hits", 0):
+                return None  # its file shrank under this mapping: what it reads proves nothing
             try:
                 region.invalidate(off, obj.header_bytes + obj.size_bytes)
                 head = region.read(off, obj.header_bytes)
