@@ -42,7 +42,7 @@ MAX_RESERVED_BYTES = 1 << 20
 #: Object sizes kept at once (least recently used sizes are given back).
 MAX_SIZES = 8
 #: Smallest target of a stack, in extents.
-MIN_TARGET = 4
+MIN_TARGET = 16
 
 
 class Reservation(NamedTuple):
@@ -110,7 +110,7 @@ class ReservePool:
         got = stack[:n]  # oldest first: a key's successive puts through this daemon get growing versions
         del stack[:len(got)]
         self.taken += len(got)
-        if len(stack) < target // 2 + 1 and need_bytes not in self._refilling:
+        if len(stack) <= target // 2 and need_bytes not in self._refilling:
             self._refilling.add(need_bytes)
             self._spawn(self._refill(need_bytes))
         return got
