@@ -338,24 +338,31 @@ def _set_overflow(region: Any, geometry: IndexGeometry, overflow: int) -> None:
     region.flush(off, 8)
 
 
-def read_slots(region: Any, geometry: IndexGeometry, *, chunk_slots: int = 16384) -> Iterator[tuple[int, Slot]]:
-    """Every live, verified slot of the table: ``(slot number, slot)``, in slot order.
-
-    Slots being written or torn (a master died mid-write) are skipped. Reads in
-    chunks (invalidated first). For recovery and ``cxlkv region index``.
-    """
+def _scan(region: Any, geometry: IndexGeometry, flag: int, chunk_slots: int) -> Iterator[tuple[int, Slot]]:
+    """``(slot number, slot)`` of every verified slot whose flags have ``flag`` (LIVE:
+    objects; GRANT without LIVE: grants), reading the table in invalidated chunks."""
     base = geometry.table_offset_bytes
+    want = np.uint64(flag)
     for first in range(0, geometry.slots, chunk_slots):
         n = min(chunk_slots, geometry.slots - first)
         region.invalidate(base + first * SLOT_BYTES, n * SLOT_BYTES)
         raw = region.read(base + first * SLOT_BYTES, n * SLOT_BYTES)
         words = np.frombuffer(raw, dtype="<u8").reshape(n, 8)
         flags = (words[:, 6] >> np.uint64(32)) & np.uint64(0xFFFF)
-        for i in np.flatnonzero(flags & np.uint64(SLOT_LIVE)):
+        for i in np.flatnonzero(flags & want):
             i = int(i)
             slot = unpack_slot(raw[i * SLOT_BYTES:(i + 1) * SLOT_BYTES])
-            if slot is not None and slot.flags & SLOT_LIVE:
+            if slot is not None and slot.flags & flag:
                 yield first + i, slot
+
+
+def read_slots(region: Any, geometry: IndexGeometry, *, chunk_slots: int = 16384) -> Iterator[tuple[int, Slot]]:
+    """Every live, verified slot of the table: ``(slot number, slot)``, in slot order.
+
+    Slots being written or torn (a master died mid-write) are skipped. Reads in
+    chunks (invalidated first). For recovery and ``cxlkv region index``.
+    """
+    return _scan(region, geometry, SLOT_LIVE, chunk_slots)
 
 
 # ------------------------------------------------------------------ owner lease
@@ -658,21 +665,9 @@ def client_hash(client_id: str) -> int:
 
 def read_grants(region: Any, geometry: IndexGeometry, *, chunk_slots: int = 16384) -> list[Grant]:
     """Every verified grant slot of the table (extents handed to writers)."""
-    base = geometry.table_offset_bytes
-    out: list[Grant] = []
-    for first in range(0, geometry.slots, chunk_slots):
-        n = min(chunk_slots, geometry.slots - first)
-        region.invalidate(base + first * SLOT_BYTES, n * SLOT_BYTES)
-        raw = region.read(base + first * SLOT_BYTES, n * SLOT_BYTES)
-        words = np.frombuffer(raw, dtype="<u8").reshape(n, 8)
-        flags = (words[:, 6] >> np.uint64(32)) & np.uint64(0xFFFF)
-        for i in np.flatnonzero((flags & np.uint64(SLOT_GRANT)) & ~(flags & np.uint64(SLOT_LIVE))):
-            i = int(i)
-            slot = unpack_slot(raw[i * SLOT_BYTES:(i + 1) * SLOT_BYTES])
-            if slot is not None and slot.flags & SLOT_GRANT and not slot.flags & SLOT_LIVE:
-                out.append(Grant(first + i, slot.version, slot.value_checksum, slot.region_no,
-                                 slot.extent_offset_bytes, slot.value_len_bytes))
-    return out
+    return [Grant(no, slot.version, slot.value_checksum, slot.region_no, slot.extent_offset_bytes,
+                  slot.value_len_bytes)
+            for no, slot in _scan(region, geometry, SLOT_GRANT, chunk_slots) if not slot.flags & SLOT_LIVE]
 
 
 def _store_portable(region: Any, g: IndexGeometry, slot_no: int, key_hash: int, extent: int, vlen: int,

@@ -122,6 +122,22 @@ def _rpc(fn: Handler) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitabl
     return handler
 
 
+def _per_item(n: int, op: Callable[[int], Any]) -> master_pb2.PackedPutEndResponse:
+    """Run ``op(i)`` for every position; its errors become that position's code and
+    message (packed columns), so one failing item never fails the others."""
+    codes = [0] * n
+    err_pos: list[int] = []
+    err_msg: list[str] = []
+    for i in range(n):
+        try:
+            op(i)
+        except CxlkvError as err:
+            codes[i] = int(err.code)
+            err_pos.append(i)
+            err_msg.append(err.message)
+    return master_pb2.PackedPutEndResponse(codes=codes, error_positions=err_pos, messages=err_msg)
+
+
 def _set_status(status: common_pb2.Status, err: CxlkvError) -> None:
     status.code = int(err.code)  # type: ignore[assignment]
     status.message = err.message
@@ -582,20 +598,10 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
                 f"{'PackedPutEnd' if end else 'PackedPutRevoke'}: {n} keys with {len(tokens)} put_tokens "
                 f"and {len(request.checksums)} checksums (one per key; checksums may be empty)")
         client_id, epoch, now = request.client_id, request.epoch, self.clock()
-        codes = [0] * n
-        err_pos: list[int] = []
-        err_msg: list[str] = []
-        for i in range(n):
-            try:
-                if end:
-                    op(client_id, epoch, keys[i], tokens[i], now, checksums[i] if checksums else 0)
-                else:
-                    op(client_id, epoch, keys[i], tokens[i], now)
-            except CxlkvError as err:
-                codes[i] = int(err.code)
-                err_pos.append(i)
-                err_msg.append(err.message)
-        return master_pb2.PackedPutEndResponse(codes=codes, error_positions=err_pos, messages=err_msg)
+        if end:
+            return _per_item(n, lambda i: op(client_id, epoch, keys[i], tokens[i], now,
+                                             checksums[i] if checksums else 0))
+        return _per_item(n, lambda i: op(client_id, epoch, keys[i], tokens[i], now))
 
     @_rpc
     def PackedPutEnd(self, request, context):
@@ -685,35 +691,19 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             raise InvalidArgument(f"PackedCommit: {n} keys with {len(tokens)} tokens, {len(sizes)} sizes, "
                                   f"{len(hbytes)} header sizes, {len(sums)} checksums, {len(flags)} flags")
         st, cid, epoch, now = self.state, request.client_id, request.epoch, self.clock()
-        codes = [0] * n
-        err_pos: list[int] = []
-        err_msg: list[str] = []
-        for i in range(n):
+
+        def one(i: int) -> None:
             f = flags[i]
-            try:
-                st.commit(cid, epoch, keys[i], tokens[i], sizes[i], hbytes[i], sums[i], now,
-                          upsert=bool(f & 1), soft_pin=bool(f & 2), hard_pin=bool(f & 4))
-            except CxlkvError as err:
-                codes[i] = int(err.code)
-                err_pos.append(i)
-                err_msg.append(err.message)
-        return master_pb2.PackedPutEndResponse(codes=codes, error_positions=err_pos, messages=err_msg)
+            st.commit(cid, epoch, keys[i], tokens[i], sizes[i], hbytes[i], sums[i], now,
+                      upsert=bool(f & 1), soft_pin=bool(f & 2), hard_pin=bool(f & 4))
+
+        return _per_item(n, one)
 
     @_rpc
     def PackedUnreserve(self, request, context):
         st, cid, epoch, now = self.state, request.client_id, request.epoch, self.clock()
         tokens = list(request.put_tokens)
-        codes = [0] * len(tokens)
-        err_pos: list[int] = []
-        err_msg: list[str] = []
-        for i, t in enumerate(tokens):
-            try:
-                st.unreserve(cid, epoch, t, now)
-            except CxlkvError as err:
-                codes[i] = int(err.code)
-                err_pos.append(i)
-                err_msg.append(err.message)
-        return master_pb2.PackedPutEndResponse(codes=codes, error_positions=err_pos, messages=err_msg)
+        return _per_item(len(tokens), lambda i: st.unreserve(cid, epoch, tokens[i], now))
 
     @_rpc
     def ReleaseQuarantine(self, request, context):
