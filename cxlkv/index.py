@@ -104,7 +104,7 @@ __all__ = [
     "MAX_REGIONS", "SLOT_LIVE", "SLOT_ELSEWHERE", "SLOT_GRANT", "DEFAULT_BYTES_PER_OBJECT", "Grant",
     "IndexGeometry", "Slot", "OwnerLease", "index_geometry", "buckets_of", "pack_slot", "unpack_slot",
     "format_index", "read_index_header", "read_slots", "read_grants", "client_hash", "set_publish_word",
-    "read_owner", "write_owner",
+    "read_owner", "write_owner", "write_region_table",
     "IndexWriter",
 ]
 
@@ -278,10 +278,30 @@ def format_index(region: Any, geometry: IndexGeometry, region_uuid: uuid.UUID) -
                               geometry.table_offset_bytes)
     page[0:32] = static
     page[32:40] = _U64.pack(_xxh3(static))
-    page[_REGIONS_AT:_REGIONS_AT + 4] = struct.pack("<I", 1)
-    page[_REGION_ENTRIES_AT:_REGION_ENTRIES_AT + 16] = region_uuid.bytes
+    page[_REGIONS_AT:_REGION_ENTRIES_AT + 16 * MAX_REGIONS] = _region_table([region_uuid])
     region.copy_in(geometry.index_offset_bytes, bytes(page))
     region.flush(geometry.index_offset_bytes, geometry.index_bytes)
+
+
+def _region_table(uuids: Sequence[uuid.UUID]) -> bytes:
+    """The region table's bytes (count, then the uuids) from its offset in the header page."""
+    raw = bytearray(_REGION_ENTRIES_AT - _REGIONS_AT + 16 * MAX_REGIONS)
+    struct.pack_into("<I", raw, 0, len(uuids))
+    for i, u in enumerate(uuids):
+        off = _REGION_ENTRIES_AT - _REGIONS_AT + 16 * i
+        raw[off:off + 16] = u.bytes
+    return bytes(raw)
+
+
+def write_region_table(region: Any, geometry: IndexGeometry, uuids: Sequence[uuid.UUID]) -> None:
+    """Name the regions slots refer to (region number = position, at most
+    :data:`MAX_REGIONS`), written back."""
+    if len(uuids) > MAX_REGIONS:
+        raise InvalidArgument(f"an index names at most {MAX_REGIONS} regions, got {len(uuids)}")
+    at = geometry.index_offset_bytes + _REGIONS_AT
+    raw = _region_table(uuids)
+    region.copy_in(at, raw)
+    region.flush(at, len(raw))
 
 
 class IndexHeader(NamedTuple):
@@ -579,9 +599,11 @@ class IndexWriter:
             if store is not None:
                 cols = [list(c) for c in zip(*pending)]
                 store(g.table_offset_bytes, g.slots, *cols, self.flush)
-            else:
-                for p in pending:
-                    _store_portable(self.region, g, *p, self.flush)
+            else:  # a region-like object without the C call (the transport's reference writer)
+                from cxlkv.transport.portable import index_store
+
+                index_store(self.region, g.table_offset_bytes, g.slots, *[list(c) for c in zip(*pending)],
+                            self.flush)
         if self._overflow_dirty:
             self._overflow_dirty = False
             _set_overflow(self.region, self.geometry, len(self._overflowed))
@@ -669,20 +691,3 @@ def read_grants(region: Any, geometry: IndexGeometry, *, chunk_slots: int = 1638
                   slot.value_len_bytes)
             for no, slot in _scan(region, geometry, SLOT_GRANT, chunk_slots) if not slot.flags & SLOT_LIVE]
 
-
-def _store_portable(region: Any, g: IndexGeometry, slot_no: int, key_hash: int, extent: int, vlen: int,
-                    version: int, vsum: int, hbytes: int, meta: int, flush: bool) -> None:
-    """The seqlock write of one slot through a region's copy_in/flush (the reference form)."""
-    off = g.table_offset_bytes + slot_no * SLOT_BYTES
-    region.invalidate(off, SLOT_BYTES)
-    (seq,) = _U64.unpack(region.read(off, 8))
-    seq = (seq + 1) & ~1
-    region.copy_in(off, _U64.pack(seq + 1))  # odd: being written
-    if flush:
-        region.flush(off, SLOT_BYTES)
-    slot = Slot(seq + 2, key_hash, extent, vlen, version, vsum, hbytes, meta & 0xFFFF, (meta >> 16) & 0xFF,
-                (meta >> 24) & 0xFF)
-    raw = pack_slot(slot)
-    region.copy_in(off + 8, raw[8:])
-    region.copy_in(off, raw[:8])
-    region.flush(off, SLOT_BYTES)

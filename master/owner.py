@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import struct
 import time
 import uuid
 from typing import Any, Callable
@@ -33,7 +32,7 @@ from cxlkv.config import MasterConfig
 from cxlkv.errors import ConfigError, CxlkvError
 from cxlkv.index import (
     MAX_REGIONS, IndexGeometry, IndexWriter, OwnerLease, read_grants, read_index_header, read_owner,
-    set_publish_word, write_owner,
+    set_publish_word, write_owner, write_region_table,
 )
 from cxlkv.master.publish import RegionIndex
 from cxlkv.master.segments import Segment, Tier
@@ -44,8 +43,6 @@ __all__ = ["OwnedRegion", "RegionOwnership", "Deposed"]
 
 log = logging.getLogger("cxlkv.master")
 
-_REGIONS_AT = 256
-_REGION_ENTRIES_AT = 320
 
 
 class Deposed(Exception):
@@ -207,7 +204,7 @@ class RegionOwnership:
             if o is not ir:
                 set_publish_word(o.region, o.geometry, 0)
         named = self.owned[:MAX_REGIONS]
-        self._write_region_table(ir, [o.identity.region_uuid for o in named])
+        write_region_table(ir.region, ir.geometry, [o.identity.region_uuid for o in named])
         numbers = {o.segment.segment_id: i for i, o in enumerate(named)}
         self.writer = IndexWriter(ir.region, ir.geometry, flush=self.flush)
         self.publisher = RegionIndex(self.writer, numbers, self.state.segment_table.by_id,
@@ -243,17 +240,6 @@ class RegionOwnership:
         self.writer.sync()
         set_publish_word(ir.region, ir.geometry, ir.epoch)
         return found
-
-    @staticmethod
-    def _write_region_table(ir: OwnedRegion, uuids: list[uuid.UUID]) -> None:
-        raw = bytearray(_REGION_ENTRIES_AT - _REGIONS_AT + 16 * MAX_REGIONS)
-        struct.pack_into("<I", raw, 0, len(uuids))
-        for i, u in enumerate(uuids):
-            off = _REGION_ENTRIES_AT - _REGIONS_AT + 16 * i
-            raw[off:off + 16] = u.bytes
-        at = ir.geometry.index_offset_bytes + _REGIONS_AT
-        ir.region.copy_in(at, bytes(raw))
-        ir.region.flush(at, len(raw))
 
     # -- run time --------------------------------------------------------------
     def heartbeat(self) -> None:

@@ -178,8 +178,9 @@ def _buffer(obj: BufferLike, writable: bool, what: str) -> Any:
     raise InvalidArgument(f"{what} cannot be used as a buffer ({type(obj).__name__})")
 
 
-def _u64_array(values: U64Array, what: str) -> Any:
-    """A ``uint64_t[]`` cdata over ``values`` (zero-copy for uint64 buffers)."""
+def _int_array(values: U64Array, what: str, ctype: str, itemsize: int, formats: frozenset[str]) -> Any:
+    """A ``ctype`` cdata (``"uint64_t[]"``, ``"uint32_t[]"``) over ``values``: zero-copy
+    for a contiguous buffer of that item size, else a copy of the ints."""
     if not isinstance(values, (list, tuple)):
         try:
             mv = memoryview(values)  # type: ignore[arg-type]  # TypeError handled below
@@ -187,15 +188,20 @@ def _u64_array(values: U64Array, what: str) -> Any:
             values = list(values)
         else:
             with mv:
-                if mv.ndim == 1 and mv.itemsize == 8 and mv.format in _U64_FORMATS and mv.c_contiguous:
-                    return _from_buffer("uint64_t[]", values)
+                if mv.ndim == 1 and mv.itemsize == itemsize and mv.format in formats and mv.c_contiguous:
+                    return _from_buffer(ctype, values)
                 values = mv.tolist()
     try:
-        return _new("uint64_t[]", values)
+        return _new(ctype, values)
     except OverflowError:
-        raise OutOfRange(f"{what}: every value must be in [0, 2**64)") from None
+        raise OutOfRange(f"{what}: every value must be in [0, 2**{itemsize * 8})") from None
     except TypeError:
         raise InvalidArgument(f"{what} must be a sequence of ints") from None
+
+
+def _u64_array(values: U64Array, what: str) -> Any:
+    """A ``uint64_t[]`` cdata over ``values`` (zero-copy for uint64 buffers)."""
+    return _int_array(values, what, "uint64_t[]", 8, _U64_FORMATS)
 
 
 def _closed_error(r: Handle) -> RegionError:
@@ -826,22 +832,7 @@ _U32_FORMATS = frozenset({"I", "<I", "=I", "@I"})
 
 def _u32_array(values: U64Array, what: str) -> Any:
     """A ``uint32_t[]`` cdata over ``values`` (zero-copy for uint32 buffers)."""
-    if not isinstance(values, (list, tuple)):
-        try:
-            mv = memoryview(values)  # type: ignore[arg-type]  # TypeError handled below
-        except TypeError:
-            values = list(values)
-        else:
-            with mv:
-                if mv.ndim == 1 and mv.itemsize == 4 and mv.format in _U32_FORMATS and mv.c_contiguous:
-                    return _from_buffer("uint32_t[]", values)
-                values = mv.tolist()
-    try:
-        return _new("uint32_t[]", values)
-    except OverflowError:
-        raise OutOfRange(f"{what}: every value must be in [0, 2**32)") from None
-    except TypeError:
-        raise InvalidArgument(f"{what} must be a sequence of ints") from None
+    return _int_array(values, what, "uint32_t[]", 4, _U32_FORMATS)
 
 
 def cxlkv_index_store(
