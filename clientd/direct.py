@@ -57,6 +57,7 @@ MAX_PENDING = 1 << 20
 _OK = int(ErrorCode.OK)
 _INVALID_KEY = int(ErrorCode.INVALID_KEY)
 _STALE_TOKEN = int(ErrorCode.STALE_TOKEN)
+_UNKNOWN_CLIENT = int(ErrorCode.UNKNOWN_CLIENT)
 _CHECKSUM_MISMATCH = int(ErrorCode.CHECKSUM_MISMATCH)
 _INVALID_ARGUMENT = int(ErrorCode.INVALID_ARGUMENT)
 _CXL = common_pb2.CXL
@@ -202,12 +203,21 @@ class DirectPuts:
         if todo:
             items = req.items
             hbs = {i: header_bytes_for(len(items[i].key.encode("utf-8"))) for i in todo}
+            urgent = sum(items[i].value_size_bytes for i in todo) >= LARGE_PUT_BYTES
+
+            def specs(positions: list[int]) -> list[tuple[str, int, Any, int]]:
+                return [(items[i].key, items[i].value_size_bytes,
+                         items[i].options if items[i].HasField("options") else None, hbs[i]) for i in positions]
+
             gen = link.generation
             try:
-                starts = await link.put_start.submit([
-                    (items[i].key, items[i].value_size_bytes,
-                     items[i].options if items[i].HasField("options") else None, hbs[i])
-                    for i in todo], urgent=sum(items[i].value_size_bytes for i in todo) >= LARGE_PUT_BYTES)
+                starts = list(await link.put_start.submit(specs(todo), urgent=urgent))
+                again = [j for j, r in enumerate(starts) if r.status.code == _UNKNOWN_CLIENT]
+                if again and link.generation != gen:  # the link registered again meanwhile: once more
+                    gen = link.generation
+                    for j, r in zip(again, await link.put_start.submit(specs([todo[j] for j in again]),
+                                                                       urgent=urgent)):
+                        starts[j] = r
             except CxlkvError as exc:
                 st = exc.to_status()
                 for i in todo:

@@ -21,7 +21,7 @@ import logging
 import os
 import socket
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import grpc
 
@@ -101,6 +101,7 @@ class StartedPut(NamedTuple):
 
 
 _OK_STATUS = common_pb2.Status()
+_UNKNOWN_CLIENT_CODE = int(ErrorCode.UNKNOWN_CLIENT)
 #: Builds a NamedTuple without its Python-level ``__new__`` (a generated lambda,
 #: ≈ 8 % of clientd's CPU in batched reads when called per position).
 _new = tuple.__new__
@@ -636,7 +637,10 @@ class MasterLink:
                 req.options.extend(it[2] if it[2] is not None else default for it in items)
             return req
 
-        return unpack_put_starts(await self.call("PackedPutStart", build))
+        gen = self.generation
+        started = unpack_put_starts(await self.call("PackedPutStart", build))
+        await self._registration_ended(gen, (r.status.code for r in started))
+        return started
 
     def _end_request(self, items: list[tuple[str, int, int]]) -> master_pb2.PackedPutEndRequest:
         req = master_pb2.PackedPutEndRequest(
@@ -656,8 +660,20 @@ class MasterLink:
                 req.flags.extend(it[5] for it in items)
             return req
 
+        gen = self.generation
         resp = await self.call("PackedCommit", build)
+        await self._registration_ended(gen, resp.codes)
         return _statuses(resp.codes, resp.error_positions, resp.messages)
+
+    async def _registration_ended(self, gen: int, codes: Iterable[int]) -> None:
+        """A batch answered per item that this registration is unknown (it expired, or
+        the master restarted and this daemon has not noticed yet): register again, so
+        the callers' retries go under a live registration."""
+        if any(c == _UNKNOWN_CLIENT_CODE for c in codes):
+            try:
+                await self.reregister(gen)
+            except CxlkvError as exc:
+                log.debug("re-registration after a per-item UNKNOWN_CLIENT failed: %s", exc.message)
 
     async def _send_put_end(self, items: list[tuple[str, int, int]]) -> Sequence[common_pb2.Status]:
         resp = await self.call("PackedPutEnd", lambda: self._end_request(items))
