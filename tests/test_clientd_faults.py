@@ -254,7 +254,10 @@ def test_reads_ride_out_clientd_restarts_with_retry_s(make_cluster, protocol: st
     assert not failures, failures
     assert done and done[0] > 0
     # Without retry_s a read through the daemon fails at once, as DaemonUnreachable
-    # (an Unavailable); a read from the region's index needs no daemon.
+    # (an Unavailable); a read from the region's index needs no daemon. First the
+    # restarted daemon must serve and be registered (its clients then learn of the index).
+    with cl.client(0, protocol=protocol, retry_s=20, direct=False) as w:
+        assert w.get(keys[0]) == want[keys[0]]
     with cl.client(0, protocol=protocol, direct=False) as c, cl.client(0, protocol=protocol) as ix:
         assert ix.get(keys[0]) == want[keys[0]]
         cl.clientds[0].stop()
