@@ -46,7 +46,7 @@ from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode, RegionError
 from cxlkv.transport.bindings import cxlkv_guard_total_hits as _guard_total_hits
 from cxlkv.keys import key_error, options_error
-from cxlkv.objheader import header_bytes_for, object_mismatch
+from cxlkv.objheader import check_copy, header_bytes_for
 from cxlkv.transport.index import IX_ELSEWHERE, IX_HIT, IX_MISS, IX_TOO_SMALL
 from cxlkv.v1 import client_pb2, common_pb2, master_pb2
 
@@ -943,24 +943,14 @@ class ClientdCore:
         return rest
 
     def _check_object(self, c: _Copy, hb: int, key: str, version: int, expected: int) -> str | None:
-        """Why the bytes copied for ``c`` are not ``key`` at ``version`` (``None``: they are)."""
+        """Why the bytes copied for ``c`` are not ``key`` at ``version`` (``None``: they
+        are): :func:`cxlkv.objheader.check_copy`."""
         if c.checksum is not None:
             got = c.checksum  # hashed by the copy itself
         else:
             got = _xxh3(c.buf if isinstance(c.buf, bytes) else c.buf[c.buf_offset:c.buf_offset + c.length])
-        if expected and got != expected:
-            return "bytes read do not match the committed checksum"
-        if not hb:
-            return None
-        region = c.mapped.region
-        start = c.region_offset - hb
-        try:
-            if self.flush_mode:
-                region.invalidate(start, hb)
-            head = region.read(start, hb)
-        except CxlkvError as exc:
-            return f"object header unreadable: {exc.message}"
-        return object_mismatch(head, key.encode("utf-8"), version, c.length, hb, got)
+        return check_copy(c.mapped.region, c.region_offset - hb, hb, key.encode("utf-8"), version, c.length,
+                          got, expected, invalidate=self.flush_mode)
 
     # ========================================================== prefix reads
     async def get_prefix(self, keys: list[str], targets: list[ReadTarget]) -> tuple[int, list[ReadOutcome]]:
