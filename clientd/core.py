@@ -701,7 +701,11 @@ class ClientdCore:
                 hits.append(key)
             elif oc == IX_MISS:
                 out[i] = ReadOutcome(_NOT_FOUND, f"key {key!r} not found")
-            elif oc == IX_TOO_SMALL:
+            elif oc == IX_TOO_SMALL or (oc == IX_ELSEWHERE and r.value_len_bytes > (
+                    inline_limit if t is None else t.capacity)):
+                # The slot says how large the committed value is: a target it does not
+                # fit is answered here, so a large get through the daemon costs one
+                # master round trip (the GetInto that follows), not two.
                 size = r.value_len_bytes
                 if t is None:
                     out[i] = ReadOutcome(_TOO_LARGE, (
