@@ -297,28 +297,13 @@ class ClientdCore:
 
     def _take_reserved(self, specs: list[PutSpec], todo: list[int],
                        key_bytes: dict[int, bytes]) -> dict[int, StartedPut]:
-        """Reserved extents for the items that may use one (one replica, no preferred
-        segment, an object no larger than the pool keeps), as started puts."""
-        pool = self.reserve
-        if not pool.enabled:
-            return {}
-        want: dict[int, list[int]] = {}
-        seen: dict[str, int] = {}
-        for i in todo:
-            seen[specs[i].key] = seen.get(specs[i].key, 0) + 1
-        for i in todo:
-            o = specs[i].options
-            if (o is not None and (o.replica_num > 1 or o.preferred_segment or o.upsert)) or seen[specs[i].key] > 1:
-                # duplicates of a batch go through PutStart, so the first one wins; so do
-                # upserts, so a key's versions keep growing (a reservation may be older)
-                continue
-            want.setdefault(header_bytes_for(len(key_bytes[i])) + specs[i].size, []).append(i)
-        out: dict[int, StartedPut] = {}
-        for need, positions in want.items():
-            for i, r in zip(positions, pool.take(need, len(positions))):
-                out[i] = StartedPut(_OK_STATUS, r.put_token, r.put_token,
+        """Reserved extents for the items that may use one
+        (:meth:`~cxlkv.clientd.reserve.ReservePool.take_for`), as started puts."""
+        got = self.reserve.take_for([(specs[i].key, specs[i].size, specs[i].options,
+                                      header_bytes_for(len(key_bytes[i]))) for i in todo])
+        return {todo[j]: StartedPut(_OK_STATUS, r.put_token, r.put_token,
                                     (StartedExtent(r.segment_id, r.offset_bytes, r.length_bytes),), 1)
-        return out
+                for j, r in got.items()}
 
     async def _put_round(
         self, specs: list[PutSpec], todo: list[int], results: list[client_pb2.PutResult | None],
