@@ -196,7 +196,7 @@ def test_ctrl_c_leaves_no_process_or_region(how: str, delay_s: float) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="cxlkv-t-", dir="/tmp"))
     p = subprocess.Popen([sys.executable, "-m", "cxlkv.cli", "replay", str(TRACE), "--embedded", "--limit", "5000"],
                          start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         env={**os.environ, "TMPDIR": str(tmp)})
+                         env={**os.environ, "TMPDIR": str(tmp)}, preexec_fn=_sigint_default)
     try:
         _interrupt_and_check(p, tmp, how, delay_s)
     finally:
@@ -204,6 +204,14 @@ def test_ctrl_c_leaves_no_process_or_region(how: str, delay_s: float) -> None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _sigint_default() -> None:
+    """In the child: SIGINT back to its default, as a terminal's foreground job has it.
+    A test run started in the background of a non-interactive shell inherits SIGINT
+    ignored, and so would the replay (a Python started with SIGINT ignored keeps it
+    ignored: Ctrl-C would rightly do nothing, and the test would see a full run)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _interrupt_and_check(p: subprocess.Popen, tmp: Path, how: str, delay_s: float) -> None:
