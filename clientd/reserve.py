@@ -48,8 +48,9 @@ RESERVE_BUDGET_BYTES = 16 << 20
 #: The reserved bytes' bound as a share of the CXL capacity the master offers.
 CAPACITY_SHARE = 1 / 64
 #: Objects (header + value) larger than this are put with PutStart/PutEnd: the
-#: copy then dominates, and a large reservation would sit idle.
-MAX_RESERVED_BYTES = 1 << 20
+#: copy then dominates, and a large reservation would sit idle. Values of 1 MiB
+#: with any key (a header of up to 64 + 4096 bytes) still take reservations.
+MAX_RESERVED_BYTES = (1 << 20) + 64 + 4096
 #: Object sizes kept at once (least recently used sizes are given back).
 MAX_SIZES = 8
 #: Smallest target of a stack, in extents.
