@@ -87,6 +87,8 @@ COUNTER_HELP: dict[str, str] = {
     "moves_failed": "move tasks failed after task_retries attempts (object left where it was)",
     "moves_retried": "move tasks given again (reported failure or task_timeout_s passed)",
     "moves_dropped": "finished moves discarded: the object was removed, replaced or moved meanwhile",
+    "moves_fenced": "move destinations held for a clientd that did not report in time (it may still write them)",
+    "moves_fence_released": "held move destinations freed when their clientd reported late",
     "ssd_puts": "puts placed on the SSD tier directly (CXL full while demotions run)",
     "ssd_evictions": "SSD-only objects dropped because the SSD tier was full",
     "ssd_copies_started": "CXL → SSD copies queued ahead of demotion (CXL past copy_ahead_watermark)",

@@ -64,6 +64,7 @@ COUNTERS = (
     # tiers (docs/tiers.md)
     "demotions_started", "demotions", "demotions_no_copy", "promotions_started", "promotions", "promotions_skipped",
     "dram_caches_started", "dram_caches", "moves_failed", "moves_retried", "moves_dropped",
+    "moves_fenced", "moves_fence_released",
     "ssd_puts", "ssd_evictions", "dram_uncached", "ssd_copies_started", "ssd_copies",
     "tier_write_refusals",
 )
@@ -219,6 +220,9 @@ class MasterState:
         # the attempt with PutRevoke or its registration ends, so a writer that
         # is still copying never lands in space given to another object.
         self._fenced: dict[int, ObjectVersion] = {}
+        #: (task id, clientd) -> fence token of a move destination held for a clientd
+        #: that did not report in time (freed when it reports, or with its registration).
+        self._fenced_moves: dict[tuple[int, str], int] = {}
         # token → extents taken ahead of need (:meth:`reserve`): keyless PROCESSING
         # versions owned by a registration until :meth:`commit` names them.
         self._reserved: dict[int, ObjectVersion] = {}
@@ -559,6 +563,10 @@ class MasterState:
         if self._fenced:
             for token in [t for t, o in self._fenced.items() if o.client_id == client.client_id]:
                 self._quarantine_obj(self._fenced.pop(token), now)
+        if self.tasks:  # moves it was running: their destinations held with its registration
+            for task in [t for t in self.tasks.running_tasks() if t.assigned_to == client.client_id]:
+                self._fence_destination(task, now, f"client {client.client_id}'s registration ended "
+                                                   "while it ran the move")
 
     def _quarantine_obj(self, obj: ObjectVersion, now: float) -> None:
         if not obj.extents:
@@ -1805,7 +1813,66 @@ class MasterState:
         def can_run(task: MoveTask) -> bool:
             return by_id[task.source[0]].name in mapped and by_id[task.destination[0]].name in mapped
 
-        return self.tasks.give(client_id, max_tasks or 64, now, self.config.task_timeout_s, can_run)
+        given = self.tasks.give(client_id, max_tasks or 64, now, self.config.task_timeout_s, can_run)
+        out: list[MoveTask] = []
+        for task in given:
+            # The writer's hold on the destination, recorded in the region (a grant
+            # slot) before it learns of it: a master taking over keeps it too.
+            token = self._seq
+            self._seq = token + 1
+            n = task.destination[2]
+            fence = ObjectVersion("", n, token, [task.destination], client_id, client.epoch, now)
+            fence.state = ObjState.FAILED
+            if not self.index.grant(fence):
+                self.tasks.requeue(task)  # no slot to record it in: not given
+                continue
+            task.fence = fence
+            out.append(task)
+        return out
+
+    def _unfence(self, task: MoveTask) -> None:
+        """The writer of ``task`` reported: it no longer writes the destination."""
+        if task.fence is not None:
+            self.index.ungrant(task.fence)
+            task.fence = None
+
+    def _fence_held(self, task: MoveTask, now: float = 0.0) -> None:
+        """Hand ``task``'s destination to its writer's fence: ``_fenced`` while the
+        writer's registration lives (freed when it reports the task, quarantined
+        when the registration ends), else quarantined at once."""
+        fence = task.fence
+        task.fence = None
+        if fence is None:
+            return
+        client = self._clients.get(fence.client_id)
+        if client is not None and client.alive and client.epoch == fence.epoch:
+            self._fenced[fence.version] = fence
+            self._fenced_moves[(task.task_id, fence.client_id)] = fence.version
+            if len(self._fenced_moves) > 4 * len(self._fenced) + 1024:  # forget released ones
+                self._fenced_moves = {k: t for k, t in self._fenced_moves.items() if t in self._fenced}
+        else:
+            self._quarantine_obj(fence, now)
+        self.counters["moves_fenced"] += 1
+
+    def _fence_destination(self, task: MoveTask, now: float, why: str) -> None:
+        """``task``'s writer did not report (or its registration ended): hold the
+        destination for it (:meth:`_fence_held`) and give the task again with a new
+        destination, or fail it."""
+        if task.fence is None:  # not given: nothing to hold
+            self._retry_or_fail(task, why)
+            return
+        self._fence_held(task, now)
+        seg = self.segment_table.by_id[task.destination[0]]
+        off = -1
+        if task.attempts < self.config.task_retries and seg.mounted:
+            off = seg.allocator.alloc(task.destination[2])
+        if off >= 0:
+            seg.object_count += 1
+            task.destination = (seg.segment_id, off, task.destination[2])
+            self.tasks.requeue(task)
+            self.counters["moves_retried"] += 1
+        else:
+            self._end_task(task, None, why, destination_held=True)
 
     def complete_tasks(self, client_id: str, epoch: int, results: Iterable[tuple[int, int, str]],
                        now: float) -> list[CxlkvError | None]:
@@ -1825,9 +1892,14 @@ class MasterState:
         for task_id, code, message in results:
             task = self.tasks.tasks.get(task_id)
             if task is None or task.assigned_to != client_id:
+                held = self._fenced_moves.pop((task_id, client_id), None)
+                if held is not None and held in self._fenced:  # a late writer is done: free its destination
+                    self._free_extents(self._fenced.pop(held))
+                    self.counters["moves_fence_released"] += 1
                 out.append(StaleToken(f"task {task_id} is not running on client {client_id} "
                                       "(timed out and given again, or finished)"))
                 continue
+            self._unfence(task)
             if code == ErrorCode.NO_SPACE:
                 self._refused(task, now, f"client {client_id}: {message}")
             elif code:
@@ -1870,8 +1942,12 @@ class MasterState:
         else:
             self._end_task(task, None, why)
 
-    def _end_task(self, task: MoveTask, now: float | None, why: str) -> None:
-        """Finish ``task``: committed (``now`` given, no ``why``) or failed."""
+    def _end_task(self, task: MoveTask, now: float | None, why: str, *, destination_held: bool = False) -> None:
+        """Finish ``task``: committed (``now`` given, no ``why``) or failed. With
+        ``destination_held`` the destination belongs to a fence (not freed here)."""
+        if task.fence is not None:  # queued moves dropped while given (a paused tier): held for the writer
+            self._fence_held(task)
+            destination_held = True
         self.tasks.finish(task)
         obj = task.obj
         by_id = self.segment_table.by_id
@@ -1882,7 +1958,7 @@ class MasterState:
         current = (not why and self._objects.get(obj.key) is obj and dst_seg.mounted
                    and task.source in obj.extents)
         if not current:
-            if dst_seg.mounted:
+            if dst_seg.mounted and not destination_held:
                 dst_seg.allocator.free(task.destination[1])
                 dst_seg.object_count -= 1
             if why:
@@ -1917,8 +1993,8 @@ class MasterState:
     def _sweep_tasks(self, now: float) -> None:
         """Give again (or fail) tasks whose clientd did not report in time."""
         for task in self.tasks.overdue(now):
-            self._retry_or_fail(task, f"no report within task_timeout_s ({self.config.task_timeout_s:g} s) "
-                                      f"from client {task.assigned_to}")
+            self._fence_destination(task, now, f"no report within task_timeout_s "
+                                               f"({self.config.task_timeout_s:g} s) from client {task.assigned_to}")
 
     # ---------------------------------------------------------------- sweep
     def sweep(self, now: float, budget_s: float | None = None) -> dict[str, int]:
