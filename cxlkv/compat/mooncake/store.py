@@ -81,6 +81,8 @@ _SETUP_DICT_DEFAULTS: dict[str, Any] = {
     "cxlkv_timeout_s": 30.0,
 }
 _SETUP_DICT_REQUIRED = ("local_hostname", "metadata_server")
+#: Other names engines give ``setup(dict)`` keys (LMCache's MooncakeStoreConfig) -> Mooncake's.
+_SETUP_DICT_ALIASES = {"device_name": "rdma_devices", "master_server_address": "master_server_addr"}
 _SETUP_DICT_INTS = ("global_segment_size", "local_buffer_size", "client_http_port")
 _SETUP_DICT_BOOLS = ("enable_ssd_offload", "enable_client_http_server")
 logger = logging.getLogger("cxlkv.compat.mooncake")
@@ -151,8 +153,10 @@ class MooncakeDistributedStore(TensorCalls):
         Also Mooncake's second form, ``setup(config: dict)``: the keys are the
         argument names below (``local_hostname`` and ``metadata_server``
         required; ``ipc_socket_path`` accepted, not used; sizes may be decimal
-        strings, switches ``"true"``/``"false"``, as LMCache passes them; unknown
-        keys are logged and ignored).
+        strings, switches ``"true"``/``"false"``, as LMCache passes them;
+        LMCache's ``device_name`` and ``master_server_address`` stand for
+        ``rdma_devices`` and ``master_server_addr``; unknown keys are logged and
+        ignored).
 
         Args:
             local_hostname: this node's name; returned by :meth:`get_hostname`
@@ -249,6 +253,8 @@ class MooncakeDistributedStore(TensorCalls):
     def _setup_dict(self, config: dict[str, Any]) -> int:
         """``setup(config: dict)``: Mooncake's keyword form (see :meth:`setup`)."""
         try:
+            config = {_SETUP_DICT_ALIASES.get(k, k): v for k, v in config.items()
+                      if not (k in _SETUP_DICT_ALIASES and _SETUP_DICT_ALIASES[k] in config)}
             missing = [k for k in _SETUP_DICT_REQUIRED if k not in config]
             if missing:
                 raise InvalidArgument(f"setup(config): missing required key(s) {', '.join(missing)}")
