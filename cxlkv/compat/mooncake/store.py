@@ -36,7 +36,7 @@ from cxlkv.compat.mooncake.config import ReplicateConfig, put_options
 from cxlkv.compat.mooncake.errors import ErrorCode, mooncake_code
 from cxlkv.compat.mooncake.memory import BufferHandle, RangeRegistry, make_handle, view_at
 from cxlkv.compat.mooncake.replicas import ReplicaDescriptor, replica_descriptors
-from cxlkv.compat.mooncake.tenants import DEFAULT_TENANT, TenantClient
+from cxlkv.compat.mooncake.tenants import DEFAULT_TENANT, TenantClient, tenant_prefix
 from cxlkv.compat.mooncake.tensor_calls import TensorCalls
 from cxlkv.errors import AlreadyExists, CxlkvError, InvalidArgument, NotReady, OutOfRange
 from cxlkv.keys import key_error
@@ -215,6 +215,7 @@ class MooncakeDistributedStore(TensorCalls):
                                "enable_client_http_server": enable_client_http_server}.items():
                 if not isinstance(flag, (bool, int)):
                     raise InvalidArgument(f"{name} must be a bool, got {flag!r}")
+            tenant_prefix(tenant_id)  # a bad tenant is refused before connecting
             client = Client(cxlkv_socket, timeout_s=cxlkv_timeout_s,
                             buffer_pool_bytes=local_buffer_size or DEFAULT_POOL_BYTES)
             try:
