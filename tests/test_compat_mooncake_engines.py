@@ -351,3 +351,82 @@ def test_host_mem_allocator_refuses_bad_sizes_and_leaves_no_files(clean) -> None
     assert alloc.free(p) == 0
     assert not glob.glob(f"/dev/shm/cxlkv-host-{os.getpid()}-*")
     assert not glob.glob(f"/dev/shm/cxlkv-buf-{os.getpid()}-*") or True  # pool files are unlinked at once
+
+
+# ============================================================ device pointers
+from cxlkv.compat.mooncake import devices  # noqa: E402
+
+#: An address in the never-mapped first pages of the address space (below
+#: vm.mmap_min_addr): reading or writing it as host memory would kill the process.
+UNMAPPED = 0x1000
+
+
+def test_without_cuda_every_address_is_host_memory() -> None:
+    if devices.cuda_loaded():
+        pytest.skip("the CUDA driver is loaded in this process")
+    a = np.arange(16, dtype=np.uint8)
+    assert devices.classify(a.ctypes.data) == devices.HOST
+
+
+@pytest.fixture()
+def fake_device():
+    """CUDA's answer replaced: UNMAPPED is "device 0" — the device path without a GPU."""
+    devices.set_classifier(lambda p: 0 if UNMAPPED <= p < UNMAPPED + (1 << 20) else devices.HOST)
+    yield
+    devices.set_classifier(None)
+
+
+def test_device_pointers_are_refused_cleanly_where_they_cannot_be_moved(clean, fake_device, caplog) -> None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a CUDA device is present: the device path moves the memory instead")
+    except ImportError:
+        pass
+    s = _store(clean.socket_path(0))
+    host = np.arange(4096, dtype=np.uint8) % 251
+    try:
+        with caplog.at_level("ERROR", logger="cxlkv.compat.mooncake"):
+            assert s.put_from("dev", UNMAPPED, 4096) == INVALID_PARAMS
+        assert "CUDA device memory" in caplog.text
+        assert s.get_into("dev", UNMAPPED, 4096) == INVALID_PARAMS
+        assert s.batch_put_from(["d1", "h1"], [UNMAPPED, host.ctypes.data], [4096, 4096]) == [INVALID_PARAMS, OK]
+        assert s.batch_get_into(["h1", "h1"], [UNMAPPED, host.ctypes.data], [4096, 4096]) == [INVALID_PARAMS, 4096]
+        # vLLM's multi-buffer calls: one device part makes its position fail, the others go on
+        assert s.batch_put_from_multi_buffers(
+            ["m1", "m2"], [[host.ctypes.data, UNMAPPED], [host.ctypes.data]], [[64, 64], [128]]) == [INVALID_PARAMS, OK]
+        out = np.zeros(128, dtype=np.uint8)
+        assert s.batch_get_into_multi_buffers(
+            ["m2", "m2"], [[UNMAPPED], [out.ctypes.data]], [[128], [128]]) == [INVALID_PARAMS, 128]
+        assert out.tobytes() == host[:128].tobytes()
+        # calls that parse the bytes on the CPU refuse device memory too
+        assert s.put_tensor_from("t", UNMAPPED, 4096) == INVALID_PARAMS
+        assert s.is_exist("dev") == 0 and s.is_exist("d1") == 0 and s.is_exist("m1") == 0
+    finally:
+        s.close()
+
+
+def test_device_pointers_move_by_dma(clean) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    s, t = _store(clean.socket_path(0)), _store(clean.socket_path(1))
+    try:
+        src = torch.randint(0, 256, (3, 1 << 20), dtype=torch.uint8, device="cuda")
+        dst = torch.zeros_like(src)
+        assert devices.classify(src.data_ptr()) == src.device.index
+        n = src[0].numel()
+        assert s.batch_put_from([f"g{i}" for i in range(3)], [src[i].data_ptr() for i in range(3)], [n] * 3) == [OK] * 3
+        assert t.batch_get_into([f"g{i}" for i in range(3)], [dst[i].data_ptr() for i in range(3)], [n] * 3) == [n] * 3
+        assert torch.equal(src, dst)
+        # multi-buffer: a value gathered from two device halves, scattered back
+        half = n // 2
+        assert s.batch_put_from_multi_buffers(["gm"], [[src[0].data_ptr(), src[1].data_ptr()]], [[half, half]]) == [OK]
+        back = torch.zeros(2 * half, dtype=torch.uint8, device="cuda")
+        assert t.batch_get_into_multi_buffers(["gm"], [[back.data_ptr(), back.data_ptr() + half]],
+                                              [[half, half]]) == [2 * half]
+        assert torch.equal(back[:half], src[0, :half]) and torch.equal(back[half:], src[1, :half])
+    finally:
+        s.close()
+        t.close()

@@ -34,7 +34,8 @@ from typing import Any
 from cxlkv.client import DEFAULT_POOL_BYTES, Client, Result
 from cxlkv.compat.mooncake.config import ReplicateConfig, put_options
 from cxlkv.compat.mooncake.errors import ErrorCode, mooncake_code
-from cxlkv.compat.mooncake.memory import BufferHandle, RangeRegistry, make_handle, view_at
+from cxlkv.compat.mooncake.memory import (BufferHandle, RangeRegistry, buffer_at, gather_part, make_handle,
+                                          part_at, scatter_part)
 from cxlkv.compat.mooncake.replicas import ReplicaDescriptor, replica_descriptors
 from cxlkv.compat.mooncake.tenants import DEFAULT_TENANT, TenantClient, tenant_prefix
 from cxlkv.compat.mooncake.tensor_calls import TensorCalls
@@ -411,7 +412,7 @@ class MooncakeDistributedStore(TensorCalls):
         views: list[Any] = [None] * len(keys)
         for i, (p, n) in enumerate(zip(ptrs, sizes)):
             try:
-                views[i] = view_at(p, n)
+                views[i] = buffer_at(p, n)
             except InvalidArgument:
                 codes[i] = _INVALID
         return codes, views, [i for i, c in enumerate(codes) if c == 0]
@@ -543,12 +544,12 @@ class MooncakeDistributedStore(TensorCalls):
             0 (also when ``key`` is already committed) or a negative code;
             ``INVALID_PARAMS`` (-600) for a null address or a negative size.
         """
-        return self._status(lambda c: c.put_from(key, view_at(buffer_ptr, size), **put_options(config)),
+        return self._status(lambda c: c.put_from(key, buffer_at(buffer_ptr, size), **put_options(config)),
                             exists_ok=True)
 
     def upsert_from(self, key: str, buffer_ptr: int, size: int, config: ReplicateConfig | None = None) -> int:
         """:meth:`put_from` that replaces a committed value. Returns 0 or a negative code."""
-        return self._status(lambda c: c.put_from(key, view_at(buffer_ptr, size), upsert=True,
+        return self._status(lambda c: c.put_from(key, buffer_at(buffer_ptr, size), upsert=True,
                                                  **put_options(config)))
 
     def batch_put_from(self, keys: Sequence[str], buffer_ptrs: Sequence[int], sizes: Sequence[int],
@@ -620,15 +621,15 @@ class MooncakeDistributedStore(TensorCalls):
                     codes[i] = _INVALID
                     continue
                 try:
-                    parts = [memoryview(view_at(p, size)).cast("B") for p, size in zip(ptrs, sizes)]
+                    parts = [part_at(p, size) for p, size in zip(ptrs, sizes)]
                 except InvalidArgument:
                     codes[i] = _INVALID
                     continue
-                buf = client.buffer(sum(v.nbytes for v in parts))
+                buf = client.buffer(sum(sizes))
                 off = 0
-                for v in parts:
-                    buf[off:off + v.nbytes] = v
-                    off += v.nbytes
+                for v, size in zip(parts, sizes):
+                    gather_part(buf[off:off + size], v)
+                    off += size
                 values[i] = buf
             ok = [i for i in range(n) if codes[i] == 0]
             results = client.put_from_many([keys[i] for i in ok], [values[i] for i in ok], **opts) if ok else []
@@ -679,7 +680,7 @@ class MooncakeDistributedStore(TensorCalls):
             ``OBJECT_NOT_FOUND`` (-704), ``INVALID_PARAMS`` (-600) when the value is
             larger than ``size`` or the address is null.
         """
-        return self._value(lambda c: c.get_into(key, view_at(buffer_ptr, size)))
+        return self._value(lambda c: c.get_into(key, buffer_at(buffer_ptr, size)))
 
     def batch_get_into(self, keys: Sequence[str], buffer_ptrs: Sequence[int], sizes: Sequence[int]) -> list[int]:
         """:meth:`get_into` for each position.
@@ -730,11 +731,11 @@ class MooncakeDistributedStore(TensorCalls):
                     codes[i] = _INVALID
                     continue
                 try:
-                    targets[i] = [memoryview(view_at(p, size)).cast("B") for p, size in zip(ptrs, sizes)]
+                    targets[i] = [(part_at(p, size), size) for p, size in zip(ptrs, sizes)]
                 except InvalidArgument:
                     codes[i] = _INVALID
                     continue
-                bufs[i] = client.buffer(sum(v.nbytes for v in targets[i]))
+                bufs[i] = client.buffer(sum(sizes))
             ok = [i for i in range(n) if codes[i] == 0]
             results = client.get_into_many([keys[i] for i in ok], [bufs[i] for i in ok]) if ok else []
         except _ARG_ERRORS as exc:
@@ -744,11 +745,11 @@ class MooncakeDistributedStore(TensorCalls):
                 codes[i] = mooncake_code(r.error) if r.error else _NOT_FOUND
                 continue
             got, off = int(r.value), 0
-            for v in targets[i]:
-                take = min(v.nbytes, got - off)
+            for v, size in targets[i]:
+                take = min(size, got - off)
                 if take <= 0:
                     break
-                v[:take] = bufs[i][off:off + take]
+                scatter_part(v, bufs[i][off:off + take])
                 off += take
             codes[i] = got
         return codes
