@@ -12,7 +12,7 @@ BENCH_ARGS ?=
 
 INSTALL_DEPS := pyproject.toml setup.py $(wildcard transport/*.c transport/*.h transport/build_transport.py)
 
-.PHONY: install test run proto bench clean help oldest test-oldest
+.PHONY: install test run proto bench clean help oldest test-oldest engines test-engines
 
 help:
 	@echo "make run     - start a local cluster on an emulated CXL region and replay the real trace"
@@ -20,6 +20,7 @@ help:
 	@echo "make install - create $(VENV) and install cxlkv with its C transport"
 	@echo "make proto   - regenerate the gRPC stubs from proto/ (with the pinned grpcio-tools of $(OLDEST))"
 	@echo "make test-oldest - the SDK on the oldest protobuf/grpcio it supports (in $(OLDEST))"
+	@echo "make test-engines - LMCache's own Mooncake connector on a live cluster (in $(ENGINES); ~180 MB of downloads)"
 	@echo "make bench   - run every benchmark, write bench/results/*.json and a summary"
 	@echo "               (BENCH_ARGS='--compare mooncake' adds the peer, BENCH_ARGS=--quick a smoke run)"
 
@@ -57,6 +58,25 @@ $(OLDEST_STAMP): $(INSTALL_DEPS) Makefile
 test-oldest: install oldest
 	$(PY) -m pytest -q tests/test_sdk_oldest.py $(PYTEST_ARGS)
 
+# Inference engines beside the SDK, in their own environment (not part of `make
+# test`: large downloads). CPU torch is the local wheel; the import hook's .pth
+# makes `mooncake.store` cxlkv's wherever CXLKV_AS_MOONCAKE=1 (docs/compat-mooncake.md).
+ENGINES ?= .venv-engines
+ENGINES_PINS := lmcache==0.5.6 torch==2.13.0
+ENGINES_STAMP := $(ENGINES)/.install-stamp
+
+engines: $(ENGINES_STAMP)
+
+$(ENGINES_STAMP): $(INSTALL_DEPS) Makefile
+	test -x $(ENGINES)/bin/python || $(PYTHON) -m venv $(ENGINES)
+	$(ENGINES)/bin/python -m pip install -q -e . $(ENGINES_PINS)
+	echo "import cxlkv.compat.mooncake_alias" > \
+	  "$$($(ENGINES)/bin/python -c 'import site; print(site.getsitepackages()[0])')/cxlkv-mooncake.pth"
+	touch $(ENGINES_STAMP)
+
+test-engines: install engines
+	CXLKV_ENGINES_PYTHON=$(ENGINES)/bin/python $(PY) -m pytest -q tests/engines $(PYTEST_ARGS)
+
 proto: oldest
 	$(OLDEST)/bin/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/cxlkv/v1/*.proto
 
@@ -64,4 +84,4 @@ bench: install
 	$(CXLKV) bench all --json-dir bench/results $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(OLDEST) build *.egg-info transport/*.so
+	rm -rf $(VENV) $(OLDEST) $(ENGINES) build *.egg-info transport/*.so
