@@ -75,7 +75,7 @@ $(ENGINES_STAMP): $(INSTALL_DEPS) Makefile
 	touch $(ENGINES_STAMP)
 
 test-engines: install engines
-	CXLKV_ENGINES_PYTHON=$(ENGINES)/bin/python $(PY) -m pytest -q tests/engines $(PYTEST_ARGS)
+	CXLKV_ENGINES_PYTHON=$(abspath $(ENGINES))/bin/python $(PY) -m pytest -q tests/engines $(PYTEST_ARGS)
 
 proto: oldest
 	$(OLDEST)/bin/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/cxlkv/v1/*.proto

@@ -325,9 +325,9 @@ class BufferPool:
                 return seg.buffer_id, off
         mem = find_shared(addr, nbytes)
         if mem is not None:
-            seg = self._adopt(mem)
-            if seg is not None:
-                return seg.buffer_id, addr - seg.base
+            adopted = self._adopt(mem)
+            if adopted is not None:
+                return adopted.buffer_id, addr - adopted.base
         return None
 
     def _adopt(self, mem: SharedHostMemory) -> Segment | None:

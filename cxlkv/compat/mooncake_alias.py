@@ -23,6 +23,7 @@ import importlib.machinery
 import os
 import sys
 import types
+from typing import Any
 
 __all__ = ["ENV_VAR", "install", "uninstall", "installed"]
 
@@ -54,7 +55,7 @@ class _Finder(importlib.abc.MetaPathFinder):
     """Answers for ``mooncake.store`` always, and for ``mooncake`` only where no
     other finder can: every other ``mooncake.*`` module is the real Mooncake's."""
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None
                   ) -> importlib.machinery.ModuleSpec | None:
         if fullname == "mooncake.store":
             return importlib.machinery.ModuleSpec(fullname, _Loader())

@@ -243,7 +243,7 @@ class MooncakeDistributedStore(TensorCalls):
             old.close()
 
     @staticmethod
-    def _check_ssd_tier(client: Client) -> None:
+    def _check_ssd_tier(client: Any) -> None:
         """Raise unless the cluster has a mounted SSD segment (what ``enable_ssd_offload`` maps to)."""
         segments = client.stat().get("segments", [])
         if not any(seg.get("tier") == "SSD" and seg.get("mounted", True) for seg in segments):
@@ -345,7 +345,7 @@ class MooncakeDistributedStore(TensorCalls):
         return self._hostname
 
     # ============================================================== plumbing
-    def _status(self, fn: Callable[[Client], object], *, exists_ok: bool = False) -> int:
+    def _status(self, fn: Callable[[Any], object], *, exists_ok: bool = False) -> int:
         """Run ``fn(client)``: 0 on success, else its error's Mooncake code.
 
         With ``exists_ok`` (the plain writes) ``ALREADY_EXISTS`` answers 0, as in
@@ -362,7 +362,7 @@ class MooncakeDistributedStore(TensorCalls):
             return mooncake_code(exc)
         return 0
 
-    def _value(self, fn: Callable[[Client], int]) -> int:
+    def _value(self, fn: Callable[[Any], int]) -> int:
         """``fn(client)`` (a count or size >= 0), or the Mooncake code of its error."""
         client = self._client
         if client is None:

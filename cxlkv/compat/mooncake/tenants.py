@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, List
 
 from cxlkv.client import Client, KeyInfo
 from cxlkv.errors import InvalidArgument
@@ -164,7 +164,7 @@ class TenantClient:
 
         pattern = compile_key_pattern(regex) if regex else None
         removed = 0
-        batch: list[str] = []
+        batch: List[str] = []
         for info in list(self.list(page_size=_PAGE_KEYS)):
             if pattern is None or pattern.search(info.key):
                 batch.append(info.key)
@@ -175,7 +175,7 @@ class TenantClient:
             removed += self._remove_batch(batch, force)
         return removed
 
-    def _remove_batch(self, keys: list[str], force: bool) -> int:
+    def _remove_batch(self, keys: List[str], force: bool) -> int:
         return sum(1 for r in self.remove_many(keys, force=force) if r.ok)
 
     def _tenants_exist(self) -> bool:
