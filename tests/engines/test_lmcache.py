@@ -28,7 +28,7 @@ TIMEOUT_S = 600
 
 
 def _engine(script: str, *args: str, socket_path: str) -> dict:
-    env = {**os.environ, "CXLKV_AS_MOONCAKE": "1", "CXLKV_SOCKET": socket_path}
+    env = {**os.environ, "CXLKV_AS_MOONCAKE": "1", "CXLKV_SOCKET": socket_path, "PYTHONHASHSEED": "0"}
     r = subprocess.run([ENGINES_PYTHON, str(HERE / script), *args], capture_output=True, text=True,
                        timeout=TIMEOUT_S, env=env, cwd="/")
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
@@ -46,6 +46,13 @@ def test_lmcache_remote_backend_across_hosts(module_cluster, chunks: int, tokens
                   socket_path=module_cluster.socket_path(1))
     assert got["matched"] == chunks
     assert put["chunk_bytes"] == tokens * 8192
+
+
+def test_lmcache_engine_stores_on_one_host_and_retrieves_on_another(module_cluster) -> None:
+    stored = _engine("lmcache_engine.py", "store", "engine-1000", "1000", socket_path=module_cluster.socket_path(0))
+    assert stored["stored"] and stored["remote_hit_tokens"] == 1000
+    got = _engine("lmcache_engine.py", "retrieve", "engine-1000", "1000", socket_path=module_cluster.socket_path(1))
+    assert got["lookup_tokens"] == 1000 and got["retrieved_tokens"] == 1000 and got["bit_exact"]
 
 
 def test_engine_env_versions_and_hook(module_cluster) -> None:
