@@ -30,6 +30,7 @@ the hits by the tier that served them (``dram_hit_rate``, ``cxl_hit_rate``,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -41,7 +42,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import click
 import numpy as np
@@ -348,7 +349,11 @@ def _replay_worker(
     for ``start.go``: the parent times the replay from there, without process
     start-up and trace loading. ``start.at`` is the monotonic start (for pacing).
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    # The parent handles Ctrl-C. This process started with SIGINT blocked
+    # (:func:`sigint_held`): ignoring it discards one already pending, then it may
+    # be unblocked.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # The parent stops workers with SIGTERM: exit through `finally`/`with`, so the
     # SDK unlinks a shared buffer it was creating and closes its connections.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
@@ -469,6 +474,37 @@ class _Start:
 
 
 # --------------------------------------------------------------------------- main
+@contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """Hold Ctrl-C while helper processes start; raise it, if one came, on leaving.
+
+    A terminal's Ctrl-C reaches the whole process group, and only the replay's
+    main process handles it (stopping the workers, then the cluster). Worker
+    processes must not take it while they start (a KeyboardInterrupt traceback in
+    a half-started interpreter): SIGINT is blocked here, and a blocked signal mask
+    is inherited across fork and exec, so each worker starts with it blocked,
+    then ignores it and unblocks it (:func:`_replay_worker`). The main process
+    never sets SIGINT to SIG_IGN: that would discard a Ctrl-C already pending
+    (POSIX; e.g. one that arrived while ``fork`` had every signal blocked), and
+    the replay ran on. A pending Ctrl-C is raised when the mask is restored.
+    multiprocessing's resource tracker is started first: starting it unblocks
+    SIGINT (CPython's ``resource_tracker.ensure_running``), which inside the
+    window would let a Ctrl-C reach the workers still starting. Outside the main
+    thread (no signals there) it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a pending Ctrl-C is raised here
+
+
 
 
 def run_replay(
@@ -507,22 +543,11 @@ def run_replay(
         cap = capacity_blocks
     ctx = mp.get_context("spawn")
     n_workers = max(1, min(opts.workers, len(trace)))
-    # A terminal's Ctrl-C reaches the whole process group, and only this process
-    # handles it (stopping the workers, then the cluster). Helpers (workers,
-    # multiprocessing's resource tracker) start with SIGINT ignored (an ignored
-    # signal stays ignored across exec; they keep ignoring it). Here it is also
-    # blocked meanwhile: on Linux a blocked signal is kept pending even while
-    # ignored, so a Ctrl-C that comes while they start is raised once the handler
-    # is back and the signal unblocked — inside the block that stops them — instead
-    # of being lost (the replay ran on).
-    main_thread = threading.current_thread() is threading.main_thread()
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if main_thread else None
-    old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
     procs: list[Any] = []
     total = WorkerStats()
     reported = False
     try:
-        try:
+        with sigint_held():
             progress = ctx.RawArray("q", n_workers)
             results = ctx.Queue()
             start = _Start(ctx.RawArray("b", n_workers), ctx.Event(), ctx.RawValue("d", 0.0))
@@ -534,11 +559,6 @@ def run_replay(
                     daemon=True,
                 ))
                 procs[-1].start()
-        finally:
-            if old_sigint is not None:
-                signal.signal(signal.SIGINT, old_sigint)  # the handler first, then unblock:
-            if old_mask is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # a pending Ctrl-C is raised here
         late = start.wait_ready(procs)  # timed from here: no process start-up, no trace loading
         total.error_samples.extend(f"replay worker {i} was not ready after {READY_TIMEOUT_S:.0f} s: stopped"
                                    for i in late)
