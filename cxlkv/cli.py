@@ -13,7 +13,11 @@ import sys
 import threading
 from typing import Any
 
-import click
+try:
+    import click
+except ModuleNotFoundError as exc:  # an SDK-only install (pip install cxlkv)
+    raise SystemExit(f"cxlkv: the command line and the daemons need the server extra "
+                     f"(pip install 'cxlkv[server]'); missing module {exc.name!r}") from None
 
 from cxlkv import __version__
 

@@ -366,6 +366,7 @@ class _Staged:
 
     def take(self, nbytes: int) -> tuple[Segment, int]:
         seg, off = self.pool.alloc(nbytes)
+        self.pool.staged_bytes += nbytes
         self.ranges.append((seg, off))
         return seg, off
 
@@ -734,6 +735,12 @@ class Client:
         arr = seg.array[off:off + size_bytes]
         weakref.finalize(arr, self._pool.free_later, seg, off)
         return memoryview(arr)  # type: ignore[arg-type]  # ndarrays export the buffer protocol
+
+    @property
+    def staged_bytes(self) -> int:
+        """Bytes this client copied through its staging pool (memory outside shared
+        memory, each copied once more than zero-copy memory is), since it was made."""
+        return self._pool.staged_bytes
 
     def _locate(self, a: np.ndarray) -> tuple[int, int] | None:
         return self._pool.locate(address_of(a), a.nbytes) if a.nbytes else None
