@@ -22,6 +22,7 @@ import errno
 import select
 import socket
 import struct
+import sys
 import threading
 import time
 from typing import Any, Sequence
@@ -438,9 +439,17 @@ class GrpcConnection:
         close). So after unsubscribing, the channel is closed by a short-lived
         daemon thread once the poller has seen that nobody listens (at most
         :data:`_POLLER_STOP_S` later); this call returns at once.
+
+        During interpreter shutdown (a ``Client`` never closed, collected by
+        ``__del__`` while modules are torn down) no thread is started: a thread
+        started then never runs, and ``Thread.start()`` waits for it forever on
+        Python 3.11 (3.12 raises ``RuntimeError``); the process is exiting, so the
+        channel is left to it.
         """
         if not self.closed:
             self.closed = True
+            if sys.is_finalizing():
+                return
             self._channel.unsubscribe(self._on_state)
             threading.Thread(target=_close_after_poller, args=(self._channel,), daemon=True,
                              name="cxlkv-grpc-close").start()
