@@ -110,10 +110,19 @@ class ClientdCollector:
         for op in ("put", "get", "exist", "remove"):
             items.add_metric([op], c.get(f"{op}_items", 0))
         yield items
-        errors = CounterMetricFamily("cxlkv_clientd_errors_total", "Failed items, by operation", labels=["op"])
-        for op in ("put", "get"):
-            errors.add_metric([op], c.get(f"{op}_errors", 0))
+        errors = CounterMetricFamily(
+            "cxlkv_clientd_errors_total",
+            "Failed items, by operation and error code (a get's NOT_FOUND and a put's ALREADY_EXISTS are not errors)",
+            labels=["op", "code"])
+        for key, n in sorted(c.items()):
+            op, dot, code = key.partition("_errors.")
+            if dot and op in ("put", "get"):
+                errors.add_metric([op, code], n)
         yield errors
+        yield CounterMetricFamily(
+            "cxlkv_clientd_put_already_exists_total",
+            "Puts of a key already committed (ALREADY_EXISTS: keys are immutable; SDKs may treat it as success)",
+            value=c.get("put_already_exists", 0))
         moved = CounterMetricFamily("cxlkv_clientd_copied_bytes_total", "Bytes copied", labels=["direction"])
         moved.add_metric(["in"], c.get("bytes_in", 0))
         moved.add_metric(["out"], c.get("bytes_out", 0))

@@ -311,3 +311,33 @@ def test_checksum_failures_are_counted(make_cluster) -> None:
     assert c1.value("cxlkv_clientd_requests_total", method="Get", result="CHECKSUM_MISMATCH") == 1
     assert c1.value("cxlkv_clientd_prefix_blocks_total", result="miss") - c0.value(
         "cxlkv_clientd_prefix_blocks_total", result="miss") == 1
+
+
+def test_dashboard_imports_and_scopes() -> None:
+    """The import dialog's data source is used; job/instance variables scope every
+    query (several clusters on one Prometheus); no panel mixes units on one axis."""
+    dash = json.loads((ROOT / "deploy" / "grafana" / "cxlkv.json").read_text())
+    (inp,) = dash["__inputs"]
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["datasource"]["current"]["value"] == "${%s}" % inp["name"]
+    assert {"job", "instance"} <= set(variables)
+    for e in _dashboard_exprs():
+        for name in promql_metric_names([e]):
+            if name.startswith(("cxlkv_", "process_")):
+                assert re.search(re.escape(name) + r'\{job=~"\$job", instance=~"\$instance"', e), e
+
+    def panels(ps: list) -> list:
+        return [q for p in ps for q in [p, *panels(p.get("panels", []))]]
+
+    for p in panels(dash["panels"]):
+        exprs = [t["expr"] for t in p.get("targets", [])]
+        unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit")
+        overridden = {o["matcher"]["options"] for o in p.get("fieldConfig", {}).get("overrides", [])
+                      if any(pr["id"] == "unit" for pr in o["properties"])}
+        for t in p.get("targets", []):
+            if t["refId"] in overridden:
+                continue
+            bytes_like = "_bytes" in t["expr"] and "/" not in t["expr"] and "rate(" not in t["expr"]
+            if bytes_like:
+                assert unit in ("bytes", "Bps"), (p["title"], t["expr"], unit)
+        assert exprs or p["type"] == "row", p["title"]
