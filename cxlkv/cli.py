@@ -80,6 +80,9 @@ def main() -> None:
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminated)
+    from cxlkv.client import _conn
+
+    _conn.SOCKET_SETTING = "--socket"  # the SDK's errors name the command line's option
 
 
 def _terminated(signum: int, _frame: Any) -> None:

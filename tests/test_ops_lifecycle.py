@@ -137,3 +137,41 @@ def test_deregister_rpc_refuses_unknown_and_stale(module_cluster) -> None:
         stub.DeregisterClient(master_pb2.DeregisterClientRequest(client_id=live.client_id, epoch=live.epoch + 99),
                               timeout=10)
     assert sum(1 for c in module_cluster.master_stat().clients if c.alive) == 2  # nothing ended
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    e = {k: v for k, v in os.environ.items() if k != "CXLKV_SOCKET"}
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "cxlkv.cli", *args], capture_output=True, text=True, timeout=60,
+                          env=e, stdin=subprocess.DEVNULL)
+
+
+def test_socket_errors_name_the_setting_and_the_path(tmp_path, module_cluster) -> None:
+    from cxlkv import Client
+    from cxlkv.errors import DaemonUnreachable
+
+    regular = tmp_path / "regular"
+    regular.write_text("")
+    cases = {
+        str(tmp_path / "none.sock"): "none.sock: no such socket (is clientd running? --socket or $CXLKV_SOCKET",
+        str(tmp_path): f"{tmp_path} is a directory, not a socket (--socket or $CXLKV_SOCKET must name",
+        str(regular): f"{regular} is a regular file, not a socket",
+        str(tmp_path / "nodir" / "x.sock"): f"directory {tmp_path / 'nodir'} does not exist",
+    }
+    for path, want in cases.items():
+        r = _cli("get", "k", "--socket", path)
+        assert r.returncode == 22 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert want in r.stderr and ".lean" not in r.stderr, (path, r.stderr)
+    # the SDK names its own argument
+    for protocol in ("lean", "grpc"):
+        with pytest.raises(DaemonUnreachable, match=r"is a directory, not a socket \(socket_path or \$CXLKV_SOCKET"):
+            Client(str(tmp_path), protocol=protocol).get("k")
+    # naming the lean socket itself works (the gRPC one is beside it), for the CLI and the SDK
+    with module_cluster.client(0) as c:
+        c.put("sock/lean-path", b"ok")
+    r = _cli("get", "sock/lean-path", "--socket", module_cluster.lean_socket_path(0))
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    with Client(module_cluster.lean_socket_path(0)) as c:
+        assert c.socket_path == module_cluster.socket_path(0) and c.get("sock/lean-path") == b"ok"
