@@ -177,7 +177,8 @@ class MasterConfig:
     address_file: str = _f("", "write the bound host:port here once serving (\"\" = don't)")
     lean_listen_address: str = _f(
         "", "MasterService in lean frames for clientds' hot path: host:port (\"\" = listen_address's host, "
-        "a free port; \"off\" = gRPC only)")
+        "a free port at every start: set a fixed one, e.g. \"0.0.0.0:50052\", where a firewall must let "
+        "clientds in; \"off\" = gRPC only)")
     metrics_address: str = _f("", "Prometheus /metrics host:port (\"\" = disabled; port 0 picks)")
     tls_ca_file: str = _f("", "PEM certificate of the cluster CA: with tls_cert_file and tls_key_file, gRPC, the "
                           "lean port and /metrics require mutual TLS, every caller a certificate this CA signed "

@@ -44,6 +44,7 @@ KINDS: dict[str, tuple[type, str]] = {
 EXAMPLE_VALUES: dict[str, dict[str, Any]] = {
     "master": {
         "listen_address": "0.0.0.0:50051",
+        "lean_listen_address": "0.0.0.0:50052",  # a fixed port firewalls can open (docs/operations.md)
         "metrics_address": "0.0.0.0:9464",
         "tls_ca_file": "/etc/cxlkv/tls/ca.pem",
         "tls_cert_file": "/etc/cxlkv/tls/master.pem",

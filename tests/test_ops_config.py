@@ -233,3 +233,19 @@ def test_config_check_names_a_bad_environment_variable_not_the_file() -> None:
     assert "clientd.toml" not in r.stderr, r.stderr
     r = _cxlkv("config", "check", str(EXAMPLES / "clientd.toml"), env={"CXLKV_CLIENTD_DRAM_TIER_BYTES": "5"})
     assert r.returncode == 2 and "set by environment variable CXLKV_CLIENTD_DRAM_TIER_BYTES" in r.stderr, r.stderr
+
+
+def test_shipped_ports_are_fixed_and_in_the_port_table() -> None:
+    """Every TCP port the shipped configs listen on is fixed (a firewall can follow
+    it) and listed in docs/operations.md's port table."""
+    docs = (EXAMPLES.parent.parent / "docs" / "operations.md").read_text()
+    table = docs[docs.index("| port / path | who | set by |"):].split("\n\n", 1)[0]
+    master = tomllib.loads((EXAMPLES / "master.toml").read_text())
+    clientd = tomllib.loads((EXAMPLES / "clientd.toml").read_text())
+    for key, address in [("listen_address", master["listen_address"]),
+                         ("lean_listen_address", master["lean_listen_address"]),
+                         ("metrics_address", master["metrics_address"]),
+                         ("metrics_address", clientd["metrics_address"])]:
+        port = address.rsplit(":", 1)[-1]
+        assert port.isdigit() and int(port) > 0, (key, address)
+        assert f"| TCP {port} |" in table and f"`{key}`" in table, (key, port)
