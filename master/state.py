@@ -1835,7 +1835,10 @@ class MasterState:
         still the key's committed one (else the destination is freed), and for a
         demotion drops the CXL replica (freed when its last lease ends). A failure
         is given again until ``task_retries`` attempts, then counted and its
-        destination freed.
+        destination freed — unless the object was removed, replaced or moved
+        meanwhile (the likely cause: its source was rewritten): then the move is
+        dropped (``moves_dropped``, not ``moves_failed``) and that item answers
+        ``NotFound``.
 
         Raises:
             UnknownClient, StaleToken: the caller's registration is not current.
@@ -1850,6 +1853,13 @@ class MasterState:
                 continue
             if code == ErrorCode.NO_SPACE:
                 self._refused(task, now, f"client {client_id}: {message}")
+            elif code and not self._move_current(task):
+                # the copy failed because its source changed under it (removed, replaced,
+                # moved): nothing to retry, nothing failed — the move is dropped
+                self._end_task(task, now, "")
+                out.append(NotFound(f"key {_short(task.obj.key)} was removed or replaced during the move: "
+                                    "move dropped", key=task.obj.key))
+                continue
             elif code:
                 self._retry_or_fail(task, f"client {client_id}: {message}")
             else:
@@ -1882,6 +1892,11 @@ class MasterState:
                     self._end_task(queued, None, f"segment {seg.name} paused: its filesystem is full")
         self.counters["tier_write_refusals"] += 1
         self._end_task(task, None, why)
+
+    def _move_current(self, task: MoveTask) -> bool:
+        """Whether ``task``'s object is still the key's committed version with its source extent."""
+        obj = task.obj
+        return self._objects.get(obj.key) is obj and task.source in obj.extents
 
     def _retry_or_fail(self, task: MoveTask, why: str) -> None:
         if task.attempts < self.config.task_retries:
