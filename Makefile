@@ -24,7 +24,27 @@ help:
 
 install: $(STAMP)
 
+# A .venv made by another Python than $(PYTHON) (another version, or an old
+# python3 before a newer one was installed) is made again: its C extension and
+# wheels belong to that interpreter.
+PYVER_CMD := import sys; print(sys.implementation.name, *sys.version_info[:2])
+VENV_PYVER := $(shell test -x $(PY) && $(PY) -c '$(PYVER_CMD)' 2>/dev/null)
+WANT_PYVER := $(shell $(PYTHON) -c '$(PYVER_CMD)' 2>/dev/null)
+ifneq ($(VENV_PYVER),)
+ifneq ($(WANT_PYVER),)
+ifneq ($(VENV_PYVER),$(WANT_PYVER))
+$(STAMP): FORCE_VENV
+endif
+endif
+endif
+
+.PHONY: FORCE_VENV
+FORCE_VENV:
+	@echo "$(VENV) was made by $(VENV_PYVER), not by $(PYTHON) ($(WANT_PYVER)): making it again"
+	rm -rf $(VENV)
+
 $(STAMP): $(INSTALL_DEPS)
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "cxlkv needs Python >= 3.11; $(PYTHON) is " + sys.version.split()[0] + " (make PYTHON=python3.11 …)")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
