@@ -89,6 +89,14 @@ def instrument_api(api: Any, stats: RequestStats) -> None:
         setattr(api, m.name, _observed(getattr(api, m.name), stats.method(m.name), BATCH_FIELDS.get(m.name)))
 
 
+#: Error series exported at 0 before the first such error, so queries and alerts
+#: find them (Prometheus practice: initialise the label values you know).
+_ERROR_CODES_AT_ZERO = {
+    "put": ("NO_SPACE", "TOO_LARGE", "UNAVAILABLE", "INTERNAL"),
+    "get": ("CHECKSUM_MISMATCH", "LEASE_EXPIRED", "UNAVAILABLE", "INTERNAL"),
+}
+
+
 class ClientdCollector:
     """Reads one daemon's counters at scrape time.
 
@@ -114,10 +122,13 @@ class ClientdCollector:
             "cxlkv_clientd_errors_total",
             "Failed items, by operation and error code (a get's NOT_FOUND and a put's ALREADY_EXISTS are not errors)",
             labels=["op", "code"])
-        for key, n in sorted(c.items()):
+        seen = {(op, code): 0 for op, codes in _ERROR_CODES_AT_ZERO.items() for code in codes}
+        for key, n in c.items():
             op, dot, code = key.partition("_errors.")
             if dot and op in ("put", "get"):
-                errors.add_metric([op, code], n)
+                seen[op, code] = n
+        for (op, code), n in sorted(seen.items()):
+            errors.add_metric([op, code], n)
         yield errors
         yield CounterMetricFamily(
             "cxlkv_clientd_put_already_exists_total",

@@ -25,7 +25,7 @@ CLUSTER_OPTIONS = dict(METRICS_ON)
 
 #: Label names a cxlkv metric may carry (all with bounded values).
 ALLOWED_LABELS = {"method", "result", "segment", "tier", "state", "op", "direction", "kind",
-                  "component", "version", "python", "le"}
+                  "component", "version", "python", "le", "commit", "code"}
 SECRET = "ops-secret-key-material"
 
 
@@ -341,3 +341,23 @@ def test_dashboard_imports_and_scopes() -> None:
             if bytes_like:
                 assert unit in ("bytes", "Bps"), (p["title"], t["expr"], unit)
         assert exprs or p["type"] == "row", p["title"]
+
+
+def test_already_exists_is_no_put_error_and_errors_carry_a_code(module_cluster) -> None:
+    """A replay's put of a cached key (ALREADY_EXISTS) counts in
+    cxlkv_clientd_put_already_exists_total, not in errors_total, whose series
+    carry an error-code label (the known codes exported at 0)."""
+    cl = module_cluster
+    _, before = _all(cl)
+    with cl.client(0) as c:
+        c.put("ops-exists/a", b"x" * 100)
+        for r in c.put_many([("ops-exists/a", b"y" * 100)] * 3):  # a clean replay: the key is cached
+            assert r.error is not None and r.error.code.name == "ALREADY_EXISTS"
+    _, after = _all(cl)
+    assert _sum(after, "cxlkv_clientd_put_already_exists_total") - _sum(
+        before, "cxlkv_clientd_put_already_exists_total") == 3
+    assert _sum(after, "cxlkv_clientd_errors_total", op="put", code="ALREADY_EXISTS") == 0
+    assert _sum(after, "cxlkv_clientd_errors_total", op="put") == _sum(before, "cxlkv_clientd_errors_total", op="put")
+    codes = {smp.labels["code"] for fam in after[0].families for smp in fam.samples
+             if smp.name == "cxlkv_clientd_errors_total"}
+    assert {"NO_SPACE", "UNAVAILABLE", "TOO_LARGE"} <= codes  # known codes at 0 before the first error
