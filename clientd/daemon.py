@@ -185,7 +185,8 @@ class Daemon:
                 from cxlkv.transport import install_sigbus_guard
 
                 install_sigbus_guard()  # a region file that shrinks: errors, never a SIGBUS death
-                regions = RegionSet.open(cfg.regions, prefault=cfg.prefault)
+                with self.notifier.extending("mapping regions" + (" (prefault)" if cfg.prefault else "")):
+                    regions = RegionSet.open(cfg.regions, prefault=cfg.prefault)
                 if cfg.dram_tier_bytes:
                     from cxlkv.clientd.tiers import open_dram_tier
 

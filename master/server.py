@@ -382,7 +382,9 @@ async def run_master(config: MasterConfig, *, notifier: Notifier | None = None) 
         ConfigError: as :class:`MasterServer` and :meth:`MasterServer.start`.
     """
     notify = notifier if notifier is not None else Notifier()
-    server = MasterServer(config)
+    with notify.extending("starting: mapping regions" + (", scanning them (recover_from_region)"
+                                                         if config.recover_from_region else "")):
+        server = MasterServer(config)  # region scans run here: minutes for a large region
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.request_stop)
