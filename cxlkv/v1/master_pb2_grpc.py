@@ -44,11 +44,6 @@ class MasterServiceStub:
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
-        self.DeregisterClient = channel.unary_unary(
-                '/cxlkv.v1.MasterService/DeregisterClient',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.FromString,
-                _registered_method=True)
         self.MountSegment = channel.unary_unary(
                 '/cxlkv.v1.MasterService/MountSegment',
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.MountSegmentRequest.SerializeToString,
@@ -229,6 +224,11 @@ class MasterServiceStub:
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedResponse.FromString,
                 _registered_method=True)
+        self.DeregisterClient = channel.unary_unary(
+                '/cxlkv.v1.MasterService/DeregisterClient',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -245,15 +245,6 @@ class MasterServiceServicer:
 
     def Heartbeat(self, request, context):
         """Keep a registration alive. UNKNOWN_CLIENT means: expired, register again.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def DeregisterClient(self, request, context):
-        """End a registration at the clientd's own word (a planned stop): cleaned up like
-        an expiry (in-flight puts revoked, its DRAM tier unmounted) but not counted as
-        expired, and no longer listed by Stat. UNKNOWN_CLIENT: already gone.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -534,6 +525,16 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeregisterClient(self, request, context):
+        """--- clients, continued (appended: lean method numbers are positions here) --
+        End a registration at the clientd's own word (a planned stop): cleaned up like
+        an expiry (in-flight puts revoked, its DRAM tier unmounted) but not counted as
+        expired, and no longer listed by Stat. UNKNOWN_CLIENT: already gone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -546,11 +547,6 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.HeartbeatRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.HeartbeatResponse.SerializeToString,
-            ),
-            'DeregisterClient': grpc.unary_unary_rpc_method_handler(
-                    servicer.DeregisterClient,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.SerializeToString,
             ),
             'MountSegment': grpc.unary_unary_rpc_method_handler(
                     servicer.MountSegment,
@@ -732,6 +728,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedResponse.SerializeToString,
             ),
+            'DeregisterClient': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeregisterClient,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'cxlkv.v1.MasterService', rpc_method_handlers)
@@ -787,33 +788,6 @@ class MasterService:
             '/cxlkv.v1.MasterService/Heartbeat',
             cxlkv_dot_v1_dot_master__pb2.HeartbeatRequest.SerializeToString,
             cxlkv_dot_v1_dot_master__pb2.HeartbeatResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def DeregisterClient(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/DeregisterClient',
-            cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1786,6 +1760,33 @@ class MasterService:
             '/cxlkv.v1.MasterService/ReportDamaged',
             cxlkv_dot_v1_dot_master__pb2.ReportDamagedRequest.SerializeToString,
             cxlkv_dot_v1_dot_master__pb2.ReportDamagedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeregisterClient(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/DeregisterClient',
+            cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.FromString,
             options,
             channel_credentials,
             insecure,
