@@ -247,6 +247,7 @@ def _grpc_records(quick: bool, log: Callable[[str], None] = lambda _m: None) -> 
     n_single = 1000 if quick else 4000
     n_batched = 128 * (40 if quick else 400)
     runs = 2 if quick else 3
+    log(f"  the state machine's own rate, in process ({n_batched:,} keys: the limit beside each figure)")
     limits = _state_limits(n_batched)
     out: list[Record] = []
     with tempfile.TemporaryDirectory(prefix="cxlkv-bench-master-") as tmp:
