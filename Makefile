@@ -12,13 +12,14 @@ BENCH_ARGS ?=
 
 INSTALL_DEPS := pyproject.toml setup.py $(wildcard transport/*.c transport/*.h transport/build_transport.py)
 
-.PHONY: install test run proto bench clean help
+.PHONY: install test run proto bench wheel clean help
 
 help:
 	@echo "make run     - start a local cluster on an emulated CXL region and replay the real trace"
 	@echo "make test    - run the test suite"
 	@echo "make install - create $(VENV) and install cxlkv with its C transport"
 	@echo "make proto   - regenerate the gRPC stubs from proto/"
+	@echo "make wheel   - build dist/cxlkv-*-cp311-abi3-*.whl and the sdist (manylinux with auditwheel on PATH)"
 	@echo "make bench   - run every benchmark, write bench/results/*.json and a summary"
 	@echo "               (BENCH_ARGS='--compare mooncake' adds the peer, BENCH_ARGS=--quick a smoke run)"
 
@@ -59,8 +60,21 @@ run: install
 proto: install
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/cxlkv/v1/*.proto
 
+# One abi3 wheel for every CPython >= 3.11 and the sdist, in dist/. With auditwheel
+# (and patchelf) on PATH the wheel is also repaired to the manylinux tag this
+# machine's glibc allows (manylinux_2_34 on Debian 12; build in a manylinux image
+# for older systems).
+wheel: install
+	rm -rf dist
+	$(PY) -m pip wheel --no-deps --no-build-isolation -q -w dist .
+	$(PY) -c 'from setuptools import build_meta; build_meta.build_sdist("dist")'
+	@if command -v auditwheel >/dev/null; then \
+	    auditwheel repair -w dist dist/cxlkv-*-linux_*.whl && rm dist/cxlkv-*-linux_*.whl; \
+	else echo "(auditwheel not on PATH: the wheel keeps its linux_* tag)"; fi
+	@ls dist
+
 bench: install
 	$(CXLKV) bench all --json-dir bench/results $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info transport/*.so
+	rm -rf $(VENV) build dist *.egg-info transport/*.so
