@@ -35,6 +35,8 @@ from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
 _MASTER_METHODS = service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"])
 #: Calls sent over the lean link when the master serves one (registration and
 #: heartbeats stay on gRPC: they also prove the gRPC path and are rare).
+#: Longest wait for DeregisterClient at a planned stop, seconds.
+DEREGISTER_TIMEOUT_S = 2.0
 _LEAN_METHODS = frozenset(m.name for m in _MASTER_METHODS if m.name.startswith(("Batch", "Packed"))) | {
     "ReleaseLeases", "PutStart", "PutEnd", "PutRevoke", "GetReplicaList", "ExistKey", "MatchPrefix",
     "Remove", "RemoveAll", "RemoveByRegex", "ListKeys", "Stat", "ListSegments", "FetchTasks", "CompleteTasks",
@@ -415,8 +417,9 @@ class MasterLink:
 
         Args:
             deregister: end the registration on the master too (a planned stop:
-                not counted as an expiry, no longer listed); a master that does
-                not answer within ``master_timeout_s`` lets it expire instead.
+                not counted as an expiry, no longer listed); a master that is
+                known lost, or does not answer within :data:`DEREGISTER_TIMEOUT_S`,
+                lets it expire instead (a stop never waits longer for it).
         """
         if self._closed:
             return
@@ -444,7 +447,7 @@ class MasterLink:
                 pass
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        if deregister and self.registered:
+        if deregister and self.registered and self.connected:  # a master known lost: let it expire
             await self._deregister()
         if self._lean is not None:
             self._lean.close()
@@ -454,7 +457,8 @@ class MasterLink:
     async def _deregister(self) -> None:
         try:
             await self._raw("DeregisterClient",
-                            master_pb2.DeregisterClientRequest(client_id=self.client_id, epoch=self.epoch))
+                            master_pb2.DeregisterClientRequest(client_id=self.client_id, epoch=self.epoch),
+                            timeout=min(self.cfg.master_timeout_s, DEREGISTER_TIMEOUT_S))
         except CxlkvError as exc:  # unreachable or already expired: the registration expires or is gone
             log.warning("deregistration from the master at %s failed (%s); it expires after client_ttl_s",
                         self.address, exc.message)
