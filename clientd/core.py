@@ -82,6 +82,7 @@ REMOVE_ALL_TIMEOUT_S = 120.0
 
 _OK = int(ErrorCode.OK)
 _NOT_FOUND = int(ErrorCode.NOT_FOUND)
+_ALREADY_EXISTS = int(ErrorCode.ALREADY_EXISTS)
 _INVALID_KEY = int(ErrorCode.INVALID_KEY)
 _INVALID_ARGUMENT = int(ErrorCode.INVALID_ARGUMENT)
 _STALE_TOKEN = int(ErrorCode.STALE_TOKEN)
@@ -93,6 +94,15 @@ _HAS_LEASE = int(ErrorCode.HAS_LEASE)
 _OUT_OF_RANGE = int(ErrorCode.OUT_OF_RANGE)
 _UNAVAILABLE = int(ErrorCode.UNAVAILABLE)
 _INTERNAL = int(ErrorCode.INTERNAL)
+
+
+def _code_name(code: int) -> str:
+    """The ErrorCode name of ``code`` (its number for one this version does not know)."""
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)
+
 
 _xxh3 = xxhash.xxh3_64_intdigest
 _Status = common_pb2.Status
@@ -263,8 +273,10 @@ class ClientdCore:
         for i, r in enumerate(results):
             if r is None:  # unreachable by construction; never answer nothing
                 results[i] = _PutResult(status=_status(_INTERNAL, "put produced no result"))
+            elif r.status.code == _ALREADY_EXISTS:  # keys are immutable: a replay's put of a cached key
+                self.counters["put_already_exists"] += 1
             elif r.status.code:
-                self.counters["put_errors"] += 1
+                self.counters[f"put_errors.{_code_name(r.status.code)}"] += 1
         return results  # type: ignore[return-value]
 
     async def _put_attempt(
@@ -652,7 +664,7 @@ class ClientdCore:
             if o is None:
                 out[i] = ReadOutcome(_INTERNAL, "read produced no outcome")
             elif o.code and o.code != _NOT_FOUND:
-                self.counters["get_errors"] += 1
+                self.counters[f"get_errors.{_code_name(o.code)}"] += 1
         return out  # type: ignore[return-value]
 
     def _get_from_index(self, keys: list[str], targets: list[ReadTarget | None], todo: list[int],

@@ -47,6 +47,7 @@ from typing import Any, Iterator, Sequence
 import click
 import numpy as np
 
+from cxlkv.clisize import Size
 from cxlkv.tracesim import load_trace, simulate, simulate_unbounded, unique_blocks
 
 __all__ = ["ReplayOptions", "ReplayReport", "block_content", "fill_blocks", "verify_blocks", "run_replay", "replay_cmd"]
@@ -798,7 +799,8 @@ def _master_counters(address: str, tls: Any = None) -> dict[str, int]:
 @click.argument("trace", type=click.Path(dir_okay=False), default=None, required=False)
 @click.option("--embedded", is_flag=True, help="Start and stop a local cluster (master + clientds on /dev/shm).")
 @click.option("--socket", "sockets", multiple=True, help="clientd socket(s) of a running cluster (repeat per host).")
-@click.option("--block-bytes", default="64KiB", show_default=True, help="Bytes per 512-token block.")
+@click.option("--block-bytes", default="64KiB", show_default=True, type=Size(min_bytes=1),
+              help="Bytes per 512-token block.")
 @click.option("--capacity-fraction", default=0.1, show_default=True, type=float,
               help="Embedded: cache capacity as a fraction of the trace's unique blocks (sizes the region); "
                    "with --socket the capacity is the running cluster's, asked from the master.")
@@ -824,7 +826,6 @@ def replay_cmd(trace, embedded, sockets, block_bytes, capacity_fraction, clientd
     TRACE defaults to the Mooncake conversation trace in ../shared/traces/ beside
     the checkout (then beside the current directory).
     """
-    from cxlkv.config import parse_size
     from cxlkv.errors import CxlkvError
 
     try:
@@ -833,12 +834,7 @@ def replay_cmd(trace, embedded, sockets, block_bytes, capacity_fraction, clientd
         raise click.ClickException(str(exc)) from None
     if not 0 < capacity_fraction <= 1:
         raise click.ClickException("--capacity-fraction must be in (0, 1]")
-    try:
-        bb = parse_size(block_bytes, name="--block-bytes")
-    except CxlkvError as exc:
-        raise click.ClickException(str(exc)) from None
-    if bb <= 0:
-        raise click.ClickException("--block-bytes must be > 0")
+    bb = block_bytes
     opts = ReplayOptions(
         trace_path=trace, block_bytes=bb, capacity_fraction=capacity_fraction, limit=limit,
         workers=workers, speedup=speedup, key_prefix=key_prefix, policy=policy,

@@ -71,6 +71,7 @@ COUNTER_HELP: dict[str, str] = {
     "too_large": "puts refused with TOO_LARGE (larger than every segment)",
     "clients_registered": "clientd registrations (including re-registrations)",
     "clients_expired": "clientd registrations expired (no heartbeat for client_ttl_s)",
+    "clients_deregistered": "clientd registrations ended by the clientd itself (a planned stop: DeregisterClient)",
     "segments_mounted": "segments mounted",
     "segments_unmounted": "segments unmounted",
     "demotions_started": "DEMOTE tasks queued: CXL → SSD copies of objects with no SSD replica (docs/tiers.md)",

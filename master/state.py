@@ -55,7 +55,7 @@ COUNTERS = (
     "puts_started", "puts_committed", "puts_revoked", "puts_reclaimed", "upserts",
     "lease_grants", "lease_releases", "lease_expiries", "get_misses",
     "removes", "evictions", "evicted_bytes", "deferred_frees",
-    "no_space", "too_large", "clients_registered", "clients_expired",
+    "no_space", "too_large", "clients_registered", "clients_expired", "clients_deregistered",
     "segments_mounted", "segments_unmounted", "replicas_lost", "objects_lost",
     "objects_recovered", "puts_fenced", "index_hits",
     # writes in one round trip and writer fencing (docs/master.md)
@@ -536,12 +536,32 @@ class MasterState:
         return client
 
     def _expire_client(self, client: ClientRecord, now: float) -> None:
-        self._end_registration(client, f"writer client {client.client_id} expired", now)
-        del self._clients[client.client_id]
+        self._drop_client(client, f"writer client {client.client_id} expired", now)
         self._expired_clients[client.client_id] = client
         while len(self._expired_clients) > _EXPIRED_CLIENTS_KEPT:
             self._expired_clients.popitem(last=False)
         self.counters["clients_expired"] += 1
+
+    def deregister_client(self, client_id: str, epoch: int, now: float) -> ClientRecord:
+        """End the registration ``(client_id, epoch)`` at the clientd's own word (a
+        planned stop): the same clean-up as an expiry — its in-flight puts revoked
+        and, with its reservations, quarantined until its next process (or
+        ``writer_reclaim_s``) says its writers stopped; its DRAM tier unmounted —
+        but it is counted in ``clients_deregistered``, not ``clients_expired``, and
+        no longer listed by :meth:`clients`.
+
+        Raises:
+            UnknownClient: unknown or already expired (nothing to end).
+            StaleToken: ``epoch`` is not the current registration's.
+        """
+        client = self.writer(client_id, epoch, now)
+        self._drop_client(client, f"writer client {client_id} deregistered", now)
+        self.counters["clients_deregistered"] += 1
+        return client
+
+    def _drop_client(self, client: ClientRecord, why: str, now: float) -> None:
+        self._end_registration(client, why, now)
+        del self._clients[client.client_id]
         for seg in list(self.segment_table.mounted):
             if seg.owner_client_id == client.client_id:
                 self._unmount(seg, now)
@@ -1882,7 +1902,10 @@ class MasterState:
         still the key's committed one (else the destination is freed), and for a
         demotion drops the CXL replica (freed when its last lease ends). A failure
         is given again until ``task_retries`` attempts, then counted and its
-        destination freed.
+        destination freed — unless the object was removed, replaced or moved
+        meanwhile (the likely cause: its source was rewritten): then the move is
+        dropped (``moves_dropped``, not ``moves_failed``) and that item answers
+        ``NotFound``.
 
         Raises:
             UnknownClient, StaleToken: the caller's registration is not current.
@@ -1902,6 +1925,13 @@ class MasterState:
             self._unfence(task)
             if code == ErrorCode.NO_SPACE:
                 self._refused(task, now, f"client {client_id}: {message}")
+            elif code and not self._move_current(task):
+                # the copy failed because its source changed under it (removed, replaced,
+                # moved): nothing to retry, nothing failed — the move is dropped
+                self._end_task(task, now, "")
+                out.append(NotFound(f"key {_short(task.obj.key)} was removed or replaced during the move: "
+                                    "move dropped", key=task.obj.key))
+                continue
             elif code:
                 self._retry_or_fail(task, f"client {client_id}: {message}")
             else:
@@ -1934,6 +1964,11 @@ class MasterState:
                     self._end_task(queued, None, f"segment {seg.name} paused: its filesystem is full")
         self.counters["tier_write_refusals"] += 1
         self._end_task(task, None, why)
+
+    def _move_current(self, task: MoveTask) -> bool:
+        """Whether ``task``'s object is still the key's committed version with its source extent."""
+        obj = task.obj
+        return self._objects.get(obj.key) is obj and task.source in obj.extents
 
     def _retry_or_fail(self, task: MoveTask, why: str) -> None:
         if task.attempts < self.config.task_retries:

@@ -160,6 +160,36 @@ def test_remove_or_upsert_during_a_move_discards_the_copy() -> None:
     st.check_invariants()
 
 
+def test_a_move_failing_because_its_object_changed_is_dropped_not_failed() -> None:
+    """An upsert or remove during a move rewrites or frees its source: the clientd's
+    copy then fails its check. That is a dropped move — not retried, not counted in
+    moves_failed — and the report's answer says so (NOT_FOUND)."""
+    st = make_state()
+    c = client(st)
+    for i in range(9):
+        put(st, c, f"k{i}")
+    tasks = st.fetch_tasks(*c, 100, 0.0)
+    a, b = tasks[0].obj.key, tasks[1].obj.key
+    st.remove(a, 0.0)
+    obj = st.put_start(*c, b, EXT, 0.0, upsert=True)
+    st.put_end(*c, b, obj.version, 0.0)
+    failed = [(t.task_id, 11, "value checksum differs") for t in tasks[:2]]  # CHECKSUM_MISMATCH
+    rest = [(t.task_id, 0, "") for t in tasks[2:]]
+    errs = st.complete_tasks(*c, failed + rest, 0.0)
+    assert all(isinstance(e, NotFound) and "move dropped" in e.message for e in errs[:2]), errs
+    assert errs[2:] == [None] * len(rest)
+    assert st.counters["moves_dropped"] == 2
+    assert st.counters["moves_failed"] == 0 and st.counters["moves_retried"] == 0
+    assert st.get_object(b).version == obj.version
+    st.check_invariants()
+    # a failure of a move whose object did not change is still retried
+    put(st, c, "k-late")
+    more = st.fetch_tasks(*c, 100, 0.0)
+    if more:
+        st.complete_tasks(*c, [(t.task_id, 13, "boom") for t in more], 0.0)
+        assert st.counters["moves_retried"] == len(more) and st.counters["moves_dropped"] == 2
+
+
 def test_hot_ssd_object_is_promoted_and_stays_on_ssd_too() -> None:
     st = make_state()
     c = client(st)

@@ -385,7 +385,8 @@ class Client:
     Args:
         socket_path: the daemon's gRPC socket; default (also for ``""``)
             ``$CXLKV_SOCKET``, else ``<runtime dir>/clientd.sock``. The lean socket is this path plus
-            ``".lean"`` unless ``lean_socket_path`` is given.
+            ``".lean"`` unless ``lean_socket_path`` is given; a path ending in ``".lean"`` is taken
+            as the lean socket, the gRPC one being beside it without the suffix.
         timeout_s: longest wait for one answer, in seconds.
         retry_s: how long a read (``get``, ``get_into``, ``exists``, their batch
             forms, ``get_prefix_into``, ``stat``) keeps trying, in seconds, when the
@@ -457,6 +458,9 @@ class Client:
         inline_threshold_bytes = _number("inline_threshold_bytes", inline_threshold_bytes, int, least=0,
                                          most=MAX_SHARED_BYTES)
         self.socket_path = os.fspath(socket_path) if socket_path else default_socket_path()
+        if lean_socket_path is None and self.socket_path.endswith(".lean"):
+            # the lean socket itself was named: the gRPC one is beside it
+            lean_socket_path, self.socket_path = self.socket_path, self.socket_path[:-len(".lean")]
         self.lean_socket_path = (os.fspath(lean_socket_path) if lean_socket_path is not None
                                  else self.socket_path + ".lean")
         self.protocol = protocol

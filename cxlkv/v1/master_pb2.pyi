@@ -198,6 +198,18 @@ class HeartbeatResponse(_message.Message):
     segments_version: int
     def __init__(self, master_id: _Optional[str] = ..., segments_version: _Optional[int] = ...) -> None: ...
 
+class DeregisterClientRequest(_message.Message):
+    __slots__ = ("client_id", "epoch")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class DeregisterClientResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class MountSegmentRequest(_message.Message):
     __slots__ = ("client_id", "epoch", "name", "tier", "size_bytes", "region_uuid", "device_path")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]

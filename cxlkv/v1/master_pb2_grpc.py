@@ -224,6 +224,11 @@ class MasterServiceStub(object):
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedResponse.FromString,
                 _registered_method=True)
+        self.DeregisterClient = channel.unary_unary(
+                '/cxlkv.v1.MasterService/DeregisterClient',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer(object):
@@ -520,6 +525,16 @@ class MasterServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeregisterClient(self, request, context):
+        """--- clients, continued (appended: lean method numbers are positions here) --
+        End a registration at the clientd's own word (a planned stop): cleaned up like
+        an expiry (in-flight puts revoked, its DRAM tier unmounted) but not counted as
+        expired, and no longer listed by Stat. UNKNOWN_CLIENT: already gone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -712,6 +727,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.ReportDamaged,
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedResponse.SerializeToString,
+            ),
+            'DeregisterClient': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeregisterClient,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1740,6 +1760,33 @@ class MasterService(object):
             '/cxlkv.v1.MasterService/ReportDamaged',
             cxlkv_dot_v1_dot_master__pb2.ReportDamagedRequest.SerializeToString,
             cxlkv_dot_v1_dot_master__pb2.ReportDamagedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeregisterClient(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/DeregisterClient',
+            cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.FromString,
             options,
             channel_credentials,
             insecure,
