@@ -87,10 +87,13 @@ class RegionOwnership:
     """
 
     def __init__(self, state: MasterState, config: MasterConfig, owner_id: uuid.UUID, *,
-                 wall: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
+                 wall: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 min_epoch: int = 0) -> None:
         self.state = state
         self.config = config
         self.owner_id = owner_id
+        #: The epoch taken is at least this (leader election: one above etcd's record).
+        self.min_epoch = min_epoch
         self._wall = wall
         self._sleep = sleep
         # Every slot write is written back (CLWB: tens of ns where memory is coherent), so
@@ -185,7 +188,7 @@ class RegionOwnership:
                             now - cur.heartbeat_s, ttl + 1.0)
                 waited = True
             self._sleep(min(0.2, ttl / 4))
-        epoch = (cur.epoch if cur is not None else 0) + 1
+        epoch = max((cur.epoch if cur is not None else 0) + 1, self.min_epoch)
         write_owner(region, geometry, OwnerLease(epoch, self.owner_id, self._wall(), ttl))
         return epoch
 
@@ -242,6 +245,18 @@ class RegionOwnership:
         return found
 
     # -- run time --------------------------------------------------------------
+    def index_epoch(self) -> int:
+        """The epoch in the index region's owner record now (0: no record or no index).
+
+        Raises:
+            RegionError: the region cannot be read.
+        """
+        ir = self.index_region
+        if ir is None:
+            return 0
+        cur = read_owner(ir.region, ir.geometry)
+        return cur.epoch if cur is not None else 0
+
     def heartbeat(self) -> None:
         """Renew every owner lease.
 

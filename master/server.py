@@ -130,16 +130,20 @@ class MasterServer:
             region of ``recover_from_region`` that cannot be recovered.
     """
 
-    def __init__(self, config: MasterConfig, *, grace_s: float = 2.0) -> None:
+    def __init__(self, config: MasterConfig, *, grace_s: float = 2.0, fence: Any = None, min_epoch: int = 0,
+                 id_floor: int = 0) -> None:
         self.config = config
         self.grace_s = grace_s
         self.owner_id = uuid.uuid4()
         self.master_id = self.owner_id.hex[:12]
+        #: With leader election (master/ha.py): the term's :class:`~cxlkv.master.election.LeaderFence`.
+        self.fence = fence
         # Counters start at wall-clock microseconds so that epochs, versions and
-        # lease ids keep growing across master restarts.
-        self.state = MasterState(config, master_id=self.master_id, id_base=time.time_ns() // 1000)
+        # lease ids keep growing across master restarts (and above the floor a
+        # previous leader recorded in etcd).
+        self.state = MasterState(config, master_id=self.master_id, id_base=max(time.time_ns() // 1000, id_floor))
         #: The regions this master maps and owns, and the index it publishes (master/owner.py).
-        self.ownership = RegionOwnership(self.state, config, self.owner_id)
+        self.ownership = RegionOwnership(self.state, config, self.owner_id, min_epoch=min_epoch)
         try:
             owned = self.ownership.paths()
             specs = list(config.recover_from_region)
@@ -158,6 +162,14 @@ class MasterServer:
         if ir is not None:
             self.servicer.index_region_uuid = str(ir.identity.region_uuid)
             self.servicer.index_epoch = ir.epoch
+        if fence is not None:
+            from cxlkv.master.election import FencedIndex
+
+            fence.epoch = ir.epoch if ir is not None else 0
+            if ir is not None:
+                fence.region_epoch = self.ownership.index_epoch
+            self.state.index = FencedIndex(self.state.index, fence)
+            self.servicer.fence = fence
         if config.tls.enabled:
             from cxlkv.master.auth import Authorizer
 
@@ -303,6 +315,8 @@ class MasterServer:
         period = self.config.owner_lease_ttl_s / 4
         while True:
             await asyncio.sleep(period)
+            if self.fence is not None and not self.fence.valid():
+                return  # leadership ended: never renew the region's lease again (master/ha.py steps down)
             try:
                 self.ownership.heartbeat()
             except Deposed as exc:
@@ -383,6 +397,10 @@ async def run_master(config: MasterConfig, *, notifier: Notifier | None = None) 
     Raises:
         ConfigError: as :class:`MasterServer` and :meth:`MasterServer.start`.
     """
+    if config.etcd_endpoints:
+        from cxlkv.master.ha import run_ha_master
+
+        return await run_ha_master(config, notifier=notifier)
     notify = notifier if notifier is not None else Notifier()
     server = MasterServer(config)
     loop = asyncio.get_running_loop()
