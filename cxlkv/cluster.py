@@ -449,7 +449,7 @@ class LocalCluster:
         tails = "\n".join(f"{p.name}: {p.log_tail(8)}" for p in self.masters)
         raise ClusterError(f"no master became the leader within {timeout_s:.0f} s:\n{tails}")
 
-    def restart_master(self, i: int, *, stop: bool = True) -> ManagedProcess:
+    def restart_ha_master(self, i: int, *, stop: bool = True) -> ManagedProcess:
         """Start master ``i`` again (stopping it first with ``stop``, SIGTERM → SIGKILL)."""
         if stop:
             self.masters[i].stop()
