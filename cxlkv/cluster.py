@@ -428,6 +428,46 @@ class LocalCluster:
 
         return self.master_addresses.index(info.address), dataclasses.asdict(info)
 
+    def members(self) -> list[dict[str, Any]]:
+        """Every running master's record in etcd (``P/masters/``: leader and standbys).
+
+        Raises:
+            Unavailable: etcd unreachable.
+        """
+        import asyncio
+        import dataclasses
+
+        from cxlkv.master.election import MasterInfo
+        from cxlkv.master.etcd import EtcdClient
+
+        async def get() -> Any:
+            c = EtcdClient([self.etcd_endpoint], timeout_s=2.0)
+            try:
+                return await c.get_prefix(f"{self.etcd_prefix}/masters/".encode())
+            finally:
+                await c.close()
+
+        infos = [MasterInfo.decode(kv.value) for kv in asyncio.run(get())]
+        return [dataclasses.asdict(i) for i in infos if i is not None]
+
+    def wait_members(self, n: int, timeout_s: float) -> None:
+        """Wait until ``n`` masters are up (listed in etcd).
+
+        Raises:
+            ClusterError: not within ``timeout_s``.
+        """
+        from cxlkv.errors import Unavailable
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if len(self.members()) >= n:
+                    return
+            except Unavailable:
+                pass
+            time.sleep(0.05)
+        raise ClusterError(f"fewer than {n} masters up after {timeout_s:.0f} s")
+
     def wait_leader(self, timeout_s: float, *, other_than: int | None = None) -> int:
         """Wait until a master (not ``other_than``) leads and serves; returns its index.
 

@@ -139,6 +139,8 @@ class LeaderFence:
         self.valid_until = 0.0
         self.epoch = 0
         self.closed = ""
+        #: Calls and index writes refused since the fence closed.
+        self.refused = 0
         #: Reads the epoch in the index region's owner record (set once the region is taken).
         self.region_epoch: Callable[[], int] | None = None
 
@@ -170,6 +172,7 @@ class LeaderFence:
             NotLeader: the fence is closed.
         """
         if not self.valid():
+            self.refused += 1
             raise NotLeader(f"this master is no longer the leader: {self.closed}")
 
     def check(self) -> None:
@@ -186,6 +189,7 @@ class LeaderFence:
                 return
             if seen != self.epoch:
                 self.close(f"the region's owner record holds epoch {seen}, this master's is {self.epoch}")
+                self.refused += 1
                 raise NotLeader(f"this master is no longer the leader: {self.closed}")
 
 

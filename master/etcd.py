@@ -121,6 +121,16 @@ class EtcdClient:
         resp = await self._call(self._kv.Range, pb.RangeRequest(key=key), "Range")
         return _kv(resp.kvs[0]) if resp.kvs else None
 
+    async def get_prefix(self, prefix: bytes) -> list[KeyValue]:
+        """Every key starting with ``prefix``, in key order.
+
+        Raises:
+            Unavailable: etcd unreachable or the call failed.
+        """
+        end = prefix[:-1] + bytes([prefix[-1] + 1])  # etcd's "range_end = prefix + 1" idiom
+        resp = await self._call(self._kv.Range, pb.RangeRequest(key=prefix, range_end=end), "Range")
+        return [_kv(m) for m in resp.kvs]
+
     async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> int:
         """Put ``value``; returns the new revision.
 

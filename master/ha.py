@@ -194,9 +194,13 @@ class HaNode:
             if reason:
                 term.fence.close(reason)
         if not reason:  # a clean stop: hand over at once
-            log.info("leader stopping: releasing the region and the leader key")
-            await server.stop()
+            log.info("leader stopping: refusing new calls, releasing the region and the leader key")
+            term.fence.close("stopping: handed over to a standby")
+            server.ownership.release()
+            server.deposed = "handed over"  # stop() must not write the owner record again: it may be the successor's
             await self.elector.step_down(term)
+            server.grace_s = 0.5
+            await server.stop()
         else:
             await self._drop(server, reason)
             self.elector.term = None
@@ -214,7 +218,9 @@ class HaNode:
             await server.stop()
         except Exception:  # stopping must not kill the standby
             log.exception("stopping the deposed server failed")
-        log.warning("master %s: stepped down (%s); standby again", self.node_id, reason)
+        fence = getattr(server, "fence", None)
+        log.warning("master %s: stepped down (%s); %d call(s) and index write(s) refused after the term ended; "
+                    "standby again", self.node_id, reason, fence.refused if fence is not None else 0)
 
     async def _stand_down(self, term: Term) -> None:
         term.fence.close("stood down")

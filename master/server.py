@@ -292,6 +292,8 @@ class MasterServer:
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
+            if self.fence is not None and not self.fence.valid():
+                continue  # leadership ended: nothing is expired, reclaimed or evicted any more
             if now - frozen_at >= GC_FREEZE_INTERVAL_S:
                 # Long-lived metadata (millions of objects) moves out of the collector's
                 # view: a full collection over 2M objects held the loop 1.5-2 s (heartbeats
