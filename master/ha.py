@@ -82,7 +82,8 @@ class HaNode:
         self.last_takeover_s = 0.0
         self.epoch = 0
         self._stop = asyncio.Event()
-        self._deposed_server_exit = False
+        #: The process's metrics server (``metrics_address``), standby or leader.
+        self.metrics: Any = None
 
     def request_stop(self) -> None:
         """Stop at the end of the current step (signal-handler safe on the loop thread)."""
@@ -95,11 +96,25 @@ class HaNode:
         for sc in self.config.segments:
             if sc.tier == "cxl" and sc.path and not any(s.split("=")[0] == sc.path for s in specs):
                 specs.append(f"{sc.path}={sc.name}")
-        return dataclasses.replace(self.config, recover_from_region=specs,
+        return dataclasses.replace(self.config, recover_from_region=specs, metrics_address="",
                                    owner_lease_ttl_s=float(self.elector.granted_ttl_s))
 
     async def run(self) -> int:
-        """Campaign, lead, step down, until :meth:`request_stop`; returns the exit code."""
+        """Campaign, lead, step down, until :meth:`request_stop`; returns the exit code.
+
+        Raises:
+            ListenError: ``metrics_address`` cannot be bound.
+        """
+        if self.config.metrics_address:
+            from cxlkv.master.ha_metrics import HaMetrics
+            from cxlkv.master.server import ListenError
+
+            try:
+                self.metrics = HaMetrics(self, self.config.metrics_address, tls=self.config.tls)
+            except OSError as exc:
+                raise ListenError(str(exc)) from None
+            self.elector.info = dataclasses.replace(self.elector.info, metrics_url=self.metrics.url)
+            log.info("metrics on %s", self.metrics.url)
         await self.elector.start()
         self.notify.ready(f"standby (master {self.node_id}, {self.address})")
         log.info("master %s: standby for %s on etcd %s (prefix %s, lease %d s)", self.node_id, self.address,
@@ -113,6 +128,8 @@ class HaNode:
         finally:
             await self.elector.close(resign=True)
             await self.client.close()
+            if self.metrics is not None:
+                await self.metrics.close()
         return 0
 
     async def _lead(self, term: Term) -> None:
@@ -156,8 +173,9 @@ class HaNode:
             return
         ir = server.ownership.index_region
         self.epoch = ir.epoch if ir is not None else epoch_floor + 1
-        info = dataclasses.replace(self.elector.info, role="leader", epoch=self.epoch, since_s=time.time(),
-                                   metrics_url=server.metrics_url)
+        if self.metrics is not None:
+            self.metrics.attach(server, asyncio.get_running_loop())
+        info = dataclasses.replace(self.elector.info, role="leader", epoch=self.epoch, since_s=time.time())
         try:
             ok = await self.elector.announce(term, info, self.epoch)
         except Unavailable as exc:
@@ -207,10 +225,14 @@ class HaNode:
         self.server = None
         self.role = "standby"
         self.leader_changes += 1
+        if self.metrics is not None:
+            self.metrics.detach()
         self.notify.status(f"standby (master {self.node_id}, {self.address})")
 
     async def _drop(self, server: Any, reason: str) -> None:
         """Stop a server whose term ended: no drain, no owner-record write, state dropped."""
+        if self.metrics is not None:
+            self.metrics.detach()
         server.deposed = server.deposed or reason
         server.state.index = NoIndex()
         server.grace_s = 0.0
