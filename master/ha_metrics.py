@@ -25,7 +25,24 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from cxlkv.metrics import RequestStats, StallCollector, serve_metrics
 
-__all__ = ["HaCollector", "HaMetrics"]
+__all__ = ["HaCollector", "HaMetrics", "lone_master_families"]
+
+
+def lone_master_families(epoch: int) -> Iterator[Any]:
+    """The election metrics of a master without election (its own leader, never changes)."""
+    g = GaugeMetricFamily("cxlkv_master_is_leader", "1 while this master leads and serves, else 0")
+    g.add_metric([], 1.0)
+    yield g
+    c = CounterMetricFamily("cxlkv_master_leader_changes", "leadership terms this master won or lost")
+    c.add_metric([], 0.0)
+    yield c
+    e = GaugeMetricFamily("cxlkv_master_epoch", "owner epoch of this master's current term (0: standby)")
+    e.add_metric([], float(epoch))
+    yield e
+    t = GaugeMetricFamily("cxlkv_master_takeover_seconds",
+                          "seconds from winning the campaign to serving, last term (region rebuilt from its index)")
+    t.add_metric([], 0.0)
+    yield t
 
 
 class HaCollector:

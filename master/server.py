@@ -267,9 +267,10 @@ class MasterServer:
         from cxlkv.master.metrics import start_master_metrics
 
         try:
+            ir = self.ownership.index_region
             self._metrics, url, observer = start_master_metrics(
                 self.config.metrics_address, self.state, asyncio.get_running_loop(), tls=self.config.tls,
-                stalls=self.stalls)
+                stalls=self.stalls, lone_epoch=lambda: ir.epoch if ir is not None else 0)
         except OSError as exc:
             raise ListenError(str(exc)) from None
         self.metrics_url = self.servicer.metrics_url = url

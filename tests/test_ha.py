@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from ha_helpers import MixedLoad, follow_leader
+from cxlkv.bench.ha_load import MixedLoad, follow_leader
 
 pytestmark = pytest.mark.skipif(
     shutil.which("etcd") is None,
