@@ -80,7 +80,7 @@ class MixedLoad:
     def _writer(self, w: int, clientd: int) -> None:
         from cxlkv.errors import CxlkvError
 
-        with self.cluster.client(clientd) as c:
+        with _client(self.cluster, clientd) as c:
             n = 0
             while not self._stop.is_set():
                 key = f"{self.prefix}-{w}-{n}"
@@ -102,7 +102,7 @@ class MixedLoad:
         from cxlkv.errors import CxlkvError
 
         rnd = random.Random(r)
-        with self.cluster.client(clientd) as c:
+        with _client(self.cluster, clientd) as c:
             while not self._stop.is_set():
                 with self._lock:
                     keys = list(self.stats.acked) if len(self.stats.acked) < 64 or rnd.random() < 0.05 else None
@@ -165,7 +165,7 @@ class MixedLoad:
         lost = wrong = 0
         with self._lock:
             keys = list(self.stats.acked)
-        with cluster.client(clientd) as c:
+        with _client(cluster, clientd) as c:
             for i in range(0, len(keys), 256):
                 chunk = keys[i:i + 256]
                 for k, r in zip(chunk, c.get_many(chunk)):
@@ -174,6 +174,12 @@ class MixedLoad:
                     elif r.value != value_of(k, self.value_bytes):
                         wrong += 1
         return lost, wrong
+
+
+def _client(cluster: Any, i: int) -> Any:
+    from cxlkv import Client
+
+    return Client(cluster.socket_path(i))
 
 
 def follow_leader(cluster: Any, timeout_s: float = 20.0, other_than: int | None = None) -> int:

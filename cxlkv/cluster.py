@@ -511,6 +511,8 @@ class LocalCluster:
             "regions": [{"segment": f"cxl{s}", "path": p} for s, p in enumerate(self.region_paths)]
             + ([{"segment": "ssd0", "path": self.ssd_path, "tier": "ssd"}] if self.ssd_path else []),
         }
+        if self.masters:
+            cfg["master_timeout_s"] = 3.0  # a stopped leader's port accepts: give up on it sooner (docs/ha.md)
         cfg.update(self._tls_options(f"clientd-{i}"))
         cfg.update(self.clientd_options)
         conf = self.run_dir / f"clientd-{i}.toml"

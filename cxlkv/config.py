@@ -241,7 +241,7 @@ class MasterConfig:
             if not self.etcd_prefix.startswith("/"):
                 raise ConfigError(f"etcd_prefix: must start with '/', got {self.etcd_prefix!r}")
             for ep in self.etcd_endpoints:
-                _check_address("etcd_endpoints", ep, empty_ok=False)
+                _check_address("etcd_endpoints", ep.split("://", 1)[-1].rstrip("/"), empty_ok=False)
         if not self.owner_lease_ttl_s > 0:
             raise ConfigError(f"owner_lease_ttl_s: must be > 0, got {self.owner_lease_ttl_s}")
         for spec in self.recover_from_region:

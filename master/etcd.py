@@ -75,7 +75,8 @@ class EtcdClient:
     """An etcd v3 connection (one gRPC channel).
 
     Args:
-        endpoints: ``host:port`` client URLs of the etcd members (without scheme).
+        endpoints: ``host:port`` client addresses of the etcd members (an
+            ``http://`` scheme is dropped; cxlkv speaks plaintext to etcd).
         timeout_s: deadline of each unary call, seconds.
 
     Thread-safety: event-loop confined.
@@ -84,7 +85,8 @@ class EtcdClient:
     def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 2.0) -> None:
         if not endpoints:
             raise ValueError("no etcd endpoints")
-        self.endpoints = list(endpoints)
+        # etcd's own URL form (http://host:port) is accepted too: the scheme is dropped
+        self.endpoints = [e.split("://", 1)[-1].rstrip("/") for e in endpoints]
         self.timeout_s = timeout_s
         self._channel = grpc.aio.insecure_channel(_target(self.endpoints), options=[
             ("grpc.enable_http_proxy", 0),

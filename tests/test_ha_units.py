@@ -136,6 +136,7 @@ def test_election_settings_are_checked() -> None:
         MasterConfig(etcd_endpoints=["127.0.0.1:2379"], etcd_prefix="cxlkv").validate()
     with pytest.raises(ConfigError, match="etcd_endpoints"):
         MasterConfig(etcd_endpoints=["http://127.0.0.1"]).validate()
+    MasterConfig(etcd_endpoints=["http://127.0.0.1:2379"]).validate()  # etcd's URL form
     MasterConfig(leader_lease_ttl_s=0.5).validate()  # ignored without etcd
 
 
