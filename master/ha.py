@@ -126,6 +126,7 @@ class HaNode:
                     break
                 await self._lead(term)
         finally:
+            self.notify.stopping("resigning")
             await self.elector.close(resign=True)
             await self.client.close()
             if self.metrics is not None:
@@ -203,6 +204,8 @@ class HaNode:
             done, _ = await asyncio.wait({watch, deposed_task}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             meta_task.cancel()
+            if not deposed_task.done():
+                deposed_task.cancel()
         reason = ""
         if watch in done:
             reason = watch.result()
