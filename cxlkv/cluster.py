@@ -344,15 +344,26 @@ class LocalCluster:
         if not self.etcd_endpoint:
             self.etcd_endpoint = f"127.0.0.1:{_free_port()}"
             self._etcd_peer = f"127.0.0.1:{_free_port()}"
-        client, peer = f"http://{self.etcd_endpoint}", f"http://{self._etcd_peer}"
+        client = f"{'https' if self.tls else 'http'}://{self.etcd_endpoint}"
+        peer = f"http://{self._etcd_peer}"
+        tls_flags: list[str] = []
+        if self.tls:  # clients (the masters, cxlkv status) present certificates of the cluster CA
+            f = self.tls_files("master")
+            tls_flags = ["--cert-file", f.cert_file, "--key-file", f.key_file, "--trusted-ca-file", f.ca_file,
+                         "--client-cert-auth"]
         # A 50 ms raft heartbeat and 500 ms election timeout let etcd grant 1 s leases
         # (its minimum is 1.5 election timeouts, rounded up to whole seconds).
         return ManagedProcess("etcd", [
-            binary, "--name", "cxlkv", "--data-dir", str(self.run_dir / "etcd"),
+            binary, *tls_flags, "--name", "cxlkv", "--data-dir", str(self.run_dir / "etcd"),
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"cxlkv={peer}", "--heartbeat-interval", "50", "--election-timeout", "500",
         ], self.run_dir / "etcd.log", env={"ETCD_UNSUPPORTED_ARCH": os.environ.get("ETCD_UNSUPPORTED_ARCH", "")})
+
+    @property
+    def etcd_url(self) -> str:
+        """The etcd endpoint as masters are given it (``https://`` on a TLS cluster)."""
+        return f"https://{self.etcd_endpoint}" if self.tls else self.etcd_endpoint
 
     def _start_etcd(self) -> None:
         self.etcd = self._etcd_process()
@@ -378,7 +389,7 @@ class LocalCluster:
             "listen_address": self.master_addresses[i],
             "address_file": str(address_file),
             "metrics_address": "127.0.0.1:0",
-            "etcd_endpoints": [self.etcd_endpoint],
+            "etcd_endpoints": [self.etcd_url],
             "etcd_prefix": self.etcd_prefix,
             "segments": [
                 {"name": f"cxl{s}", "size_bytes": self.region_size_bytes, "path": p}
@@ -414,7 +425,7 @@ class LocalCluster:
         from cxlkv.master.etcd import EtcdClient
 
         async def get() -> Any:
-            c = EtcdClient([self.etcd_endpoint], timeout_s=2.0)
+            c = EtcdClient([self.etcd_url], timeout_s=2.0, tls=self.tls_files("master") if self.tls else None)
             try:
                 return await c.get(f"{self.etcd_prefix}/leader".encode())
             finally:
@@ -441,7 +452,7 @@ class LocalCluster:
         from cxlkv.master.etcd import EtcdClient
 
         async def get() -> Any:
-            c = EtcdClient([self.etcd_endpoint], timeout_s=2.0)
+            c = EtcdClient([self.etcd_url], timeout_s=2.0, tls=self.tls_files("master") if self.tls else None)
             try:
                 return await c.get_prefix(f"{self.etcd_prefix}/masters/".encode())
             finally:
@@ -582,7 +593,8 @@ class LocalCluster:
                 for i, p in enumerate(self.masters or ([self.master] if self.master else []))
             ],
             "etcd": ({"pid": self.etcd.pid, "start_time": process_start_time(self.etcd.pid),
-                      "endpoint": self.etcd_endpoint, "prefix": self.etcd_prefix, "log": str(self.etcd.log_path)}
+                      "endpoint": self.etcd_endpoint, "url": self.etcd_url, "prefix": self.etcd_prefix,
+                      "log": str(self.etcd.log_path)}
                      if self.etcd is not None else None),
         }
         tmp = self.run_dir / "cluster.json.tmp"

@@ -128,7 +128,7 @@ def up_cmd(run_dir: str, clientds: int, region_size: str, segments: int, prefaul
         for i, (p, addr) in enumerate(zip(cluster.masters, cluster.master_addresses)):
             role = "leader " if p is cluster.master else "standby"
             click.echo(f"master-{i} {addr}  {role}  (log {p.log_path})")
-        click.echo(f"export CXLKV_ETCD={cluster.etcd_endpoint} CXLKV_ETCD_PREFIX={cluster.etcd_prefix}"
+        click.echo(f"export CXLKV_ETCD={cluster.etcd_url} CXLKV_ETCD_PREFIX={cluster.etcd_prefix}"
                    "   # cxlkv status then shows the leader, standbys and epoch")
     else:
         click.echo(f"master   {cluster.master_address}  (log {rd / 'master.log'})")

@@ -217,8 +217,9 @@ class MasterConfig:
         unit="s")
 
     etcd_endpoints: list[str] = _f(
-        [], "etcd v3 client endpoints (host:port) for leader election among several masters (docs/ha.md); "
-        "[] = a single master, no election")
+        [], "etcd v3 client endpoints for leader election among several masters (docs/ha.md): host:port or "
+        "http://host:port (plaintext), https://host:port (mutual TLS with this master's TLS files); [] = a "
+        "single master, no election")
     etcd_prefix: str = _f("/cxlkv/default", "etcd key prefix of this cluster's election and metadata keys")
     leader_lease_ttl_s: float = _f(
         1.0, "with etcd: the leader's etcd lease (whole seconds, at least etcd's minimum); a standby takes "
@@ -242,6 +243,9 @@ class MasterConfig:
                 raise ConfigError(f"etcd_prefix: must start with '/', got {self.etcd_prefix!r}")
             for ep in self.etcd_endpoints:
                 _check_address("etcd_endpoints", ep.split("://", 1)[-1].rstrip("/"), empty_ok=False)
+                if ep.startswith("https://") and not self.tls.enabled:
+                    raise ConfigError(f"etcd_endpoints: {ep} needs tls_ca_file, tls_cert_file and tls_key_file "
+                                      "(the master presents its certificate to etcd)")
         if not self.owner_lease_ttl_s > 0:
             raise ConfigError(f"owner_lease_ttl_s: must be > 0, got {self.owner_lease_ttl_s}")
         for spec in self.recover_from_region:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 __all__ = ["read_masters", "render_masters"]
 
 
-def read_masters(endpoints: Sequence[str], prefix: str, timeout_s: float = 2.0) -> dict[str, Any]:
+def read_masters(endpoints: Sequence[str], prefix: str, timeout_s: float = 2.0, tls: Any = None) -> dict[str, Any]:
     """The leader, the standbys and the epoch, from etcd.
 
     Returns:
@@ -23,6 +23,7 @@ def read_masters(endpoints: Sequence[str], prefix: str, timeout_s: float = 2.0) 
 
     Raises:
         Unavailable: etcd cannot be reached.
+        ConfigError: https endpoints without ``tls``.
     """
     from cxlkv.master.election import MasterInfo
     from cxlkv.master.etcd import EtcdClient
@@ -30,7 +31,7 @@ def read_masters(endpoints: Sequence[str], prefix: str, timeout_s: float = 2.0) 
     p = prefix.rstrip("/")
 
     async def read() -> tuple[Any, Any, list[Any]]:
-        c = EtcdClient(list(endpoints), timeout_s=timeout_s)
+        c = EtcdClient(list(endpoints), timeout_s=timeout_s, tls=tls)
         try:
             return (await c.get(f"{p}/leader".encode()), await c.get(f"{p}/epoch".encode()),
                     await c.get_prefix(f"{p}/masters/".encode()))

@@ -191,7 +191,7 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
         from cxlkv.hastatus import read_masters
 
         try:
-            ha = read_masters(etcd, etcd_prefix)
+            ha = read_masters(etcd, etcd_prefix, tls=tls)
         except CxlkvError as exc:
             errors.append(f"etcd {','.join(etcd)}: {exc.message}")
         if master_address is None and ha is not None and ha.get("leader"):

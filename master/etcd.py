@@ -75,25 +75,43 @@ class EtcdClient:
     """An etcd v3 connection (one gRPC channel).
 
     Args:
-        endpoints: ``host:port`` client addresses of the etcd members (an
-            ``http://`` scheme is dropped; cxlkv speaks plaintext to etcd).
+        endpoints: client addresses of the etcd members: ``host:port`` or
+            ``http://host:port`` (plaintext), ``https://host:port`` (mutual TLS
+            with ``tls``: etcd started with ``--client-cert-auth`` and the
+            cluster CA as ``--trusted-ca-file``).
+        tls: this part's :class:`cxlkv.tls.TlsFiles` (used for https endpoints).
+
+    Raises:
+        ConfigError: https endpoints without TLS files.
         timeout_s: deadline of each unary call, seconds.
 
     Thread-safety: event-loop confined.
     """
 
-    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 2.0) -> None:
+    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 2.0, tls: Any = None) -> None:
         if not endpoints:
             raise ValueError("no etcd endpoints")
-        # etcd's own URL form (http://host:port) is accepted too: the scheme is dropped
+        self.tls_required = any(e.startswith("https://") for e in endpoints)
+        # etcd's own URL form (http(s)://host:port) is accepted: the scheme says plaintext or TLS
         self.endpoints = [e.split("://", 1)[-1].rstrip("/") for e in endpoints]
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(_target(self.endpoints), options=[
+        options = [
             ("grpc.enable_http_proxy", 0),
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 250),
             ("grpc.min_reconnect_backoff_ms", 500),
-        ])
+        ]
+        if self.tls_required:
+            from cxlkv.errors import ConfigError
+            from cxlkv.tls import grpc_channel_credentials
+
+            if tls is None or not tls.enabled:
+                raise ConfigError("etcd_endpoints: https:// endpoints need this part's TLS files "
+                                  "(tls_ca_file, tls_cert_file, tls_key_file)")
+            self._channel = grpc.aio.secure_channel(_target(self.endpoints), grpc_channel_credentials(tls),
+                                                    options=options)
+        else:
+            self._channel = grpc.aio.insecure_channel(_target(self.endpoints), options=options)
         self._kv = pbg.KVStub(self._channel)
         self._lease = pbg.LeaseStub(self._channel)
         self._watch = pbg.WatchStub(self._channel)

@@ -73,7 +73,7 @@ class HaNode:
         self.notify = notifier if notifier is not None else Notifier()
         self.node_id = uuid.uuid4().hex[:12]
         self.address = config.advertise_address or config.listen_address
-        self.client = EtcdClient(config.etcd_endpoints)
+        self.client = EtcdClient(config.etcd_endpoints, tls=config.tls)
         self.elector = Elector(self.client, config.etcd_prefix, MasterInfo(self.node_id, self.address),
                                int(config.leader_lease_ttl_s))
         self.role = "standby"

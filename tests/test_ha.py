@@ -163,3 +163,23 @@ def test_masters_restarted_in_turn(make_cluster: Any) -> None:
     assert result["lost"] == 0 and result["wrong"] == 0 and result["wrong_reads"] == 0, result
     assert result["read_failures"] == 0, load.stats.read_failures[:5]
     assert all(g is not None and g < 3.0 for g in gaps), gaps
+
+
+def test_masters_talk_to_etcd_over_mutual_tls(make_cluster: Any) -> None:
+    """etcd with --client-cert-auth: the masters present the cluster CA's certificate;
+    a leader killed is replaced as over plaintext."""
+    cl = _ha_cluster(make_cluster, tls=True)
+    assert "--client-cert-auth" in cl.etcd.argv and cl.etcd_url.startswith("https://")
+    old = follow_leader(cl)
+    with MixedLoad(cl, "tls") as load:
+        load.wait_acked(50)
+        cl.masters[old].signal(signal.SIGKILL)
+        cl.masters[old].proc.wait(10)
+        follow_leader(cl, other_than=old)
+        load.wait_acked(50, timeout_s=20)
+    lost, wrong = load.verify(cl, 0)
+    assert lost == 0 and wrong == 0 and not load.stats.read_failures
+    from cxlkv.hastatus import read_masters
+
+    ha = read_masters([cl.etcd_url], cl.etcd_prefix, tls=cl.tls_files("admin"))
+    assert ha["leader"]["epoch"] >= 2 and len(ha["standbys"]) == 1
