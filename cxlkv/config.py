@@ -225,6 +225,10 @@ class MasterConfig:
         1.0, "with etcd: the leader's etcd lease (whole seconds, at least etcd's minimum); a standby takes "
         "over about this long after the leader stops renewing it; the region owner lease then uses the "
         "same TTL", unit="s")
+    standby_refresh_s: float = _f(
+        1.0, "with etcd: a standby keeps a copy of the master state warm, applying what changed in the region's "
+        "index this often (a takeover then applies the last change only); 0 = rebuild from the index at "
+        "takeover", unit="s")
     advertise_address: str = _f(
         "", "with etcd: the gRPC host:port clientds dial to reach this master (\"\" = listen_address)")
 

@@ -82,6 +82,9 @@ class HaNode:
         self.last_takeover_s = 0.0
         self.epoch = 0
         self._stop = asyncio.Event()
+        #: The standby's warm state (master/warm.py) and the task keeping it up.
+        self.warm: Any = None
+        self._warm_task: asyncio.Task[None] | None = None
         #: The process's metrics server (``metrics_address``), standby or leader.
         self.metrics: Any = None
 
@@ -121,12 +124,17 @@ class HaNode:
                  ",".join(self.config.etcd_endpoints), self.config.etcd_prefix, self.elector.granted_ttl_s)
         try:
             while not self._stop.is_set():
+                self._start_warm()
                 term = await self.elector.campaign(self._stop)
                 if term is None:
                     break
                 await self._lead(term)
         finally:
             self.notify.stopping("resigning")
+            await self._stop_warm()
+            if self.warm is not None:
+                self.warm.close()
+                self.warm = None
             await self.elector.close(resign=True)
             await self.client.close()
             if self.metrics is not None:
@@ -147,6 +155,8 @@ class HaNode:
             return
         from cxlkv.master.server import MasterServer
 
+        await self._stop_warm()
+        warm, self.warm = self.warm, None  # its state becomes this term's (or is dropped)
         cfg = self._term_config()
         if meta is not None:
             self._check_meta(meta)
@@ -154,8 +164,10 @@ class HaNode:
                  self.node_id, epoch_floor)
         try:
             server = await asyncio.to_thread(MasterServer, cfg, fence=term.fence, min_epoch=epoch_floor + 1,
-                                             id_floor=meta.version_floor if meta is not None else 0)
+                                             id_floor=meta.version_floor if meta is not None else 0, warm=warm)
         except (ConfigError, CxlkvError) as exc:
+            if warm is not None:
+                warm.close()
             log.error("could not take over: %s; standing down", exc)
             await self._stand_down(term)
             await asyncio.sleep(1.0)
@@ -231,6 +243,46 @@ class HaNode:
         if self.metrics is not None:
             self.metrics.detach()
         self.notify.status(f"standby (master {self.node_id}, {self.address})")
+
+    def _start_warm(self) -> None:
+        """As a standby, keep a warm copy of the state (``standby_refresh_s``; master/warm.py)."""
+        if self.config.standby_refresh_s > 0 and self._warm_task is None:
+            self._warm_task = asyncio.get_running_loop().create_task(self._warm_loop(), name="warm-standby")
+
+    async def _stop_warm(self) -> None:
+        """Stop keeping warm (a pass under way finishes first: it runs in a thread)."""
+        task, self._warm_task = self._warm_task, None
+        if task is not None:
+            self._warm_stop = True
+            try:
+                await task
+            except Exception:  # logged in the loop
+                pass
+
+    async def _warm_loop(self) -> None:
+        from cxlkv.master.warm import WarmState
+
+        self._warm_stop = False
+        try:
+            if self.warm is None:
+                t0 = time.monotonic()
+                self.warm = await asyncio.to_thread(WarmState, self.config)
+                n = await asyncio.to_thread(self.warm.refresh)
+                log.info("warm standby: %d slot(s) of the index applied to a copy of the state in %.3f s; "
+                         "following it every %.1f s", n, time.monotonic() - t0, self.config.standby_refresh_s)
+            while not self._warm_stop:
+                for _ in range(max(1, int(self.config.standby_refresh_s / 0.05))):
+                    if self._warm_stop:
+                        return
+                    await asyncio.sleep(0.05)
+                await asyncio.to_thread(self.warm.refresh)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the standby rebuilds cold at takeover instead
+            log.warning("warm standby off (a takeover rebuilds from the index): %s", exc)
+            if self.warm is not None:
+                self.warm.close()
+                self.warm = None
 
     async def _drop(self, server: Any, reason: str) -> None:
         """Stop a server whose term ended: no drain, no owner-record write, state dropped."""

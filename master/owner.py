@@ -94,6 +94,9 @@ class RegionOwnership:
         self.owner_id = owner_id
         #: The epoch taken is at least this (leader election: one above etcd's record).
         self.min_epoch = min_epoch
+        #: A standby's :class:`~cxlkv.master.warm.WarmState` whose state this master took
+        #: over: recovery applies its last diff instead of rebuilding (None: rebuild).
+        self.warm: Any = None
         self._wall = wall
         self._sleep = sleep
         # Every slot write is written back (CLWB: tens of ns where memory is coherent), so
@@ -154,7 +157,8 @@ class RegionOwnership:
                 return None
             read_index_header(region, geometry)
             seg.region_uuid = str(identity.region_uuid)
-            self.state.segment_table.set_data_end(seg, identity.data_end_bytes)
+            if seg.data_end_bytes != identity.data_end_bytes:  # a warm standby's state has it already
+                self.state.segment_table.set_data_end(seg, identity.data_end_bytes)
             epoch = self._take(region, geometry, path)
         except CxlkvError as exc:
             region.close()
@@ -222,7 +226,8 @@ class RegionOwnership:
 
             for g in grants:
                 self.writer.adopt_grant(g)
-            found = recover_from_index(self.state, self, numbers, now)
+            warm = self.warm.finish(self, numbers, now) if self.warm is not None else None
+            found = warm if warm is not None else recover_from_index(self.state, self, numbers, now)
         else:
             self.writer.clear()
         by_number = {i: o.segment.segment_id for i, o in enumerate(named)}

@@ -131,19 +131,25 @@ class MasterServer:
     """
 
     def __init__(self, config: MasterConfig, *, grace_s: float = 2.0, fence: Any = None, min_epoch: int = 0,
-                 id_floor: int = 0) -> None:
+                 id_floor: int = 0, warm: Any = None) -> None:
         self.config = config
         self.grace_s = grace_s
-        self.owner_id = uuid.uuid4()
+        self.owner_id = warm.owner_id if warm is not None else uuid.uuid4()
         self.master_id = self.owner_id.hex[:12]
         #: With leader election (master/ha.py): the term's :class:`~cxlkv.master.election.LeaderFence`.
         self.fence = fence
         # Counters start at wall-clock microseconds so that epochs, versions and
         # lease ids keep growing across master restarts (and above the floor a
         # previous leader recorded in etcd).
-        self.state = MasterState(config, master_id=self.master_id, id_base=max(time.time_ns() // 1000, id_floor))
+        if warm is not None:  # a warm standby's state (master/warm.py), kept up with the index
+            warm.bump_counters(id_floor)
+            self.state = warm.state
+        else:
+            self.state = MasterState(config, master_id=self.master_id,
+                                     id_base=max(time.time_ns() // 1000, id_floor))
         #: The regions this master maps and owns, and the index it publishes (master/owner.py).
         self.ownership = RegionOwnership(self.state, config, self.owner_id, min_epoch=min_epoch)
+        self.ownership.warm = warm
         try:
             owned = self.ownership.paths()
             specs = list(config.recover_from_region)
