@@ -102,8 +102,13 @@ def _last_takeover_s(log_text: str) -> float:
     return float(found[-1]) if found else -1.0
 
 
-def bench_rebuild(objects: int, limit_gbps: float) -> Record:
-    """Build a region holding ``objects`` committed objects, then time a standby's rebuild."""
+def bench_rebuild(objects: int, limit_gbps: float, *, warm: bool = False) -> Record:
+    """Build a region holding ``objects`` committed objects, then time a standby's rebuild.
+
+    With ``warm``: a :class:`~cxlkv.master.warm.WarmState` follows the index first (its
+    first pass timed as ``warm_first_pass_s``), the previous leader then commits 1 %
+    more objects, and the takeover applies only that difference (``rebuild_s``).
+    """
     import xxhash
 
     from cxlkv.config import MasterConfig, SegmentConfig
@@ -114,15 +119,41 @@ def bench_rebuild(objects: int, limit_gbps: float) -> Record:
     from cxlkv.transport import Region
 
     value_bytes = 64
-    keys = [f"bench/rebuild/{i:09d}" for i in range(objects)]
+    extra = max(1, objects // 100) if warm else 0
+    total = objects + extra
+    keys = [f"bench/rebuild/{i:09d}" for i in range(total)]
     hb = header_bytes_for(len(keys[0].encode()))
     stride = (hb + value_bytes + 63) & ~63
-    index_bytes = objects * 2 * 64 + (8 << 20)
-    size = ((4096 + objects * stride + index_bytes + (64 << 20)) + (2 * MiB - 1)) & ~(2 * MiB - 1)
+    index_bytes = total * 2 * 64 + (8 << 20)
+    size = ((4096 + total * stride + index_bytes + (64 << 20)) + (2 * MiB - 1)) & ~(2 * MiB - 1)
     path = f"/dev/shm/cxlkv-bench-rebuild-{os.getpid()}"
+    value = b"\x5a" * value_bytes
+    vsum = xxhash.xxh3_64_intdigest(value)
+    base = 4096
+
+    def fill(region: Any, first: int, count: int) -> list[RestoredObject]:
+        """Write the headers, keys and values of objects ``first..first+count``."""
+        out: list[RestoredObject] = []
+        chunk = 65536
+        for start in range(first, first + count, chunk):
+            n = min(chunk, first + count - start)
+            buf = bytearray(stride * n)
+            for j, key in enumerate(keys[start:start + n]):
+                k = key.encode()
+                off = j * stride
+                h = pack_header(k, 1000 + start + j, value_bytes, vsum)
+                buf[off:off + len(h)] = h
+                buf[off + 64:off + 64 + len(k)] = k
+                buf[off + hb:off + hb + value_bytes] = value
+                out.append(RestoredObject(key, base + (start + j) * stride, value_bytes, hb, 1000 + start + j, vsum))
+            region.copy_in(base + start * stride, bytes(buf))
+        return out
+
+    warm_first_s = 0.0
+    ws: Any = None
     try:
         with Region.open(path, size=size, create=True) as region:
-            identity = format_region(region, "cxl0", expected_objects=objects)
+            identity = format_region(region, "cxl0", expected_objects=total)
         cfg = MasterConfig(listen_address="127.0.0.1:0", metrics_address="", lean_listen_address="off",
                            segments=[SegmentConfig(name="cxl0", size_bytes=size, path=path)],
                            owner_lease_ttl_s=1.0)
@@ -132,56 +163,52 @@ def bench_rebuild(objects: int, limit_gbps: float) -> Record:
             seg = old.state.segment_table.by_name("cxl0")
             assert seg is not None
             region = old.ownership.index_region.region  # type: ignore[union-attr]
-            value = b"\x5a" * value_bytes
-            vsum = xxhash.xxh3_64_intdigest(value)
-            base = 4096
-            chunk = 65536
-            restored: list[RestoredObject] = []
-            for start in range(0, objects, chunk):
-                buf = bytearray(stride * min(chunk, objects - start))
-                for j, key in enumerate(keys[start:start + chunk]):
-                    k = key.encode()
-                    off = j * stride
-                    h = pack_header(k, 1000 + start + j, value_bytes, vsum)
-                    buf[off:off + len(h)] = h
-                    buf[off + 64:off + 64 + len(k)] = k
-                    buf[off + hb:off + hb + value_bytes] = value
-                    restored.append(RestoredObject(key, base + (start + j) * stride, value_bytes, hb,
-                                                   1000 + start + j, vsum))
-                region.copy_in(base + start * stride, bytes(buf))
             t0 = time.perf_counter()
-            report = old.state.restore_objects(seg.segment_id, restored, time.monotonic())
+            report = old.state.restore_objects(seg.segment_id, fill(region, 0, objects), time.monotonic())
             old.state.index.sync()
             publish_s = time.perf_counter() - t0
             assert report.restored == objects, report
+            if warm:
+                from cxlkv.master.warm import WarmState
+
+                t0 = time.perf_counter()
+                ws = WarmState(cfg)
+                ws.refresh()
+                warm_first_s = time.perf_counter() - t0
+                report = old.state.restore_objects(seg.segment_id, fill(region, objects, extra), time.monotonic())
+                old.state.index.sync()
             overflow = old.ownership.writer.overflow  # type: ignore[union-attr]  # no slot: not rebuilt from the index
-            del restored
         finally:
             old.ownership.release()
             old.ownership.close()
             del old
         gc.collect()
-        # the standby taking over: map, owner lease, read and verify every slot, claim, adopt
+        # the standby taking over: map, owner lease, read and verify every slot (or apply the
+        # last diff to the warm state), claim, adopt
         t0 = time.perf_counter()
-        new = MasterServer(dataclasses.replace(cfg, recover_from_region=[f"{path}=cxl0"]))
+        new = MasterServer(dataclasses.replace(cfg, recover_from_region=[f"{path}=cxl0"]), warm=ws)
         rebuild_s = time.perf_counter() - t0
         try:
             rec = new.index_recovery
-            assert rec.get("restored") == objects - overflow, (rec, overflow)
+            assert rec.get("restored") == total - overflow, (rec, overflow)
             keys_after = new.state.key_count
             index_s = float(rec.get("seconds", 0.0))
+            new.state.check_invariants()
         finally:
             new.ownership.release()
             new.ownership.close()
+            if ws is not None:
+                ws.close()
     finally:
         if os.path.exists(path):
             os.unlink(path)
-    read_bytes = objects * (64 + hb)  # one slot and one header (with its key) per object
+    read_bytes = total * (64 + hb)  # one slot and one header (with its key) per object
     gbps = read_bytes / rebuild_s / 1e9
-    return Record("ha", "rebuild", 0, objects / rebuild_s, gbps, 0.0, 0.0, limit_gbps,
+    return Record("ha", "takeover_warm" if warm else "rebuild", 0, total / rebuild_s, gbps, 0.0, 0.0, limit_gbps,
                   gbps / limit_gbps if limit_gbps else None, {
-                      "objects": objects, "rebuild_s": rebuild_s, "index_recovery_s": index_s,
+                      "objects": total, "rebuild_s": rebuild_s, "index_recovery_s": index_s,
                       "rebuilt": int(rec.get("restored", 0)), "overflowed": overflow,
+                      "changed_since_warm": extra, "warm_first_pass_s": warm_first_s,
                       "keys_after": keys_after, "region_bytes": size, "publish_s": publish_s,
                       "region_uuid": str(identity.region_uuid)})
 
@@ -193,6 +220,8 @@ def run(quick: bool) -> list[Record]:
     gc.collect()
     for n in ((20_000,) if quick else (100_000, 1_000_000)):
         records.append(bench_rebuild(n, limit))
+        gc.collect()
+        records.append(bench_rebuild(n, limit, warm=True))
         gc.collect()
     return records
 
