@@ -205,9 +205,17 @@ class WarmState:
             (then the caller rebuilds cold).
         """
         t0 = time.perf_counter()
-        mine = {sid: rno for rno, sid in self._numbers().items()}
-        if mine != numbers or ownership.index_region.geometry != self.geometry:
+        try:
+            same = (ownership.index_region.geometry == self.geometry
+                    and {sid: rno for rno, sid in self._numbers().items()} == numbers)
+        except CxlkvError:
+            same = False
+        if not same:
             log.warning("warm standby: the regions differ from those kept warm; rebuilding from the index")
+            st = self.state
+            for key in list(st._objects):  # noqa: SLF001 - empty the state for the cold rebuild
+                st.remove(key, now, force=True)
+            self.by_slot.clear()
             return None
         saved, self.state.index = self.state.index, NoIndex()
         try:
