@@ -39,7 +39,9 @@ import numpy as np
 
 from cxlkv.config import MasterConfig
 from cxlkv.errors import CxlkvError
-from cxlkv.index import SLOT_ELSEWHERE, SLOT_LIVE, SLOT_BYTES, read_index_header, unpack_slot
+from cxlkv.index import (
+    BUCKET_SLOTS, SLOT_BYTES, SLOT_ELSEWHERE, SLOT_LIVE, _Placed, read_index_header, unpack_slot,
+)
 from cxlkv.master.publish import NoIndex
 from cxlkv.master.state import MasterState, RestoredObject
 
@@ -101,6 +103,12 @@ class WarmState:
         self._table = np.zeros((n, SLOT_BYTES), dtype=np.uint8)
         #: slot number -> (key, key hash, version) of the object restored from it.
         self.by_slot: dict[int, tuple[str, int, int]] = {}
+        # The index writer's placement tables for those slots, kept up pass by pass so
+        # a takeover hands them over in bulk instead of adopting a million slots one
+        # by one (cxlkv.index.IndexWriter: key hash -> _Placed, one occupancy bitmask
+        # per bucket).
+        self._placed: dict[int, Any] = {}
+        self._used = bytearray(self.geometry.buckets)
         self.passes = 0
         self.last_pass_s = 0.0
         self.last_changed = 0
@@ -152,6 +160,11 @@ class WarmState:
             settled.append(slot_no)
             old = self.by_slot.pop(slot_no, None)
             if old is not None:
+                b, i = divmod(slot_no, BUCKET_SLOTS)
+                self._used[b] &= ~(1 << i) & 0xFF
+                p = self._placed.get(old[1])
+                if p is not None and p.slot_no == slot_no:
+                    del self._placed[old[1]]
                 obj = st.get_object(old[0])
                 if obj is not None and obj.version == old[2]:
                     try:
@@ -175,6 +188,9 @@ class WarmState:
                 obj = st.get_object(o.key)
                 if obj is not None and obj.version == o.version:
                     self.by_slot[slot_no] = (o.key, h, o.version)
+                    b, i = divmod(slot_no, BUCKET_SLOTS)
+                    self._used[b] |= 1 << i
+                    self._placed[h] = _Placed(slot_no, o.key, o.version)
         if settled:
             idx = np.asarray(settled, dtype=np.int64)
             self._table[idx] = now_tab[idx]
@@ -223,8 +239,12 @@ class WarmState:
         finally:
             self.state.index = saved
         writer = ownership.writer
-        for slot_no, (key, h, version) in self.by_slot.items():
-            writer.adopt(slot_no, key, h, version)
+        # the same as writer.adopt() of every held slot, in bulk (the writer has adopted the
+        # grant slots already: its bits and entries are kept)
+        writer._by_hash.update(self._placed)  # noqa: SLF001 - see _placed
+        merged = np.bitwise_or(np.frombuffer(bytes(writer._used), dtype=np.uint8),  # noqa: SLF001
+                               np.frombuffer(bytes(self._used), dtype=np.uint8))
+        writer._used = bytearray(merged.tobytes())  # noqa: SLF001
         # live slots the warm state does not hold (did not verify, ELSEWHERE, unmapped): emptied, as a
         # cold rebuild empties them (byte 52 of a slot: its flags, SLOT_LIVE the lowest bit)
         emptied = 0

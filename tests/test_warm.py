@@ -98,6 +98,8 @@ def test_warm_state_follows_the_index_and_takes_over_like_a_cold_rebuild(region_
         assert _objects(warm) == final
         warm.state.check_invariants()
         assert warm.state._seq > max(v for v, _ in final.values())  # noqa: SLF001 - new versions above the old
+        w = warm.ownership.writer
+        tables = (dict(w._by_hash), bytes(w._used))  # noqa: SLF001 - compared with a cold rebuild's below
     finally:
         warm.ownership.release()
         warm.ownership.close()
@@ -106,6 +108,8 @@ def test_warm_state_follows_the_index_and_takes_over_like_a_cold_rebuild(region_
     try:
         assert "warm" not in cold.index_recovery
         assert _objects(cold) == final  # the same state a cold rebuild gives
+        c = cold.ownership.writer
+        assert (dict(c._by_hash), bytes(c._used)) == tables  # noqa: SLF001 - and the same slot placement
     finally:
         cold.ownership.release()
         cold.ownership.close()
