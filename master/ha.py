@@ -85,6 +85,7 @@ class HaNode:
         #: The standby's warm state (master/warm.py) and the task keeping it up.
         self.warm: Any = None
         self._warm_task: asyncio.Task[None] | None = None
+        self._warm_stop = False
         #: The process's metrics server (``metrics_address``), standby or leader.
         self.metrics: Any = None
 
@@ -247,6 +248,7 @@ class HaNode:
     def _start_warm(self) -> None:
         """As a standby, keep a warm copy of the state (``standby_refresh_s``; master/warm.py)."""
         if self.config.standby_refresh_s > 0 and self._warm_task is None:
+            self._warm_stop = False  # before the task runs: a takeover may stop it before its first step
             self._warm_task = asyncio.get_running_loop().create_task(self._warm_loop(), name="warm-standby")
 
     async def _stop_warm(self) -> None:
@@ -262,9 +264,8 @@ class HaNode:
     async def _warm_loop(self) -> None:
         from cxlkv.master.warm import WarmState
 
-        self._warm_stop = False
         try:
-            if self.warm is None:
+            if self.warm is None and not self._warm_stop:
                 t0 = time.monotonic()
                 self.warm = await asyncio.to_thread(WarmState, self.config)
                 n = await asyncio.to_thread(self.warm.refresh)
