@@ -157,7 +157,6 @@ class WarmState:
             slot = unpack_slot(raw)
             if slot is None and raw[0] & 1:
                 continue  # being written: look again next pass
-            settled.append(slot_no)
             old = self.by_slot.pop(slot_no, None)
             if old is not None:
                 b, i = divmod(slot_no, BUCKET_SLOTS)
@@ -172,12 +171,13 @@ class WarmState:
                     except CxlkvError:  # already gone from the warm state
                         pass
             if slot is None or not slot.flags & SLOT_LIVE or slot.flags & SLOT_ELSEWHERE:
+                settled.append(slot_no)
                 continue
             sid = numbers.get(slot.region_no)
-            if sid is None:
-                continue
-            key = _verified_key(self.regions[sid][0], slot, OBJECT_HEADER_BYTES, parse_header)
+            key = (_verified_key(self.regions[sid][0], slot, OBJECT_HEADER_BYTES, parse_header)
+                   if sid is not None else None)
             if key is None:
+                settled.append(slot_no)  # a cold rebuild empties it too
                 continue
             adds.setdefault(sid, []).append((slot_no, RestoredObject(
                 key, slot.extent_offset_bytes, slot.value_len_bytes, slot.header_bytes, slot.version,
@@ -187,6 +187,7 @@ class WarmState:
             for slot_no, o, h in items:
                 obj = st.get_object(o.key)
                 if obj is not None and obj.version == o.version:
+                    settled.append(slot_no)  # a refused one is tried again next pass
                     self.by_slot[slot_no] = (o.key, h, o.version)
                     b, i = divmod(slot_no, BUCKET_SLOTS)
                     self._used[b] |= 1 << i
