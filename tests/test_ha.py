@@ -183,3 +183,50 @@ def test_masters_talk_to_etcd_over_mutual_tls(make_cluster: Any) -> None:
 
     ha = read_masters([cl.etcd_url], cl.etcd_prefix, tls=cl.tls_files("admin"))
     assert ha["leader"]["epoch"] >= 2 and len(ha["standbys"]) == 1
+
+
+def test_cluster_up_with_three_masters_status_and_metrics(tmp_path) -> None:
+    """`cxlkv cluster up --masters 3`: etcd and three masters; cluster.json names the leader
+    and every master; `cxlkv status --etcd` shows leader, standbys, epoch; each master's
+    /metrics says whether it leads; `cluster down` stops everything."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import urllib.request
+
+    run_dir = tmp_path / "up"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CXLKV_")}
+
+    def cxlkv(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "cxlkv.cli", *args], capture_output=True, text=True,
+                              timeout=120, env=env, stdin=subprocess.DEVNULL)
+
+    up = cxlkv("cluster", "up", "--run-dir", str(run_dir), "--masters", "3", "--clientds", "1",
+               "--region-size", "64MiB")
+    assert up.returncode == 0, up.stderr
+    try:
+        state = json.loads((run_dir / "cluster.json").read_text())
+        assert len(state["masters"]) == 3 and state["etcd"]["endpoint"]
+        leader = [m for m in state["masters"] if m["pid"] == state["master_pid"]]
+        assert len(leader) == 1 and leader[0]["address"] == state["master_address"]
+        st = cxlkv("status", "--json", "--etcd", state["etcd"]["url"], "--etcd-prefix", state["etcd"]["prefix"],
+                   "--socket", state["clientds"][0]["socket_path"])
+        assert st.returncode == 0, st.stderr
+        ha = json.loads(st.stdout)["ha"]
+        assert ha["leader"]["address"] == state["master_address"] and ha["epoch"] >= 1
+        assert len(ha["standbys"]) == 2
+        text = cxlkv("status", "--etcd", state["etcd"]["url"], "--etcd-prefix", state["etcd"]["prefix"],
+                     "--socket", state["clientds"][0]["socket_path"]).stdout
+        assert "leader" in text and "standbys" in text and "epoch" in text
+        leaders = 0
+        for m in [ha["leader"], *ha["standbys"]]:
+            body = urllib.request.urlopen(m["metrics_url"], timeout=5).read().decode()
+            line = next(ln for ln in body.splitlines() if ln.startswith("cxlkv_master_is_leader "))
+            leaders += float(line.split()[1]) == 1.0
+        assert leaders == 1
+    finally:
+        down = cxlkv("cluster", "down", "--run-dir", str(run_dir))
+    assert down.returncode == 0 and "killed" not in down.stdout, down.stdout + down.stderr
+    for m in state["masters"]:
+        assert not os.path.exists(f"/proc/{m['pid']}") or "zombie" in open(f"/proc/{m['pid']}/status").read().lower()
