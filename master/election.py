@@ -295,6 +295,11 @@ class Elector:
         return f"{self.prefix}/meta".encode()
 
     @property
+    def overflow_key(self) -> bytes:
+        """``P/overflow``: committed objects the index has no slot for (see :func:`overflow_records`)."""
+        return f"{self.prefix}/overflow".encode()
+
+    @property
     def member_key(self) -> bytes:
         """``P/masters/<master_id>``."""
         return f"{self.prefix}/masters/{self.info.master_id}".encode()
@@ -514,6 +519,41 @@ class Elector:
         kv = await self.client.get(self.meta_key)
         return ClusterMeta.decode(kv.value) if kv is not None else None
 
-    async def write_meta(self, term: Term, meta: ClusterMeta) -> bool:
-        """Write ``P/meta``, guarded by the leader key."""
-        return await self.client.put_if(self.leader_key, term.create_revision, [(self.meta_key, meta.encode(), 0)])
+    async def write_meta(self, term: Term, meta: ClusterMeta, overflow: bytes | None = None) -> bool:
+        """Write ``P/meta`` (and ``P/overflow`` when given), guarded by the leader key."""
+        puts = [(self.meta_key, meta.encode(), 0)]
+        if overflow is not None:
+            puts.append((self.overflow_key, overflow, 0))
+        return await self.client.put_if(self.leader_key, term.create_revision, puts)
+
+    async def read_overflow(self) -> list[list[Any]]:
+        """``P/overflow``'s records (``[]`` when absent or malformed)."""
+        kv = await self.client.get(self.overflow_key)
+        try:
+            data = json.loads(kv.value) if kv is not None else []
+        except ValueError:
+            return []
+        return [r for r in data if isinstance(r, list) and len(r) == 7] if isinstance(data, list) else []
+
+
+#: Most overflowed objects recorded in etcd (an etcd value stays well under its 1.5 MiB limit).
+OVERFLOW_RECORDS_MAX = 8192
+
+
+def overflow_records(state: Any, writer: Any) -> list[list[Any]]:
+    """The committed objects the index has no slot for (its table overflowed), as
+    ``[key, segment, offset_bytes, value_bytes, header_bytes, version, checksum]``:
+    a new leader restores them from these records (each checked against its
+    extent's header), since a rebuild from the slots cannot see them. At most
+    :data:`OVERFLOW_RECORDS_MAX`."""
+    out: list[list[Any]] = []
+    for key in list(getattr(writer, "_overflowed", {}))[:OVERFLOW_RECORDS_MAX]:
+        obj = state.get_object(key)
+        if obj is None or not obj.extents or not obj.header_bytes:
+            continue
+        sid, off, _ = obj.extents[0]
+        seg = state.segment(sid)
+        if seg is None:
+            continue
+        out.append([key, seg.name, off, obj.size_bytes, obj.header_bytes, obj.version, obj.checksum])
+    return out

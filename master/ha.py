@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import signal
 import time
@@ -150,6 +151,7 @@ class HaNode:
         try:
             epoch_floor = await self.elector.read_epoch()
             meta = await self.elector.read_meta()
+            overflow = await self.elector.read_overflow()
         except Unavailable as exc:
             log.warning("won the campaign but cannot read etcd: %s; standing down", exc.message)
             await self._stand_down(term)
@@ -173,6 +175,10 @@ class HaNode:
             await self._stand_down(term)
             await asyncio.sleep(1.0)
             return
+        if overflow:
+            restored = await asyncio.to_thread(restore_overflow, server, overflow)
+            log.info("restored %d of %d object(s) the previous leader's index had no slot for (recorded in etcd)",
+                     restored, len(overflow))
         if not term.fence.valid():
             await self._drop(server, term.fence.closed)
             await self._stand_down(term)
@@ -318,18 +324,30 @@ class HaNode:
                             "objects are not rebuilt", seg.get("name"), seg.get("path"))
 
     async def _meta_loop(self, term: Term, server: Any) -> None:
+        from cxlkv.master.election import overflow_records
+
+        last_overflow = None
         while True:
             try:
                 st = server.state
+                writer = server.ownership.writer
+                records = overflow_records(st, writer) if writer is not None else []
+                encoded = json.dumps(records).encode()
+                overflow = encoded if encoded != last_overflow else None
                 meta = ClusterMeta(
                     segments=[{"name": s.name, "tier": str(getattr(s.tier, "value", s.tier)),
                                "size_bytes": s.size_bytes, "region_uuid": s.region_uuid,
                                "path": s.device_path} for s in st.segments()],
                     version_floor=int(getattr(st, "_seq", 0)) + FLOOR_HEADROOM,
                     config=_config_digest(self.config))
-                if not await self.elector.write_meta(term, meta):
+                if not await self.elector.write_meta(term, meta, overflow):
                     term.fence.close("the leader key changed (P/meta write refused)")
                     return
+                if overflow is not None:
+                    last_overflow = overflow
+                    if records:
+                        log.info("index overflow: %d committed object(s) without a slot recorded in etcd for the "
+                                 "next leader", len(records))
             except Unavailable as exc:
                 log.debug("meta: %s", exc.message)
             except asyncio.CancelledError:
@@ -337,6 +355,40 @@ class HaNode:
             except Exception:  # a bug; keep leading
                 log.exception("writing the cluster metadata failed")
             await asyncio.sleep(META_INTERVAL_S)
+
+
+def restore_overflow(server: Any, records: list[list[Any]]) -> int:
+    """Restore the objects of ``P/overflow`` records whose extent's object header still
+    describes them exactly (and that the state does not hold yet); returns how many.
+    Called before the new leader serves."""
+    from types import SimpleNamespace
+
+    from cxlkv.master.recovery import _verified_key
+    from cxlkv.master.state import RestoredObject
+    from cxlkv.objheader import OBJECT_HEADER_BYTES, key_hash, parse_header
+
+    st = server.state
+    regions = {o.segment.name: o for o in server.ownership.owned}
+    per_segment: dict[int, list[Any]] = {}
+    for key, seg_name, off, size, hb, version, checksum in records:
+        o = regions.get(seg_name)
+        if o is None or not isinstance(key, str):
+            continue
+        cur = st.get_object(key)
+        if cur is not None and cur.version >= version:
+            continue
+        probe = SimpleNamespace(extent_offset_bytes=off, header_bytes=hb, value_len_bytes=size,
+                                key_hash=key_hash(key.encode()), version=version, value_checksum=checksum)
+        if _verified_key(o.region, probe, OBJECT_HEADER_BYTES, parse_header) != key:
+            continue
+        per_segment.setdefault(o.segment.segment_id, []).append(
+            RestoredObject(key, off, size, hb, version, checksum))
+    n = 0
+    for sid, objs in per_segment.items():
+        rep = st.restore_objects(sid, objs, time.monotonic())
+        n += rep.restored
+    st.index.sync()
+    return n
 
 
 def _config_digest(cfg: MasterConfig) -> dict[str, Any]:
