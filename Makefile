@@ -12,11 +12,11 @@ BENCH_ARGS ?=
 
 INSTALL_DEPS := pyproject.toml setup.py $(wildcard transport/*.c transport/*.h transport/build_transport.py)
 
-.PHONY: install test run proto bench wheel clean help oldest test-oldest engines test-engines
+.PHONY: install test run proto bench wheel clean help oldest test-oldest engines test-engines etcd
 
 help:
 	@echo "make run     - start a local cluster on an emulated CXL region and replay the real trace"
-	@echo "make test    - run the test suite"
+	@echo "make test    - run the test suite (installs etcd for the leader-election tests when it can)"
 	@echo "make install - create $(VENV) and install cxlkv with its C transport"
 	@echo "make proto   - regenerate the gRPC stubs from proto/ (with the pinned grpcio-tools of $(OLDEST))"
 	@echo "make test-oldest - the SDK on the oldest protobuf/grpcio it supports (in $(OLDEST))"
@@ -53,8 +53,20 @@ $(STAMP): $(INSTALL_DEPS)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-test: install
+test: install etcd
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The leader-election tests (tests/test_ha.py) run a real etcd: Debian's etcd-server.
+# Installed here when missing and we may (root with apt-get); else they skip with one line.
+etcd:
+	@command -v etcd >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing etcd (Debian's etcd-server) for the leader-election tests"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q --no-install-recommends etcd-server >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends etcd-server >/dev/null 2>&1; } || \
+	      echo "etcd could not be installed: tests/test_ha.py skips (apt-get install -y etcd-server)"; \
+	  else echo "etcd not found: tests/test_ha.py skips (sudo apt-get install -y etcd-server)"; fi; }
 
 run: install
 	$(CXLKV) replay $(TRACE) --embedded
@@ -100,6 +112,7 @@ test-engines: install engines
 
 proto: oldest
 	$(OLDEST)/bin/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/cxlkv/v1/*.proto
+	$(OLDEST)/bin/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/cxlkv/etcd/etcd_v3.proto
 
 # One abi3 wheel for every CPython >= 3.11 and the sdist, in dist/. With auditwheel
 # (and patchelf) on PATH the wheel is also repaired to the manylinux tag this

@@ -24,7 +24,10 @@ from cxlkv.bench.cli import BENCHMARKS
 __all__ = ["all_cmd", "summarize"]
 
 DEFAULT_TRACE = "../shared/traces/conversation_trace.jsonl"
-_EXTRA_KEYS = ("path", "batch", "concurrency", "coherence", "buffer", "threads", "tier", "config", "policy")
+_EXTRA_KEYS = ("path", "batch", "concurrency", "coherence", "buffer", "threads", "tier", "config", "policy",
+               # bench ha
+               "round", "write_gap_s", "takeover_s", "failed_reads", "lost", "objects", "rebuild_s",
+               "changed_since_warm")
 
 
 def _fmt(value: Any, digits: int = 2) -> str:

@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "kv": "cxlkv.bench.kv:kv_cmd",
     "tiering": "cxlkv.bench.tiering:tiering_cmd",
     "gpu": "cxlkv.bench.gpu:gpu_cmd",
+    "ha": "cxlkv.bench.ha:ha_cmd",
     "all": "cxlkv.bench.all:all_cmd",
 }
 

@@ -272,7 +272,11 @@ class MasterLink:
         self.regions = regions
         self.metrics_url = metrics_url
         self.clock = clock
-        self.address = cfg.master_address
+        #: Every master the daemon may follow (``master_address`` split at commas; docs/ha.md).
+        self.addresses = cfg.master_addresses or [cfg.master_address]
+        self.address = self.addresses[0]
+        #: Times the daemon moved to another master of ``addresses``.
+        self.master_switches = 0
         self.client_id = ""
         self.epoch = 0
         self.master_id = ""
@@ -377,6 +381,44 @@ class MasterLink:
             StartupError: the master refused the registration for a reason other
                 than being unreachable (e.g. a region that is not the master's segment).
         """
+        self._open_channel()
+        delay = 0.05
+        while not self._closed:
+            try:
+                await self._register(first=True, timeout=self._register_timeout())
+                break
+            except Unavailable as exc:
+                if not self._warned_unavailable:
+                    log.warning("waiting for the master at %s: %s", self.address, exc.message)
+                    self._warned_unavailable = True
+                if len(self.addresses) > 1:
+                    await self._next_master()
+                    delay = 0.05 if self.master_switches % len(self.addresses) else min(delay * 2, 0.5)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except CxlkvError as exc:
+                raise StartupError(f"the master at {self.address} refused registration: {exc.message}") from None
+        self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+
+    def _register_timeout(self) -> float | None:
+        """With several masters, a registration that hangs (a stopped master whose
+        port still accepts) gives up soon, so the next master is tried."""
+        return min(self.cfg.master_timeout_s, 1.0) if len(self.addresses) > 1 else None
+
+    async def _next_master(self) -> None:
+        """Move to the next master of ``addresses`` (its channel; registration follows)."""
+        old = self._channel
+        i = self.addresses.index(self.address) if self.address in self.addresses else -1
+        self.address = self.addresses[(i + 1) % len(self.addresses)]
+        self.master_switches += 1
+        if self._lean is not None:
+            self._lean.close()
+            self._lean = None
+        self._open_channel()
+        if old is not None:
+            await old.close()
+
+    def _open_channel(self) -> None:
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -397,20 +439,6 @@ class MasterLink:
         else:
             self._channel = grpc.aio.insecure_channel(self.address, options=options)
         self._stub = master_pb2_grpc.MasterServiceStub(self._channel)
-        delay = 0.05
-        while not self._closed:
-            try:
-                await self._register(first=True)
-                break
-            except Unavailable as exc:
-                if not self._warned_unavailable:
-                    log.warning("waiting for the master at %s: %s", self.address, exc.message)
-                    self._warned_unavailable = True
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
-            except CxlkvError as exc:
-                raise StartupError(f"the master at {self.address} refused registration: {exc.message}") from None
-        self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
 
     async def close(self, *, deregister: bool = False) -> None:
         """Release pending leases, stop heartbeats and close the channel.
@@ -467,7 +495,7 @@ class MasterLink:
         self._registered.clear()
 
     # -- registration -------------------------------------------------------
-    async def _register(self, *, first: bool = False) -> None:
+    async def _register(self, *, first: bool = False, timeout: float | None = None) -> None:
         req = master_pb2.RegisterClientRequest(
             hostname=socket.gethostname(),
             name=self.cfg.name,
@@ -476,7 +504,7 @@ class MasterLink:
             previous_client_id=self.client_id,
             metrics_url=self.metrics_url,
         )
-        resp = await self._raw("RegisterClient", req)
+        resp = await self._raw("RegisterClient", req, timeout=timeout)
         problems = self.regions.bind(resp.segments)
         if problems:
             if first:
@@ -558,7 +586,21 @@ class MasterLink:
             if self.generation != seen_generation or self._closed:
                 return
             self._registered.clear()
-            await self._register()
+            await self._register(timeout=self._register_timeout())
+
+    async def _follow_leader(self, gen: int) -> None:
+        """With several masters: the current one is unreachable or not the leader;
+        try the next one and register there (the caller retries on the next tick)."""
+        async with self._register_lock:
+            if self.generation != gen or self._closed:
+                return
+            await self._next_master()
+            self._registered.clear()
+            try:
+                await self._register(timeout=self._register_timeout())
+            except Unavailable:
+                return
+            log.warning("now following master %s (%s)", self.address, self.master_id)
 
     async def _heartbeat_loop(self) -> None:
         while not self._closed:
@@ -567,6 +609,9 @@ class MasterLink:
                                 else min(self.heartbeat_interval_s, RECONNECT_POLL_S))
             gen = self.generation
             try:
+                if len(self.addresses) > 1 and not self.connected:
+                    await self._follow_leader(gen)
+                    continue
                 if not self.registered:
                     await self.reregister(gen)
                     continue

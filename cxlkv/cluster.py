@@ -157,6 +157,10 @@ class LocalCluster:
             (``None``: the default, one per 16 KiB of region; cxlkv.index).
         certs_dir: with ``tls``, use the certificates already in this directory
             (the same file names) instead of generating them.
+        masters: number of masters; more than one starts a local etcd (the
+            ``etcd`` binary of Debian's ``etcd-server``) and runs the masters
+            with leader election (docs/ha.md): clientds get every master's
+            address, ``master_address``/``master`` name the leader at start.
 
     Raises:
         InvalidArgument: a negative number of clientds (0 starts the master
@@ -186,6 +190,7 @@ class LocalCluster:
         tls: bool = False,
         index_objects: int | None = None,
         certs_dir: str | os.PathLike[str] | None = None,
+        masters: int = 1,
     ) -> None:
         if clientds < 0 or segments < 1:
             from cxlkv.errors import InvalidArgument
@@ -203,6 +208,15 @@ class LocalCluster:
         self.start_timeout_s = start_timeout_s
         self.cluster_id = uuid.uuid4().hex[:8]
         self.master: ManagedProcess | None = None
+        self.n_masters = max(1, int(masters))
+        #: Every master process (one without election); ``master`` is the leader at start.
+        self.masters: list[ManagedProcess] = []
+        #: gRPC address of each master of ``masters`` (fixed ports with election).
+        self.master_addresses: list[str] = []
+        #: The local etcd (``masters > 1``), its client endpoint and data directory.
+        self.etcd: ManagedProcess | None = None
+        self.etcd_endpoint = ""
+        self.etcd_prefix = f"/cxlkv/{self.cluster_id}"
         self.clientds: list[ManagedProcess] = []
         self.master_address = ""
         self.region_paths = [
@@ -265,7 +279,11 @@ class LocalCluster:
                 from cxlkv.certs import local_cluster_certs
 
                 local_cluster_certs(self.certs_dir, [f"clientd-{i}" for i in range(self.n_clientds)])
-            self._start_master()
+            if self.n_masters > 1:
+                self._start_etcd()
+                self._start_masters()
+            else:
+                self._start_master()
             for i in range(self.n_clientds):
                 self.clientds.append(self._make_clientd(i))
             for i, p in enumerate(self.clientds):
@@ -316,18 +334,196 @@ class LocalCluster:
         wait_for_file(address_file, self.start_timeout_s, self.master)
         self.master_address = address_file.read_text().strip()
 
+    # -- several masters on etcd (docs/ha.md) ---------------------------------
+    def _etcd_process(self) -> ManagedProcess:
+        import shutil
+
+        binary = shutil.which("etcd") or ("/usr/bin/etcd" if Path("/usr/bin/etcd").exists() else "")
+        if not binary:
+            raise ClusterError("several masters need etcd, which is not installed: apt-get install -y etcd-server")
+        if not self.etcd_endpoint:
+            self.etcd_endpoint = f"127.0.0.1:{_free_port()}"
+            self._etcd_peer = f"127.0.0.1:{_free_port()}"
+        client = f"{'https' if self.tls else 'http'}://{self.etcd_endpoint}"
+        peer = f"http://{self._etcd_peer}"
+        tls_flags: list[str] = []
+        if self.tls:  # clients (the masters, cxlkv status) present certificates of the cluster CA
+            f = self.tls_files("master")
+            tls_flags = ["--cert-file", f.cert_file, "--key-file", f.key_file, "--trusted-ca-file", f.ca_file,
+                         "--client-cert-auth"]
+        # A 50 ms raft heartbeat and 500 ms election timeout let etcd grant 1 s leases
+        # (its minimum is 1.5 election timeouts, rounded up to whole seconds).
+        return ManagedProcess("etcd", [
+            binary, *tls_flags, "--name", "cxlkv", "--data-dir", str(self.run_dir / "etcd"),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"cxlkv={peer}", "--heartbeat-interval", "50", "--election-timeout", "500",
+        ], self.run_dir / "etcd.log", env={"ETCD_UNSUPPORTED_ARCH": os.environ.get("ETCD_UNSUPPORTED_ARCH", "")})
+
+    @property
+    def etcd_url(self) -> str:
+        """The etcd endpoint as masters are given it (``https://`` on a TLS cluster)."""
+        return f"https://{self.etcd_endpoint}" if self.tls else self.etcd_endpoint
+
+    def _start_etcd(self) -> None:
+        self.etcd = self._etcd_process()
+        self.etcd.start()
+        _wait_port(self.etcd_endpoint, self.start_timeout_s, self.etcd)
+
+    def start_etcd(self) -> None:
+        """Start the local etcd again (after :meth:`stop_etcd`), same data directory."""
+        self._start_etcd()
+        self._write_state()
+
+    def stop_etcd(self, sig: int = signal.SIGKILL) -> None:
+        """Stop (by default kill) the local etcd."""
+        assert self.etcd is not None
+        self.etcd.signal(sig)
+        assert self.etcd.proc is not None
+        self.etcd.proc.wait(10)
+
+    def _master_process(self, i: int) -> ManagedProcess:
+        address_file = self.run_dir / f"master-{i}.address"
+        address_file.unlink(missing_ok=True)
+        cfg: dict[str, Any] = {
+            "listen_address": self.master_addresses[i],
+            "address_file": str(address_file),
+            "metrics_address": "127.0.0.1:0",
+            "etcd_endpoints": [self.etcd_url],
+            "etcd_prefix": self.etcd_prefix,
+            "segments": [
+                {"name": f"cxl{s}", "size_bytes": self.region_size_bytes, "path": p}
+                for s, p in enumerate(self.region_paths)
+            ] + ([{"name": "ssd0", "size_bytes": self.ssd_size_bytes, "path": self.ssd_path, "tier": "ssd"}]
+                 if self.ssd_path else []),
+        }
+        cfg.update(self._tls_options("master"))
+        cfg.update(self.master_options)
+        conf = self.run_dir / f"master-{i}.toml"
+        conf.write_text(tomli_w.dumps(cfg))
+        return ManagedProcess(f"master-{i}", [self.python, "-m", "cxlkv.cli", "master", "--config", str(conf)],
+                              self.run_dir / f"master-{i}.log")
+
+    def _start_masters(self) -> None:
+        self.master_addresses = [f"127.0.0.1:{_free_port()}" for _ in range(self.n_masters)]
+        self.masters = [self._master_process(i) for i in range(self.n_masters)]
+        for p in self.masters:
+            p.start()
+        i = self.wait_leader(self.start_timeout_s)
+        self.master = self.masters[i]
+        self.master_address = self.master_addresses[i]
+
+    def leader(self) -> tuple[int, dict[str, Any]] | None:
+        """``(index in masters, leader record)`` from etcd's leader key, or None (no leader now).
+
+        Raises:
+            Unavailable: etcd unreachable.
+        """
+        import asyncio
+
+        from cxlkv.master.election import MasterInfo
+        from cxlkv.master.etcd import EtcdClient
+
+        async def get() -> Any:
+            c = EtcdClient([self.etcd_url], timeout_s=2.0, tls=self.tls_files("master") if self.tls else None)
+            try:
+                return await c.get(f"{self.etcd_prefix}/leader".encode())
+            finally:
+                await c.close()
+
+        kv = asyncio.run(get())
+        info = MasterInfo.decode(kv.value) if kv is not None else None
+        if info is None or info.epoch == 0 or info.address not in self.master_addresses:
+            return None
+        import dataclasses
+
+        return self.master_addresses.index(info.address), dataclasses.asdict(info)
+
+    def members(self) -> list[dict[str, Any]]:
+        """Every running master's record in etcd (``P/masters/``: leader and standbys).
+
+        Raises:
+            Unavailable: etcd unreachable.
+        """
+        import asyncio
+        import dataclasses
+
+        from cxlkv.master.election import MasterInfo
+        from cxlkv.master.etcd import EtcdClient
+
+        async def get() -> Any:
+            c = EtcdClient([self.etcd_url], timeout_s=2.0, tls=self.tls_files("master") if self.tls else None)
+            try:
+                return await c.get_prefix(f"{self.etcd_prefix}/masters/".encode())
+            finally:
+                await c.close()
+
+        infos = [MasterInfo.decode(kv.value) for kv in asyncio.run(get())]
+        return [dataclasses.asdict(i) for i in infos if i is not None]
+
+    def wait_members(self, n: int, timeout_s: float) -> None:
+        """Wait until ``n`` masters are up (listed in etcd).
+
+        Raises:
+            ClusterError: not within ``timeout_s``.
+        """
+        from cxlkv.errors import Unavailable
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if len(self.members()) >= n:
+                    return
+            except Unavailable:
+                pass
+            time.sleep(0.05)
+        raise ClusterError(f"fewer than {n} masters up after {timeout_s:.0f} s")
+
+    def wait_leader(self, timeout_s: float, *, other_than: int | None = None) -> int:
+        """Wait until a master (not ``other_than``) leads and serves; returns its index.
+
+        Raises:
+            ClusterError: none within ``timeout_s`` (the masters' log tails included).
+        """
+        from cxlkv.errors import Unavailable
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                got = self.leader()
+            except Unavailable:
+                got = None
+            if got is not None and got[0] != other_than and self.masters[got[0]].alive():
+                if (self.run_dir / f"master-{got[0]}.address").exists():
+                    return got[0]
+            time.sleep(0.02)
+        tails = "\n".join(f"{p.name}: {p.log_tail(8)}" for p in self.masters)
+        raise ClusterError(f"no master became the leader within {timeout_s:.0f} s:\n{tails}")
+
+    def restart_ha_master(self, i: int, *, stop: bool = True) -> ManagedProcess:
+        """Start master ``i`` again (stopping it first with ``stop``, SIGTERM → SIGKILL)."""
+        if stop:
+            self.masters[i].stop()
+        p = self._master_process(i)
+        p.start()
+        self.masters[i] = p
+        self._write_state()
+        return p
+
     def _make_clientd(self, i: int) -> ManagedProcess:
         ready = self.run_dir / f"clientd-{i}.ready"
         ready.unlink(missing_ok=True)
         cfg: dict[str, Any] = {
             "name": f"clientd-{i}",
-            "master_address": self.master_address,
+            "master_address": ",".join(self.master_addresses) if self.masters else self.master_address,
             "socket_path": self.socket_path(i),
             "ready_file": str(ready),
             "metrics_address": "127.0.0.1:0",
             "regions": [{"segment": f"cxl{s}", "path": p} for s, p in enumerate(self.region_paths)]
             + ([{"segment": "ssd0", "path": self.ssd_path, "tier": "ssd"}] if self.ssd_path else []),
         }
+        if self.masters:
+            cfg["master_timeout_s"] = 3.0  # a stopped leader's port accepts: give up on it sooner (docs/ha.md)
         cfg.update(self._tls_options(f"clientd-{i}"))
         cfg.update(self.clientd_options)
         conf = self.run_dir / f"clientd-{i}.toml"
@@ -359,10 +555,14 @@ class LocalCluster:
             _, was_killed = p.stop(timeout_s)
             if was_killed:
                 killed.append(p.name)
-        if self.master is not None:
-            _, was_killed = self.master.stop(timeout_s)
+        for m in (self.masters or ([self.master] if self.master is not None else [])):
+            _, was_killed = m.stop(timeout_s)
             if was_killed:
-                killed.append(self.master.name)
+                killed.append(m.name)
+        if self.etcd is not None:
+            _, was_killed = self.etcd.stop(timeout_s)
+            if was_killed:
+                killed.append(self.etcd.name)
         for path in self.region_paths + ([self.ssd_path] if self.ssd_path else []):
             Path(path).unlink(missing_ok=True)
         (self.run_dir / "cluster.json").unlink(missing_ok=True)
@@ -386,7 +586,49 @@ class LocalCluster:
             "region_size_bytes": self.region_size_bytes,
             "run_dir": str(self.run_dir),
             "certs_dir": self.certs_dir,
+            "masters": [
+                {"name": p.name, "pid": p.pid, "start_time": process_start_time(p.pid),
+                 "address": self.master_addresses[i] if self.master_addresses else self.master_address,
+                 "log": str(p.log_path)}
+                for i, p in enumerate(self.masters or ([self.master] if self.master else []))
+            ],
+            "etcd": ({"pid": self.etcd.pid, "start_time": process_start_time(self.etcd.pid),
+                      "endpoint": self.etcd_endpoint, "url": self.etcd_url, "prefix": self.etcd_prefix,
+                      "log": str(self.etcd.log_path)}
+                     if self.etcd is not None else None),
         }
         tmp = self.run_dir / "cluster.json.tmp"
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.run_dir / "cluster.json")
+
+
+def _free_port() -> int:
+    """A TCP port of 127.0.0.1 free right now (bound and released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_port(address: str, timeout_s: float, proc: ManagedProcess) -> None:
+    """Wait until ``host:port`` accepts connections.
+
+    Raises:
+        ClusterError: ``proc`` exited first or the timeout passed.
+    """
+    import socket
+
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=0.2):
+                return
+        except OSError:
+            pass
+        if not proc.alive():
+            raise ClusterError(f"{proc.name} exited before it served; log {proc.log_path}:\n{proc.log_tail()}")
+        if time.monotonic() > deadline:
+            raise ClusterError(f"timed out after {timeout_s:.0f} s waiting for {proc.name} on {address}")
+        time.sleep(0.02)

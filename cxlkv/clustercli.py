@@ -41,6 +41,10 @@ def _load_state(run_dir: Path) -> dict:
 def _processes(state: dict) -> list[tuple[str, int | None, int | None]]:
     """``(name, pid, start time)`` of every process ``cluster.json`` records."""
     procs = [("master", state.get("master_pid"), state.get("master_start_time"))]
+    procs += [(m["name"], m.get("pid"), m.get("start_time")) for m in state.get("masters") or []
+              if m.get("pid") != state.get("master_pid")]
+    if state.get("etcd"):
+        procs.append(("etcd", state["etcd"].get("pid"), state["etcd"].get("start_time")))
     procs += [(c["name"], c.get("pid"), c.get("start_time")) for c in state.get("clientds", [])]
     return procs
 
@@ -92,7 +96,11 @@ def cluster_group() -> None:
 @click.option("--prefault/--no-prefault", default=False, show_default=True, help="Touch every region page at start.")
 @click.option("--tls", is_flag=True, help="Generate a CA and certificates in RUN_DIR/certs and run every link "
                                           "to the master (gRPC, lean, /metrics) over mutual TLS.")
-def up_cmd(run_dir: str, clientds: int, region_size: int, segments: int, prefault: bool, tls: bool) -> None:
+@click.option("--masters", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Masters; more than one also starts a local etcd and runs them with leader election "
+                   "(docs/ha.md).")
+def up_cmd(run_dir: str, clientds: int, region_size: int, segments: int, prefault: bool, tls: bool,
+           masters: int) -> None:
     """Start a local cluster and leave it running (plaintext on loopback, or --tls)."""
     from cxlkv.cluster import LocalCluster
     from cxlkv.errors import CxlkvError
@@ -113,11 +121,19 @@ def up_cmd(run_dir: str, clientds: int, region_size: int, segments: int, prefaul
     try:
         size = region_size
         cluster = LocalCluster(rd, clientds=clientds, region_size_bytes=size, segments=segments,
-                               clientd_options={"prefault": prefault}, tls=tls)
+                               clientd_options={"prefault": prefault}, tls=tls, masters=masters)
         cluster.start()
     except CxlkvError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"master   {cluster.master_address}  (log {rd / 'master.log'})")
+    if cluster.etcd is not None:
+        click.echo(f"etcd     {cluster.etcd_endpoint}  prefix {cluster.etcd_prefix}  (log {rd / 'etcd.log'})")
+        for i, (p, addr) in enumerate(zip(cluster.masters, cluster.master_addresses)):
+            role = "leader " if p is cluster.master else "standby"
+            click.echo(f"master-{i} {addr}  {role}  (log {p.log_path})")
+        click.echo(f"export CXLKV_ETCD={cluster.etcd_url} CXLKV_ETCD_PREFIX={cluster.etcd_prefix}"
+                   "   # cxlkv status then shows the leader, standbys and epoch")
+    else:
+        click.echo(f"master   {cluster.master_address}  (log {rd / 'master.log'})")
     for i, path in enumerate(cluster.socket_paths):
         click.echo(f"clientd-{i} {path}")
     for path in cluster.region_paths:
@@ -144,8 +160,13 @@ def down_cmd(run_dir: str, timeout_s: float) -> None:
     for c in state.get("clientds", []):
         if _stop_pid(c.get("pid"), c.get("start_time"), timeout_s):
             killed.append(c["name"])
-    if _stop_pid(state.get("master_pid"), state.get("master_start_time"), timeout_s):
-        killed.append("master")
+    masters = state.get("masters") or [{"name": "master", "pid": state.get("master_pid"),
+                                         "start_time": state.get("master_start_time")}]
+    for m in masters:
+        if _stop_pid(m.get("pid"), m.get("start_time"), timeout_s):
+            killed.append(m["name"])
+    if state.get("etcd") and _stop_pid(state["etcd"].get("pid"), state["etcd"].get("start_time"), timeout_s):
+        killed.append("etcd")
     for path in state.get("regions", []):
         Path(path).unlink(missing_ok=True)
     for i, c in enumerate(state.get("clientds", [])):
@@ -167,9 +188,15 @@ def status_cmd(run_dir: str, as_json: bool) -> None:
     from tabulate import tabulate
 
     state = _load_state(Path(run_dir))
-    rows = [{"process": "master", "pid": state.get("master_pid"),
-             "alive": _alive(state.get("master_pid"), state.get("master_start_time")),
-             "address": state.get("master_address")}]
+    rows = [{"process": m["name"], "pid": m.get("pid"), "alive": _alive(m.get("pid"), m.get("start_time")),
+             "address": m.get("address")} for m in state.get("masters") or []] or [
+        {"process": "master", "pid": state.get("master_pid"),
+         "alive": _alive(state.get("master_pid"), state.get("master_start_time")),
+         "address": state.get("master_address")}]
+    if state.get("etcd"):
+        e = state["etcd"]
+        rows.append({"process": "etcd", "pid": e.get("pid"), "alive": _alive(e.get("pid"), e.get("start_time")),
+                     "address": e.get("endpoint")})
     for c in state.get("clientds", []):
         rows.append({"process": c["name"], "pid": c.get("pid"), "alive": _alive(c.get("pid"), c.get("start_time")),
                      "address": c["socket_path"]})

@@ -245,6 +245,22 @@ class MasterConfig:
         "heartbeat (heartbeats every quarter of it); another master takes a region over only once lapsed",
         unit="s")
 
+    etcd_endpoints: list[str] = _f(
+        [], "etcd v3 client endpoints for leader election among several masters (docs/ha.md): host:port or "
+        "http://host:port (plaintext), https://host:port (mutual TLS with this master's TLS files); [] = a "
+        "single master, no election")
+    etcd_prefix: str = _f("/cxlkv/default", "etcd key prefix of this cluster's election and metadata keys")
+    leader_lease_ttl_s: float = _f(
+        1.0, "with etcd: the leader's etcd lease (whole seconds, at least etcd's minimum); a standby takes "
+        "over about this long after the leader stops renewing it; the region owner lease then uses the "
+        "same TTL", unit="s")
+    standby_refresh_s: float = _f(
+        1.0, "with etcd: a standby keeps a copy of the master state warm, applying what changed in the region's "
+        "index this often (a takeover then applies the last change only); 0 = rebuild from the index at "
+        "takeover", unit="s")
+    advertise_address: str = _f(
+        "", "with etcd: the gRPC host:port clientds dial to reach this master (\"\" = listen_address)")
+
     @property
     def tls(self) -> TlsFiles:
         """The TLS files (``enabled`` false when none is configured)."""
@@ -252,6 +268,17 @@ class MasterConfig:
 
     def validate(self) -> None:
         """Check cross-field rules. Raises :class:`ConfigError` naming the key."""
+        if self.etcd_endpoints:
+            if not self.leader_lease_ttl_s >= 1 or self.leader_lease_ttl_s != int(self.leader_lease_ttl_s):
+                raise ConfigError(f"leader_lease_ttl_s: must be a whole number of seconds >= 1 (etcd leases "
+                                  f"are), got {self.leader_lease_ttl_s}")
+            if not self.etcd_prefix.startswith("/"):
+                raise ConfigError(f"etcd_prefix: must start with '/', got {self.etcd_prefix!r}")
+            for ep in self.etcd_endpoints:
+                _check_address("etcd_endpoints", ep.split("://", 1)[-1].rstrip("/"), empty_ok=False)
+                if ep.startswith("https://") and not self.tls.enabled:
+                    raise ConfigError(f"etcd_endpoints: {ep} needs tls_ca_file, tls_cert_file and tls_key_file "
+                                      "(the master presents its certificate to etcd)")
         if not self.owner_lease_ttl_s > 0:
             raise ConfigError(f"owner_lease_ttl_s: must be > 0, got {self.owner_lease_ttl_s}")
         for spec in self.recover_from_region:
@@ -331,7 +358,8 @@ class ClientdConfig:
     """Configuration of ``cxlkv clientd`` (TOML top level; env ``CXLKV_CLIENTD_*``)."""
 
     name: str = _f("clientd", "this daemon's name, unique on its host")
-    master_address: str = _f("127.0.0.1:50051", "master gRPC host:port")
+    master_address: str = _f("127.0.0.1:50051", "master gRPC host:port; with several masters (docs/ha.md) a "
+                             "comma-separated list: the daemon follows whichever one leads")
     tls_ca_file: str = _f("", "PEM certificate of the cluster CA: with tls_cert_file and tls_key_file, the links "
                           "to the master (gRPC and lean) and /metrics use mutual TLS (\"\" = no TLS: a loopback "
                           "master_address only, unless allow_insecure)")
@@ -400,10 +428,16 @@ class ClientdConfig:
         _check_address("metrics_address", self.metrics_address, empty_ok=True)
         self.tls.check()
         if not self.tls.enabled and not self.allow_insecure:
-            _check_loopback("master_address", self.master_address)
+            for address in self.master_address.split(","):
+                _check_loopback("master_address", address.strip())
             _check_loopback("metrics_address", self.metrics_address)
         _check_level(self.log_level)
         _check_event_loop(self.event_loop)
+
+    @property
+    def master_addresses(self) -> list[str]:
+        """``master_address`` split at commas: every master the daemon may follow (docs/ha.md)."""
+        return [a.strip() for a in self.master_address.split(",") if a.strip()]
 
     @property
     def tls(self) -> TlsFiles:

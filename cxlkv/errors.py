@@ -46,6 +46,7 @@ __all__ = [
     "NotReady",
     "ChecksumMismatch",
     "Unavailable",
+    "NotLeader",
     "DaemonUnreachable",
     "Internal",
     "UnknownClient",
@@ -255,6 +256,12 @@ class DaemonUnreachable(Unavailable):
     A read that fails this way is retried by :class:`cxlkv.Client` for up to its
     ``retry_s``; a write is not (whether it took effect is unknown).
     """
+
+
+class NotLeader(Unavailable):
+    """This master is not (or no longer) the cluster's leader: it answers nothing
+    that changes the cluster (docs/ha.md). Code ``UNAVAILABLE``: a clientd tries
+    the next master of its ``master_address`` list."""
 
 
 class Internal(CxlkvError):

@@ -29,7 +29,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, Sequence
 
 import click
 
@@ -183,7 +183,7 @@ def _hit_rate(sources: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def collect_status(master_address: str | None, socket_path: str | None, window_s: float = 0.0,
-                   tls: Any = None) -> dict[str, Any]:
+                   tls: Any = None, etcd: Sequence[str] = (), etcd_prefix: str = "/cxlkv/default") -> dict[str, Any]:
     """Everything ``cxlkv status`` shows, as one JSON-ready dict.
 
     Args:
@@ -192,6 +192,10 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
             default) — used when ``master_address`` is ``None``.
         window_s: when > 0, sample again after this many seconds and add rates.
         tls: :class:`cxlkv.tls.TlsFiles` presented to the master (``None``: plaintext).
+        etcd: etcd endpoints of a cluster with several masters: the leader, the
+            standbys and the epoch are read there (``"ha"``), and the leader is
+            the master asked when ``master_address`` is ``None``.
+        etcd_prefix: the masters' ``etcd_prefix``.
 
     Raises:
         CxlkvError: neither the master nor the clientd can be reached.
@@ -200,6 +204,16 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
 
     local: dict[str, Any] | None = None
     errors: list[str] = []
+    ha: dict[str, Any] | None = None
+    if etcd:
+        from cxlkv.hastatus import read_masters
+
+        try:
+            ha = read_masters(etcd, etcd_prefix, tls=tls)
+        except CxlkvError as exc:
+            errors.append(f"etcd {','.join(etcd)}: {exc.message}")
+        if master_address is None and ha is not None and ha.get("leader"):
+            master_address = ha["leader"]["address"]
     if master_address is None:
         from cxlkv.client import Client
 
@@ -222,7 +236,7 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
     master = master_or_none()
     sources = _hit_sources(master, local, tls)
     out: dict[str, Any] = {"master": master, "clientd": local, "hit_rate": _hit_rate(sources),
-                           "hit_sources": sources, "errors": errors}
+                           "hit_sources": sources, "errors": errors, "ha": ha}
     if master is not None:
         tiers: dict[str, dict[str, int]] = {}
         for s in master["segments"]:
@@ -299,6 +313,10 @@ def _render(st: dict[str, Any]) -> str:
     local = st["clientd"]
     hr = st["hit_rate"]
     summary: list[tuple[str, str]] = []
+    if st.get("ha") is not None:
+        from cxlkv.hastatus import render_masters
+
+        summary += render_masters(st["ha"])
     if m is not None:
         summary += [
             ("master", f"{m['address']}  id {m['master_id']}  v{m['version']}  up {_age(m['uptime_s'])}"),
@@ -373,9 +391,14 @@ def _render(st: dict[str, Any]) -> str:
 @click.option("--window", "window_s", default=0.0, type=click.FloatRange(0, 3600), show_default=True,
               help="Sample twice, this many seconds apart, and show recent rates too.")
 @click.option("--json", "as_json", is_flag=True, help="Print everything as one JSON object.")
+@click.option("--etcd", "etcd", envvar="CXLKV_ETCD", default="", metavar="HOST:PORT[,...]",
+              help="etcd of a cluster with several masters: show the leader, standbys and epoch (and ask the "
+                   "leader). Default: $CXLKV_ETCD.")
+@click.option("--etcd-prefix", envvar="CXLKV_ETCD_PREFIX", default="/cxlkv/default", show_default=True,
+              help="The masters' etcd_prefix (default: $CXLKV_ETCD_PREFIX).")
 @tls_options
 def status_cmd(master_address: str | None, socket_path: str | None, window_s: float, as_json: bool,
-               tls_ca: str, tls_cert: str, tls_key: str) -> None:
+               etcd: str, etcd_prefix: str, tls_ca: str, tls_cert: str, tls_key: str) -> None:
     """The cluster at a glance: master, segments and tiers with usage, keys,
     clients (alive/expired), hit rate, evictions, each daemon's metrics URL.
 
@@ -386,7 +409,8 @@ def status_cmd(master_address: str | None, socket_path: str | None, window_s: fl
     from cxlkv.kvcli import exit_code_for
 
     try:
-        st = collect_status(master_address, socket_path, window_s, tls_files(tls_ca, tls_cert, tls_key))
+        st = collect_status(master_address, socket_path, window_s, tls_files(tls_ca, tls_cert, tls_key),
+                            etcd=[e.strip() for e in etcd.split(",") if e.strip()], etcd_prefix=etcd_prefix)
     except CxlkvError as err:
         hint = ""
         if master_address is None and err.code.name == "UNAVAILABLE" and "clientd" in err.message:

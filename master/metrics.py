@@ -241,9 +241,17 @@ class MasterCollector:
             log.warning("metrics scrape: the event loop did not answer within %.0f s", SNAPSHOT_TIMEOUT_S)
             return None
 
+    #: A master without leader election is its own leader: ``cxlkv_master_is_leader`` 1 and
+    #: this owner epoch (a callable; master/ha_metrics.py exports both with election).
+    lone_epoch: Any = None
+
     def collect(self) -> Iterator[Any]:
         """prometheus-client collector protocol."""
         yield build_info("master")
+        if self.lone_epoch is not None:
+            from cxlkv.master.ha_metrics import lone_master_families
+
+            yield from lone_master_families(self.lone_epoch())
         t0 = perf_counter()
         snap = self._snapshot_from_thread()
         if snap is None:
@@ -298,7 +306,8 @@ class MasterCollector:
 
 
 def start_master_metrics(address: str, state: MasterState, loop: asyncio.AbstractEventLoop,
-                         tls: Any = None, stalls: Any = None) -> tuple[Any, str, RpcObserver]:
+                         tls: Any = None, stalls: Any = None,
+                         lone_epoch: Any = None) -> tuple[Any, str, RpcObserver]:
     """Serve the master's /metrics on ``address`` (call on the event-loop thread).
 
     ``stalls`` (a :class:`cxlkv.loops.StallMonitor`, or ``None``) adds the event
@@ -314,7 +323,9 @@ def start_master_metrics(address: str, state: MasterState, loop: asyncio.Abstrac
     """
     rpc = RequestStats("cxlkv_master_rpc", "master RPC")
     registry = CollectorRegistry()
-    registry.register(MasterCollector(state, rpc, loop))  # type: ignore[arg-type]
+    collector = MasterCollector(state, rpc, loop)
+    collector.lone_epoch = lone_epoch  # a master without election: its own leader
+    registry.register(collector)  # type: ignore[arg-type]
     if stalls is not None:
         registry.register(StallCollector(stalls))  # type: ignore[arg-type]
     ProcessCollector(registry=registry)

@@ -87,10 +87,16 @@ class RegionOwnership:
     """
 
     def __init__(self, state: MasterState, config: MasterConfig, owner_id: uuid.UUID, *,
-                 wall: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
+                 wall: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 min_epoch: int = 0) -> None:
         self.state = state
         self.config = config
         self.owner_id = owner_id
+        #: The epoch taken is at least this (leader election: one above etcd's record).
+        self.min_epoch = min_epoch
+        #: A standby's :class:`~cxlkv.master.warm.WarmState` whose state this master took
+        #: over: recovery applies its last diff instead of rebuilding (None: rebuild).
+        self.warm: Any = None
         self._wall = wall
         self._sleep = sleep
         # Every slot write is written back (CLWB: tens of ns where memory is coherent), so
@@ -151,7 +157,8 @@ class RegionOwnership:
                 return None
             read_index_header(region, geometry)
             seg.region_uuid = str(identity.region_uuid)
-            self.state.segment_table.set_data_end(seg, identity.data_end_bytes)
+            if seg.data_end_bytes != identity.data_end_bytes:  # a warm standby's state has it already
+                self.state.segment_table.set_data_end(seg, identity.data_end_bytes)
             epoch = self._take(region, geometry, path)
         except CxlkvError as exc:
             region.close()
@@ -185,7 +192,7 @@ class RegionOwnership:
                             now - cur.heartbeat_s, ttl + 1.0)
                 waited = True
             self._sleep(min(0.2, ttl / 4))
-        epoch = (cur.epoch if cur is not None else 0) + 1
+        epoch = max((cur.epoch if cur is not None else 0) + 1, self.min_epoch)
         write_owner(region, geometry, OwnerLease(epoch, self.owner_id, self._wall(), ttl))
         return epoch
 
@@ -219,7 +226,8 @@ class RegionOwnership:
 
             for g in grants:
                 self.writer.adopt_grant(g)
-            found = recover_from_index(self.state, self, numbers, now)
+            warm = self.warm.finish(self, numbers, now) if self.warm is not None else None
+            found = warm if warm is not None else recover_from_index(self.state, self, numbers, now)
         else:
             self.writer.clear()
         by_number = {i: o.segment.segment_id for i, o in enumerate(named)}
@@ -242,6 +250,18 @@ class RegionOwnership:
         return found
 
     # -- run time --------------------------------------------------------------
+    def index_epoch(self) -> int:
+        """The epoch in the index region's owner record now (0: no record or no index).
+
+        Raises:
+            RegionError: the region cannot be read.
+        """
+        ir = self.index_region
+        if ir is None:
+            return 0
+        cur = read_owner(ir.region, ir.geometry)
+        return cur.epoch if cur is not None else 0
+
     def heartbeat(self) -> None:
         """Renew every owner lease.
 

@@ -288,9 +288,15 @@ def recover_from_index(state: MasterState, ownership: "RegionOwnership", numbers
         per_segment.setdefault(o.segment.segment_id, []).append(RestoredObject(
             key, slot.extent_offset_bytes, slot.value_len_bytes, slot.header_bytes, slot.version,
             slot.value_checksum))
-    for sid, objs in per_segment.items():
-        report = state.restore_objects(sid, objs, now)
-        counts["restored"] += report.restored + report.replicas
+    # The slots are adopted as they are: restoring must not write each of them again
+    # (a million slot writes, ~15% of a takeover's time at 1M objects).
+    saved, state.index = state.index, _Adopted(state.index)
+    try:
+        for sid, objs in per_segment.items():
+            report = state.restore_objects(sid, objs, now)
+            counts["restored"] += report.restored + report.replicas
+    finally:
+        state.index = saved
     for key, h, version in adopted:
         obj = state.get_object(key)
         if obj is None or obj.version != version:
@@ -302,6 +308,20 @@ def recover_from_index(state: MasterState, ownership: "RegionOwnership", numbers
              ir.path, counts["restored"], counts["slots"], counts["invalid"], counts["elsewhere"],
              counts["unmapped"], counts["refused"], counts["seconds"])
     return counts
+
+
+class _Adopted:
+    """The state's index while objects are restored from their own slots: publishing
+    them again is skipped (each slot already says exactly that); the rest passes through."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def publish(self, obj: Any) -> None:
+        """Already in its slot."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def _verified_key(region: Any, slot: Any, header_len: int, parse_header: Any) -> str | None:

@@ -130,16 +130,26 @@ class MasterServer:
             region of ``recover_from_region`` that cannot be recovered.
     """
 
-    def __init__(self, config: MasterConfig, *, grace_s: float = 2.0) -> None:
+    def __init__(self, config: MasterConfig, *, grace_s: float = 2.0, fence: Any = None, min_epoch: int = 0,
+                 id_floor: int = 0, warm: Any = None) -> None:
         self.config = config
         self.grace_s = grace_s
-        self.owner_id = uuid.uuid4()
+        self.owner_id = warm.owner_id if warm is not None else uuid.uuid4()
         self.master_id = self.owner_id.hex[:12]
+        #: With leader election (master/ha.py): the term's :class:`~cxlkv.master.election.LeaderFence`.
+        self.fence = fence
         # Counters start at wall-clock microseconds so that epochs, versions and
-        # lease ids keep growing across master restarts.
-        self.state = MasterState(config, master_id=self.master_id, id_base=time.time_ns() // 1000)
+        # lease ids keep growing across master restarts (and above the floor a
+        # previous leader recorded in etcd).
+        if warm is not None:  # a warm standby's state (master/warm.py), kept up with the index
+            warm.bump_counters(id_floor)
+            self.state = warm.state
+        else:
+            self.state = MasterState(config, master_id=self.master_id,
+                                     id_base=max(time.time_ns() // 1000, id_floor))
         #: The regions this master maps and owns, and the index it publishes (master/owner.py).
-        self.ownership = RegionOwnership(self.state, config, self.owner_id)
+        self.ownership = RegionOwnership(self.state, config, self.owner_id, min_epoch=min_epoch)
+        self.ownership.warm = warm
         try:
             owned = self.ownership.paths()
             specs = list(config.recover_from_region)
@@ -158,6 +168,14 @@ class MasterServer:
         if ir is not None:
             self.servicer.index_region_uuid = str(ir.identity.region_uuid)
             self.servicer.index_epoch = ir.epoch
+        if fence is not None:
+            from cxlkv.master.election import FencedIndex
+
+            fence.epoch = ir.epoch if ir is not None else 0
+            if ir is not None:
+                fence.region_epoch = self.ownership.index_epoch
+            self.state.index = FencedIndex(self.state.index, fence)
+            self.servicer.fence = fence
         if config.tls.enabled:
             from cxlkv.master.auth import Authorizer
 
@@ -253,9 +271,10 @@ class MasterServer:
         from cxlkv.master.metrics import start_master_metrics
 
         try:
+            ir = self.ownership.index_region
             self._metrics, url, observer = start_master_metrics(
                 self.config.metrics_address, self.state, asyncio.get_running_loop(), tls=self.config.tls,
-                stalls=self.stalls)
+                stalls=self.stalls, lone_epoch=lambda: ir.epoch if ir is not None else 0)
         except OSError as exc:
             raise ListenError(str(exc)) from None
         self.metrics_url = self.servicer.metrics_url = url
@@ -278,6 +297,8 @@ class MasterServer:
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
+            if self.fence is not None and not self.fence.valid():
+                continue  # leadership ended: nothing is expired, reclaimed or evicted any more
             if now - frozen_at >= GC_FREEZE_INTERVAL_S:
                 # Long-lived metadata (millions of objects) moves out of the collector's
                 # view: a full collection over 2M objects held the loop 1.5-2 s (heartbeats
@@ -301,6 +322,8 @@ class MasterServer:
         period = self.config.owner_lease_ttl_s / 4
         while True:
             await asyncio.sleep(period)
+            if self.fence is not None and not self.fence.valid():
+                return  # leadership ended: never renew the region's lease again (master/ha.py steps down)
             try:
                 self.ownership.heartbeat()
             except Deposed as exc:
@@ -381,6 +404,10 @@ async def run_master(config: MasterConfig, *, notifier: Notifier | None = None) 
     Raises:
         ConfigError: as :class:`MasterServer` and :meth:`MasterServer.start`.
     """
+    if config.etcd_endpoints:
+        from cxlkv.master.ha import run_ha_master
+
+        return await run_ha_master(config, notifier=notifier)
     notify = notifier if notifier is not None else Notifier()
     with notify.extending("starting: mapping regions" + (", scanning them (recover_from_region)"
                                                          if config.recover_from_region else "")):

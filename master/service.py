@@ -75,6 +75,8 @@ def _invoke(self: "MasterServicer", fn: Handler, name: str, request: Any, contex
     auth = self.auth
     token = None
     try:
+        if self.fence is not None:
+            self.fence.check()  # a deposed or lapsed leader answers nothing (master/election.py)
         if auth is not None:
             who = _caller(context)
             auth.check(name, request, who)
@@ -258,6 +260,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     #: ``None`` (no TLS: no identities, every call allowed), or the
     #: :class:`~cxlkv.master.auth.Authorizer` checking each call's identity.
     auth: Any = None
+    #: With leader election: the :class:`~cxlkv.master.election.LeaderFence` every call passes first.
+    fence: Any = None
     #: TCP port of the lean-framing MasterService (0: not served); told to clients at registration.
     lean_port: int = 0
     #: The region holding the index this master publishes ("" = none) and its epoch; told at registration.
