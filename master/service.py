@@ -34,6 +34,7 @@ from grpc_status import rpc_status
 from cxlkv import __version__
 from cxlkv.errors import CxlkvError, Internal, InvalidArgument, rpc_status_for
 from cxlkv.lean import PEER_IDENTITY, LeanRoute, service_methods
+from cxlkv.keys import prefix_chains
 from cxlkv.limits import BatchLimit
 from cxlkv.tls import identity_from_auth_context
 from cxlkv.master.objects import ObjectVersion
@@ -738,8 +739,9 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
 
     @_rpc
     def ReportHits(self, request, context):
-        return master_pb2.ReportHitsResponse(
-            applied=self.state.report_hits(request.client_id, request.keys, self.clock()))
+        return master_pb2.ReportHitsResponse(applied=self.state.report_hits(
+            request.client_id, request.keys, self.clock(),
+            prefix_chains(request.prefix_keys, request.prefix_lengths, request.prefix_matched)))
 
     @_rpc
     def ExistKey(self, request, context):
