@@ -10,11 +10,14 @@ capacity (in blocks) with the store's own semantics: a request hits the longest
 *resident prefix* of its blocks (a block after the first miss is no hit, even if
 resident); hit blocks are touched head-last (so the head of a prompt, which every
 longer prompt needs, is the most recently used); missing blocks are inserted in
-order; then a policy that takes prefix queries (``on_prefix``) is told the request's
-chain and how much of it matched — in the store that report follows the puts (hits
-are reported asynchronously, in batches). Eviction runs when an insert finds the cache full, and frees down to the
-low watermark (``low_watermark * capacity``) — the store's master does the same
-on an allocation failure. The policy is any ``cxlkv.eviction_policies`` plugin,
+order, room for all of them made first (the store's master places a batch of
+puts, evicting as needed, before any of them is committed and reaches the
+policy); then a policy that takes prefix queries (``on_prefix``) is told the
+request's chain and how much of it matched — in the store that report follows the
+puts (hits are reported asynchronously, in batches). Eviction runs when the
+inserts do not fit, and frees down to the low watermark (``low_watermark *
+capacity``) below what they need — the store's master does the same on an
+allocation failure. The policy is any ``cxlkv.eviction_policies`` plugin,
 so the simulation and the store evict by the very same code.
 
 Published figures this reproduces (traces/README.md): LRU hits 5.2 / 12.5 / 27.8 /
@@ -205,13 +208,21 @@ def simulate(
         hit_tokens += req.prefix_tokens(m)
         for h in reversed(ids[:m]):
             pol.on_hit(h)
-        for h in ids[m:]:
-            if h in resident:
-                continue
-            if len(resident) >= cap:
-                for victim in pol.candidates(len(resident) - low):
+        new = [h for h in dict.fromkeys(ids[m:]) if h not in resident]
+        if len(resident) + len(new) > cap:
+            # Room for the whole batch first, then the commits: the store's master
+            # places every put of a batch (evicting as needed) before any of them is
+            # committed and reaches the policy.
+            want = min(len(resident), len(resident) + len(new) - cap + (cap - 1 - low))
+            while want > 0:
+                victims = pol.candidates(want)
+                if not victims:
+                    break
+                for victim in victims:
                     resident.discard(victim)
                     pol.on_remove(victim, evicted=True)  # as the master does (ARC keeps a ghost)
+                want -= len(victims)
+        for h in new[:cap]:
             resident.add(h)
             pol.on_put(h)
         if on_prefix is not None:

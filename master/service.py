@@ -139,6 +139,14 @@ def _per_item(n: int, op: Callable[[int], Any]) -> master_pb2.PackedPutEndRespon
     return master_pb2.PackedPutEndResponse(codes=codes, error_positions=err_pos, messages=err_msg)
 
 
+def _with_policy_counters(state: MasterState) -> dict[str, int]:
+    """The master's counters and its eviction policy's own (``policy_<name>``), if it keeps any."""
+    extra = getattr(state.policy, "counters", None)
+    if not extra:
+        return state.counters
+    return {**state.counters, **{f"policy_{k}": int(v) for k, v in extra.items()}}
+
+
 def _set_status(status: common_pb2.Status, err: CxlkvError) -> None:
     status.code = int(err.code)  # type: ignore[assignment]
     status.message = err.message
@@ -976,7 +984,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             quarantined_count=st.quarantined_count, quarantined_bytes=st.quarantined_bytes,
             capacity_bytes=sum(s.capacity_bytes for s in mounted),
             used_bytes=sum(s.used_bytes for s in mounted),
-            counters=st.counters,
+            counters=_with_policy_counters(st),
             high_watermark=st.config.high_watermark, low_watermark=st.config.low_watermark,
             allocation_strategy=st.strategy.name, eviction_policy=st.policy.name,
             uptime_s=now - self.started_at, metrics_url=self.metrics_url,
