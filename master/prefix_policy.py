@@ -96,8 +96,8 @@ class PrefixPolicy(EvictionPolicy):
         config: the master's configuration (read-only), or ``None`` in tests and the
             simulation.
         ghost_factor: most ghost entries, as a multiple of the resident count (3.0;
-            0 disables the ghost). Measured on the trace (1 % / 10 % capacity): 1 →
-            8.3 / 28.5 %, 3 → 10.4 / 28.7 %, 6 → 10.3 / 28.4 %.
+            0 disables the ghost). Measured on the trace, simulated (1 % / 10 %
+            capacity): 1 → 7.4 / 28.6 %, 3 → 10.4 / 28.7 %, 6 → 10.3 / 28.4 %.
         small_init: initial target of the small queue, a fraction of the resident
             count (0.1, S3-FIFO's).
         small_min, small_max: bounds of the adaptive target (fractions; 0.01, 0.9).
