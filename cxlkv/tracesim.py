@@ -208,21 +208,22 @@ def simulate(
         hit_tokens += req.prefix_tokens(m)
         for h in reversed(ids[:m]):
             pol.on_hit(h)
-        new = [h for h in dict.fromkeys(ids[m:]) if h not in resident]
-        if len(resident) + len(new) > cap:
-            # Room for the whole batch first, then the commits: the store's master
-            # places every put of a batch (evicting as needed) before any of them is
-            # committed and reaches the policy.
-            want = min(len(resident), len(resident) + len(new) - cap + (cap - 1 - low))
-            while want > 0:
-                victims = pol.candidates(want)
-                if not victims:
-                    break
-                for victim in victims:
+        # Room for each missing block in turn, then the commits: the store's master
+        # places every put of a batch (evicting as needed; a block evicted meanwhile
+        # is put again) before any of them is committed and reaches the policy.
+        placed: dict[int, None] = {}
+        for h in ids[m:]:
+            if h in resident or h in placed:
+                continue
+            if len(resident) + len(placed) >= cap:
+                want = len(resident) + len(placed) - min(low, cap - 1)
+                for victim in pol.candidates(min(want, len(resident))):
                     resident.discard(victim)
                     pol.on_remove(victim, evicted=True)  # as the master does (ARC keeps a ghost)
-                want -= len(victims)
-        for h in new[:cap]:
+                if len(resident) + len(placed) >= cap:
+                    continue  # nothing evictable: the put fails (NO_SPACE)
+            placed[h] = None
+        for h in placed:
             resident.add(h)
             pol.on_put(h)
         if on_prefix is not None:

@@ -332,10 +332,11 @@ class PrefixPolicy(EvictionPolicy):
                             if p[2] is None:
                                 pending[parent] = p = (p[0], p[1], [])
                             p[2].append(key)
-                if i == last and e.queue == _SMALL and e.freq == 0:
+                if i == last and e.freq == 0 and e.queue != _MAIN:
                     self.counters["query_tails"] += 1
-                    e.from_main = False
-                    self._move(key, e, _VICTIM)
+                    if e.queue == _SMALL:
+                        e.from_main = False
+                        self._move(key, e, _VICTIM)
             elif i >= matched:
                 pending[key] = (parent, i == last, None)
                 pending.move_to_end(key)

@@ -80,7 +80,7 @@ def test_ghost_admits_to_main() -> None:
 
 @pytest.mark.parametrize("report_first", [True, False])
 def test_query_tail_is_nominated_first_whatever_the_order(report_first: bool) -> None:
-    p = PrefixPolicy()
+    p = PrefixPolicy(small_init=0.5, small_min=0.5)  # a large probation: c1, c2 stay in it
     for i in range(40):
         p.on_put(f"old{i}")
     chain = ["c0", "c1", "c2", "c3"]
@@ -117,11 +117,13 @@ def test_orphans_of_a_probationary_block_go_first() -> None:
 
 def test_a_hot_block_leaving_orphans_nothing() -> None:
     p = PrefixPolicy()
+    for i in range(20):
+        p.on_put(f"w{i}")
     p.on_put("root")
-    for _ in range(3):
-        p.on_hit("root")
-    for i in range(60):  # root leaves small with hits: main
+    p.on_hit("root")
+    for i in range(60):  # root leaves small with a hit: main
         p.on_put(f"x{i}")
+        p.on_hit("root")
     assert p._entries["root"].queue == 2
     p.on_put("kid")
     p.on_prefix(["root", "kid", "next"], 1)
