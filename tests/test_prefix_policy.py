@@ -218,3 +218,20 @@ def test_a_prefix_query_reaches_the_policy_and_its_tail_goes_first(make_cluster)
         assert not sdk.exists(chain[3]), "the block that ended the query was not the first out"
         assert all(sdk.exists(k) for k in chain[:3])
     cl.assert_invariants()
+
+
+def test_report_hits_prefix_columns_are_checked(cluster) -> None:
+    import grpc
+
+    from cxlkv.v1 import master_pb2
+
+    stub = cluster.master_stub()
+    ok = stub.ReportHits(master_pb2.ReportHitsRequest(
+        client_id="x", keys=[], prefix_keys=["a", "b"], prefix_lengths=[2], prefix_matched=[0]), timeout=10)
+    assert ok.applied == 0
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ReportHits(master_pb2.ReportHitsRequest(
+            client_id="x", prefix_keys=["a"], prefix_lengths=[2], prefix_matched=[0]), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "prefix lengths" in info.value.details()
+    cluster.assert_invariants()  # the master serves on
