@@ -1016,8 +1016,8 @@ class ClientdCore:
             break
         self.counters["index_hits"] += len(hits)
         self.counters["index_lookups"] += len(results)
-        if hits:
-            self.link.report_hits(hits)
+        if hits or done:  # a finished query names its chain for the eviction policy
+            self.link.report_hits(hits, [(keys, len(outs))] if done else ())
         return len(outs), outs, done
 
     async def _get_prefix_rpc(self, keys: list[str], targets: list[ReadTarget]) -> tuple[int, list[ReadOutcome]]:
