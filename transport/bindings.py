@@ -284,6 +284,40 @@ def cxlkv_set_nc_read_chunk_bytes(size_bytes: int) -> None:
     lib.cxlkv_set_nc_read_chunk_bytes(size_bytes)
 
 
+#: Event kinds recorded by :func:`nc_trace` (``CXLKV_NC_EV_*`` in cxlkv_transport.h).
+NC_EVENT_KINDS: dict[int, str] = {
+    int(lib.CXLKV_NC_EV_LOAD): "load", int(lib.CXLKV_NC_EV_STORE): "store",
+    int(lib.CXLKV_NC_EV_STREAM): "stream", int(lib.CXLKV_NC_EV_WB): "wb",
+    int(lib.CXLKV_NC_EV_DROP): "drop", int(lib.CXLKV_NC_EV_SFENCE): "sfence",
+    int(lib.CXLKV_NC_EV_MFENCE): "mfence",
+}
+
+
+def nc_trace(fn: Any, capacity: int = 1 << 16) -> tuple[Any, list[tuple[str, int, int]]]:
+    """**Test-only**: run ``fn()`` with the non-coherent kernels' event trace on.
+
+    Returns:
+        ``(fn's result, events)``; each event ``(kind, start address, end address)``
+        with kind one of :data:`NC_EVENT_KINDS`' values ("load", "store",
+        "stream", "wb", "drop", "sfence", "mfence"; fences have addresses 0).
+        :class:`cxlkv.transport.emulate.KernelTrace` replays them.
+
+    Raises:
+        InvalidArgument: more than ``capacity`` events. Not thread-safe: no
+            other thread may copy meanwhile.
+    """
+    buf = _new("uint64_t[]", 3 * capacity)
+    lib.cxlkv_nc_trace_start(buf, capacity)
+    try:
+        result = fn()
+    finally:
+        n = int(lib.cxlkv_nc_trace_stop())
+    if n > capacity:
+        raise InvalidArgument(f"nc_trace: {n} events, room for {capacity}")
+    kinds = NC_EVENT_KINDS
+    return result, [(kinds[int(buf[3 * i])], int(buf[3 * i + 1]), int(buf[3 * i + 2])) for i in range(n)]
+
+
 def cxlkv_set_stream_threshold_bytes(size_bytes: int) -> None:
     """Set the streaming-copy threshold in bytes, process-wide (0 disables it;
     values under 4096 become 4096). Set it before copies start.

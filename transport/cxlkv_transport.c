@@ -88,6 +88,29 @@ static size_t g_nc_chunk = (size_t)16 << 10;
 
 #define CXLKV_NC_CHUNK_MIN_BYTES ((size_t)256)
 
+/* Test-only event trace of the non-coherent kernels (cxlkv_nc_trace_start):
+ * three words per event (kind, start address, end address). */
+static uint64_t *g_trace;
+static uint64_t g_trace_cap, g_trace_n;
+
+static void
+nc_trace_add(uint64_t kind, const void *a, const void *b)
+{
+    if (g_trace_n < g_trace_cap) {
+        uint64_t *e = g_trace + 3 * g_trace_n;
+        e[0] = kind;
+        e[1] = (uint64_t)(uintptr_t)a;
+        e[2] = (uint64_t)(uintptr_t)b;
+    }
+    g_trace_n++;
+}
+
+#define NC_TRACE(kind, a, b)                                   \
+    do {                                                       \
+        if (__builtin_expect(g_trace != NULL, 0))              \
+            nc_trace_add((kind), (const void *)(a), (const void *)(b)); \
+    } while (0)
+
 #ifdef CXLKV_X86
 __attribute__((target("clwb"))) static void
 flush_clwb(char *p, const char *end, uint64_t line)
@@ -153,7 +176,7 @@ lines_clflush(const char *p, const char *end, uint64_t line)
 
 /* Orders the write-backs and non-temporal stores before every later store. */
 static inline void
-nc_store_fence(void)
+nc_store_fence_hw(void)
 {
     _mm_sfence();
 }
@@ -163,7 +186,7 @@ nc_store_fence(void)
  * Vol. 3A, 9.2.2 "Memory Ordering in P6 and More Recent Processor Families").
  * SFENCE and LFENCE do not order a later load after CLFLUSHOPT. */
 static inline void
-nc_load_fence(void)
+nc_load_fence_hw(void)
 {
     _mm_mfence();
 }
@@ -568,13 +591,13 @@ lines_dc_civac(const char *p, const char *end, uint64_t line)
 
 /* DSB waits for the cache maintenance before it and orders every later access. */
 static inline void
-nc_store_fence(void)
+nc_store_fence_hw(void)
 {
     __asm__ volatile("dsb ish" : : : "memory");
 }
 
 static inline void
-nc_load_fence(void)
+nc_load_fence_hw(void)
 {
     __asm__ volatile("dsb ish" : : : "memory");
 }
@@ -634,13 +657,13 @@ lines_none(const char *p, const char *end, uint64_t line)
 }
 
 static inline void
-nc_store_fence(void)
+nc_store_fence_hw(void)
 {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
 static inline void
-nc_load_fence(void)
+nc_load_fence_hw(void)
 {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
@@ -757,6 +780,53 @@ copy_bytes(void *dst, const void *src, size_t n)
     memmove(dst, src, n);
 }
 
+/* The non-coherent primitives, traced (cxlkv_nc_trace_start). */
+static inline void
+nc_store_fence(void)
+{
+    NC_TRACE(CXLKV_NC_EV_SFENCE, 0, 0);
+    nc_store_fence_hw();
+}
+
+static inline void
+nc_load_fence(void)
+{
+    NC_TRACE(CXLKV_NC_EV_MFENCE, 0, 0);
+    nc_load_fence_hw();
+}
+
+static inline void
+nc_wb(const char *a, const char *b)
+{
+    NC_TRACE(CXLKV_NC_EV_WB, a, b);
+    g_wb_nf(a, b, g_line_bytes);
+}
+
+static inline void
+nc_drop(const char *a, const char *b)
+{
+    NC_TRACE(CXLKV_NC_EV_DROP, a, b);
+    g_drop_nf(a, b, g_line_bytes);
+}
+
+int
+cxlkv_nc_trace_start(uint64_t *events, uint64_t capacity)
+{
+    if (events == NULL && capacity != 0)
+        return CXLKV_E_INVAL;
+    g_trace_n = 0;
+    g_trace_cap = capacity;
+    __atomic_store_n(&g_trace, events, __ATOMIC_RELEASE);
+    return CXLKV_OK;
+}
+
+uint64_t
+cxlkv_nc_trace_stop(void)
+{
+    __atomic_store_n(&g_trace, (uint64_t *)NULL, __ATOMIC_RELEASE);
+    return g_trace_n;
+}
+
 const char *
 cxlkv_nc_write_kernel(void)
 {
@@ -767,11 +837,17 @@ cxlkv_nc_write_kernel(void)
 int
 cxlkv_set_nc_write_kernel(const char *name)
 {
+    static const char *const names[] = {"avx512-nt", "avx2-nt", "sse2-nt", "movdir64b"};
+    size_t i;
+
     ensure_ready();
     if (name == NULL || !cpu_has(name))
         return CXLKV_E_INVAL;
     g_stream_fn = stream_kernel(name);
-    g_nc_write_name = g_stream_fn != NULL ? name : "cached";
+    g_nc_write_name = "cached"; /* a static string: `name` is the caller's */
+    for (i = 0; g_stream_fn != NULL && i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i]) == 0)
+            g_nc_write_name = names[i];
     return CXLKV_OK;
 }
 
@@ -869,18 +945,22 @@ nc_write_nf(char *dst, const char *src, size_t n)
     if (g_stream_fn == NULL || b <= a || !disjoint(dst, src, n)) {
         /* no streaming kernel, no whole line, or an overlapping source: through
          * the cache, then every line written back */
+        NC_TRACE(CXLKV_NC_EV_STORE, dst, dst + n);
         memmove(dst, src, n);
-        g_wb_nf(NC_LINE_DOWN(dst), dst + n, g_line_bytes);
+        nc_wb(NC_LINE_DOWN(dst), dst + n);
         return;
     }
     if (a > d) {
+        NC_TRACE(CXLKV_NC_EV_STORE, dst, a);
         memcpy(dst, src, a - d);
-        g_wb_nf(NC_LINE_DOWN(dst), (const char *)a, g_line_bytes);
+        nc_wb(NC_LINE_DOWN(dst), (const char *)a);
     }
+    NC_TRACE(CXLKV_NC_EV_STREAM, a, b);
     g_stream_fn((char *)a, src + (a - d), b - a, copy_backwards((char *)a, src + (a - d)));
     if (d + n > b) {
+        NC_TRACE(CXLKV_NC_EV_STORE, b, dst + n);
         memcpy((char *)b, src + (b - d), d + n - b);
-        g_wb_nf((const char *)b, dst + n, g_line_bytes);
+        nc_wb((const char *)b, dst + n);
     }
 }
 
@@ -900,7 +980,7 @@ nc_chunk_end(const char *p, const char *end)
 static inline void
 nc_drop_first(const char *p, size_t n)
 {
-    g_drop_nf(NC_LINE_DOWN(p), nc_chunk_end(p, p + n), g_line_bytes);
+    nc_drop(NC_LINE_DOWN(p), nc_chunk_end(p, p + n));
 }
 
 /*
@@ -934,14 +1014,18 @@ nc_read(char *dst, const char *src, size_t n, int stream, XXH3_state_t *st, int 
         int more = 1;
 
         if (q < end)
-            g_drop_nf(q, nc_chunk_end(q, end), g_line_bytes); /* q is on a line */
+            nc_drop(q, nc_chunk_end(q, end)); /* q is on a line */
         else if (next != NULL && next_n != 0)
             nc_drop_first(next, next_n);
         else
             more = 0;
+        NC_TRACE(CXLKV_NC_EV_LOAD, p, q);
         copy_plain(dst + (p - src), p, (size_t)(q - p), stream);
-        if (st != NULL)
+        if (st != NULL) {
+            if (!hash_dst)
+                NC_TRACE(CXLKV_NC_EV_LOAD, p, q);
             (void)XXH3_64bits_update(st, hash_dst ? dst + (p - src) : p, (size_t)(q - p));
+        }
         if (more)
             nc_load_fence(); /* the drops above, before the next chunk's loads */
         p = q;
@@ -1164,8 +1248,9 @@ nc_copy_out_one(char *dst, const char *src, size_t n, int primed, const char *ne
                 size_t next_n)
 {
     if (!disjoint(dst, src, n)) {
-        g_drop_nf(NC_LINE_DOWN(src), src + n, g_line_bytes);
+        nc_drop(NC_LINE_DOWN(src), src + n);
         nc_load_fence();
+        NC_TRACE(CXLKV_NC_EV_LOAD, src, src + n);
         memmove(dst, src, n);
         return 0;
     }
@@ -1225,7 +1310,8 @@ cxlkv_copy_out(const cxlkv_region_t *r, uint64_t offset, void *dst,
  * EPYC VM, 16 MiB: hashing a cached-store destination ran at 9-10 GB/s,
  * streaming + hashing the source at 13-15 GB/s (memcpy 15-17 GB/s).
  */
-/* `nc` here: a non-coherent write (src -> region; reads use nc_read_hashed). */
+/* `nc` here: a non-coherent write (src -> region; reads use nc_read_hashed),
+ * fenced at the end (1) or left to the caller's one fence for a batch (2). */
 static int
 copy_hashed(char *dst, const char *src, uint64_t length, int hash_dst, int nc,
             uint64_t *hash_out)
@@ -1254,7 +1340,7 @@ copy_hashed(char *dst, const char *src, uint64_t length, int hash_dst, int nc,
         XXH3_64bits_update(&state, (hash_dst ? dst : src) + done, (size_t)n);
         done += n;
     }
-    if (nc)
+    if (nc == 1) /* 2: the caller fences once for its batch */
         nc_store_fence();
     *hash_out = XXH3_64bits_digest(&state);
     return CXLKV_OK;
@@ -1565,7 +1651,7 @@ copy_ranges_hashed(const cxlkv_region_t *r, char *buf, uint64_t buf_bytes,
         const char *src = out ? reg : b;
         if (lengths[i] > CXLKV_HASH_CHUNK_BYTES) {
             /* large: the chunked kernel keeps each hashed chunk in cache */
-            rc = copy_hashed(dst, src, lengths[i], out, nc, &hashes_out[i]);
+            rc = copy_hashed(dst, src, lengths[i], out, nc ? 2 : 0, &hashes_out[i]);
             if (rc != CXLKV_OK) {
                 *bad_index = i;
                 return rc;
@@ -1760,8 +1846,9 @@ cxlkv_write_headers(const cxlkv_region_t *r, uint64_t n,
         memcpy(h + OBJ_HEADER_BYTES, key, (size_t)klen);
         memset(h + OBJ_HEADER_BYTES + klen, 0, (size_t)(header_bytes[i] - OBJ_HEADER_BYTES - klen));
         memcpy(h, head, sizeof head);
+        NC_TRACE(CXLKV_NC_EV_STORE, h, h + header_bytes[i]);
         if (flush) /* written back now, fenced once for the batch below */
-            g_wb_nf(NC_LINE_DOWN(h), (const char *)h + header_bytes[i], g_line_bytes);
+            nc_wb(NC_LINE_DOWN(h), (const char *)h + header_bytes[i]);
     }
     if (flush)
         nc_store_fence();
@@ -1802,7 +1889,7 @@ cxlkv_verify_headers(const cxlkv_region_t *r, uint64_t n,
         ensure_ready();
         for (i = 0; i < n; i++) {
             const char *h = (const char *)r->base + extent_offsets[i];
-            g_drop_nf(NC_LINE_DOWN(h), h + header_bytes[i], g_line_bytes);
+            nc_drop(NC_LINE_DOWN(h), h + header_bytes[i]);
         }
         nc_load_fence();
     }
@@ -1813,6 +1900,7 @@ cxlkv_verify_headers(const cxlkv_region_t *r, uint64_t n,
             ok_out[i] = 0;
             continue;
         }
+        NC_TRACE(CXLKV_NC_EV_LOAD, h, h + header_bytes[i]);
         ok_out[i] = (uint8_t)header_ok(h, keys + key_offsets[i], key_lens[i],
                                        header_bytes[i], versions[i], value_lens[i],
                                        value_hashes[i]);
@@ -1917,6 +2005,8 @@ static inline void
 ix_invalidate(const char *p, uint64_t n)
 {
     uintptr_t start = (uintptr_t)p & ~(uintptr_t)(g_line_bytes - 1);
+    NC_TRACE(CXLKV_NC_EV_DROP, start, p + n);
+    NC_TRACE(CXLKV_NC_EV_MFENCE, 0, 0);
     g_invalidate_fn((char *)start, p + n, g_line_bytes);
 }
 
@@ -2029,8 +2119,10 @@ ix_read_slot(const uint64_t *p, int invalidate, uint64_t w[8])
 
         if (spin != 0) {
             cpu_relax();
-            if (invalidate)
+            if (invalidate) {
                 ix_invalidate((const char *)p, CXLKV_INDEX_SLOT_BYTES);
+                NC_TRACE(CXLKV_NC_EV_LOAD, p, (const char *)p + CXLKV_INDEX_SLOT_BYTES);
+            }
         }
         s1 = __atomic_load_n(p, __ATOMIC_ACQUIRE);
         if (s1 & 1)
@@ -2180,12 +2272,15 @@ ix_lookup(const cxlkv_index_t *ix, const char *key, uint64_t klen, char *dst,
             uint64_t b[2];
             int nb = ix_buckets(ix, h, b), i;
 
-            g_drop_nf(NC_LINE_DOWN(hp + CXLKV_INDEX_PUBLISH_OFFSET),
-                      hp + CXLKV_INDEX_PUBLISH_OFFSET + 16, g_line_bytes);
+            nc_drop(NC_LINE_DOWN(hp + CXLKV_INDEX_PUBLISH_OFFSET),
+                      hp + CXLKV_INDEX_PUBLISH_OFFSET + 16);
             for (i = 0; i < nb; i++)
-                g_drop_nf(table + b[i] * IX_BUCKET_BYTES, table + (b[i] + 1) * IX_BUCKET_BYTES,
-                          g_line_bytes);
+                nc_drop(table + b[i] * IX_BUCKET_BYTES, table + (b[i] + 1) * IX_BUCKET_BYTES);
             nc_load_fence();
+            NC_TRACE(CXLKV_NC_EV_LOAD, hp + CXLKV_INDEX_PUBLISH_OFFSET, hp + CXLKV_INDEX_PUBLISH_OFFSET + 16);
+            for (i = 0; i < nb; i++)
+                NC_TRACE(CXLKV_NC_EV_LOAD, table + b[i] * IX_BUCKET_BYTES,
+                         table + (b[i] + 1) * IX_BUCKET_BYTES);
         }
         publish = __atomic_load_n((const uint64_t *)(hp + CXLKV_INDEX_PUBLISH_OFFSET),
                                   __ATOMIC_ACQUIRE);
@@ -2227,6 +2322,7 @@ ix_lookup(const cxlkv_index_t *ix, const char *key, uint64_t klen, char *dst,
         if (probe) {
             if (ix->invalidate)
                 ix_invalidate((const char *)obj, hb);
+            NC_TRACE(CXLKV_NC_EV_LOAD, obj, obj + hb);
             if (header_ok(obj, key, klen, hb, version, vlen, vhash)) {
                 out->outcome = CXLKV_IX_HIT;
                 return CXLKV_OK;
@@ -2243,12 +2339,13 @@ ix_lookup(const cxlkv_index_t *ix, const char *key, uint64_t klen, char *dst,
             if (ix->invalidate) {
                 /* the header's lines dropped with the value's first chunk (one
                  * fence), the value read chunk by chunk (nc_read), dst hashed */
-                g_drop_nf(NC_LINE_DOWN(obj), (const char *)obj + hb, g_line_bytes);
+                nc_drop(NC_LINE_DOWN(obj), (const char *)obj + hb);
                 got = nc_read_hash_dst(dst, (const char *)obj + hb, vlen);
             } else {
                 got = copy_hash_dst(dst, (const char *)obj + hb, vlen);
             }
             __atomic_thread_fence(__ATOMIC_ACQUIRE); /* the header after the value */
+            NC_TRACE(CXLKV_NC_EV_LOAD, obj, obj + hb);
             if (got == vhash && header_ok(obj, key, klen, hb, version, vlen, vhash)) {
                 out->outcome = CXLKV_IX_HIT;
                 return CXLKV_OK;

@@ -298,6 +298,25 @@ const char *cxlkv_invalidate_instruction(void);
  * what cxlkv_invalidate() + a copy does; for comparison); other values are
  * rounded down to a multiple of 64, at least 256.
  */
+/*
+ * Test-only: record what the non-coherent kernels do, for a replay against a
+ * cache model (cxlkv/transport/emulate.py, KernelTrace). Between start and
+ * stop, every non-coherent copy, write_headers(flush), verify_headers
+ * (invalidate) and index lookup (invalidate) appends events of three words
+ * (kind, start address, end address) to `events` (room for `capacity`
+ * events); stop returns how many were produced (more than capacity: the rest
+ * were dropped). One thread at a time; nothing else may copy meanwhile.
+ */
+#define CXLKV_NC_EV_LOAD 1
+#define CXLKV_NC_EV_STORE 2
+#define CXLKV_NC_EV_STREAM 3
+#define CXLKV_NC_EV_WB 4
+#define CXLKV_NC_EV_DROP 5
+#define CXLKV_NC_EV_SFENCE 6
+#define CXLKV_NC_EV_MFENCE 7
+int cxlkv_nc_trace_start(uint64_t *events, uint64_t capacity);
+uint64_t cxlkv_nc_trace_stop(void);
+
 const char *cxlkv_nc_write_kernel(void);
 int cxlkv_set_nc_write_kernel(const char *name);
 uint64_t cxlkv_nc_read_chunk_bytes(void);
