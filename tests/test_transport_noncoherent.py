@@ -88,7 +88,7 @@ def _replay(region: Region, fn) -> tuple[Any, KernelTrace]:
 
 def test_kernel_selection() -> None:
     assert b.cxlkv_nc_write_kernel() in KERNELS
-    assert b.cxlkv_nc_read_chunk_bytes() == 16 * KiB
+    assert b.cxlkv_nc_read_chunk_bytes() == 128 * KiB
     with pytest.raises(InvalidArgument, match="unknown or not supported"):
         b.cxlkv_set_nc_write_kernel("rep-movsb")
     if "avx2" in open("/proc/cpuinfo").read():
@@ -120,7 +120,7 @@ def test_write_kernels_bytes_and_discipline(region: Region, write_kernel: str) -
             assert region.read(off, n) == src[::-1].tobytes() and kt.violations == []
 
 
-@pytest.mark.parametrize("read_chunk", [0, 256, 16 * KiB], indirect=True)
+@pytest.mark.parametrize("read_chunk", [0, 256, 16 * KiB, 128 * KiB], indirect=True)
 def test_read_pipeline_bytes_and_discipline(region: Region, read_chunk: int) -> None:
     """The invalidate-and-copy read: exact bytes; no line read before its drop was
     fenced (MFENCE); each line dropped once (a line shared by two chunks: twice);
@@ -146,17 +146,20 @@ def test_read_pipeline_bytes_and_discipline(region: Region, read_chunk: int) -> 
 
 
 def _chunks(off: int, n: int, chunk: int) -> int:
-    p, end, count = off, off + n, 0
+    """Chunks of a read: the first min(chunk, 16 KiB), each next twice the last, up to chunk."""
+    p, end, count, size = off, off + n, 0, min(chunk, 16 * KiB)
     while p < end:
-        q = (p + chunk) & ~63
+        q = (p + size) & ~63
         p = end if q >= end else q
+        size = chunk if size >= chunk // 2 else 2 * size
         count += 1
     return count
 
 
 def test_the_pipeline_overlaps_the_next_drop_with_this_copy(region: Region) -> None:
-    """Chunk k+1's drop is issued before chunk k's loads, and the fence that covers
-    it comes after them (what lets the drops overlap the copy)."""
+    """Chunk k+1's drop is issued with chunk k's loads, and the fence that covers
+    it comes after them (what lets the drops overlap the copy); chunks grow from
+    16 KiB (the first drop overlaps nothing) by doubling."""
     data = os.urandom(64 * KiB)
     region.copy_in(8192, data)
     dst = bytearray(len(data))
@@ -165,9 +168,9 @@ def test_the_pipeline_overlaps_the_next_drop_with_this_copy(region: Region) -> N
     kinds = [k for k, _, _ in events]
     assert kinds[:2] == ["drop", "mfence"]
     body = kinds[2:]
-    assert body == ["drop", "load", "mfence"] * 3 + ["load"]  # 4 chunks of 16 KiB
+    assert body == ["drop", "load", "mfence"] * 2 + ["load"]  # chunks of 16, 32, 16 KiB
     drops = [(a - base, e - base) for k, a, e in events if k == "drop"]
-    assert drops == [(8192 + i * 16 * KiB, 8192 + (i + 1) * 16 * KiB) for i in range(4)]
+    assert drops == [(8192, 8192 + 16 * KiB), (8192 + 16 * KiB, 8192 + 48 * KiB), (8192 + 48 * KiB, 8192 + 64 * KiB)]
 
 
 @pytest.mark.parametrize("read_chunk", [256, 16 * KiB], indirect=True)

@@ -267,8 +267,9 @@ def cxlkv_set_nc_write_kernel(name: str) -> None:
 
 
 def cxlkv_nc_read_chunk_bytes() -> int:
-    """Bytes per invalidate-and-copy chunk of a non-coherent copy out (default
-    16 KiB); 0: the two-pass read (drop the whole range, fence, copy)."""
+    """The largest invalidate-and-copy chunk of a non-coherent copy out (default
+    128 KiB; the first chunk of a range is at most 16 KiB, each next twice the
+    one before); 0: the two-pass read (drop the whole range, fence, copy)."""
     return int(lib.cxlkv_nc_read_chunk_bytes())
 
 

@@ -84,7 +84,11 @@ static cxlkv_stream_fn g_stream_fn;
 static const char *g_nc_write_name = "cached";
 static cxlkv_lines_nf_fn g_wb_nf;
 static cxlkv_lines_nf_fn g_drop_nf;
-static size_t g_nc_chunk = (size_t)16 << 10;
+static size_t g_nc_chunk = (size_t)128 << 10;
+/* copy + drop the next chunk's lines, mixed (NULL: drop, then copy_plain) */
+typedef void (*cxlkv_copy_drop_fn)(char *dst, const char *src, size_t n, int stream,
+                                   const char *drop, const char *drop_end);
+static cxlkv_copy_drop_fn g_copy_drop_fn;
 
 #define CXLKV_NC_CHUNK_MIN_BYTES ((size_t)256)
 
@@ -449,6 +453,52 @@ stream_movdir64b(char *dst, const char *src, size_t n, int back)
         _movdir64b(dst + i, src + i);
 }
 
+/*
+ * The read pipeline's inner loop (x86, AVX2 + CLFLUSHOPT): copy [src, src+n)
+ * to dst forwards and, one per 64 bytes copied, drop the lines of [drop,
+ * drop_end) (the next chunk) -- mixing the drops into the copy rather than
+ * issuing them all before it keeps them from filling the store buffer ahead of
+ * the loads, so the two overlap. dst is brought to a 64-byte boundary with a
+ * head copy; `stream`: non-temporal stores for the body, then SFENCE. No
+ * closing MFENCE (nc_read issues it). n >= 128.
+ */
+__attribute__((target("avx2,clflushopt"))) static void
+copy_dropping_avx2(char *dst, const char *src, size_t n, int stream, const char *drop,
+                   const char *drop_end)
+{
+    size_t head = (64 - ((uintptr_t)dst & 63)) & 63, i;
+
+    memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    if (stream) {
+        for (i = 0; i + 64 <= n; i += 64) {
+            __m256i v0 = LOADU(src + i), v1 = LOADU(src + i + 32);
+            if (drop < drop_end) {
+                _mm_clflushopt((void *)drop);
+                drop += 64;
+            }
+            STREAM(dst + i, v0);
+            STREAM(dst + i + 32, v1);
+        }
+        _mm_sfence();
+    } else {
+        for (i = 0; i + 64 <= n; i += 64) {
+            __m256i v0 = LOADU(src + i), v1 = LOADU(src + i + 32);
+            if (drop < drop_end) {
+                _mm_clflushopt((void *)drop);
+                drop += 64;
+            }
+            STORE(dst + i, v0);
+            STORE(dst + i + 32, v1);
+        }
+    }
+    memcpy(dst + i, src + i, n - i);
+    for (; drop < drop_end; drop += 64)
+        _mm_clflushopt((void *)drop);
+}
+
 #undef LOADU
 #undef STOREU
 #undef STORE
@@ -511,6 +561,8 @@ cpu_init(void)
         g_drop_nf = lines_clflush;
     }
     g_wb_nf = has_clwb ? wb_clwb : (has_clflushopt ? lines_clflushopt : lines_clflush);
+    if (has_clflushopt && __builtin_cpu_supports("avx2") && g_line_bytes == 64)
+        g_copy_drop_fn = copy_dropping_avx2;
     /* Non-coherent writes: AVX2 non-temporal stores where the CPU has AVX2 (the
      * AVX-512 and MOVDIR64B kernels measured no faster here: docs/transport.md),
      * else SSE2's (every x86-64). */
@@ -888,13 +940,18 @@ cxlkv_set_nc_read_chunk_bytes(uint64_t bytes)
  * Cost: one pass over the bytes instead of a copy plus a write-back pass over
  * every line.
  *
- * READS (nc_read). The source is cut into chunks of g_nc_chunk bytes (the
- * first may start mid-line; the others start on a line). For chunk k:
+ * READS (nc_read). The source is cut into chunks (the first may start
+ * mid-line; the others start on a line; 16 KiB, then doubling up to
+ * g_nc_chunk, 128 KiB). For chunk k:
  *
  *     drop the lines of chunk k+1          (CLFLUSHOPT, no fence)
  *     copy chunk k                         (loads of chunk k)
  *     MFENCE
  *
+ * where on x86 with AVX2 the drops are mixed into the copy loop, one per 64
+ * bytes copied (copy_dropping_avx2): issued all before the copy, a chunk's
+ * CLFLUSHOPTs fill the store buffer and hold the loads back (measured: no gain
+ * over the two-pass read); spread out, they overlap.
  * with chunk 0 dropped and fenced before the loop. Why no stale line can be
  * read: every line of chunk k+1 had its CLFLUSHOPT issued before the MFENCE
  * that precedes chunk k+1's loads in program order; MFENCE does not complete
@@ -907,8 +964,9 @@ cxlkv_set_nc_read_chunk_bytes(uint64_t bytes)
  * object, i.e. after the writer's SFENCE: it holds the published bytes. The
  * drops of chunk k+1 overlap the copy of chunk k (CLFLUSHOPT is not ordered
  * with the loads and stores of other lines), so the range is walked once;
- * the MFENCE per chunk costs tens of ns against ~1 us of copying 16 KiB. Its
- * last fence is skipped when nothing follows. On aarch64 the same pipeline
+ * the MFENCE per chunk waits for that chunk's stores and drops to complete,
+ * which is why chunks grow (few fences on a long range) from a short first one
+ * (whose drop overlaps nothing). The last fence is skipped when nothing follows. On aarch64 the same pipeline
  * uses DC CIVAC and DSB ISH.
  */
 
@@ -964,15 +1022,35 @@ nc_write_nf(char *dst, const char *src, size_t n)
     }
 }
 
-/* The end of the read chunk that starts at p (p < end): on a line boundary, or end. */
+/*
+ * Chunk sizes: the first chunk of a range is at most CXLKV_NC_FIRST_CHUNK_BYTES
+ * (its drop cannot overlap a copy, so it is kept short), each next one twice
+ * the one before, up to g_nc_chunk (fewer fences on long ranges).
+ */
+#define CXLKV_NC_FIRST_CHUNK_BYTES ((size_t)16 << 10)
+
+static inline size_t
+nc_first_chunk(void)
+{
+    return g_nc_chunk < CXLKV_NC_FIRST_CHUNK_BYTES ? g_nc_chunk : CXLKV_NC_FIRST_CHUNK_BYTES;
+}
+
+static inline size_t
+nc_next_chunk(size_t size)
+{
+    return size >= g_nc_chunk / 2 ? g_nc_chunk : 2 * size;
+}
+
+/* The end of the read chunk of `size` bytes that starts at p (p < end): on a
+ * line boundary, or end. */
 static inline const char *
-nc_chunk_end(const char *p, const char *end)
+nc_chunk_end(const char *p, const char *end, size_t size)
 {
     uintptr_t q;
 
     if (g_nc_chunk == 0) /* two-pass mode: the whole range is one chunk */
         return end;
-    q = ((uintptr_t)p + g_nc_chunk) & ~(uintptr_t)63;
+    q = ((uintptr_t)p + size) & ~(uintptr_t)63;
     return q >= (uintptr_t)end ? end : (const char *)q;
 }
 
@@ -980,7 +1058,7 @@ nc_chunk_end(const char *p, const char *end)
 static inline void
 nc_drop_first(const char *p, size_t n)
 {
-    nc_drop(NC_LINE_DOWN(p), nc_chunk_end(p, p + n));
+    nc_drop(NC_LINE_DOWN(p), nc_chunk_end(p, p + n, nc_first_chunk()));
 }
 
 /*
@@ -1009,18 +1087,37 @@ nc_read(char *dst, const char *src, size_t n, int stream, XXH3_state_t *st, int 
         nc_drop_first(p, n);
         nc_load_fence();
     }
+    size_t size = nc_first_chunk();
+
     while (p < end) {
-        const char *q = nc_chunk_end(p, end);
+        const char *q = nc_chunk_end(p, end, size), *da = NULL, *db = NULL;
+        char *d = dst + (p - src);
+        size_t len = (size_t)(q - p);
         int more = 1;
 
-        if (q < end)
-            nc_drop(q, nc_chunk_end(q, end)); /* q is on a line */
-        else if (next != NULL && next_n != 0)
-            nc_drop_first(next, next_n);
-        else
+        if (q < end) {
+            size = nc_next_chunk(size);
+            da = q; /* on a line */
+            db = nc_chunk_end(q, end, size);
+        } else if (next != NULL && next_n != 0) {
+            da = NC_LINE_DOWN(next);
+            db = nc_chunk_end(next, next + next_n, nc_first_chunk());
+        } else {
             more = 0;
-        NC_TRACE(CXLKV_NC_EV_LOAD, p, q);
-        copy_plain(dst + (p - src), p, (size_t)(q - p), stream);
+        }
+        if (g_copy_drop_fn != NULL && len >= 128 && !copy_backwards(d, p)) {
+            /* the drops of the next chunk (every line of [da, db)) mixed into
+             * this chunk's copy; all before the fence below, as above */
+            if (da != NULL)
+                NC_TRACE(CXLKV_NC_EV_DROP, da, db);
+            NC_TRACE(CXLKV_NC_EV_LOAD, p, q);
+            g_copy_drop_fn(d, p, len, stream, da != NULL ? da : q, da != NULL ? db : q);
+        } else {
+            if (da != NULL)
+                nc_drop(da, db);
+            NC_TRACE(CXLKV_NC_EV_LOAD, p, q);
+            copy_plain(d, p, len, stream);
+        }
         if (st != NULL) {
             if (!hash_dst)
                 NC_TRACE(CXLKV_NC_EV_LOAD, p, q);

@@ -95,10 +95,11 @@ int cxlkv_retire(cxlkv_region_t *r, int *err_errno);
  *    one store fence (SFENCE / DSB) for the whole call -- the same guarantee as
  *    a plain copy followed by cxlkv_flush(), without a second pass;
  *  - a copy OUT of the region reads no line this CPU cached before the call:
- *    the source is read in chunks of cxlkv_nc_read_chunk_bytes(), each chunk's
- *    lines dropped (CLFLUSHOPT / DC CIVAC) before the full fence (MFENCE / DSB)
- *    that precedes its loads, the next chunk's lines dropped while this one is
- *    copied -- the guarantee of cxlkv_invalidate() then a copy, in one pass.
+ *    the source is read in chunks (up to cxlkv_nc_read_chunk_bytes()), each
+ *    chunk's lines dropped (CLFLUSHOPT / DC CIVAC) before the full fence
+ *    (MFENCE / DSB) that precedes its loads, the next chunk's lines dropped
+ *    while this one is copied -- the guarantee of cxlkv_invalidate() then a
+ *    copy, in one pass.
  */
 #define CXLKV_COHERENT 0
 #define CXLKV_NONCOHERENT 1
@@ -292,8 +293,9 @@ const char *cxlkv_invalidate_instruction(void);
  * benchmarks): CXLKV_OK, or CXLKV_E_INVAL for a name unknown or not supported
  * by this CPU. Process-wide; set it before copies start.
  *
- * cxlkv_nc_read_chunk_bytes(): bytes per invalidate-and-copy chunk of an `nc`
- * copy out (default 16 KiB). cxlkv_set_nc_read_chunk_bytes(0) selects the
+ * cxlkv_nc_read_chunk_bytes(): the largest invalidate-and-copy chunk of an
+ * `nc` copy out (default 128 KiB; a range's first chunk is at most 16 KiB and
+ * each next one twice the one before). cxlkv_set_nc_read_chunk_bytes(0) selects the
  * two-pass read instead (drop every line of the range, one fence, then copy:
  * what cxlkv_invalidate() + a copy does; for comparison); other values are
  * rounded down to a multiple of 64, at least 256.
