@@ -539,7 +539,7 @@ def _sweep_plan(min_size: int = 0) -> list[tuple[int, str, int]]:
 
 
 def _sweep(roles: dict[str, tuple[Any, Any]], plan: list[tuple[int, str, int]], runs: int, bytes_per_run: int,
-           quick: bool) -> list[tuple[str, int, str, int, Timing, Timing]]:
+           quick: bool, log: Callable[[str], None] = lambda m: None) -> list[tuple[str, int, str, int, Timing, Timing]]:
     """Run the Put/Get sweep for every ``(writer, reader)`` pair of ``roles`` (one per
     coherence mode), the modes taking turns run by run within each configuration,
     so a change in machine load hits every mode alike.
@@ -567,6 +567,10 @@ def _sweep(roles: dict[str, tuple[Any, Any]], plan: list[tuple[int, str, int]], 
                 writer("remove", regex=f"^bench/{size}/{path}/{conc}/{r}/")
         for mode in roles:
             out.append((mode, size, path, conc, Timing.from_runs(puts[mode]), Timing.from_runs(gets[mode])))
+        if len(roles) > 1:
+            log(f"  {size >> 10:>6} KiB {path} x{conc}: " + ", ".join(
+                f"{m} put {size * out[-len(roles) + i][4].ops_per_s / 1e9:.2f} get "
+                f"{size * out[-len(roles) + i][5].ops_per_s / 1e9:.2f} GB/s" for i, m in enumerate(roles)))
     return out
 
 
@@ -612,7 +616,7 @@ def run_kv_coherence(*, quick: bool = False, log: Callable[[str], None] = lambda
         plan = _sweep_plan(min_size)
         for size in {s for s, _, _ in plan}:
             limits[size] = measure_memcpy_gbps(size, runs=3)
-        for mode, size, path, conc, put_t, get_t in _sweep(roles, plan, runs, bytes_per_run, quick):
+        for mode, size, path, conc, put_t, get_t in _sweep(roles, plan, runs, bytes_per_run, quick, log):
             for op, t in (("put", put_t), ("get", get_t)):
                 rec = Record.from_timing(BENCH, op, size, t, limits[size], path=path, concurrency=conc, batch=1,
                                          coherence=mode)

@@ -4,8 +4,9 @@
   ``BatchPutStart`` (asking for the value's size plus the object header's, see
   :mod:`cxlkv.objheader`) → copy the value into every replica's extent (C, GIL
   released; large copies in a thread pool) while hashing the source (xxh3_64) →
-  in ``coherence = "flush"`` mode write the value's cache lines back (CLWB +
-  SFENCE) → write the header and key after the value (and flush them) →
+  in ``coherence = "flush"`` mode with the transport's non-coherent copies
+  (streaming stores, partial lines written back, SFENCE: in memory on return) →
+  write the header and key after the value (and flush them) →
   ``BatchPutEnd`` with the checksum. An item
   whose copy failed is revoked (``BatchPutRevoke``) so its space is freed at once.
   A put whose ``PutEnd`` is refused because the daemon re-registered meanwhile
@@ -15,8 +16,9 @@
   ended before the copy finished (else the space may have been reused: the read
   is retried once, then reported as LEASE_EXPIRED — never wrong bytes) → verify
   the object header (magic, key hash, version, length, header checksum) and the
-  value's checksum, in both coherence modes (flush mode invalidates before every
-  copy); a mismatch is retried once after an invalidate, then answered
+  value's checksum, in both coherence modes (flush mode reads with the
+  transport's non-coherent copies, which drop each chunk's lines before reading
+  it); a mismatch is retried once after an invalidate, then answered
   CHECKSUM_MISMATCH (a miss) and counted in ``checksum_failures`` → release the lease.
 
 The front-ends (:mod:`cxlkv.clientd.grpc_service`, :mod:`cxlkv.clientd.lean`)

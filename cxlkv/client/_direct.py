@@ -6,7 +6,8 @@ daemon reports (uuid, size, segment name — the same check clientd makes), the
 SDK asks the daemon only for metadata and moves the bytes itself: one copy
 between the caller's memory and the region, none in the daemon.
 
-* **Put** (``DirectPutStart`` → copy + xxh3_64 → flush (``flush`` mode) → header
+* **Put** (``DirectPutStart`` → copy + xxh3_64 (``flush`` mode: the transport's
+  non-coherent copy, in memory on return) → header
   written and flushed after the value → ``DirectPutEnd``): the same extent layout,
   object header and checksum as clientd writes (:mod:`cxlkv.objheader`). A large
   value's hash runs in a helper thread while the start call is in flight and the
@@ -14,7 +15,8 @@ between the caller's memory and the region, none in the daemon.
   the transport has it). A copy that fails is revoked; an exception between start
   and end revokes the started puts; if the process dies there, the daemon revokes
   them (it owns the put token and watches our pid).
-* **Get** (``DirectGet`` leases → copy out (invalidate first in ``flush`` mode) →
+* **Get** (``DirectGet`` leases → copy out (``flush`` mode: the non-coherent copy,
+  each chunk's lines dropped before it is read) →
   verify the object header and the value's checksum exactly as clientd does — a
   mismatch is retried once after an invalidate, then answered CHECKSUM_MISMATCH,
   never data → check the lease had not ended before the copy finished (retried
