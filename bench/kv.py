@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import statistics
 import os
 import subprocess
 import sys
@@ -557,7 +558,10 @@ def _sweep(roles: dict[str, tuple[Any, Any]], plan: list[tuple[int, str, int]], 
         puts: dict[str, list[tuple[float, np.ndarray]]] = {m: [] for m in roles}
         gets: dict[str, list[tuple[float, np.ndarray]]] = {m: [] for m in roles}
         for r in range(runs + 1):  # run 0 warms up
-            for mode, (writer, reader) in roles.items():
+            order = list(roles.items())
+            if r % 2:
+                order.reverse()  # no mode always goes first
+            for mode, (writer, reader) in order:
                 keys = [f"bench/{size}/{path}/{conc}/{r}/{i}" for i in range(n)]
                 wall, lat = writer("put", keys=keys, size=size, path=path, concurrency=conc)
                 gwall, glat = reader("get", keys=keys, size=size, path=path, concurrency=conc)
@@ -588,8 +592,10 @@ def run_kv_coherence(*, quick: bool = False, log: Callable[[str], None] = lambda
 
     Returns:
         One record per op, mode and configuration; each has a ``coherence``
-        field and, in flush mode, ``ratio_to_coherent`` (throughput over the
-        coherent record of the same op and configuration).
+        field and, in flush mode, ``ratio_to_coherent``: the median over runs of
+        each flush run's throughput over the coherent run next to it in time
+        (5 runs, the modes' order alternating; paired, so a load change that
+        hits one run hits its pair too).
 
     Raises:
         RuntimeError: a role process failed.
@@ -597,11 +603,12 @@ def run_kv_coherence(*, quick: bool = False, log: Callable[[str], None] = lambda
     """
     from cxlkv.cluster import LocalCluster
 
-    runs = 2 if quick else 3
+    runs = 2 if quick else 5
     bytes_per_run = (64 if quick else 256) * MiB
     ctx = mp.get_context("spawn")
     limits: dict[int, float] = {}
     records: list[Record] = []
+    timings: dict[tuple[str, str, int, str, int], Timing] = {}
     tmp = tempfile.TemporaryDirectory(prefix="cxlkv-bench-kv-coh-")
     clusters: dict[str, Any] = {}
     roles: dict[str, tuple[Any, Any]] = {}
@@ -618,17 +625,19 @@ def run_kv_coherence(*, quick: bool = False, log: Callable[[str], None] = lambda
             limits[size] = measure_memcpy_gbps(size, runs=3)
         for mode, size, path, conc, put_t, get_t in _sweep(roles, plan, runs, bytes_per_run, quick, log):
             for op, t in (("put", put_t), ("get", get_t)):
+                timings[(mode, op, size, path, conc)] = t
                 rec = Record.from_timing(BENCH, op, size, t, limits[size], path=path, concurrency=conc, batch=1,
                                          coherence=mode)
                 records.append(rec)
                 log(f"  {mode:<8} {op:<3} {size >> 10:>6} KiB {path} x{conc}: {rec.gbps:.2f} GB/s")
         _settle_limits(records, limits, log)
-        by = {(r.op, r.size_bytes, r.extra["path"], r.extra["concurrency"]): r for r in records
-              if r.extra["coherence"] == "coherent"}
         for r in records:
-            c = by.get((r.op, r.size_bytes, r.extra["path"], r.extra["concurrency"]))
-            if r.extra["coherence"] == "flush" and c is not None and c.gbps:
-                r.extra["ratio_to_coherent"] = round(r.gbps / c.gbps, 3)
+            cfg = (r.op, r.size_bytes, r.extra["path"], r.extra["concurrency"])
+            if r.extra["coherence"] == "flush" and ("coherent", *cfg) in timings:
+                # paired: each flush run over the coherent run next to it in time, median over runs
+                f, c = timings[("flush", *cfg)], timings[("coherent", *cfg)]
+                pairs = [a / b for a, b in zip(f.run_ops_per_s, c.run_ops_per_s) if b]
+                r.extra["ratio_to_coherent"] = round(statistics.median(pairs), 3) if pairs else None
     finally:
         for pair in roles.values():
             for role in pair:
@@ -666,8 +675,10 @@ def coherence_cost(records: list[Record]) -> list[str]:
     for (op, size, path, conc, batch), modes in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         if "coherent" in modes and "flush" in modes and modes["coherent"].gbps:
             ratio = modes["flush"].gbps / modes["coherent"].gbps
+            paired = modes["flush"].extra.get("ratio_to_coherent")
             lines.append(f"flush/coherent {op:<4} {size >> 10:>7} KiB {path} x{conc} batch {batch}: "
-                         f"{modes['flush'].gbps:.2f} / {modes['coherent'].gbps:.2f} GB/s = {ratio:.2f}")
+                         f"{modes['flush'].gbps:.2f} / {modes['coherent'].gbps:.2f} GB/s = {ratio:.2f}"
+                         + (f" (paired runs: {paired:.2f})" if paired is not None else ""))
     return lines
 
 
