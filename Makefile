@@ -96,6 +96,10 @@ test-oldest: install oldest
 # makes `mooncake.store` cxlkv's wherever CXLKV_AS_MOONCAKE=1 (docs/compat-mooncake.md).
 ENGINES ?= .venv-engines
 ENGINES_PINS := lmcache==0.5.6 torch==2.13.0
+# Mooncake's own wheel beside them (no deps: only its modules are imported), so the
+# hook is checked against the real mooncake.engine; it needs libibverbs1, librdmacm1
+# and libnuma1 from the OS to import (the test is skipped without them).
+ENGINES_MOONCAKE := mooncake-transfer-engine-non-cuda==0.3.13.post1
 ENGINES_STAMP := $(ENGINES)/.install-stamp
 
 engines: $(ENGINES_STAMP)
@@ -103,6 +107,7 @@ engines: $(ENGINES_STAMP)
 $(ENGINES_STAMP): $(INSTALL_DEPS) Makefile
 	test -x $(ENGINES)/bin/python || $(PYTHON) -m venv $(ENGINES)
 	$(ENGINES)/bin/python -m pip install -q -e . $(ENGINES_PINS)
+	$(ENGINES)/bin/python -m pip install -q --no-deps $(ENGINES_MOONCAKE)
 	echo "import cxlkv.compat.mooncake_alias" > \
 	  "$$($(ENGINES)/bin/python -c 'import site; print(site.getsitepackages()[0])')/cxlkv-mooncake.pth"
 	touch $(ENGINES_STAMP)

@@ -430,3 +430,23 @@ def test_device_pointers_move_by_dma(clean) -> None:
     finally:
         s.close()
         t.close()
+
+
+def test_host_pool_registered_again_after_a_clientd_restart(make_cluster) -> None:
+    cl = make_cluster(clientds=1, clientd_options={"direct_mode": False})
+    alloc = MooncakeHostMemAllocator()
+    size = 1 << 20
+    ptr = alloc.alloc(size)
+    np.frombuffer((ctypes.c_ubyte * size).from_address(ptr), dtype=np.uint8)[:] = 7
+    s = _store(cl.socket_path(0))
+    try:
+        c = s._client.client
+        assert s.put_from("before", ptr, size) == OK and c.staged_bytes == 0
+        cl.restart_clientd(0)          # the daemon forgets every registered buffer
+        cl.wait_until(lambda: s.is_exist("before") == 1, what="clientd back")
+        assert s.put_from("after", ptr, size) == OK
+        assert c.staged_bytes == 0     # registered with the new daemon, still zero-copy
+        assert s.get("after") == b"\x07" * size
+    finally:
+        s.close()
+        assert alloc.free(ptr) == 0

@@ -74,7 +74,33 @@ print(json.dumps({"protobuf": google.protobuf.__version__, "grpcio": grpc.__vers
     assert r.returncode == 0, r.stderr[-4000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["lmcache"] == "0.5.6" and out["protobuf"].startswith("6.") and out["grpcio"] == "1.78.0"
-    assert out["store"] == "cxlkv.compat.mooncake.store" and out["engine"] == "absent"
+    assert out["store"] == "cxlkv.compat.mooncake.store" and out["engine"] in ("real", "absent")
+
+
+def test_hook_beside_mooncakes_own_wheel() -> None:
+    code = """
+import json
+import cxlkv.compat.mooncake_alias
+import mooncake, mooncake.engine, mooncake.store
+from mooncake.async_store import MooncakeDistributedStoreAsync
+print(json.dumps({"package": mooncake.__file__, "engine": mooncake.engine.__file__,
+                  "TransferEngine": hasattr(mooncake.engine, "TransferEngine"),
+                  "store": mooncake.store.MooncakeDistributedStore.__module__,
+                  "allocator": mooncake.store.MooncakeHostMemAllocator.__module__,
+                  "async_base": MooncakeDistributedStoreAsync.__mro__[1].__module__}))
+"""
+    r = subprocess.run([ENGINES_PYTHON, "-c", code], capture_output=True, text=True, timeout=TIMEOUT_S,
+                       env={**os.environ, "CXLKV_AS_MOONCAKE": "1"}, cwd="/")
+    if r.returncode and ("libibverbs" in r.stderr or "librdmacm" in r.stderr or "libnuma" in r.stderr
+                         or "No module named 'mooncake.engine'" in r.stderr):
+        pytest.skip("Mooncake's wheel cannot be imported here (apt-get install libibverbs1 librdmacm1 libnuma1)")
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["package"].endswith("site-packages/mooncake/__init__.py")       # the real package
+    assert out["engine"].endswith("mooncake/engine.so") and out["TransferEngine"]  # Mooncake's TransferEngine
+    assert out["store"] == "cxlkv.compat.mooncake.store"                       # only the store is cxlkv's
+    assert out["allocator"] == "cxlkv.compat.mooncake.allocator"
+    assert out["async_base"] == "cxlkv.compat.mooncake.store"
 
 
 def test_device_pointer_refused_where_torch_has_no_cuda(module_cluster) -> None:
