@@ -261,29 +261,54 @@ def _fmt(value: Any, digits: int) -> str:
     return str(value)
 
 
-def print_table(records: Iterable[Record], file: IO[str] | None = None) -> None:
-    """Print records as an aligned table (tabulate), extra fields as trailing columns."""
+def print_table(records: Iterable[Record], file: IO[str] | None = None, width: int | None = None) -> None:
+    """Print records as aligned tables (tabulate) that fit ``width`` columns.
+
+    Records are grouped (in order) by benchmark and by the extra fields they
+    carry, one table per group, so one benchmark's extra columns do not widen
+    another's; a group whose extras would pass ``width`` (default: the terminal's
+    columns, 120 when not a terminal) continues in further tables keyed by
+    op and size. Units are in the headers (``GB/s`` = 1e9 B/s, ``µs``).
+    """
+    import shutil
+
     records = list(records)
-    extra_keys: list[str] = []
+    width = width or (shutil.get_terminal_size((120, 24)).columns if (file or sys.stdout).isatty() else 120)
+    groups: list[tuple[tuple[str, tuple[str, ...]], list[Record]]] = []
     for rec in records:
-        extra_keys += [k for k in rec.extra if k not in extra_keys]
-    headers = ["bench", "op", "size", "ops/s", "GB/s", "p50 µs", "p99 µs", "limit GB/s", "ratio", *extra_keys]
-    rows = [
-        [
-            rec.bench,
-            rec.op,
-            human_size(rec.size_bytes),
-            _fmt(rec.ops_per_s, 0),
-            _fmt(rec.gbps, 2),
-            _fmt(rec.p50_us, 1),
-            _fmt(rec.p99_us, 1),
-            _fmt(rec.limit_gbps, 2),
-            _fmt(rec.ratio_to_limit, 2),
-            *[_fmt(rec.extra.get(k), 2) for k in extra_keys],
-        ]
-        for rec in records
-    ]
-    print(tabulate(rows, headers=headers, disable_numparse=True, stralign="right"), file=file or sys.stdout)
+        sig = (rec.bench, tuple(k for k, v in rec.extra.items() if v is not None))
+        if groups and groups[-1][0] == sig:
+            groups[-1][1].append(rec)
+        else:
+            groups.append((sig, [rec]))
+    out = file or sys.stdout
+    for n, ((_, extra_keys), recs) in enumerate(groups):
+        if n:
+            print(file=out)
+        key_cols = [[rec.bench, rec.op, human_size(rec.size_bytes)] for rec in recs]
+        base = [[_fmt(rec.ops_per_s, 0), _fmt(rec.gbps, 2), _fmt(rec.p50_us, 1), _fmt(rec.p99_us, 1),
+                 _fmt(rec.limit_gbps, 2), _fmt(rec.ratio_to_limit, 2)] for rec in recs]
+        headers = ["bench", "op", "size", "ops/s", "GB/s", "p50 µs", "p99 µs", "limit GB/s", "ratio"]
+        extras = [[_fmt(rec.extra.get(k), 2) for k in extra_keys] for rec in recs]
+        # as many extra columns in the first table as fit; the rest continue below
+        cols: list[list[str]] = [[]]
+        for j, k in enumerate(extra_keys):
+            trial = cols[-1] + [k]
+            text = tabulate([kc + (b if len(cols) == 1 else []) + [e[extra_keys.index(x)] for x in trial]
+                             for kc, b, e in zip(key_cols, base, extras)],
+                            headers=headers[:3] + (headers[3:] if len(cols) == 1 else []) + trial,
+                            disable_numparse=True, stralign="right")
+            if cols[-1] and max(map(len, text.splitlines())) > width:
+                cols.append([k])
+            else:
+                cols[-1] = trial
+        for part, chunk in enumerate(cols):
+            if part:
+                print(file=out)
+            rows = [kc + (b if part == 0 else []) + [e[extra_keys.index(x)] for x in chunk]
+                    for kc, b, e in zip(key_cols, base, extras)]
+            hdr = headers[:3] + (headers[3:] if part == 0 else []) + chunk
+            print(tabulate(rows, headers=hdr, disable_numparse=True, stralign="right"), file=out)
 
 
 def write_json(records: Iterable[Record], path: str | os.PathLike[str]) -> None:

@@ -243,10 +243,11 @@ def _get_work(m: _Master, batch: int) -> Callable[[list[str]], None]:
     return get_batch
 
 
-def _grpc_records(quick: bool) -> list[Record]:
+def _grpc_records(quick: bool, log: Callable[[str], None] = lambda _m: None) -> list[Record]:
     n_single = 1000 if quick else 4000
     n_batched = 128 * (40 if quick else 400)
     runs = 2 if quick else 3
+    log(f"  the state machine's own rate, in process ({n_batched:,} keys: the limit beside each figure)")
     limits = _state_limits(n_batched)
     out: list[Record] = []
     with tempfile.TemporaryDirectory(prefix="cxlkv-bench-master-") as tmp:
@@ -267,6 +268,7 @@ def _grpc_records(quick: bool) -> list[Record]:
                               TARGET_BATCH_PUT_KEYS_PER_S if batch > 1 else None)
                 rec.extra["form"] = form
                 out.append(rec)
+                log(f"  grpc {op} batch {batch} threads {threads} ({form}): {rec.ops_per_s:,.0f} keys/s")
             keys = [f"put_batch/packed/1/0/{i}" for i in range(n_batched)]
             for op, batch, threads, n in (("get", 1, 1, n_single), ("get_batch", 128, 1, n_batched),
                                           ("get_batch", 128, 4, n_batched)):
@@ -277,6 +279,7 @@ def _grpc_records(quick: bool) -> list[Record]:
                     wall, lat = _threaded(jobs, _get_work(m, batch), threads)
                     res.append((wall, n, lat))
                 out.append(_record(op, _timing(res), batch, threads, limits["get"], None))
+                log(f"  grpc {op} batch {batch} threads {threads}: {out[-1].ops_per_s:,.0f} keys/s")
         finally:
             m.close()
     return out
@@ -413,7 +416,7 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _lean_records(quick: bool, tls: bool = False) -> list[Record]:
+def _lean_records(quick: bool, tls: bool = False, log: Callable[[str], None] = lambda _m: None) -> list[Record]:
     """Batched puts and gets over the master's lean link (what clientd uses): an
     asyncio :class:`~cxlkv.lean.LeanChannel`, ``inflight`` batches in flight;
     with ``tls`` over mutual TLS (generated certificates; ``extra["tls"]``)."""
@@ -493,10 +496,12 @@ def _lean_records(quick: bool, tls: bool = False) -> list[Record]:
                               TARGET_BATCH_PUT_KEYS_PER_S, transport="lean")
                 rec.extra["form"] = "packed"
                 out.append(add_cpu(rec))
+                log(f"  lean{' tls' if tls else ''} put_batch in flight {inflight}: {rec.ops_per_s:,.0f} keys/s")
             keys = [f"lean/1/0/{i}" for i in range(n)]
             jobs = [keys[i:i + batch] for i in range(0, n, batch)]
             res = [asyncio.run(timed(jobs, 4, get_batch)) for _ in range(runs)]
             out.append(add_cpu(_record("get_batch", _timing(res), batch, 4, limits["get"], None, transport="lean")))
+            log(f"  lean{' tls' if tls else ''} get_batch in flight 4: {out[-1].ops_per_s:,.0f} keys/s")
         finally:
             m.close()
     for rec in out:
@@ -504,14 +509,30 @@ def _lean_records(quick: bool, tls: bool = False) -> list[Record]:
     return out
 
 
-def run(quick: bool = False) -> list[Record]:
+def run(quick: bool = False, log: Callable[[str], None] | None = None) -> list[Record]:
     """Every master measurement; ``quick`` shrinks them to a smoke run. The lean
-    link is measured plaintext and over mutual TLS, in the same run."""
-    records = _grpc_records(quick)
-    records += _lean_records(quick)
-    records += _lean_records(quick, tls=True)
+    link is measured plaintext and over mutual TLS, in the same run.
+
+    Args:
+        log: progress lines (one per phase and per measurement), e.g. to stderr.
+    """
+    t0 = time.monotonic()
+
+    def say(msg: str) -> None:
+        if log is not None:
+            log(f"[{time.monotonic() - t0:6.1f} s] {msg}")
+
+    say("master over gRPC (5 put and 3 get measurements)")
+    records = _grpc_records(quick, say)
+    say("master over the lean link, plaintext")
+    records += _lean_records(quick, log=say)
+    say("master over the lean link, mutual TLS")
+    records += _lean_records(quick, tls=True, log=say)
     gc.collect()
-    records += _bench_allocator(100_000 if quick else 1_000_000, 20_000 if quick else 200_000)
+    n = 100_000 if quick else 1_000_000
+    say(f"allocator with {n:,} live objects")
+    records += _bench_allocator(n, 20_000 if quick else 200_000)
+    say("done")
     return records
 
 
@@ -519,4 +540,4 @@ def run(quick: bool = False) -> list[Record]:
 @output_options
 def master_cmd(as_json: bool, out: str | None, quick: bool) -> None:
     """Master metadata ops over gRPC (single and batched) and the allocator at 1M objects."""
-    emit(run(quick), as_json=as_json, out=out)
+    emit(run(quick, log=lambda m: click.echo(m, err=True)), as_json=as_json, out=out)

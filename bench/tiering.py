@@ -28,6 +28,7 @@ from __future__ import annotations
 import click
 
 from cxlkv.bench.common import Record, emit, output_options
+from cxlkv.clisize import Size
 
 __all__ = ["tiering_cmd", "CONFIGS"]
 
@@ -42,7 +43,8 @@ CONFIGS: dict[str, tuple[float, float]] = {
 @click.command("tiering")
 @click.option("--trace", default=None, type=click.Path(dir_okay=False),
               help="JSON-lines trace  [default: ../shared/traces/conversation_trace.jsonl beside the checkout]")
-@click.option("--block-bytes", default="4KiB", show_default=True, help="Bytes per 512-token block.")
+@click.option("--block-bytes", default="4KiB", show_default=True, type=Size(min_bytes=1),
+              help="Bytes per 512-token block.")
 @click.option("--capacity-fraction", default=0.1, show_default=True, type=float,
               help="CXL tier as a fraction of the trace's unique blocks.")
 @click.option("--ssd-fraction", default=1.0, show_default=True, type=float, help="SSD tier (tiered configs).")
@@ -55,18 +57,17 @@ CONFIGS: dict[str, tuple[float, float]] = {
 @click.option("--workers", default=4, show_default=True, type=click.IntRange(min=1), help="Replay processes.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay only the first N requests.")
 @output_options
-def tiering_cmd(trace: str, block_bytes: str, capacity_fraction: float, ssd_fraction: float,
+def tiering_cmd(trace: str, block_bytes: int, capacity_fraction: float, ssd_fraction: float,
                 dram_fraction: float, policies: tuple[str, ...], configs: tuple[str, ...], workers: int,
                 limit: int | None, as_json: bool, out: str | None, quick: bool) -> None:
     """Hit rates per tier: CXL-only vs CXL+SSD vs DRAM+CXL+SSD, per policy, on the real trace."""
-    from cxlkv.config import parse_size
     from cxlkv.replay import ReplayOptions, resolve_trace, run_embedded
 
     try:
         trace = resolve_trace(trace)
     except FileNotFoundError as exc:
         raise click.ClickException(str(exc)) from None
-    bb = parse_size(block_bytes, name="--block-bytes")
+    bb = block_bytes
     if quick and limit is None:
         limit = 1000
     records: list[Record] = []

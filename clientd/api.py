@@ -434,6 +434,7 @@ class ClientApi:
         n_buffers, buffer_bytes = self.buffers.stats()
         counters = dict(self.core.counters)
         counters["direct_puts_pending"] = self.direct.pending
+        counters["reservations_held"] = self.core.reserve.held
         for c in link.coalescers():
             counters[f"master_calls.{c.name}"] = c.calls
             counters[f"master_items.{c.name}"] = c.items

@@ -61,8 +61,15 @@ def clientd_cmd(config_path, name, master_address, socket_path, lean_socket_path
     from cxlkv.clientd.daemon import Daemon
     from cxlkv.systemd import Notifier
 
+    from cxlkv.systemd import config_reloader, install_reload
+
+    notifier = Notifier.from_env(os.environ)
+    install_reload(notifier, config_reloader(lambda: load_config(
+        ClientdConfig, config_path, env=os.environ, env_prefix="CXLKV_CLIENTD_", overrides=overrides),
+        cfg, cfg.name))
+
     async def _main() -> int:
-        return await Daemon(cfg, notifier=Notifier.from_env(os.environ)).run()
+        return await Daemon(cfg, notifier=notifier).run()
 
     from cxlkv.loops import run
 

@@ -46,7 +46,7 @@ from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode, RegionError
 from cxlkv.transport.bindings import cxlkv_guard_total_hits as _guard_total_hits
 from cxlkv.keys import key_error, options_error
-from cxlkv.objheader import header_bytes_for, object_mismatch
+from cxlkv.objheader import check_copy, header_bytes_for
 from cxlkv.transport.index import IX_ELSEWHERE, IX_HIT, IX_MISS, IX_TOO_SMALL
 from cxlkv.v1 import client_pb2, common_pb2, master_pb2
 
@@ -82,6 +82,7 @@ REMOVE_ALL_TIMEOUT_S = 120.0
 
 _OK = int(ErrorCode.OK)
 _NOT_FOUND = int(ErrorCode.NOT_FOUND)
+_ALREADY_EXISTS = int(ErrorCode.ALREADY_EXISTS)
 _INVALID_KEY = int(ErrorCode.INVALID_KEY)
 _INVALID_ARGUMENT = int(ErrorCode.INVALID_ARGUMENT)
 _STALE_TOKEN = int(ErrorCode.STALE_TOKEN)
@@ -93,6 +94,15 @@ _HAS_LEASE = int(ErrorCode.HAS_LEASE)
 _OUT_OF_RANGE = int(ErrorCode.OUT_OF_RANGE)
 _UNAVAILABLE = int(ErrorCode.UNAVAILABLE)
 _INTERNAL = int(ErrorCode.INTERNAL)
+
+
+def _code_name(code: int) -> str:
+    """The ErrorCode name of ``code`` (its number for one this version does not know)."""
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return str(code)
+
 
 _xxh3 = xxhash.xxh3_64_intdigest
 _Status = common_pb2.Status
@@ -263,8 +273,10 @@ class ClientdCore:
         for i, r in enumerate(results):
             if r is None:  # unreachable by construction; never answer nothing
                 results[i] = _PutResult(status=_status(_INTERNAL, "put produced no result"))
+            elif r.status.code == _ALREADY_EXISTS:  # keys are immutable: a replay's put of a cached key
+                self.counters["put_already_exists"] += 1
             elif r.status.code:
-                self.counters["put_errors"] += 1
+                self.counters[f"put_errors.{_code_name(r.status.code)}"] += 1
         return results  # type: ignore[return-value]
 
     async def _put_attempt(
@@ -297,28 +309,13 @@ class ClientdCore:
 
     def _take_reserved(self, specs: list[PutSpec], todo: list[int],
                        key_bytes: dict[int, bytes]) -> dict[int, StartedPut]:
-        """Reserved extents for the items that may use one (one replica, no preferred
-        segment, an object no larger than the pool keeps), as started puts."""
-        pool = self.reserve
-        if not pool.enabled:
-            return {}
-        want: dict[int, list[int]] = {}
-        seen: dict[str, int] = {}
-        for i in todo:
-            seen[specs[i].key] = seen.get(specs[i].key, 0) + 1
-        for i in todo:
-            o = specs[i].options
-            if (o is not None and (o.replica_num > 1 or o.preferred_segment or o.upsert)) or seen[specs[i].key] > 1:
-                # duplicates of a batch go through PutStart, so the first one wins; so do
-                # upserts, so a key's versions keep growing (a reservation may be older)
-                continue
-            want.setdefault(header_bytes_for(len(key_bytes[i])) + specs[i].size, []).append(i)
-        out: dict[int, StartedPut] = {}
-        for need, positions in want.items():
-            for i, r in zip(positions, pool.take(need, len(positions))):
-                out[i] = StartedPut(_OK_STATUS, r.put_token, r.put_token,
+        """Reserved extents for the items that may use one
+        (:meth:`~cxlkv.clientd.reserve.ReservePool.take_for`), as started puts."""
+        got = self.reserve.take_for([(specs[i].key, specs[i].size, specs[i].options,
+                                      header_bytes_for(len(key_bytes[i]))) for i in todo])
+        return {todo[j]: StartedPut(_OK_STATUS, r.put_token, r.put_token,
                                     (StartedExtent(r.segment_id, r.offset_bytes, r.length_bytes),), 1)
-        return out
+                for j, r in got.items()}
 
     async def _put_round(
         self, specs: list[PutSpec], todo: list[int], results: list[client_pb2.PutResult | None],
@@ -667,7 +664,7 @@ class ClientdCore:
             if o is None:
                 out[i] = ReadOutcome(_INTERNAL, "read produced no outcome")
             elif o.code and o.code != _NOT_FOUND:
-                self.counters["get_errors"] += 1
+                self.counters[f"get_errors.{_code_name(o.code)}"] += 1
         return out  # type: ignore[return-value]
 
     def _get_from_index(self, keys: list[str], targets: list[ReadTarget | None], todo: list[int],
@@ -701,7 +698,11 @@ class ClientdCore:
                 hits.append(key)
             elif oc == IX_MISS:
                 out[i] = ReadOutcome(_NOT_FOUND, f"key {key!r} not found")
-            elif oc == IX_TOO_SMALL:
+            elif oc == IX_TOO_SMALL or (oc == IX_ELSEWHERE and r.value_len_bytes > (
+                    inline_limit if t is None else t.capacity)):
+                # The slot says how large the committed value is: a target it does not
+                # fit is answered here, so a large get through the daemon costs one
+                # master round trip (the GetInto that follows), not two.
                 size = r.value_len_bytes
                 if t is None:
                     out[i] = ReadOutcome(_TOO_LARGE, (
@@ -943,24 +944,14 @@ class ClientdCore:
         return rest
 
     def _check_object(self, c: _Copy, hb: int, key: str, version: int, expected: int) -> str | None:
-        """Why the bytes copied for ``c`` are not ``key`` at ``version`` (``None``: they are)."""
+        """Why the bytes copied for ``c`` are not ``key`` at ``version`` (``None``: they
+        are): :func:`cxlkv.objheader.check_copy`."""
         if c.checksum is not None:
             got = c.checksum  # hashed by the copy itself
         else:
             got = _xxh3(c.buf if isinstance(c.buf, bytes) else c.buf[c.buf_offset:c.buf_offset + c.length])
-        if expected and got != expected:
-            return "bytes read do not match the committed checksum"
-        if not hb:
-            return None
-        region = c.mapped.region
-        start = c.region_offset - hb
-        try:
-            if self.flush_mode:
-                region.invalidate(start, hb)
-            head = region.read(start, hb)
-        except CxlkvError as exc:
-            return f"object header unreadable: {exc.message}"
-        return object_mismatch(head, key.encode("utf-8"), version, c.length, hb, got)
+        return check_copy(c.mapped.region, c.region_offset - hb, hb, key.encode("utf-8"), version, c.length,
+                          got, expected, invalidate=self.flush_mode)
 
     # ========================================================== prefix reads
     async def get_prefix(self, keys: list[str], targets: list[ReadTarget]) -> tuple[int, list[ReadOutcome]]:

@@ -140,6 +140,7 @@ class Daemon:
         self.socket_path = cfg.resolved_socket_path()
         self.lean_socket_path = cfg.resolved_lean_socket_path()
         self._stop = asyncio.Event()
+        self._health_tasks: set[asyncio.Task[None]] = set()
         self._sockets_owned: list[str] = []
         self.tier_worker = None
         self.core: ClientdCore | None = None
@@ -184,7 +185,8 @@ class Daemon:
                 from cxlkv.transport import install_sigbus_guard
 
                 install_sigbus_guard()  # a region file that shrinks: errors, never a SIGBUS death
-                regions = RegionSet.open(cfg.regions, prefault=cfg.prefault)
+                with self.notifier.extending("mapping regions" + (" (prefault)" if cfg.prefault else "")):
+                    regions = RegionSet.open(cfg.regions, prefault=cfg.prefault)
                 if cfg.dram_tier_bytes:
                     from cxlkv.clientd.tiers import open_dram_tier
 
@@ -248,7 +250,9 @@ class Daemon:
                 api.direct.adopt_previous(alive)
                 self._release_prev = asyncio.ensure_future(core.release_when_drained(
                     prev.epoch, -1, tuple(w.put_token for w in alive)))
-            await grpc_fe.set_serving(True)
+            await grpc_fe.set_serving(link.connected)
+            # grpc.health follows the master link: NOT_SERVING while every call would answer UNAVAILABLE
+            link.on_connected.append(lambda _up: self._follow_link(grpc_fe, link))
             if cfg.ready_file:
                 Path(cfg.ready_file).write_text(f"{os.getpid()}\n")
             log.info("clientd %s ready", cfg.name)
@@ -266,6 +270,18 @@ class Daemon:
             watchdog.cancel()
             self.stalls.stop()
             await self._shutdown(grpc_fe, lean, link, buffers, regions, executor, metrics)
+
+    def _follow_link(self, grpc_fe: Any, link: MasterLink) -> None:
+        """Set health from the link's state when the task runs (the latest state wins)."""
+        async def follow() -> None:
+            try:
+                await grpc_fe.set_serving(link.connected and link.registered)
+            except Exception:  # the health servicer is gone at shutdown
+                log.debug("health update failed", exc_info=True)
+
+        task = asyncio.ensure_future(follow())
+        self._health_tasks.add(task)
+        task.add_done_callback(self._health_tasks.discard)
 
     async def _watch_regions(self, regions: RegionSet) -> None:
         """Every ``region_check_interval_s``: retire regions whose file shrank (docs/clientd.md)."""
@@ -304,7 +320,7 @@ class Daemon:
             except Exception:
                 log.exception("giving back reservations failed")
         if link is not None:
-            await link.close()
+            await link.close(deregister=True)  # a planned stop is no host failure
         if self.incarnation is not None:
             self.incarnation.release()
         executor.shutdown(wait=True)

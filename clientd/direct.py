@@ -40,6 +40,7 @@ from cxlkv.v1 import client_pb2, common_pb2
 
 if TYPE_CHECKING:
     from cxlkv.clientd.core import ClientdCore
+    from cxlkv.clientd.reserve import Reservation
     from cxlkv.clientd.regions import MappedRegion
 
 __all__ = ["DirectPuts", "REAP_INTERVAL_S"]
@@ -61,7 +62,15 @@ _UNKNOWN_CLIENT = int(ErrorCode.UNKNOWN_CLIENT)
 _CHECKSUM_MISMATCH = int(ErrorCode.CHECKSUM_MISMATCH)
 _INVALID_ARGUMENT = int(ErrorCode.INVALID_ARGUMENT)
 _CXL = common_pb2.CXL
+_OK_STATUS = common_pb2.Status()
 _UNSPECIFIED = common_pb2.TIER_UNSPECIFIED
+
+
+def _commit_flags(o: common_pb2.PutOptions | None) -> int:
+    """PackedCommit flags of put options: bit 1 soft pin, 2 hard pin (no upserts here)."""
+    if o is None:
+        return 0
+    return (2 if o.soft_pin else 0) | (4 if o.hard_pin else 0)
 
 
 def _status(code: int, message: str) -> common_pb2.Status:
@@ -82,6 +91,10 @@ class _Pending:
     pid_start: int | None
     generation: int
     started: float = field(default_factory=time.monotonic)
+    #: The reserved extent this put writes (committed with PackedCommit, given back to
+    #: the pool on revoke), or ``None``: a PutStart put (PutEnd / PutRevoke).
+    reservation: "Reservation | None" = None
+    flags: int = 0
 
 
 class DirectPuts:
@@ -210,8 +223,10 @@ class DirectPuts:
                          items[i].options if items[i].HasField("options") else None, hbs[i]) for i in positions]
 
             gen = link.generation
+            if pid:  # a writer the reaper can watch: reserved extents, committed in one round trip
+                todo = self._start_reserved(items, todo, hbs, results, pid, pid_start, gen)
             try:
-                starts = list(await link.put_start.submit(specs(todo), urgent=urgent))
+                starts = list(await link.put_start.submit(specs(todo), urgent=urgent)) if todo else []
                 again = [j for j, r in enumerate(starts) if r.status.code == _UNKNOWN_CLIENT]
                 if again and link.generation != gen:  # the link registered again meanwhile: once more
                     gen = link.generation
@@ -246,6 +261,52 @@ class DirectPuts:
         self._record()  # before the writer learns its extents: a later process must know of it
         return client_pb2.DirectPutStartResponse(results=results)  # type: ignore[arg-type]
 
+    def _start_reserved(self, items: Any, todo: list[int], hbs: dict[int, int],
+                        results: list[client_pb2.DirectPutStartResult | None], pid: int,
+                        pid_start: int | None, gen: int) -> list[int]:
+        """Start from the daemon's reservations what may use one (as its own puts do:
+        :meth:`~cxlkv.clientd.reserve.ReservePool.take_for`); returns the positions
+        left for PutStart. A direct put from a reservation costs the master one round
+        trip in all (the PackedCommit of DirectPutEnd)."""
+        pool = self.core.reserve
+        got = pool.take_for([(items[i].key, items[i].value_size_bytes,
+                              items[i].options if items[i].HasField("options") else None, hbs[i]) for i in todo])
+        if not got:
+            return todo
+        rest: list[int] = []
+        for j, i in enumerate(todo):
+            r = got.get(j)
+            if r is None:
+                rest.append(i)
+                continue
+            if self._direct_region(r.segment_id) is None:  # not a region direct callers map
+                pool.give_back(hbs[i] + items[i].value_size_bytes, [r])
+                rest.append(i)
+                continue
+            it = items[i]
+            o = it.options if it.HasField("options") else None
+            ext = common_pb2.Extent(segment_id=r.segment_id, offset_bytes=r.offset_bytes, length_bytes=r.length_bytes)
+            self._pending[r.put_token] = _Pending(
+                it.key, r.put_token, r.put_token, it.value_size_bytes, hbs[i], [ext], pid, pid_start, gen,
+                reservation=r, flags=_commit_flags(o))
+            results[i] = client_pb2.DirectPutStartResult(
+                put_token=r.put_token, version=r.put_token, header_bytes=hbs[i],
+                extents=[self._extent(ext, int(_CXL))])
+            self.core.counters["direct_put_reserved"] += 1
+        return rest
+
+    def _give_back(self, pending: list[_Pending]) -> list[_Pending]:
+        """Return the reserved extents of ended writers to the pool (the writer is done
+        with them: it said so, or it exited); returns the other (PutStart) puts."""
+        rest: list[_Pending] = []
+        for p in pending:
+            if p.reservation is None:
+                rest.append(p)
+            elif p.generation == self.core.link.generation:
+                self.core.reserve.give_back(p.header_bytes + p.size, [p.reservation])
+            # else: taken under a registration that ended; the master quarantined it
+        return rest
+
     async def put_end(self, req: client_pb2.DirectPutEndRequest) -> client_pb2.DirectPutEndResponse:
         """DirectPutEnd: commit (or revoke) each item; one status per item.
 
@@ -262,6 +323,7 @@ class DirectPuts:
         n = len(req.items)
         out: list[common_pb2.Status | None] = [None] * n
         ends: list[tuple[int, tuple[str, int, int]]] = []
+        commits: list[tuple[int, _Pending, int]] = []
         revokes: list[tuple[int, tuple[str, int, int]]] = []
         for i, it in enumerate(req.items):
             p = self._pending.get(it.put_token)
@@ -271,15 +333,24 @@ class DirectPuts:
                 continue
             del self._pending[it.put_token]
             if it.revoke:
+                if not self._give_back([p]):
+                    out[i] = _OK_STATUS
+                    continue
                 revokes.append((i, (p.key, p.token, 0)))
                 continue
             why = self._check_header(p, it.checksum)
             if why is not None:
                 log.warning("direct put of key %r: %s; revoked", p.key[:64], why)
-                revokes.append((i, (p.key, p.token, 0)))
                 out[i] = _status(_CHECKSUM_MISMATCH, f"key {p.key!r}: {why}; the put was revoked")
+                if self._give_back([p]):
+                    revokes.append((i, (p.key, p.token, 0)))
                 continue
-            ends.append((i, (p.key, p.token, it.checksum)))
+            if p.reservation is not None:
+                commits.append((i, p, it.checksum))
+            else:
+                ends.append((i, (p.key, p.token, it.checksum)))
+        if commits:
+            await self._commit(commits, out)
         if revokes:
             st = await self._revoke([r for _, r in revokes])
             for (i, _), s in zip(revokes, st):
@@ -297,9 +368,27 @@ class DirectPuts:
                     fenced.append((e[0], e[1], 0))
             if fenced:
                 await self.core.release_fenced(fenced)
-        self.core.counters["direct_put_ends"] += len(ends)
+        self.core.counters["direct_put_ends"] += len(ends) + len(commits)
         self._record()
         return client_pb2.DirectPutEndResponse(results=out)  # type: ignore[arg-type]
+
+    async def _commit(self, commits: list[tuple[int, _Pending, int]], out: list[common_pb2.Status | None]) -> None:
+        """PackedCommit the reserved direct puts; one status each into ``out``. A
+        commit that fails leaves the reservation with the master: it is consumed
+        (an error of the item) or stays this registration's (the call failed; the
+        master quarantines it when the registration ends)."""
+        link = self.core.link
+        try:
+            statuses = await link.commit.submit(
+                [(p.key, p.token, p.size, p.header_bytes, checksum, p.flags) for _, p, checksum in commits],
+                urgent=True)
+        except CxlkvError as exc:
+            st = exc.to_status()
+            for i, _, _ in commits:
+                out[i] = st
+            return
+        for (i, _, _), st in zip(commits, statuses):
+            out[i] = st
 
     def _check_header(self, p: _Pending, checksum: int) -> str | None:
         """Why the header the writer wrote at every extent does not describe this put."""
@@ -363,7 +452,9 @@ class DirectPuts:
         self._record()
         log.info("revoking %d direct put(s) of exited writer(s) %s", len(dead),
                  sorted({p.pid for p in dead}))
-        await self._revoke([(p.key, p.token, 0) for p in dead])
+        started = self._give_back(dead)
+        if started:
+            await self._revoke([(p.key, p.token, 0) for p in started])
         self.core.counters["direct_puts_reaped"] += len(dead)
         return len(dead)
 

@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from cxlkv.reflection import enable_reflection
 from grpc_status import rpc_status
 
 from cxlkv.client.framing import METHODS
@@ -99,8 +99,7 @@ class GrpcFrontEnd:
         # safe deserializers: a request that does not parse answers INVALID_ARGUMENT/INVALID_KEY (cxlkv.wire)
         add_service(self.server, client_pb2.DESCRIPTOR.services_by_name["ClientService"], make_servicer(api))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server)
+        enable_reflection((SERVICE_NAME, health.SERVICE_NAME), self.server)  # v1 and v1alpha
 
     async def start(self) -> None:
         """Bind and serve (health NOT_SERVING until :meth:`set_serving`).

@@ -35,6 +35,8 @@ from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
 _MASTER_METHODS = service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"])
 #: Calls sent over the lean link when the master serves one (registration and
 #: heartbeats stay on gRPC: they also prove the gRPC path and are rare).
+#: Longest wait for DeregisterClient at a planned stop, seconds.
+DEREGISTER_TIMEOUT_S = 2.0
 _LEAN_METHODS = frozenset(m.name for m in _MASTER_METHODS if m.name.startswith(("Batch", "Packed"))) | {
     "ReleaseLeases", "PutStart", "PutEnd", "PutRevoke", "GetReplicaList", "ExistKey", "MatchPrefix",
     "Remove", "RemoveAll", "RemoveByRegex", "ListKeys", "Stat", "ListSegments", "FetchTasks", "CompleteTasks",
@@ -288,8 +290,10 @@ class MasterLink:
         self.lease_ttl_s = 5.0
         #: Grows by one on every successful registration.
         self.generation = 0
-        #: Whether the last call to the master got through.
-        self.connected = False
+        self._connected = False
+        #: Called with the new value whenever :attr:`connected` changes (clientd's
+        #: health follows it: NOT_SERVING while the master is lost).
+        self.on_connected: list[Callable[[bool], None]] = []
         self._registered = asyncio.Event()
         self._register_lock = asyncio.Lock()
         self._closed = False
@@ -344,6 +348,22 @@ class MasterLink:
         }
 
     # -- lifecycle ----------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        """Whether the last call to the master got through."""
+        return self._connected
+
+    @connected.setter
+    def connected(self, value: bool) -> None:
+        if value == self._connected:
+            return
+        self._connected = value
+        for cb in self.on_connected:
+            try:
+                cb(value)
+            except Exception:  # a bug in a callback must not fail the call that noticed
+                log.exception("connection callback failed")
+
     @property
     def registered(self) -> bool:
         """Whether the daemon holds a registration (it may have expired unnoticed)."""
@@ -420,8 +440,15 @@ class MasterLink:
             self._channel = grpc.aio.insecure_channel(self.address, options=options)
         self._stub = master_pb2_grpc.MasterServiceStub(self._channel)
 
-    async def close(self) -> None:
-        """Release pending leases, stop heartbeats and close the channel."""
+    async def close(self, *, deregister: bool = False) -> None:
+        """Release pending leases, stop heartbeats and close the channel.
+
+        Args:
+            deregister: end the registration on the master too (a planned stop:
+                not counted as an expiry, no longer listed); a master that is
+                known lost, or does not answer within :data:`DEREGISTER_TIMEOUT_S`,
+                lets it expire instead (a stop never waits longer for it).
+        """
         if self._closed:
             return
         self._closed = True
@@ -448,10 +475,24 @@ class MasterLink:
                 pass
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if deregister and self.registered and self.connected:  # a master known lost: let it expire
+            await self._deregister()
         if self._lean is not None:
             self._lean.close()
         if self._channel is not None:
             await self._channel.close()
+
+    async def _deregister(self) -> None:
+        try:
+            await self._raw("DeregisterClient",
+                            master_pb2.DeregisterClientRequest(client_id=self.client_id, epoch=self.epoch),
+                            timeout=min(self.cfg.master_timeout_s, DEREGISTER_TIMEOUT_S))
+        except CxlkvError as exc:  # unreachable or already expired: the registration expires or is gone
+            log.warning("deregistration from the master at %s failed (%s); it expires after client_ttl_s",
+                        self.address, exc.message)
+        else:
+            log.info("deregistered from the master at %s (%s)", self.address, self.client_id)
+        self._registered.clear()
 
     # -- registration -------------------------------------------------------
     async def _register(self, *, first: bool = False, timeout: float | None = None) -> None:

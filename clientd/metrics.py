@@ -89,6 +89,14 @@ def instrument_api(api: Any, stats: RequestStats) -> None:
         setattr(api, m.name, _observed(getattr(api, m.name), stats.method(m.name), BATCH_FIELDS.get(m.name)))
 
 
+#: Error series exported at 0 before the first such error, so queries and alerts
+#: find them (Prometheus practice: initialise the label values you know).
+_ERROR_CODES_AT_ZERO = {
+    "put": ("NO_SPACE", "TOO_LARGE", "UNAVAILABLE", "INTERNAL"),
+    "get": ("CHECKSUM_MISMATCH", "LEASE_EXPIRED", "UNAVAILABLE", "INTERNAL"),
+}
+
+
 class ClientdCollector:
     """Reads one daemon's counters at scrape time.
 
@@ -110,10 +118,22 @@ class ClientdCollector:
         for op in ("put", "get", "exist", "remove"):
             items.add_metric([op], c.get(f"{op}_items", 0))
         yield items
-        errors = CounterMetricFamily("cxlkv_clientd_errors_total", "Failed items, by operation", labels=["op"])
-        for op in ("put", "get"):
-            errors.add_metric([op], c.get(f"{op}_errors", 0))
+        errors = CounterMetricFamily(
+            "cxlkv_clientd_errors_total",
+            "Failed items, by operation and error code (a get's NOT_FOUND and a put's ALREADY_EXISTS are not errors)",
+            labels=["op", "code"])
+        seen = {(op, code): 0 for op, codes in _ERROR_CODES_AT_ZERO.items() for code in codes}
+        for key, n in c.items():
+            op, dot, code = key.partition("_errors.")
+            if dot and op in ("put", "get"):
+                seen[op, code] = n
+        for (op, code), n in sorted(seen.items()):
+            errors.add_metric([op, code], n)
         yield errors
+        yield CounterMetricFamily(
+            "cxlkv_clientd_put_already_exists_total",
+            "Puts of a key already committed (ALREADY_EXISTS: keys are immutable; SDKs may treat it as success)",
+            value=c.get("put_already_exists", 0))
         moved = CounterMetricFamily("cxlkv_clientd_copied_bytes_total", "Bytes copied", labels=["direction"])
         moved.add_metric(["in"], c.get("bytes_in", 0))
         moved.add_metric(["out"], c.get("bytes_out", 0))

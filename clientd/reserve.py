@@ -5,9 +5,12 @@ extent), a small stack of extents the master reserved for this registration
 (``PackedReserve``). A put takes one, copies the value and writes the object
 header into it, and names it with ``PackedCommit``: one master round trip per
 put or batch of puts instead of two (PutStart, PutEnd). The stack is refilled
-in the background when it runs below half its target; the target follows the
-largest batch seen (bounded in bytes, :data:`RESERVE_BYTES`), so a cache that
-is full holds little space idle. Sizes not seen recently, values over
+in the background when it runs below half its target. A size seen for the first
+time gets a target of two batches; every refill doubles it, up to
+:data:`RESERVE_BYTES` of that size, and all sizes together hold at most the
+daemon's budget (:data:`RESERVE_BUDGET_BYTES`, and never more than 1/64 of the
+CXL capacity the master offers), so odd sizes reserve little and a full cache
+holds little space idle. Sizes not seen recently, values over
 :data:`MAX_RESERVED_BYTES`, and puts with replicas or a preferred segment go
 through PutStart/PutEnd.
 
@@ -22,10 +25,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from cxlkv.errors import CxlkvError
-from cxlkv.v1 import master_pb2
+from cxlkv.v1 import common_pb2, master_pb2
 
 if TYPE_CHECKING:
     from cxlkv.clientd.master_link import MasterLink
@@ -34,15 +37,24 @@ __all__ = ["Reservation", "ReservePool", "RESERVE_BYTES", "MAX_RESERVED_BYTES"]
 
 log = logging.getLogger(__name__)
 
-#: Most bytes held reserved per object size (the stack's target is bounded by it).
-RESERVE_BYTES = 1 << 20
+#: Most bytes held reserved per object size (the stack's target is bounded by it):
+#: room for two batches of 256 values of 4 KiB, so that batched small puts keep to
+#: one master round trip (a 256-item batch with 1 MiB here went through
+#: PutStart/PutEnd for most of its items: 15.8k-31k keys/s).
+RESERVE_BYTES = 4 << 20
+#: Most bytes one daemon holds reserved over all sizes (and at most
+#: :data:`CAPACITY_SHARE` of the CXL capacity).
+RESERVE_BUDGET_BYTES = 16 << 20
+#: The reserved bytes' bound as a share of the CXL capacity the master offers.
+CAPACITY_SHARE = 1 / 64
 #: Objects (header + value) larger than this are put with PutStart/PutEnd: the
-#: copy then dominates, and a large reservation would sit idle.
-MAX_RESERVED_BYTES = 1 << 20
+#: copy then dominates, and a large reservation would sit idle. Values of 1 MiB
+#: with any key (a header of up to 64 + 4096 bytes) still take reservations.
+MAX_RESERVED_BYTES = (1 << 20) + 64 + 4096
 #: Object sizes kept at once (least recently used sizes are given back).
 MAX_SIZES = 8
 #: Smallest target of a stack, in extents.
-MIN_TARGET = 16
+MIN_TARGET = 2
 
 
 class Reservation(NamedTuple):
@@ -104,16 +116,59 @@ class ReservePool:
                 self._give_back_later(rest)
         else:
             self._stacks.move_to_end(need_bytes)
-        bound = max(1, RESERVE_BYTES // need_bytes)
-        target = min(bound, max(self._target.get(need_bytes, MIN_TARGET), 2 * n, MIN_TARGET))
-        self._target[need_bytes] = target
+        budget = self.budget_bytes()
+        bound = max(1, min(RESERVE_BYTES, budget) // need_bytes)
+        target = min(bound, max(self._target.get(need_bytes, MIN_TARGET), 2 * n))
         got = stack[:n]  # oldest first: a key's successive puts through this daemon get growing versions
         del stack[:len(got)]
         self.taken += len(got)
         if len(stack) <= target // 2 and need_bytes not in self._refilling:
             self._refilling.add(need_bytes)
-            self._spawn(self._refill(need_bytes))
+            self._spawn(self._refill(need_bytes, target, budget))
+            target = min(bound, 2 * target)  # refilled often: hold more of this size
+        self._target[need_bytes] = target
         return got
+
+    def budget_bytes(self) -> int:
+        """Bytes this daemon may hold reserved over all sizes: :data:`RESERVE_BUDGET_BYTES`,
+        at most :data:`CAPACITY_SHARE` of the mounted CXL segments' capacity."""
+        cxl = sum(s.capacity_bytes for s in self.link.segments if s.tier == common_pb2.CXL and s.mounted)
+        return min(RESERVE_BUDGET_BYTES, int(cxl * CAPACITY_SHARE))
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the reservations held (not yet used)."""
+        return sum(need * len(s) for need, s in self._stacks.items())
+
+    def take_for(self, items: "Sequence[tuple[str, int, common_pb2.PutOptions | None, int]]") -> dict[int, Reservation]:
+        """Reservations for the items of one put call that may use one, by position.
+
+        Args:
+            items: per position ``(key, value_size_bytes, options, header_bytes)``.
+
+        Returns:
+            Position → its reservation. Items with replicas, a preferred segment or
+            ``upsert`` take none (upserts go through PutStart, so a key's versions
+            keep growing: a reservation may be older than the committed version),
+            nor do keys that appear more than once in the call (PutStart answers
+            the first one; the others NOT_READY or ALREADY_EXISTS). The rest go
+            through PutStart/PutEnd.
+        """
+        if not self.enabled:
+            return {}
+        seen: dict[str, int] = {}
+        for key, _, _, _ in items:
+            seen[key] = seen.get(key, 0) + 1
+        want: dict[int, list[int]] = {}
+        for i, (key, size, o, hb) in enumerate(items):
+            if (o is not None and (o.replica_num > 1 or o.preferred_segment or o.upsert)) or seen[key] > 1:
+                continue
+            want.setdefault(hb + size, []).append(i)
+        out: dict[int, Reservation] = {}
+        for need, positions in want.items():
+            for i, r in zip(positions, self.take(need, len(positions))):
+                out[i] = r
+        return out
 
     def give_back(self, need_bytes: int, items: list[Reservation]) -> None:
         """Return unused reservations (a copy that failed: the extent is still ours)."""
@@ -124,10 +179,11 @@ class ReservePool:
             return
         self._stacks.setdefault(need_bytes, []).extend(items)
 
-    async def _refill(self, need_bytes: int) -> None:
+    async def _refill(self, need_bytes: int, target: int, budget_bytes: int) -> None:
         try:
             gen = self.link.generation
-            want = self._target.get(need_bytes, MIN_TARGET) - len(self._stacks.get(need_bytes, ()))
+            want = min(target - len(self._stacks.get(need_bytes, ())),
+                       (budget_bytes - self.held_bytes) // need_bytes)
             if want <= 0:
                 return
             resp = await self.link.call("PackedReserve", lambda: master_pb2.PackedReserveRequest(

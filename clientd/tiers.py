@@ -330,7 +330,8 @@ class TaskWorker:
         flush_mode: write back / invalidate cache lines around copies (non-coherent CXL).
 
     Counters (``counters``): ``moves_done``, ``moves_failed``, ``move_bytes``,
-    ``moves_no_space`` (destination filesystem full).
+    ``moves_no_space`` (destination filesystem full), ``moves_dropped`` (the
+    object was removed or replaced during the copy: not a failure, not logged).
 
     A failed move is answered with its own code (``NO_SPACE`` for a full
     destination filesystem, ``CHECKSUM_MISMATCH``, else ``UNAVAILABLE``); failures
@@ -348,7 +349,7 @@ class TaskWorker:
         self.batch = batch
         self.flush_mode = flush_mode
         self.counters: dict[str, int] = {"moves_done": 0, "moves_failed": 0, "move_bytes": 0,
-                                         "moves_no_space": 0}
+                                         "moves_no_space": 0, "moves_dropped": 0}
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._log_at = 0.0  # monotonic time of the last failure logged
@@ -386,8 +387,9 @@ class TaskWorker:
                 tasks = list(resp.tasks)
                 results = await loop.run_in_executor(self.executor, self.run_tasks, tasks, time.monotonic())
                 req_results = [master_pb2.TaskResult(task_id=t.task_id, status=st) for t, st in zip(tasks, results)]
-                await link.call("CompleteTasks", lambda: master_pb2.CompleteTasksRequest(
+                done = await link.call("CompleteTasks", lambda: master_pb2.CompleteTasksRequest(
                     client_id=link.client_id, epoch=link.epoch, results=req_results))
+                self._account(tasks, results, done.results)
                 if all(st.code for st in results):  # nothing moved: do not spin on a failing tier
                     lo, hi = FAILED_BATCH_PAUSE_S
                     self._pause_s = min(hi, self._pause_s * 2) if self._pause_s else lo
@@ -414,12 +416,24 @@ class TaskWorker:
                 out.append(common_pb2.Status())
                 continue
             code, why = failed
-            self.counters["moves_failed"] += 1
-            if code == ErrorCode.NO_SPACE:
-                self.counters["moves_no_space"] += 1
-            self._log_failure(t, why)
             out.append(common_pb2.Status(code=int(code), message=why))
         return out
+
+    def _account(self, tasks: Sequence[master_pb2.MoveTask], results: Sequence[common_pb2.Status],
+                 answers: Sequence[common_pb2.Status]) -> None:
+        """Count and log the failed moves once the master has said what they were:
+        one whose object was removed or replaced meanwhile (answered NOT_FOUND: its
+        source changed under the copy) is a dropped move, counted but not logged."""
+        for i, (t, st) in enumerate(zip(tasks, results)):
+            if not st.code:
+                continue
+            if i < len(answers) and answers[i].code == ErrorCode.NOT_FOUND:
+                self.counters["moves_dropped"] += 1
+                continue
+            self.counters["moves_failed"] += 1
+            if st.code == ErrorCode.NO_SPACE:
+                self.counters["moves_no_space"] += 1
+            self._log_failure(t, st.message)
 
     def _log_failure(self, t: master_pb2.MoveTask, why: str) -> None:
         """Log a failed move, at most once per :data:`MOVE_LOG_INTERVAL_S` (copy threads; a

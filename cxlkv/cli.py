@@ -13,7 +13,11 @@ import sys
 import threading
 from typing import Any
 
-import click
+try:
+    import click
+except ModuleNotFoundError as exc:  # an SDK-only install (pip install cxlkv)
+    raise SystemExit(f"cxlkv: the command line and the daemons need the server extra "
+                     f"(pip install 'cxlkv[server]'); missing module {exc.name!r}") from None
 
 from cxlkv import __version__
 
@@ -67,12 +71,31 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
+def version_text() -> str:
+    """``cxlkv 0.1.0 (commit 542c262a1b2c, CPython 3.11.7, Linux x86_64)``."""
+    import platform
+
+    from cxlkv._version import commit
+
+    return (f"cxlkv {__version__} (commit {commit()}, {platform.python_implementation()} "
+            f"{platform.python_version()}, {platform.system()} {platform.machine()})")
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(version_text())
+        ctx.exit()
+
+
 @click.group(cls=LazyGroup, lazy=SUBCOMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="cxlkv")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version, the git commit it was built from, and exit.")
 def main() -> None:
     """cxlkv: a distributed KV-cache store on shared CXL memory.
 
-    Run `cxlkv COMMAND --help` for each command.
+    Run `cxlkv COMMAND --help` for each command. Shell completion (bash, zsh,
+    fish): eval "$(_CXLKV_COMPLETE=bash_source cxlkv)" in ~/.bashrc (zsh_source,
+    fish_source for the others).
     """
     # SIGTERM (kill, timeout, a cancelled CI job) ends a command the way Ctrl-C
     # does: its cleanup runs — an embedded cluster and its region file are removed.
@@ -80,6 +103,9 @@ def main() -> None:
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _terminated)
+    from cxlkv.client import _conn
+
+    _conn.SOCKET_SETTING = "--socket"  # the SDK's errors name the command line's option
 
 
 def _terminated(signum: int, _frame: Any) -> None:

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import click
 
-from cxlkv.config import format_size, parse_size
+from cxlkv.clisize import Size
+from cxlkv.config import format_size
 from cxlkv.procs import same_process
 
 DEFAULT_RUN_DIR = "run/cluster"
@@ -89,7 +90,8 @@ def cluster_group() -> None:
 @cluster_group.command("up")
 @click.option("--run-dir", default=DEFAULT_RUN_DIR, show_default=True, type=click.Path(file_okay=False))
 @click.option("--clientds", default=2, show_default=True, type=click.IntRange(min=1), help="clientd processes (hosts).")
-@click.option("--region-size", default="1GiB", show_default=True, help="Size of each emulated CXL region.")
+@click.option("--region-size", default="1GiB", show_default=True, type=Size(min_bytes=1),
+              help="Size of each emulated CXL region (64MiB, 2GiB; GB is decimal).")
 @click.option("--segments", default=1, show_default=True, type=click.IntRange(min=1), help="Number of CXL regions.")
 @click.option("--prefault/--no-prefault", default=False, show_default=True, help="Touch every region page at start.")
 @click.option("--tls", is_flag=True, help="Generate a CA and certificates in RUN_DIR/certs and run every link "
@@ -97,7 +99,7 @@ def cluster_group() -> None:
 @click.option("--masters", default=1, show_default=True, type=click.IntRange(min=1),
               help="Masters; more than one also starts a local etcd and runs them with leader election "
                    "(docs/ha.md).")
-def up_cmd(run_dir: str, clientds: int, region_size: str, segments: int, prefault: bool, tls: bool,
+def up_cmd(run_dir: str, clientds: int, region_size: int, segments: int, prefault: bool, tls: bool,
            masters: int) -> None:
     """Start a local cluster and leave it running (plaintext on loopback, or --tls)."""
     from cxlkv.cluster import LocalCluster
@@ -117,7 +119,7 @@ def up_cmd(run_dir: str, clientds: int, region_size: str, segments: int, prefaul
             raise click.ClickException(f"the previous cluster in {rd} stopped but left its region(s) "
                                        f"{', '.join(left)}; `cxlkv cluster down --run-dir {run_dir}` deletes them")
     try:
-        size = parse_size(region_size, name="--region-size")
+        size = region_size
         cluster = LocalCluster(rd, clientds=clientds, region_size_bytes=size, segments=segments,
                                clientd_options={"prefault": prefault}, tls=tls, masters=masters)
         cluster.start()

@@ -19,7 +19,7 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, Iterable, Mapping, Sequence, TypeVar
 
 from cxlkv.errors import ConfigError
 from cxlkv.tls import TlsFiles, is_loopback_host
@@ -28,6 +28,7 @@ __all__ = [
     "parse_size",
     "parse_duration",
     "format_size",
+    "size_note",
     "SegmentConfig",
     "MasterConfig",
     "RegionConfig",
@@ -36,22 +37,32 @@ __all__ = [
     "default_runtime_dir",
 ]
 
+# Size units, by the IEC 80000-13 rules: KiB/MiB/GiB/TiB are powers of 1024, kB/MB/GB/TB
+# powers of 1000 (SI), as in systemd and `dd`. A bare k/m/g/t is refused as ambiguous
+# (Java's -Xmx64m and `ls -h` mean 2^20; SI means 10^6). Hand-written rather than
+# humanfriendly.parse_size: it would be one more dependency of every install, and its
+# binary=True reads "GB" as 2^30 — silently the other meaning.
 _SIZE_UNITS = {
     "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-    "t": 1000**4, "tb": 1000**4,
+    "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
     "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3,
     "ti": 1024**4, "tib": 1024**4,
 }
+_DECIMAL_UNITS = {"kb": "KiB", "mb": "MiB", "gb": "GiB", "tb": "TiB"}
+_AMBIGUOUS_UNITS = {"k": ("KiB", "kB", "2^10", "10^3"), "m": ("MiB", "MB", "2^20", "10^6"),
+                    "g": ("GiB", "GB", "2^30", "10^9"), "t": ("TiB", "TB", "2^40", "10^12")}
 _DURATION_UNITS = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "m": 60.0, "min": 60.0, "h": 3600.0}
 _NUM_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(value: int | float | str, *, name: str = "size") -> int:
-    """Parse a size into bytes: ``4096``, ``"64MiB"``, ``"1.5GiB"``, ``"10GB"``.
+    """Parse a size into bytes: ``4096``, ``"64MiB"``, ``"1.5GiB"`` (binary: 2^30),
+    ``"10GB"`` (decimal: 10 × 10^9 — see :func:`size_note`). Units are case-blind;
+    a bare ``k``/``m``/``g``/``t`` is refused as ambiguous.
 
     Raises:
-        ConfigError: not a size, negative, or an unknown unit (the message names ``name``).
+        ConfigError: not a size, negative, or an unknown or ambiguous unit (the
+            message names ``name``).
     """
     if isinstance(value, bool):
         raise ConfigError(f"{name}: expected a size, got {value!r}")
@@ -61,11 +72,28 @@ def parse_size(value: int | float | str, *, name: str = "size") -> int:
         return int(value)
     m = _NUM_UNIT.match(str(value))
     unit = m.group(2).lower() if m else None
+    if m and unit in _AMBIGUOUS_UNITS:
+        binary, decimal, b, d = _AMBIGUOUS_UNITS[unit]
+        raise ConfigError(f"{name}: {value!r}: unit {m.group(2)!r} is ambiguous; write "
+                          f"\"{m.group(1)}{binary}\" ({m.group(1)} × {b} bytes) or \"{m.group(1)}{decimal}\" ({m.group(1)} × {d})")
     if not m or unit not in _SIZE_UNITS:
         raise ConfigError(
             f"{name}: cannot parse size {value!r} (examples: 4096, \"64KiB\", \"16MiB\", \"2GiB\")"
         )
     return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+def size_note(value: int | float | str, n_bytes: int) -> str | None:
+    """What a size written with a decimal unit means, for the command that took it:
+    ``'"1GB" is decimal: 1000000000 bytes (953.7 MiB); "1GiB" would be 1073741824'``.
+    ``None`` for binary units and plain numbers (nothing to say)."""
+    m = _NUM_UNIT.match(str(value)) if isinstance(value, str) else None
+    if m is None or m.group(2).lower() not in _DECIMAL_UNITS:
+        return None
+    binary = _DECIMAL_UNITS[m.group(2).lower()]
+    as_binary = int(float(m.group(1)) * _SIZE_UNITS[binary.lower()])
+    return (f"{value.strip()!r} is decimal (SI): {n_bytes} bytes ({format_size(n_bytes)}); "
+            f"\"{m.group(1)}{binary}\" would be {as_binary} bytes")
 
 
 def parse_duration(value: int | float | str, *, name: str = "duration") -> float:
@@ -149,7 +177,8 @@ class MasterConfig:
     address_file: str = _f("", "write the bound host:port here once serving (\"\" = don't)")
     lean_listen_address: str = _f(
         "", "MasterService in lean frames for clientds' hot path: host:port (\"\" = listen_address's host, "
-        "a free port; \"off\" = gRPC only)")
+        "a free port at every start: set a fixed one, e.g. \"0.0.0.0:50052\", where a firewall must let "
+        "clientds in; \"off\" = gRPC only)")
     metrics_address: str = _f("", "Prometheus /metrics host:port (\"\" = disabled; port 0 picks)")
     tls_ca_file: str = _f("", "PEM certificate of the cluster CA: with tls_cert_file and tls_key_file, gRPC, the "
                           "lean port and /metrics require mutual TLS, every caller a certificate this CA signed "
@@ -516,11 +545,28 @@ def _build(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(fields))})"
-        )
+        raise ConfigError(f"{where + ': ' if where else ''}{unknown_keys(unknown, fields)}")
     kwargs = {k: _coerce(cls, fields[k], v, f"{where}.{k}" if where else k) for k, v in data.items()}
     return cls(**kwargs)
+
+
+def unknown_keys(unknown: Sequence[str], known: Iterable[str]) -> str:
+    """``unknown key 'lease_ttl' (did you mean 'lease_ttl_s'?)``, for one or more
+    keys; close matches by :func:`difflib.get_close_matches` (ratio ≥ 0.6), else
+    the known keys are listed."""
+    import difflib
+
+    known = sorted(known)
+    parts, unmatched = [], False
+    for k in unknown:
+        close = difflib.get_close_matches(k, known, n=2)
+        if close:
+            parts.append(f"{k!r} (did you mean {' or '.join(repr(c) for c in close)}?)")
+        else:
+            parts.append(repr(k))
+            unmatched = True
+    text = f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(parts)}"
+    return text + (f"; known keys: {', '.join(known)}" if unmatched else "")
 
 
 def load_config(
@@ -565,7 +611,11 @@ def load_config(
             if k.startswith(env_prefix):
                 fname = k[len(env_prefix):].lower()
                 if fname not in fields:
-                    raise ConfigError(f"environment variable {k}: no config key {fname!r}")
+                    import difflib
+
+                    close = difflib.get_close_matches(fname, list(fields), n=1)
+                    hint = f" (did you mean {env_prefix}{close[0].upper()}?)" if close else ""
+                    raise ConfigError(f"environment variable {k}: no config key {fname!r}{hint}")
                 # a bad value is the variable's fault, not the file's: name the variable
                 data[fname] = _coerce(cls, fields[fname], v, f"environment variable {k} ({fname})")
                 from_env[fname] = k

@@ -27,7 +27,7 @@ from typing import Any
 import click
 
 from cxlkv.config import ClientdConfig, MasterConfig, RegionConfig, SegmentConfig, load_config
-from cxlkv.errors import ConfigError
+from cxlkv.errors import ConfigError, CxlkvError
 
 __all__ = ["config_group", "KINDS", "detect_kind", "check_config", "example_toml", "EXIT_CONFIG"]
 
@@ -44,6 +44,7 @@ KINDS: dict[str, tuple[type, str]] = {
 EXAMPLE_VALUES: dict[str, dict[str, Any]] = {
     "master": {
         "listen_address": "0.0.0.0:50051",
+        "lean_listen_address": "0.0.0.0:50052",  # a fixed port firewalls can open (docs/operations.md)
         "metrics_address": "0.0.0.0:9464",
         "tls_ca_file": "/etc/cxlkv/tls/ca.pem",
         "tls_cert_file": "/etc/cxlkv/tls/master.pem",
@@ -208,6 +209,35 @@ def config_group() -> None:
     """Validate configuration files; print documented examples."""
 
 
+def _size_notes(path: str) -> list[str]:
+    """One note per size in ``path`` written with a decimal unit (kB, MB, GB, TB)."""
+    from cxlkv.config import parse_size, size_note
+
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return []
+    notes: list[str] = []
+
+    def walk(value: Any, where: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{where}.{k}" if where else k)
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{where}[{i}]")
+        elif isinstance(value, str) and where.endswith("_bytes"):
+            try:
+                note = size_note(value, parse_size(value))
+            except CxlkvError:
+                return
+            if note:
+                notes.append(f"{where}: {note}")
+
+    walk(data, "")
+    return notes
+
+
 @config_group.command("check")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--kind", type=click.Choice(sorted(KINDS)), default=None,
@@ -229,6 +259,8 @@ def check_cmd(file: str, kind: str | None, use_env: bool) -> None:
         sys.exit(EXIT_CONFIG)
     click.echo(f"# {file}: valid {kind} configuration; effective values"
                + (" (environment applied)" if use_env else "") + ":")
+    for note in _size_notes(file):
+        click.echo(f"# note: {note}")
     click.echo(tomli_w.dumps(dataclasses.asdict(cfg)), nl=False)
 
 

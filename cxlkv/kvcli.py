@@ -229,17 +229,23 @@ def _with_ints(st: dict[str, Any]) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the full state as JSON.")
 @_kv_command
 def stat_cmd(client: Any, as_json: bool) -> None:
-    """Show the local clientd: identity, master connection, space, segments, buffers."""
+    """Show the local clientd: identity, master connection, space, segments, buffers.
+
+    Keys and space come from the master: "unknown" (null in --json) while it is not reachable."""
     from tabulate import tabulate
 
     from cxlkv.config import format_size
 
     st = _with_ints(client.stat())
+    known = bool(st.get("master_connected"))
+    if not known:  # keys and space come from the master: unknown, not 0
+        for field in ("key_count", "capacity_bytes", "used_bytes"):
+            st[field] = None
     if as_json:
         click.echo(json.dumps(st, indent=2, sort_keys=True))
         return
-    cap = int(st.get("capacity_bytes", 0))
-    used = int(st.get("used_bytes", 0))
+    cap = int(st.get("capacity_bytes") or 0)
+    used = int(st.get("used_bytes") or 0)
     segs = st.get("segments", [])
     space_note = ""
     if any(s.get("tier") == "DRAM" for s in segs):  # DRAM tiers hold extra copies only: not space
@@ -252,9 +258,9 @@ def stat_cmd(client: Any, as_json: bool) -> None:
         ("hostname", st.get("hostname", "")),
         ("client id", f"{st.get('client_id', '')} (epoch {st.get('epoch', 0)})"),
         ("master", f"{st.get('master_address', '')} ({'connected' if st.get('master_connected') else 'NOT connected'})"),
-        ("keys", st.get("key_count", 0)),
-        ("space", f"{format_size(used)} used of {format_size(cap)}" + (f" ({used / cap:.1%})" if cap else "")
-                  + space_note),
+        ("keys", st.get("key_count", 0) if known else "unknown (the master is not reachable)"),
+        ("space", (f"{format_size(used)} used of {format_size(cap)}" + (f" ({used / cap:.1%})" if cap else "")
+                   + space_note) if known else "unknown (the master is not reachable)"),
         ("shared buffers", f"{st.get('buffers_registered', 0)} ({format_size(int(st.get('buffer_bytes', 0)))})"),
         ("version", st.get("version", "")),
         ("uptime", f"{float(st.get('uptime_s', 0)):.0f} s"),
@@ -263,7 +269,9 @@ def stat_cmd(client: Any, as_json: bool) -> None:
     if segs:
         click.echo()
         click.echo(tabulate(
-            [(s.get("name"), s.get("segment_id", 0), s.get("tier"), format_size(int(s.get("used_bytes", 0))),
-              format_size(int(s.get("capacity_bytes", 0))), s.get("object_count", 0), s.get("mounted"))
+            [(s.get("name"), s.get("segment_id", 0), s.get("tier"),
+              format_size(int(s.get("used_bytes", 0))) if known else "?",
+              format_size(int(s.get("capacity_bytes", 0))), s.get("object_count", 0) if known else "?",
+              s.get("mounted"))
              for s in segs],
             headers=["segment", "id", "tier", "used", "capacity", "objects", "mounted"]))

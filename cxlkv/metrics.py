@@ -196,10 +196,12 @@ class RequestStats:
 
 
 def build_info(component: str) -> GaugeMetricFamily:
-    """``cxlkv_build_info{component, version, python} 1``."""
+    """``cxlkv_build_info{component, version, commit, python} 1``."""
+    from cxlkv._version import commit
+
     fam = GaugeMetricFamily("cxlkv_build_info", "cxlkv build: always 1, the labels carry the information",
-                            labels=["component", "version", "python"])
-    fam.add_metric([component, __version__, ".".join(map(str, sys.version_info[:3]))], 1)
+                            labels=["component", "version", "commit", "python"])
+    fam.add_metric([component, __version__, commit(), ".".join(map(str, sys.version_info[:3]))], 1)
     return fam
 
 

@@ -42,6 +42,7 @@ This module is pure Python (struct + xxhash); it does not import the transport.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 import struct
 
 import xxhash
@@ -193,3 +194,47 @@ def object_mismatch(head: bytes | memoryview, key_utf8: bytes, version: int, val
     if h.value_checksum != value_checksum:
         return "bytes read do not match the object header's checksum"
     return None
+
+
+def check_copy(region: Any, extent_offset_bytes: int, header_bytes: int, key_utf8: bytes, version: int,
+               value_len_bytes: int, got_checksum: int, expected_checksum: int = 0, *,
+               invalidate: bool = False) -> str | None:
+    """Why ``value_len_bytes`` bytes copied out of the extent at ``extent_offset_bytes``
+    (whose xxh3_64 is ``got_checksum``) are not ``key_utf8`` at ``version``; ``None``
+    when they are. The rule every reader on the leased path applies after its copy
+    (clientd's reads, the SDK's direct reads; the index kernels apply the same rule
+    in C: docs/index.md):
+
+    1. the delivered bytes hash to the checksum the master committed
+       (``expected_checksum``; 0: not known to the caller);
+    2. the extent's header is a valid object header (magic, header checksum) for
+       the same key, version, value length and header size, and its value checksum
+       is the delivered bytes' (:func:`object_mismatch`).
+
+    The header is read after the value (in ``flush`` mode its lines are invalidated
+    first, ``invalidate=True``): a writer that reused the extent while the bytes
+    were copied has changed the header or the bytes. A caller that gets a reason
+    copies once more from memory and checks again, then answers a miss
+    (CHECKSUM_MISMATCH) -- never the bytes.
+
+    Args:
+        region: a mapped region (``read``, ``invalidate``).
+        header_bytes: the value's offset in the extent; 0: a bare value, checked
+            against ``expected_checksum`` only.
+
+    Returns:
+        A one-line reason, or ``None``.
+    """
+    from cxlkv.errors import CxlkvError
+
+    if expected_checksum and got_checksum != expected_checksum:
+        return "bytes read do not match the committed checksum"
+    if not header_bytes:
+        return None
+    try:
+        if invalidate:
+            region.invalidate(extent_offset_bytes, header_bytes)
+        head = region.read(extent_offset_bytes, header_bytes)
+    except CxlkvError as exc:
+        return f"object header unreadable: {exc.message}"
+    return object_mismatch(head, key_utf8, version, value_len_bytes, header_bytes, got_checksum)

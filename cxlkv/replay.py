@@ -30,6 +30,7 @@ the hits by the tier that served them (``dram_hit_rate``, ``cxl_hit_rate``,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -41,11 +42,12 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import click
 import numpy as np
 
+from cxlkv.clisize import Size
 from cxlkv.tracesim import load_trace, simulate, simulate_unbounded, unique_blocks
 
 __all__ = ["ReplayOptions", "ReplayReport", "block_content", "fill_blocks", "verify_blocks", "run_replay", "replay_cmd"]
@@ -348,7 +350,11 @@ def _replay_worker(
     for ``start.go``: the parent times the replay from there, without process
     start-up and trace loading. ``start.at`` is the monotonic start (for pacing).
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    # The parent handles Ctrl-C. This process started with SIGINT blocked
+    # (:func:`sigint_held`): ignoring it discards one already pending, then it may
+    # be unblocked.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     # The parent stops workers with SIGTERM: exit through `finally`/`with`, so the
     # SDK unlinks a shared buffer it was creating and closes its connections.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
@@ -469,6 +475,37 @@ class _Start:
 
 
 # --------------------------------------------------------------------------- main
+@contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """Hold Ctrl-C while helper processes start; raise it, if one came, on leaving.
+
+    A terminal's Ctrl-C reaches the whole process group, and only the replay's
+    main process handles it (stopping the workers, then the cluster). Worker
+    processes must not take it while they start (a KeyboardInterrupt traceback in
+    a half-started interpreter): SIGINT is blocked here, and a blocked signal mask
+    is inherited across fork and exec, so each worker starts with it blocked,
+    then ignores it and unblocks it (:func:`_replay_worker`). The main process
+    never sets SIGINT to SIG_IGN: that would discard a Ctrl-C already pending
+    (POSIX; e.g. one that arrived while ``fork`` had every signal blocked), and
+    the replay ran on. A pending Ctrl-C is raised when the mask is restored.
+    multiprocessing's resource tracker is started first: starting it unblocks
+    SIGINT (CPython's ``resource_tracker.ensure_running``), which inside the
+    window would let a Ctrl-C reach the workers still starting. Outside the main
+    thread (no signals there) it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a pending Ctrl-C is raised here
+
+
 
 
 def run_replay(
@@ -507,22 +544,11 @@ def run_replay(
         cap = capacity_blocks
     ctx = mp.get_context("spawn")
     n_workers = max(1, min(opts.workers, len(trace)))
-    # A terminal's Ctrl-C reaches the whole process group, and only this process
-    # handles it (stopping the workers, then the cluster). Helpers (workers,
-    # multiprocessing's resource tracker) start with SIGINT ignored (an ignored
-    # signal stays ignored across exec; they keep ignoring it). Here it is also
-    # blocked meanwhile: on Linux a blocked signal is kept pending even while
-    # ignored, so a Ctrl-C that comes while they start is raised once the handler
-    # is back and the signal unblocked — inside the block that stops them — instead
-    # of being lost (the replay ran on).
-    main_thread = threading.current_thread() is threading.main_thread()
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if main_thread else None
-    old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
     procs: list[Any] = []
     total = WorkerStats()
     reported = False
     try:
-        try:
+        with sigint_held():
             progress = ctx.RawArray("q", n_workers)
             results = ctx.Queue()
             start = _Start(ctx.RawArray("b", n_workers), ctx.Event(), ctx.RawValue("d", 0.0))
@@ -534,11 +560,6 @@ def run_replay(
                     daemon=True,
                 ))
                 procs[-1].start()
-        finally:
-            if old_sigint is not None:
-                signal.signal(signal.SIGINT, old_sigint)  # the handler first, then unblock:
-            if old_mask is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)  # a pending Ctrl-C is raised here
         late = start.wait_ready(procs)  # timed from here: no process start-up, no trace loading
         total.error_samples.extend(f"replay worker {i} was not ready after {READY_TIMEOUT_S:.0f} s: stopped"
                                    for i in late)
@@ -778,7 +799,8 @@ def _master_counters(address: str, tls: Any = None) -> dict[str, int]:
 @click.argument("trace", type=click.Path(dir_okay=False), default=None, required=False)
 @click.option("--embedded", is_flag=True, help="Start and stop a local cluster (master + clientds on /dev/shm).")
 @click.option("--socket", "sockets", multiple=True, help="clientd socket(s) of a running cluster (repeat per host).")
-@click.option("--block-bytes", default="64KiB", show_default=True, help="Bytes per 512-token block.")
+@click.option("--block-bytes", default="64KiB", show_default=True, type=Size(min_bytes=1),
+              help="Bytes per 512-token block.")
 @click.option("--capacity-fraction", default=0.1, show_default=True, type=float,
               help="Embedded: cache capacity as a fraction of the trace's unique blocks (sizes the region); "
                    "with --socket the capacity is the running cluster's, asked from the master.")
@@ -804,7 +826,6 @@ def replay_cmd(trace, embedded, sockets, block_bytes, capacity_fraction, clientd
     TRACE defaults to the Mooncake conversation trace in ../shared/traces/ beside
     the checkout (then beside the current directory).
     """
-    from cxlkv.config import parse_size
     from cxlkv.errors import CxlkvError
 
     try:
@@ -813,12 +834,7 @@ def replay_cmd(trace, embedded, sockets, block_bytes, capacity_fraction, clientd
         raise click.ClickException(str(exc)) from None
     if not 0 < capacity_fraction <= 1:
         raise click.ClickException("--capacity-fraction must be in (0, 1]")
-    try:
-        bb = parse_size(block_bytes, name="--block-bytes")
-    except CxlkvError as exc:
-        raise click.ClickException(str(exc)) from None
-    if bb <= 0:
-        raise click.ClickException("--block-bytes must be > 0")
+    bb = block_bytes
     opts = ReplayOptions(
         trace_path=trace, block_bytes=bb, capacity_fraction=capacity_fraction, limit=limit,
         workers=workers, speedup=speedup, key_prefix=key_prefix, policy=policy,

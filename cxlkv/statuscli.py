@@ -17,8 +17,9 @@ Counters are totals since each daemon started; ``--window S`` samples twice,
 ``S`` seconds apart, and also reports rates over that window (recent
 evictions, puts, hit rate).
 
-Exit status: 0; ``10 + ErrorCode`` (22 UNAVAILABLE) with one line on stderr when
-neither the master nor the clientd can be reached.
+Exit status: 0 when the master answered; ``10 + ErrorCode`` (22 UNAVAILABLE)
+with one line on stderr when the master cannot be reached — after printing what
+the local clientd said, if it answered — or when neither can.
 """
 
 from __future__ import annotations
@@ -102,6 +103,23 @@ def _master_stat(address: str, tls: Any = None) -> dict[str, Any]:
         "capacity_bytes": st.capacity_bytes, "used_bytes": st.used_bytes,
         "counters": dict(st.counters), "segments": segments, "clients": clients,
     }
+
+
+def _why_unreachable(message: str) -> str:
+    """A short reason from a gRPC failure's message, without the address (the
+    warning names it once) or gRPC's resolver details."""
+    low = message.lower()
+    if "deadline" in low:
+        return f"no answer within {MASTER_TIMEOUT_S:g} s"
+    if "connection refused" in low:
+        return "connection refused: nothing listens there"
+    if "no route" in low or "unreachable" in low:
+        return "no route to the host"
+    if "name resolution" in low or "dns" in low:
+        return "its host name does not resolve"
+    if "handshake" in low or "ssl" in low or "certificate" in low:
+        return "TLS handshake failed (check --tls-ca/--tls-cert/--tls-key)"
+    return message.split(":", 1)[-1].strip() if message.startswith("master ") else message
 
 
 def _scrape_prefix(url: str, tls: Any = None) -> dict[str, Any]:
@@ -211,7 +229,8 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
         except CxlkvError as exc:
             if local is None:
                 raise
-            errors.append(f"master {master_address}: {exc.message}")
+            errors.append(f"master {master_address} unreachable ({_why_unreachable(exc.message)}); "
+                          "its keys, space and clients are unknown")
             return None
 
     master = master_or_none()
@@ -402,3 +421,9 @@ def status_cmd(master_address: str | None, socket_path: str | None, window_s: fl
         click.echo(json.dumps(st, indent=2, sort_keys=True))
     else:
         click.echo(_render(st))
+    if st["master"] is None:  # only the local clientd's view: not a healthy cluster
+        from cxlkv.errors import ErrorCode
+
+        click.echo("error: UNAVAILABLE: the master did not answer; shown: the local clientd's view only"
+                   if st["errors"] else "error: UNAVAILABLE: the local clientd knows no master address", err=True)
+        sys.exit(10 + int(ErrorCode.UNAVAILABLE))

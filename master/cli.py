@@ -58,8 +58,16 @@ def master_cmd(config_path: str | None, listen: str | None, address_file: str | 
     from cxlkv.master.server import run_master  # grpc import only once the config is good
     from cxlkv.systemd import Notifier
 
+    from cxlkv.systemd import config_reloader, install_reload
+
+    notifier = Notifier.from_env(os.environ)
+    install_reload(notifier, config_reloader(lambda: load_config(
+        MasterConfig, config_path, env=os.environ, env_prefix="CXLKV_MASTER_",
+        overrides={"listen_address": listen, "address_file": address_file, "metrics_address": metrics_address,
+                   "log_level": log_level, "log_json": log_json, "recover_from_region": list(recover) or None},
+    ), cfg, "master"))
     try:
-        rc = run(run_master(cfg, notifier=Notifier.from_env(os.environ)), cfg.event_loop)
+        rc = run(run_master(cfg, notifier=notifier), cfg.event_loop)
     except ConfigError as exc:
         logging.getLogger("cxlkv.master").debug("start-up failed", exc_info=True)
         click.echo(f"cxlkv master: {exc}", err=True)

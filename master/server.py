@@ -38,7 +38,7 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from cxlkv.reflection import enable_reflection
 
 from cxlkv.config import MasterConfig, format_size
 from cxlkv.errors import ConfigError
@@ -218,9 +218,7 @@ class MasterServer:
         add_service(server, master_pb2.DESCRIPTOR.services_by_name["MasterService"], self.servicer)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-        )
+        enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)  # v1 and v1alpha
         tls = cfg.tls
         ssl_ctx = None
         if tls.enabled:
@@ -411,7 +409,9 @@ async def run_master(config: MasterConfig, *, notifier: Notifier | None = None) 
 
         return await run_ha_master(config, notifier=notifier)
     notify = notifier if notifier is not None else Notifier()
-    server = MasterServer(config)
+    with notify.extending("starting: mapping regions" + (", scanning them (recover_from_region)"
+                                                         if config.recover_from_region else "")):
+        server = MasterServer(config)  # region scans run here: minutes for a large region
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.request_stop)

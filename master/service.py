@@ -412,6 +412,13 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         st.heartbeat(request.client_id, request.epoch, self.clock())
         return master_pb2.HeartbeatResponse(master_id=st.master_id, segments_version=st.segments_version)
 
+    @_rpc
+    def DeregisterClient(self, request, context):
+        client = self.state.deregister_client(request.client_id, request.epoch, self.clock())
+        log.info("client %s deregistered (%s/%s pid %d stopping)", client.client_id, client.hostname,
+                 client.name, client.pid)
+        return master_pb2.DeregisterClientResponse()
+
     # ------------------------------------------------------------- segments
     @_rpc
     def MountSegment(self, request, context):

@@ -55,7 +55,7 @@ COUNTERS = (
     "puts_started", "puts_committed", "puts_revoked", "puts_reclaimed", "upserts",
     "lease_grants", "lease_releases", "lease_expiries", "get_misses",
     "removes", "evictions", "evicted_bytes", "deferred_frees",
-    "no_space", "too_large", "clients_registered", "clients_expired",
+    "no_space", "too_large", "clients_registered", "clients_expired", "clients_deregistered",
     "segments_mounted", "segments_unmounted", "replicas_lost", "objects_lost",
     "objects_recovered", "puts_fenced", "index_hits",
     # writes in one round trip and writer fencing (docs/master.md)
@@ -64,6 +64,7 @@ COUNTERS = (
     # tiers (docs/tiers.md)
     "demotions_started", "demotions", "demotions_no_copy", "promotions_started", "promotions", "promotions_skipped",
     "dram_caches_started", "dram_caches", "moves_failed", "moves_retried", "moves_dropped",
+    "moves_fenced", "moves_fence_released",
     "ssd_puts", "ssd_evictions", "dram_uncached", "ssd_copies_started", "ssd_copies",
     "tier_write_refusals",
 )
@@ -219,6 +220,9 @@ class MasterState:
         # the attempt with PutRevoke or its registration ends, so a writer that
         # is still copying never lands in space given to another object.
         self._fenced: dict[int, ObjectVersion] = {}
+        #: (task id, clientd) -> fence token of a move destination held for a clientd
+        #: that did not report in time (freed when it reports, or with its registration).
+        self._fenced_moves: dict[tuple[int, str], int] = {}
         # token → extents taken ahead of need (:meth:`reserve`): keyless PROCESSING
         # versions owned by a registration until :meth:`commit` names them.
         self._reserved: dict[int, ObjectVersion] = {}
@@ -532,12 +536,32 @@ class MasterState:
         return client
 
     def _expire_client(self, client: ClientRecord, now: float) -> None:
-        self._end_registration(client, f"writer client {client.client_id} expired", now)
-        del self._clients[client.client_id]
+        self._drop_client(client, f"writer client {client.client_id} expired", now)
         self._expired_clients[client.client_id] = client
         while len(self._expired_clients) > _EXPIRED_CLIENTS_KEPT:
             self._expired_clients.popitem(last=False)
         self.counters["clients_expired"] += 1
+
+    def deregister_client(self, client_id: str, epoch: int, now: float) -> ClientRecord:
+        """End the registration ``(client_id, epoch)`` at the clientd's own word (a
+        planned stop): the same clean-up as an expiry — its in-flight puts revoked
+        and, with its reservations, quarantined until its next process (or
+        ``writer_reclaim_s``) says its writers stopped; its DRAM tier unmounted —
+        but it is counted in ``clients_deregistered``, not ``clients_expired``, and
+        no longer listed by :meth:`clients`.
+
+        Raises:
+            UnknownClient: unknown or already expired (nothing to end).
+            StaleToken: ``epoch`` is not the current registration's.
+        """
+        client = self.writer(client_id, epoch, now)
+        self._drop_client(client, f"writer client {client_id} deregistered", now)
+        self.counters["clients_deregistered"] += 1
+        return client
+
+    def _drop_client(self, client: ClientRecord, why: str, now: float) -> None:
+        self._end_registration(client, why, now)
+        del self._clients[client.client_id]
         for seg in list(self.segment_table.mounted):
             if seg.owner_client_id == client.client_id:
                 self._unmount(seg, now)
@@ -559,6 +583,10 @@ class MasterState:
         if self._fenced:
             for token in [t for t, o in self._fenced.items() if o.client_id == client.client_id]:
                 self._quarantine_obj(self._fenced.pop(token), now)
+        if self.tasks:  # moves it was running: their destinations held with its registration
+            for task in [t for t in self.tasks.running_tasks() if t.assigned_to == client.client_id]:
+                self._fence_destination(task, now, f"client {client.client_id}'s registration ended "
+                                                   "while it ran the move")
 
     def _quarantine_obj(self, obj: ObjectVersion, now: float) -> None:
         if not obj.extents:
@@ -1805,7 +1833,66 @@ class MasterState:
         def can_run(task: MoveTask) -> bool:
             return by_id[task.source[0]].name in mapped and by_id[task.destination[0]].name in mapped
 
-        return self.tasks.give(client_id, max_tasks or 64, now, self.config.task_timeout_s, can_run)
+        given = self.tasks.give(client_id, max_tasks or 64, now, self.config.task_timeout_s, can_run)
+        out: list[MoveTask] = []
+        for task in given:
+            # The writer's hold on the destination, recorded in the region (a grant
+            # slot) before it learns of it: a master taking over keeps it too.
+            token = self._seq
+            self._seq = token + 1
+            n = task.destination[2]
+            fence = ObjectVersion("", n, token, [task.destination], client_id, client.epoch, now)
+            fence.state = ObjState.FAILED
+            if not self.index.grant(fence):
+                self.tasks.requeue(task)  # no slot to record it in: not given
+                continue
+            task.fence = fence
+            out.append(task)
+        return out
+
+    def _unfence(self, task: MoveTask) -> None:
+        """The writer of ``task`` reported: it no longer writes the destination."""
+        if task.fence is not None:
+            self.index.ungrant(task.fence)
+            task.fence = None
+
+    def _fence_held(self, task: MoveTask, now: float = 0.0) -> None:
+        """Hand ``task``'s destination to its writer's fence: ``_fenced`` while the
+        writer's registration lives (freed when it reports the task, quarantined
+        when the registration ends), else quarantined at once."""
+        fence = task.fence
+        task.fence = None
+        if fence is None:
+            return
+        client = self._clients.get(fence.client_id)
+        if client is not None and client.alive and client.epoch == fence.epoch:
+            self._fenced[fence.version] = fence
+            self._fenced_moves[(task.task_id, fence.client_id)] = fence.version
+            if len(self._fenced_moves) > 4 * len(self._fenced) + 1024:  # forget released ones
+                self._fenced_moves = {k: t for k, t in self._fenced_moves.items() if t in self._fenced}
+        else:
+            self._quarantine_obj(fence, now)
+        self.counters["moves_fenced"] += 1
+
+    def _fence_destination(self, task: MoveTask, now: float, why: str) -> None:
+        """``task``'s writer did not report (or its registration ended): hold the
+        destination for it (:meth:`_fence_held`) and give the task again with a new
+        destination, or fail it."""
+        if task.fence is None:  # not given: nothing to hold
+            self._retry_or_fail(task, why)
+            return
+        self._fence_held(task, now)
+        seg = self.segment_table.by_id[task.destination[0]]
+        off = -1
+        if task.attempts < self.config.task_retries and seg.mounted:
+            off = seg.allocator.alloc(task.destination[2])
+        if off >= 0:
+            seg.object_count += 1
+            task.destination = (seg.segment_id, off, task.destination[2])
+            self.tasks.requeue(task)
+            self.counters["moves_retried"] += 1
+        else:
+            self._end_task(task, None, why, destination_held=True)
 
     def complete_tasks(self, client_id: str, epoch: int, results: Iterable[tuple[int, int, str]],
                        now: float) -> list[CxlkvError | None]:
@@ -1815,7 +1902,10 @@ class MasterState:
         still the key's committed one (else the destination is freed), and for a
         demotion drops the CXL replica (freed when its last lease ends). A failure
         is given again until ``task_retries`` attempts, then counted and its
-        destination freed.
+        destination freed — unless the object was removed, replaced or moved
+        meanwhile (the likely cause: its source was rewritten): then the move is
+        dropped (``moves_dropped``, not ``moves_failed``) and that item answers
+        ``NotFound``.
 
         Raises:
             UnknownClient, StaleToken: the caller's registration is not current.
@@ -1825,11 +1915,23 @@ class MasterState:
         for task_id, code, message in results:
             task = self.tasks.tasks.get(task_id)
             if task is None or task.assigned_to != client_id:
+                held = self._fenced_moves.pop((task_id, client_id), None)
+                if held is not None and held in self._fenced:  # a late writer is done: free its destination
+                    self._free_extents(self._fenced.pop(held))
+                    self.counters["moves_fence_released"] += 1
                 out.append(StaleToken(f"task {task_id} is not running on client {client_id} "
                                       "(timed out and given again, or finished)"))
                 continue
+            self._unfence(task)
             if code == ErrorCode.NO_SPACE:
                 self._refused(task, now, f"client {client_id}: {message}")
+            elif code and not self._move_current(task):
+                # the copy failed because its source changed under it (removed, replaced,
+                # moved): nothing to retry, nothing failed — the move is dropped
+                self._end_task(task, now, "")
+                out.append(NotFound(f"key {_short(task.obj.key)} was removed or replaced during the move: "
+                                    "move dropped", key=task.obj.key))
+                continue
             elif code:
                 self._retry_or_fail(task, f"client {client_id}: {message}")
             else:
@@ -1863,6 +1965,11 @@ class MasterState:
         self.counters["tier_write_refusals"] += 1
         self._end_task(task, None, why)
 
+    def _move_current(self, task: MoveTask) -> bool:
+        """Whether ``task``'s object is still the key's committed version with its source extent."""
+        obj = task.obj
+        return self._objects.get(obj.key) is obj and task.source in obj.extents
+
     def _retry_or_fail(self, task: MoveTask, why: str) -> None:
         if task.attempts < self.config.task_retries:
             self.tasks.requeue(task)
@@ -1870,8 +1977,12 @@ class MasterState:
         else:
             self._end_task(task, None, why)
 
-    def _end_task(self, task: MoveTask, now: float | None, why: str) -> None:
-        """Finish ``task``: committed (``now`` given, no ``why``) or failed."""
+    def _end_task(self, task: MoveTask, now: float | None, why: str, *, destination_held: bool = False) -> None:
+        """Finish ``task``: committed (``now`` given, no ``why``) or failed. With
+        ``destination_held`` the destination belongs to a fence (not freed here)."""
+        if task.fence is not None:  # queued moves dropped while given (a paused tier): held for the writer
+            self._fence_held(task)
+            destination_held = True
         self.tasks.finish(task)
         obj = task.obj
         by_id = self.segment_table.by_id
@@ -1882,7 +1993,7 @@ class MasterState:
         current = (not why and self._objects.get(obj.key) is obj and dst_seg.mounted
                    and task.source in obj.extents)
         if not current:
-            if dst_seg.mounted:
+            if dst_seg.mounted and not destination_held:
                 dst_seg.allocator.free(task.destination[1])
                 dst_seg.object_count -= 1
             if why:
@@ -1917,8 +2028,8 @@ class MasterState:
     def _sweep_tasks(self, now: float) -> None:
         """Give again (or fail) tasks whose clientd did not report in time."""
         for task in self.tasks.overdue(now):
-            self._retry_or_fail(task, f"no report within task_timeout_s ({self.config.task_timeout_s:g} s) "
-                                      f"from client {task.assigned_to}")
+            self._fence_destination(task, now, f"no report within task_timeout_s "
+                                               f"({self.config.task_timeout_s:g} s) from client {task.assigned_to}")
 
     # ---------------------------------------------------------------- sweep
     def sweep(self, now: float, budget_s: float | None = None) -> dict[str, int]:

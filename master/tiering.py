@@ -126,10 +126,15 @@ class MoveTask:
         assigned_to: the clientd running it now ("" while queued).
         deadline: master clock (s) after which a given task is given again.
         created_at: master clock (s).
+        fence: while given, the writer's hold on ``destination`` (a FAILED
+            :class:`~cxlkv.master.objects.ObjectVersion` with its own token, granted in
+            the region's index): a clientd that does not report in time may still be
+            writing there, so the destination is never freed nor given to another
+            writer before that clientd is known to have stopped (master/state.py).
     """
 
     __slots__ = ("task_id", "kind", "obj", "source", "destination", "client_id", "attempts",
-                 "assigned_to", "deadline", "created_at")
+                 "assigned_to", "deadline", "created_at", "fence")
 
     def __init__(self, task_id: int, kind: int, obj: ObjectVersion, source: Extent, destination: Extent,
                  client_id: str, now: float) -> None:
@@ -143,6 +148,7 @@ class MoveTask:
         self.assigned_to = ""
         self.deadline = 0.0
         self.created_at = now
+        self.fence: ObjectVersion | None = None
 
     def __repr__(self) -> str:
         return (f"MoveTask({self.task_id}, kind={self.kind}, key={self.obj.key!r}, v{self.obj.version}, "
@@ -236,6 +242,10 @@ class TaskTable:
         self._running.pop(task.task_id, None)
         task.assigned_to = ""
         (self._urgent if task.kind in (PROMOTE, CACHE) else self._queue).appendleft(task.task_id)
+
+    def running_tasks(self) -> list[MoveTask]:
+        """The tasks given to a clientd and not yet reported."""
+        return [self.tasks[tid] for tid in self._running]
 
     def overdue(self, now: float) -> list[MoveTask]:
         """Running tasks whose deadline passed (they stay running; the caller decides)."""

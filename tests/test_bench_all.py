@@ -111,3 +111,23 @@ def test_kv_misses_name_the_no_op_ceiling() -> None:
     missed = [m for m in must_show_failures([rec]) if m.startswith("4 KiB get with 16 callers")]
     assert missed == ["4 KiB get with 16 callers: 8,000/s < 15,000/s (a no-op call through the same stack: 16,000/s)",
                       "4 KiB get with 16 callers: 8,000/s < 200,000/s"]  # issue 17's target, reads from the index
+
+
+def test_bench_tables_fit_their_width() -> None:
+    """Records with many extra fields print as tables no wider than asked, one
+    group per benchmark, every value still shown."""
+    import io
+
+    from cxlkv.bench.common import Record, print_table
+
+    recs = [Record("master", "put_batch", 0, 1e6, None, 10.0, 20.0, None, None,
+                   extra={f"field_{k}": f"value-{i}-{k}" for k in range(12)}) for i in range(3)]
+    recs.append(Record("transport", "copy_in", 4096, 1e6, 4.0, 1.0, 2.0, 5.0, 0.8, extra={"kernel": "avx2"}))
+    out = io.StringIO()
+    print_table(recs, file=out, width=100)
+    text = out.getvalue()
+    assert max(map(len, text.splitlines())) <= 100, text
+    for i in range(3):
+        for k in range(12):
+            assert f"value-{i}-{k}" in text
+    assert "avx2" in text and "field_0" not in text.split("transport")[-1]  # its own table

@@ -291,6 +291,83 @@ def test_writer_killed_mid_put_is_reclaimed(cluster) -> None:
     cluster.assert_invariants()
 
 
+_KILLED_RESERVED_WRITER = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    from cxlkv import Client
+    c = Client(sys.argv[1])
+    assert c.direct, c.direct_status
+    from cxlkv.v1 import client_pb2
+    r = c._call("DirectPutStart", client_pb2.DirectPutStartRequest(pid=os.getpid(), items=[
+        client_pb2.DirectPutStartItem(key="killed/r", value_size_bytes=int(sys.argv[2]))])).results[0]
+    assert r.put_token and r.status.code == 0
+    region = c._direct.regions[r.extents[0].extent.segment_id]
+    region.copy_in(r.extents[0].extent.offset_bytes + r.header_bytes, np.ones(int(sys.argv[2]) // 2, np.uint8))
+    print("started", flush=True)
+    time.sleep(60)
+""")
+
+
+def _reservations(cluster) -> tuple[int, int]:
+    """(reservations the master counts, reservations the clientds hold in their pools)."""
+    held = 0
+    for i in range(2):
+        with cluster.client(i, direct=False) as c:
+            held += _counters(c).get("reservations_held", 0)
+    return cluster.master_stat().reserved_count, held
+
+
+def test_a_direct_put_costs_one_master_round_trip(cluster) -> None:
+    """Direct puts of a size the daemon holds reservations for: DirectPutStart answers
+    from the pool (no master call), DirectPutEnd is one PackedCommit."""
+    size = 200 * KiB
+    with cluster.client(0, direct_threshold_bytes=64 * KiB) as a, cluster.client(1) as b:
+        for i in range(30):  # the pool learns the size
+            a.put_from(f"rt/warm/{i}", _value(size, i))
+        before = _counters(a)
+        for i in range(30):
+            a.put_from(f"rt/{i}", _value(size, 100 + i))
+        after = _counters(a)
+        for i in range(30):
+            assert b.get(f"rt/{i}") == _value(size, 100 + i).tobytes()
+    grew = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    assert grew["direct_put_reserved"] == 30, grew
+    assert grew.get("master_calls.BatchPutStart", 0) == 0 and grew.get("master_calls.BatchPutEnd", 0) == 0, grew
+    assert 1 <= grew["master_calls.PackedCommit"] <= 30, grew
+    cluster.assert_invariants()
+
+
+def test_a_writer_killed_with_a_reserved_extent_gives_it_back(cluster) -> None:
+    size = 128 * KiB
+    with cluster.client(0, direct_threshold_bytes=64 * KiB) as a:
+        for i in range(8):
+            a.put_from(f"kr/warm/{i}", _value(size, i))
+        assert _counters(a).get("reservations_held", 0) >= 1
+    p = subprocess.Popen([sys.executable, "-c", _KILLED_RESERVED_WRITER, cluster.socket_path(0), str(size)],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()  # type: ignore[union-attr]
+        assert line.strip() == "started", line
+        # from the pool: no two-phase put is in flight at the master
+        assert cluster.master_stat().processing_count == 0
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+    with cluster.client(0, direct=False) as c:
+        cluster.wait_until(lambda: _counters(c).get("direct_puts_reaped") == 1, timeout_s=10,
+                           what="the killed writer's reserved put to be reaped")
+    # nothing leaked: every reservation the master counts is in a pool again (or used)
+    cluster.wait_until(lambda: (lambda m, h: m == h)(*_reservations(cluster)), timeout_s=10,
+                       what="the master's reservations to equal the pools'")
+    cluster.assert_invariants()
+    with cluster.client(0) as a, cluster.client(1) as b:
+        assert not b.exists("killed/r")
+        v = _value(size, 77)
+        a.put_from("killed/r", v)
+        assert b.get("killed/r") == v.tobytes()
+    cluster.assert_invariants()
+
+
 def test_remove_and_upsert_while_a_direct_reader_holds_a_lease(cluster) -> None:
     with cluster.client(0) as a, cluster.client(1) as b:
         old = _value(2 * MiB, 10)

@@ -227,6 +227,23 @@ def test_reads_from_the_index_while_the_master_is_stopped(make_cluster) -> None:
     cl.assert_invariants()
 
 
+def test_a_large_get_through_the_daemon_costs_one_master_round_trip(make_cluster) -> None:
+    """A value over index_max_value_bytes read with Get through the daemon: the index
+    slot tells its size (TOO_LARGE without the master), the SDK's GetInto then makes the
+    one master call (a located, leased read)."""
+    cl = make_cluster(clientds=1, clientd_options={"index_max_value_bytes": 256 * KiB})
+    value = random.Random(5).randbytes(3 * MiB)
+    with cl.client(0, direct=False) as c:
+        c.put("big/one", value)
+        before = _master_calls(_clientd_counters(cl))
+        assert c.get("big/one") == value
+        after = _master_calls(_clientd_counters(cl))
+    grew = {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+    located = sum(n for k, n in grew.items() if "GetReplicaList" in k)
+    assert located == 1, grew
+    cl.assert_invariants()
+
+
 # ----------------------------------------------------------------------------- kill -9 under load
 def test_kill9_of_the_master_under_puts_loses_no_committed_object(make_cluster) -> None:
     cl = make_cluster(clientds=2, master_options={"owner_lease_ttl_s": 1.0, "heartbeat_interval_s": 0.2,

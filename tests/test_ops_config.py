@@ -76,7 +76,13 @@ def test_config_check_cli(tmp_path: Path) -> None:
         assert expect in r.stderr, r.stderr
 
     bad('lease_ttl_s = "5 parsecs"\n', expect="lease_ttl_s: cannot parse duration")
-    bad('listen_address = "0.0.0.0:50051"\nleese_ttl_s = 5\n', expect="unknown key(s) leese_ttl_s")
+    bad('listen_address = "0.0.0.0:50051"\nleese_ttl_s = 5\n',
+        expect=f"{tmp_path / 'bad.toml'}: unknown key 'leese_ttl_s' (did you mean 'lease_ttl_s'")
+    bad('listen_address = "0.0.0.0:50051"\nzzz = 5\n', expect="unknown key 'zzz'; known keys: ")
+    bad('listen_address = "0.0.0.0:50051"\n[[segments]]\nname = "cxl0"\nsize_byte = "1GiB"\n',
+        expect="segments[0]: unknown key 'size_byte' (did you mean 'size_bytes'?)")
+    bad('listen_address = "0.0.0.0:50051"\n[[segments]]\nname = "cxl0"\nsize_bytes = "1g"\n',
+        expect="unit 'g' is ambiguous; write \"1GiB\"")
     bad('eviction_policy = "fifo"\n', expect="eviction_policy: unknown cxlkv.eviction_policies plugin 'fifo'")
     bad('master_address = "m:1"\ncoherence = "maybe"\n', expect='coherence: must be "coherent" or "flush"')
     bad('metrics_address = "9464"\nregions = []\n', expect="metrics_address: expected HOST:PORT")
@@ -90,6 +96,34 @@ def test_config_check_cli(tmp_path: Path) -> None:
     assert r.returncode == 0 and tomllib.loads(r.stdout)["log_level"] == "debug", r.stderr
     r = _cxlkv("config", "check", str(tmp_path / "absent.toml"))
     assert r.returncode == 2 and "does not exist" in r.stderr
+    # a decimal size is said, not silently taken as 10^9
+    ok.write_text('listen_address = "127.0.0.1:50051"\n[[segments]]\nname = "cxl0"\nsize_bytes = "1GB"\n')
+    r = _cxlkv("config", "check", str(ok))
+    assert r.returncode == 0 and tomllib.loads(r.stdout)["segments"][0]["size_bytes"] == 10**9, r.stderr
+    assert ("# note: segments[0].size_bytes: '1GB' is decimal (SI): 1000000000 bytes (953.7 MiB); "
+            '"1GiB" would be 1073741824 bytes') in r.stdout, r.stdout
+
+
+def test_size_options_exit_2_and_say_decimal_units(tmp_path: Path) -> None:
+    """Sizes on the command line: bad ones are usage errors (exit 2, as config check),
+    decimal units are said on stderr, no internal path in the message."""
+    region = str(tmp_path / "r")
+    for argv, expect in [
+        (["cluster", "up", "--run-dir", str(tmp_path / "c"), "--region-size", "0"],
+         "Invalid value for '--region-size': must be at least 1 byte, got '0'"),
+        (["cluster", "up", "--run-dir", str(tmp_path / "c"), "--region-size", "12XB"], "cannot parse size '12XB'"),
+        (["cluster", "up", "--run-dir", str(tmp_path / "c"), "--region-size", "1g"], "unit 'g' is ambiguous"),
+        (["region", "format", region, "--segment", "s", "--create", "--size", "0"], "must be at least 4097 bytes"),
+        (["replay", "--embedded", "--block-bytes", "0"], "'--block-bytes': must be at least 1 byte"),
+    ]:
+        r = _cxlkv(*argv)
+        assert r.returncode == 2, (argv, r.returncode, r.stderr)
+        assert expect in r.stderr and "/dev/shm" not in r.stderr, (argv, r.stderr)
+    r = _cxlkv("region", "format", region, "--segment", "s", "--create", "--size", "8MB")
+    assert r.returncode == 0, r.stderr
+    assert ("note: --size '8MB' is decimal (SI): 8000000 bytes (7.6 MiB); \"8MiB\" would be 8388608 bytes"
+            in r.stderr), r.stderr
+    assert os.path.getsize(region) == 8 * 10**6
 
 
 # ------------------------------------------------------------ operator errors
@@ -199,3 +233,19 @@ def test_config_check_names_a_bad_environment_variable_not_the_file() -> None:
     assert "clientd.toml" not in r.stderr, r.stderr
     r = _cxlkv("config", "check", str(EXAMPLES / "clientd.toml"), env={"CXLKV_CLIENTD_DRAM_TIER_BYTES": "5"})
     assert r.returncode == 2 and "set by environment variable CXLKV_CLIENTD_DRAM_TIER_BYTES" in r.stderr, r.stderr
+
+
+def test_shipped_ports_are_fixed_and_in_the_port_table() -> None:
+    """Every TCP port the shipped configs listen on is fixed (a firewall can follow
+    it) and listed in docs/operations.md's port table."""
+    docs = (EXAMPLES.parent.parent / "docs" / "operations.md").read_text()
+    table = docs[docs.index("| port / path | who | set by |"):].split("\n\n", 1)[0]
+    master = tomllib.loads((EXAMPLES / "master.toml").read_text())
+    clientd = tomllib.loads((EXAMPLES / "clientd.toml").read_text())
+    for key, address in [("listen_address", master["listen_address"]),
+                         ("lean_listen_address", master["lean_listen_address"]),
+                         ("metrics_address", master["metrics_address"]),
+                         ("metrics_address", clientd["metrics_address"])]:
+        port = address.rsplit(":", 1)[-1]
+        assert port.isdigit() and int(port) > 0, (key, address)
+        assert f"| TCP {port} |" in table and f"`{key}`" in table, (key, port)

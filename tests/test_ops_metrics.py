@@ -25,7 +25,7 @@ CLUSTER_OPTIONS = dict(METRICS_ON)
 
 #: Label names a cxlkv metric may carry (all with bounded values).
 ALLOWED_LABELS = {"method", "result", "segment", "tier", "state", "op", "direction", "kind",
-                  "component", "version", "python", "le"}
+                  "component", "version", "python", "le", "commit", "code"}
 SECRET = "ops-secret-key-material"
 
 
@@ -311,3 +311,53 @@ def test_checksum_failures_are_counted(make_cluster) -> None:
     assert c1.value("cxlkv_clientd_requests_total", method="Get", result="CHECKSUM_MISMATCH") == 1
     assert c1.value("cxlkv_clientd_prefix_blocks_total", result="miss") - c0.value(
         "cxlkv_clientd_prefix_blocks_total", result="miss") == 1
+
+
+def test_dashboard_imports_and_scopes() -> None:
+    """The import dialog's data source is used; job/instance variables scope every
+    query (several clusters on one Prometheus); no panel mixes units on one axis."""
+    dash = json.loads((ROOT / "deploy" / "grafana" / "cxlkv.json").read_text())
+    (inp,) = dash["__inputs"]
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["datasource"]["current"]["value"] == "${%s}" % inp["name"]
+    assert {"job", "instance"} <= set(variables)
+    for e in _dashboard_exprs():
+        for name in promql_metric_names([e]):
+            if name.startswith(("cxlkv_", "process_")):
+                assert re.search(re.escape(name) + r'\{job=~"\$job", instance=~"\$instance"', e), e
+
+    def panels(ps: list) -> list:
+        return [q for p in ps for q in [p, *panels(p.get("panels", []))]]
+
+    for p in panels(dash["panels"]):
+        exprs = [t["expr"] for t in p.get("targets", [])]
+        unit = p.get("fieldConfig", {}).get("defaults", {}).get("unit")
+        overridden = {o["matcher"]["options"] for o in p.get("fieldConfig", {}).get("overrides", [])
+                      if any(pr["id"] == "unit" for pr in o["properties"])}
+        for t in p.get("targets", []):
+            if t["refId"] in overridden:
+                continue
+            bytes_like = "_bytes" in t["expr"] and "/" not in t["expr"] and "rate(" not in t["expr"]
+            if bytes_like:
+                assert unit in ("bytes", "Bps"), (p["title"], t["expr"], unit)
+        assert exprs or p["type"] == "row", p["title"]
+
+
+def test_already_exists_is_no_put_error_and_errors_carry_a_code(module_cluster) -> None:
+    """A replay's put of a cached key (ALREADY_EXISTS) counts in
+    cxlkv_clientd_put_already_exists_total, not in errors_total, whose series
+    carry an error-code label (the known codes exported at 0)."""
+    cl = module_cluster
+    _, before = _all(cl)
+    with cl.client(0) as c:
+        c.put("ops-exists/a", b"x" * 100)
+        for r in c.put_many([("ops-exists/a", b"y" * 100)] * 3):  # a clean replay: the key is cached
+            assert r.error is not None and r.error.code.name == "ALREADY_EXISTS"
+    _, after = _all(cl)
+    assert _sum(after, "cxlkv_clientd_put_already_exists_total") - _sum(
+        before, "cxlkv_clientd_put_already_exists_total") == 3
+    assert _sum(after, "cxlkv_clientd_errors_total", op="put", code="ALREADY_EXISTS") == 0
+    assert _sum(after, "cxlkv_clientd_errors_total", op="put") == _sum(before, "cxlkv_clientd_errors_total", op="put")
+    codes = {smp.labels["code"] for fam in after[0].families for smp in fam.samples
+             if smp.name == "cxlkv_clientd_errors_total"}
+    assert {"NO_SPACE", "UNAVAILABLE", "TOO_LARGE"} <= codes  # known codes at 0 before the first error

@@ -127,3 +127,38 @@ def test_status_space_is_per_tier_and_excludes_dram(make_cluster) -> None:
     # 24 MiB of CXL and SSD tiers, less the CXL region's header and its index (0.8 %)
     assert "DRAM tiers hold extra copies only" in space and ("used of 24.0 MiB" in space
                                                              or "used of 23.9 MiB" in space), space
+
+
+def test_status_and_stat_with_the_master_lost(make_cluster) -> None:
+    """The local clientd answers, the master does not: `status` prints the clientd's
+    view, warns once naming the master once, and exits 22; `stat` says keys and
+    space are unknown (null in --json), not 0."""
+    cl = make_cluster(clientds=1, master_options={"heartbeat_interval_s": 0.2})
+    with cl.client(0) as c:
+        c.put("lost/a", b"a" * 1000)
+    cl.stop_master()
+    r = _status("--socket", cl.socket_path(0))
+    assert r.returncode == 22, (r.returncode, r.stdout, r.stderr)
+    warnings = [ln for ln in r.stdout.splitlines() if ln.startswith("warning")]
+    assert len(warnings) == 1 and warnings[0].count(cl.master_address) == 1, r.stdout
+    assert "unknown" in warnings[0]
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("error: UNAVAILABLE:"), r.stderr
+    r = _status("--socket", cl.socket_path(0), "--json")
+    assert r.returncode == 22 and json.loads(r.stdout)["master"] is None
+
+    env = {**os.environ, "CXLKV_SOCKET": cl.socket_path(0)}
+    r = subprocess.run([sys.executable, "-m", "cxlkv.cli", "stat"], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^keys\s+unknown", r.stdout, re.M) and re.search(r"^space\s+unknown", r.stdout, re.M), r.stdout
+    assert "NOT connected" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "cxlkv.cli", "stat", "--json"], capture_output=True, text=True,
+                       timeout=60, env=env)
+    st = json.loads(r.stdout)
+    assert st["key_count"] is None and st["used_bytes"] is None and st["master_connected"] is False
+    cl.start_master_again()
+    cl.wait_until(lambda: json.loads(subprocess.run(
+        [sys.executable, "-m", "cxlkv.cli", "stat", "--json"], capture_output=True, text=True, timeout=60,
+        env=env).stdout)["master_connected"], 30, "the clientd to reach the new master")
+    r = _status("--socket", cl.socket_path(0))
+    assert r.returncode == 0 and "warning" not in r.stdout, (r.stdout, r.stderr)

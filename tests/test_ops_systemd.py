@@ -95,7 +95,8 @@ def _check_order(got: list[str]) -> None:
     assert got.count("READY=1") == 1, got
     assert any(a.startswith("STATUS=") for a in got[:ready]), got  # progress before READY
     assert any(a == "WATCHDOG=1" for a in got), got
-    assert all(a.split("=", 1)[0] in {"READY", "STATUS", "STOPPING", "WATCHDOG"} for a in got), got
+    assert all(a.split("=", 1)[0] in {"READY", "STATUS", "STOPPING", "WATCHDOG", "EXTEND_TIMEOUT_USEC"}
+               for a in got), got
 
 
 def test_master_notifies_systemd(tmp_path: Path) -> None:
@@ -223,3 +224,106 @@ def test_units_ask_for_notify_watchdog_and_keep_dax_usable() -> None:
     clientd = (UNITS / "cxlkv-clientd.service").read_text()
     assert "RuntimeDirectory=cxlkv" in clientd
     assert "DeviceAllow=char-dax rw" in clientd
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+@pytest.mark.parametrize("unit", ["cxlkv-master.service", "cxlkv-clientd.service"])
+def test_units_score_at_most_2_in_systemd_analyze_security(unit: str, tmp_path: Path) -> None:
+    import re
+
+    r = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(UNITS / unit)],
+                       capture_output=True, text=True, timeout=60)
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", r.stdout)
+    assert m, r.stdout + r.stderr
+    assert float(m.group(1)) <= 2.0, r.stdout
+    said = re.search(r"systemd-analyze security \S+`: (\d+\.\d+)", (UNITS / unit).read_text())
+    assert said and said.group(1) == m.group(1), "the unit's comment states its score"
+
+
+def test_units_reload_extend_and_give_the_master_dax() -> None:
+    for name in ("cxlkv-master.service", "cxlkv-clientd.service"):
+        lines = {ln.strip() for ln in (UNITS / name).read_text().splitlines() if ln.strip() and not ln.startswith("#")}
+        for want in ("ExecReload=/bin/kill -HUP $MAINPID", "MemoryDenyWriteExecute=yes", "PrivateMounts=yes",
+                     "SystemCallFilter=@system-service", "DevicePolicy=closed", "DeviceAllow=char-dax rw"):
+            assert want in lines, (name, want)
+        assert "RemoveIPC=yes" not in lines  # it would wipe emulated regions in /dev/shm (group cxlkv)
+    clientd = [ln for ln in (UNITS / "cxlkv-clientd.service").read_text().splitlines() if not ln.startswith("#")]
+    assert "StateDirectory=cxlkv" in clientd  # a writable home for the SSD tier file
+    assert not any(ln.startswith(("ProtectProc=", "PrivateUsers=")) for ln in clientd)  # it checks other users' processes
+
+
+def test_master_reloads_on_sighup_and_extends_its_start(tmp_path: Path) -> None:
+    """SIGHUP (ExecReload): RELOADING=1 with MONOTONIC_USEC, the file read again,
+    log_level applied, a key needing a restart named, READY=1; a start sends
+    EXTEND_TIMEOUT_USEC before READY=1; a file that no longer loads leaves it running."""
+    listener = NotifyListener(tmp_path / "notify.sock")
+    address_file = tmp_path / "master.address"
+    conf = tmp_path / "master.toml"
+    base = {"listen_address": "127.0.0.1:0", "address_file": str(address_file), "log_level": "info",
+            "segments": [{"name": "cxl0", "size_bytes": 64 * MiB}]}
+    conf.write_text(tomli_w.dumps(base))
+    log = tmp_path / "master.log"
+    proc = _spawn(["master", "--config", str(conf)], log, {"NOTIFY_SOCKET": str(listener.path)})
+    try:
+        ready = listener.wait_for("READY=1", proc=proc)
+        got = listener.assignments()
+        assert any(a.startswith("EXTEND_TIMEOUT_USEC=") for a in got[:ready]), got
+        conf.write_text(tomli_w.dumps({**base, "log_level": "debug", "lease_ttl_s": 9}))
+        n = len(got)
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while "READY=1" not in listener.assignments()[n:] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        after = listener.assignments()[n:]
+        assert after[0] == "RELOADING=1" and after[1].startswith("MONOTONIC_USEC="), after
+        assert "READY=1" in after, after
+        status = [a for a in after if a.startswith("STATUS=master: configuration reloaded")]
+        assert status and "log_level info → debug" in status[0] and "needs a restart: lease_ttl_s" in status[0]
+        conf.write_text("lease_ttl_s = [\n")  # broken TOML: the running master keeps its settings
+        n = len(listener.assignments())
+        proc.send_signal(signal.SIGHUP)
+        listener.wait_for("RELOADING=1", proc=proc)
+        deadline = time.monotonic() + 20
+        while "READY=1" not in listener.assignments()[n:] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(a.startswith("STATUS=reload failed, running on unchanged") for a in listener.assignments()[n:])
+        host, port = address_file.read_text().strip().rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=5).close()  # still serving
+        assert _stop(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        listener.close()
+    text = log.read_text()
+    assert "Traceback" not in text and "configuration reloaded" in text
+
+
+MDWE_WRAPPER = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(65, 1, 0, 0, 0) != 0:  # PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN (Linux >= 6.3)
+    sys.exit(77)
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+def test_daemons_run_with_memory_deny_write_execute(tmp_path: Path) -> None:
+    """MemoryDenyWriteExecute=yes in the units: the master, the clientds and the
+    SDK (cffi transport, grpcio, numpy, uvloop) work when no writable mapping may
+    become executable — PR_SET_MDWE, the kernel's form of the same rule, inherited
+    by every process the replay starts."""
+    exe = shutil.which("cxlkv", path=str(Path(sys.executable).parent))
+    assert exe is not None
+    trace = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
+    if not trace.exists():
+        pytest.skip("shared trace not present")
+    r = subprocess.run([sys.executable, "-c", MDWE_WRAPPER, exe, "replay", str(trace), "--embedded", "--json",
+                        "--limit", "200", "--workers", "2", "--block-bytes", "16KiB"],
+                       capture_output=True, text=True, timeout=240)
+    if r.returncode == 77:
+        pytest.skip("the kernel has no PR_SET_MDWE")
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+
+    rec = json.loads(r.stdout)
+    assert rec["errors"] == 0 and rec["verified_blocks"] > 0, rec

@@ -1,10 +1,16 @@
-"""The committed gRPC stubs must match what `make proto` generates from proto/."""
+"""The committed gRPC stubs must match what `make proto` generates from proto/.
+
+`make proto` runs the grpcio-tools pinned in the Makefile (the SDK's oldest
+supported runtime, in .venv-oldest), so this test builds that environment with
+`make oldest` when it is missing (tests/test_sdk_oldest.py uses the same one).
+"""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
+
+from oldest_env import oldest_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -13,7 +19,7 @@ def test_committed_stubs_are_fresh(tmp_path: Path) -> None:
     protos = sorted(str(p.relative_to(ROOT / "proto")) for p in (ROOT / "proto").rglob("*.proto"))
     assert protos, "no .proto files found"
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-Iproto", f"--python_out={tmp_path}",
+        [str(oldest_python()), "-m", "grpc_tools.protoc", "-Iproto", f"--python_out={tmp_path}",
          f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", *[f"proto/{p}" for p in protos]],
         cwd=ROOT, check=True,
     )

@@ -196,7 +196,7 @@ def test_ctrl_c_leaves_no_process_or_region(how: str, delay_s: float) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="cxlkv-t-", dir="/tmp"))
     p = subprocess.Popen([sys.executable, "-m", "cxlkv.cli", "replay", str(TRACE), "--embedded", "--limit", "5000"],
                          start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         env={**os.environ, "TMPDIR": str(tmp)})
+                         env={**os.environ, "TMPDIR": str(tmp)}, preexec_fn=_sigint_default)
     try:
         _interrupt_and_check(p, tmp, how, delay_s)
     finally:
@@ -204,6 +204,14 @@ def test_ctrl_c_leaves_no_process_or_region(how: str, delay_s: float) -> None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _sigint_default() -> None:
+    """In the child: SIGINT back to its default, as a terminal's foreground job has it.
+    A test run started in the background of a non-interactive shell inherits SIGINT
+    ignored, and so would the replay (a Python started with SIGINT ignored keeps it
+    ignored: Ctrl-C would rightly do nothing, and the test would see a full run)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _interrupt_and_check(p: subprocess.Popen, tmp: Path, how: str, delay_s: float) -> None:
@@ -357,36 +365,61 @@ def test_start_line_stops_a_worker_that_never_gets_ready() -> None:
             stuck.kill()
 
 
-def test_ctrl_c_while_replay_ignores_it_is_not_lost_to_library_threads() -> None:
-    """`cxlkv replay` ignores SIGINT (blocked, so it stays pending) while it starts
-    its workers. A thread a library starts at import — numpy's OpenBLAS pool —
-    would take a Ctrl-C meant for the process and drop it (ignored), and the
-    replay ran on; the CLI imports a command's module with SIGINT blocked, so
-    such threads never take it and the Ctrl-C is raised once the window ends."""
+def test_ctrl_c_while_replay_starts_its_workers_is_not_lost(tmp_path: Path) -> None:
+    """`cxlkv replay` holds SIGINT blocked while it starts its workers
+    (``sigint_held``). A Ctrl-C then — or one already pending when the window
+    opens (it came while ``fork`` had every signal blocked) — is raised in the
+    main process when the window ends; a thread a library started at import
+    (numpy's OpenBLAS pool) never takes it; and a worker starts with SIGINT
+    blocked (inherited across exec), so it never raises KeyboardInterrupt while
+    its interpreter starts."""
     script = """
-import os, signal, sys, time
+import multiprocessing as mp, os, signal, sys, time
 import click
 from cxlkv.cli import main
 assert "numpy" not in sys.modules
 main.get_command(click.Context(main), "replay")
 assert "numpy" in sys.modules
-for tid in os.listdir("/proc/self/task"):
-    if int(tid) == os.getpid():
-        continue
-    blocked = int(next(l for l in open(f"/proc/self/task/{tid}/status") if l.startswith("SigBlk:")).split()[1], 16)
-    assert blocked & (1 << (signal.SIGINT - 1)), f"thread {tid} can take SIGINT"
-old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-prev = signal.signal(signal.SIGINT, signal.SIG_IGN)   # as replay does while its workers start
-os.kill(os.getpid(), signal.SIGINT)
-time.sleep(0.2)
-signal.signal(signal.SIGINT, prev)
-try:
-    signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    time.sleep(0.2)
-    print("lost")
-except KeyboardInterrupt:
-    print("kept")
+from cxlkv.replay import sigint_held
+
+def sigblk(tid):
+    return int(next(l for l in open(f"/proc/{os.getpid()}/task/{tid}/status") if l.startswith("SigBlk:")).split()[1], 16)
+
+def child(q):
+    q.put(bool(sigblk(os.getpid()) & (1 << (signal.SIGINT - 1))))
+
+if __name__ == "__main__":
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) != os.getpid():
+            assert sigblk(tid) & (1 << (signal.SIGINT - 1)), f"thread {tid} can take SIGINT"
+    for when in ("inside", "before"):  # "before" second: the resource tracker runs by then
+        p, blocked_in_child = None, None
+        outer = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as fork_exec does
+        if when == "before":
+            os.kill(os.getpid(), signal.SIGINT)  # pending before the window opens
+        try:
+            with sigint_held():
+                signal.pthread_sigmask(signal.SIG_SETMASK, outer | {signal.SIGINT})
+                if when == "inside":
+                    os.kill(os.getpid(), signal.SIGINT)
+                ctx = mp.get_context("spawn")
+                q = ctx.Queue()
+                p = ctx.Process(target=child, args=(q,))
+                p.start()
+                blocked_in_child = q.get(timeout=60)
+                p.join(30)
+                time.sleep(0.1)
+            signal.pthread_sigmask(signal.SIG_SETMASK, outer)
+            time.sleep(0.2)
+            print(when, "lost", blocked_in_child)
+        except KeyboardInterrupt:
+            if p is not None:
+                p.join(30)
+            print(when, "kept", blocked_in_child)
 """
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    path = tmp_path / "held.py"  # a file: spawned children import their target from it
+    path.write_text(script)
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120,
+                         preexec_fn=_sigint_default)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "kept", out.stdout + out.stderr[-2000:]
+    assert out.stdout.split() == ["inside", "kept", "True", "before", "kept", "True"], out.stdout + out.stderr[-2000:]

@@ -126,12 +126,16 @@ def test_failed_and_timed_out_moves_are_retried_then_failed_and_the_object_stays
     old = {t.task_id for t in st.tasks.all()}
     st._sweep_tasks(5.0)  # past task_timeout_s with task_retries (2) spent: failed
     assert st.counters["moves_failed"] == n and len(st.tasks) == 0
-    assert ssd.used_bytes == 0  # destinations reclaimed
+    # the silent clientd may be stopped, not dead: its destinations stay held for it
+    assert st.counters["moves_fenced"] == n and ssd.used_bytes > 0
     assert all(tiers(st, f"k{i}") == [Tier.CXL] for i in range(9))  # readable where they were
     st.check_invariants()
-    # a late report of a failed task is refused
+    # a late report of a failed task is refused, and frees that destination (its writer is done)
+    used = ssd.used_bytes
     (err,) = st.complete_tasks(*c, [(min(old), 0, "")], 5.0)
     assert isinstance(err, StaleToken)
+    assert st.counters["moves_fence_released"] == 1 and ssd.used_bytes < used
+    st.check_invariants()
     # the next sweep tries again with fresh tasks
     st.sweep(5.0)
     assert st.tasks and all(t.attempts == 0 and t.kind == DEMOTE for t in st.tasks.all())
@@ -154,6 +158,36 @@ def test_remove_or_upsert_during_a_move_discards_the_copy() -> None:
         st.get("", a, 0.0)
     assert st.get_object(b).version == obj.version
     st.check_invariants()
+
+
+def test_a_move_failing_because_its_object_changed_is_dropped_not_failed() -> None:
+    """An upsert or remove during a move rewrites or frees its source: the clientd's
+    copy then fails its check. That is a dropped move — not retried, not counted in
+    moves_failed — and the report's answer says so (NOT_FOUND)."""
+    st = make_state()
+    c = client(st)
+    for i in range(9):
+        put(st, c, f"k{i}")
+    tasks = st.fetch_tasks(*c, 100, 0.0)
+    a, b = tasks[0].obj.key, tasks[1].obj.key
+    st.remove(a, 0.0)
+    obj = st.put_start(*c, b, EXT, 0.0, upsert=True)
+    st.put_end(*c, b, obj.version, 0.0)
+    failed = [(t.task_id, 11, "value checksum differs") for t in tasks[:2]]  # CHECKSUM_MISMATCH
+    rest = [(t.task_id, 0, "") for t in tasks[2:]]
+    errs = st.complete_tasks(*c, failed + rest, 0.0)
+    assert all(isinstance(e, NotFound) and "move dropped" in e.message for e in errs[:2]), errs
+    assert errs[2:] == [None] * len(rest)
+    assert st.counters["moves_dropped"] == 2
+    assert st.counters["moves_failed"] == 0 and st.counters["moves_retried"] == 0
+    assert st.get_object(b).version == obj.version
+    st.check_invariants()
+    # a failure of a move whose object did not change is still retried
+    put(st, c, "k-late")
+    more = st.fetch_tasks(*c, 100, 0.0)
+    if more:
+        st.complete_tasks(*c, [(t.task_id, 13, "boom") for t in more], 0.0)
+        assert st.counters["moves_retried"] == len(more) and st.counters["moves_dropped"] == 2
 
 
 def test_hot_ssd_object_is_promoted_and_stays_on_ssd_too() -> None:
@@ -329,4 +363,67 @@ def test_full_ssd_filesystem_pauses_the_tier_with_backoff() -> None:
         put(st, c, f"ok/{k}", now=9.0)
     assert run_all(st, c, now=9.0) > 0
     assert ssd.refusals == 0 and st.counters["demotions"] > 0
+    st.check_invariants()
+
+
+def test_a_stalled_mover_never_writes_into_space_given_to_another() -> None:
+    """A clientd that stops (SIGSTOP, a partition) while it runs moves and resumes
+    after task_timeout_s — however long after — may still write each destination it
+    was given. The master gives the moves again with new destinations and keeps the
+    old ones allocated for it: through another clientd's moves, through puts that
+    fill the tier, through the end of its registration; freed only once it reports
+    (it stopped writing) or its registration's quarantine is released."""
+    st = make_state(task_retries=3)
+    a = client(st)
+    b = client(st)
+    for i in range(9):
+        put(st, a, f"k{i}")
+    given = st.fetch_tasks(*a, 100, 0.0)
+    assert given
+    held = {t.task_id: t.destination for t in given}
+    st._sweep_tasks(5.0)  # a went silent: given again elsewhere, its destinations held
+    assert st.counters["moves_fenced"] == len(given)
+    again = st.fetch_tasks(*b, 100, 5.0)
+    assert {t.task_id for t in again} == set(held)
+    assert all(t.destination != held[t.task_id] for t in again)  # new destinations
+    st.complete_tasks(*b, [(t.task_id, 0, "") for t in again], 5.0)
+    st.check_invariants()
+    ssd = st.segment_table.by_name("ssd0")
+
+    def overlaps_held() -> list[Any]:
+        live = [e for o in st._objects.values() for e in o.extents]
+        return [e for e in live for d in held.values()
+                if e[0] == d[0] and e[1] < d[1] + d[2] and d[1] < e[1] + e[2]]
+
+    # nothing the master hands out afterwards overlaps a held destination
+    for i in range(9, 200):
+        put(st, b, f"fill{i}", 5.0 + i * 0.001)
+        st.fetch_tasks(*b, 100, 5.0)
+        run_all(st, b, 5.0)
+    assert not overlaps_held(), overlaps_held()
+    assert ssd.used_bytes > 0
+    st.check_invariants()
+    # a's registration ends (it expired): the held destinations move to quarantine, still held
+    st.sweep(5.0 + st.config.client_ttl_s + 1.0)
+    assert not overlaps_held()
+    st.check_invariants()
+    quarantined_before = len(st._quarantine)
+    assert quarantined_before >= len(held)
+    freed = st.release_quarantine_of(a[0])  # the operator's word: that host is gone
+    assert freed >= len(held) * EXT
+    st.check_invariants()
+
+
+def test_a_late_report_frees_the_held_destination_at_once() -> None:
+    st = make_state(task_retries=3)
+    a = client(st)
+    for i in range(9):
+        put(st, a, f"k{i}")
+    given = st.fetch_tasks(*a, 100, 0.0)
+    st._sweep_tasks(5.0)
+    used = st.segment_table.by_name("ssd0").used_bytes
+    errs = st.complete_tasks(*a, [(t.task_id, 0, "") for t in given], 5.0)  # late: refused, but done writing
+    assert all(isinstance(e, StaleToken) for e in errs)
+    assert st.counters["moves_fence_released"] == len(given)
+    assert st.segment_table.by_name("ssd0").used_bytes < used
     st.check_invariants()

@@ -15,7 +15,8 @@ from datetime import datetime, timezone
 
 import click
 
-from cxlkv.config import format_size, parse_size
+from cxlkv.clisize import Size
+from cxlkv.config import format_size
 from cxlkv.errors import CxlkvError
 from cxlkv.region import REGION_HEADER_BYTES, RegionIdentity, format_region, read_identity
 from cxlkv.transport import Region
@@ -29,15 +30,6 @@ def _cli_errors() -> Iterator[None]:
         yield
     except CxlkvError as e:
         raise click.ClickException(str(e)) from None
-
-
-def _size_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return parse_size(value, name="--size")
-    except CxlkvError as e:
-        raise click.BadParameter(str(e)) from None
 
 
 def _print_identity(path: str, identity: RegionIdentity, as_json: bool) -> None:
@@ -69,8 +61,8 @@ def region_group() -> None:
 @click.option("--segment", "segment_name", required=True, help="Segment name (1-64 UTF-8 bytes).")
 @click.option(
     "--size",
-    callback=_size_option,
-    help="Region size, e.g. 64MiB. Must match an existing file; required with --create.",
+    type=Size(min_bytes=REGION_HEADER_BYTES + 1),
+    help="Region size, e.g. 64MiB (GB is decimal: 10^9). Must match an existing file; required with --create.",
 )
 @click.option("--create", is_flag=True, help="Create and size the emulation file if missing.")
 @click.option("--force", is_flag=True, help="Re-format a region that already holds a header.")
@@ -89,7 +81,7 @@ def format_cmd(
     one larger than its filesystem is refused in one line)."""
     from cxlkv.transport.space import reserve_file
 
-    if create and not size:
+    if create and size is None:
         raise click.UsageError("--create needs --size (e.g. --size 64MiB)")
     with _cli_errors(), Region.open(path, size=size, create=create) as region:
         reserve_file(path)

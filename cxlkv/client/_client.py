@@ -366,6 +366,7 @@ class _Staged:
 
     def take(self, nbytes: int) -> tuple[Segment, int]:
         seg, off = self.pool.alloc(nbytes)
+        self.pool.staged_bytes += nbytes
         self.ranges.append((seg, off))
         return seg, off
 
@@ -384,7 +385,8 @@ class Client:
     Args:
         socket_path: the daemon's gRPC socket; default (also for ``""``)
             ``$CXLKV_SOCKET``, else ``<runtime dir>/clientd.sock``. The lean socket is this path plus
-            ``".lean"`` unless ``lean_socket_path`` is given.
+            ``".lean"`` unless ``lean_socket_path`` is given; a path ending in ``".lean"`` is taken
+            as the lean socket, the gRPC one being beside it without the suffix.
         timeout_s: longest wait for one answer, in seconds.
         retry_s: how long a read (``get``, ``get_into``, ``exists``, their batch
             forms, ``get_prefix_into``, ``stat``) keeps trying, in seconds, when the
@@ -456,6 +458,9 @@ class Client:
         inline_threshold_bytes = _number("inline_threshold_bytes", inline_threshold_bytes, int, least=0,
                                          most=MAX_SHARED_BYTES)
         self.socket_path = os.fspath(socket_path) if socket_path else default_socket_path()
+        if lean_socket_path is None and self.socket_path.endswith(".lean"):
+            # the lean socket itself was named: the gRPC one is beside it
+            lean_socket_path, self.socket_path = self.socket_path, self.socket_path[:-len(".lean")]
         self.lean_socket_path = (os.fspath(lean_socket_path) if lean_socket_path is not None
                                  else self.socket_path + ".lean")
         self.protocol = protocol
@@ -734,6 +739,12 @@ class Client:
         arr = seg.array[off:off + size_bytes]
         weakref.finalize(arr, self._pool.free_later, seg, off)
         return memoryview(arr)  # type: ignore[arg-type]  # ndarrays export the buffer protocol
+
+    @property
+    def staged_bytes(self) -> int:
+        """Bytes this client copied through its staging pool (memory outside shared
+        memory, each copied once more than zero-copy memory is), since it was made."""
+        return self._pool.staged_bytes
 
     def _locate(self, a: np.ndarray) -> tuple[int, int] | None:
         return self._pool.locate(address_of(a), a.nbytes) if a.nbytes else None

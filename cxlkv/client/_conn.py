@@ -19,9 +19,11 @@ within the timeout.
 from __future__ import annotations
 
 import errno
+import os
 import select
 import socket
 import struct
+import sys
 import threading
 import time
 from typing import Any, Sequence
@@ -438,9 +440,17 @@ class GrpcConnection:
         close). So after unsubscribing, the channel is closed by a short-lived
         daemon thread once the poller has seen that nobody listens (at most
         :data:`_POLLER_STOP_S` later); this call returns at once.
+
+        During interpreter shutdown (a ``Client`` never closed, collected by
+        ``__del__`` while modules are torn down) no thread is started: a thread
+        started then never runs, and ``Thread.start()`` waits for it forever on
+        Python 3.11 (3.12 raises ``RuntimeError``); the process is exiting, so the
+        channel is left to it.
         """
         if not self.closed:
             self.closed = True
+            if sys.is_finalizing():
+                return
             self._channel.unsubscribe(self._on_state)
             threading.Thread(target=_close_after_poller, args=(self._channel,), daemon=True,
                              name="cxlkv-grpc-close").start()
@@ -503,13 +513,57 @@ def _timeval(seconds: float) -> bytes:
     return struct.pack("@ll", sec, int((seconds - sec) * 1e6))
 
 
+#: How the daemon's socket is named to the user in error messages: the SDK's
+#: argument; the command line (cxlkv.kvcli) sets ``"--socket"``.
+SOCKET_SETTING = "socket_path"
+
+
 def _unreachable(path: str, exc: OSError) -> str:
+    """One line saying why ``path`` could not be connected to, naming the setting
+    to fix (:data:`SOCKET_SETTING` or ``$CXLKV_SOCKET``) and what the path is.
+    A lean socket (``X.lean``) is reported by the path the user gave (``X``)."""
+    import stat as _stat
+
+    fix = f"{SOCKET_SETTING} or $CXLKV_SOCKET"
+    shown = path[:-len(".lean")] if path.endswith(".lean") else path
+
+    def mode_of(p: str) -> int | None:
+        try:
+            return os.stat(p).st_mode
+        except OSError:
+            return None
+
+    for p in dict.fromkeys((shown, path)):  # the path given first, then the one connected to
+        mode = mode_of(p)
+        if mode is not None and not _stat.S_ISSOCK(mode):
+            kind = "a directory" if _stat.S_ISDIR(mode) else "a regular file" if _stat.S_ISREG(mode) else "no socket"
+            return (f"cannot connect to clientd at {shown}: {p} is {kind}, not a socket "
+                    f"({fix} must name the daemon's socket, e.g. /run/cxlkv/clientd.sock)")
     if isinstance(exc, FileNotFoundError):
-        why = "no such socket (is clientd running? set CXLKV_SOCKET or pass socket_path)"
+        parent = os.path.dirname(shown) or "."
+        if shown != path and mode_of(shown) is not None:
+            why = f"it has no lean socket {path} (a daemon without lean frames? use protocol=\"grpc\")"
+        elif not os.path.isdir(parent):
+            why = f"directory {parent} does not exist ({fix} names the daemon's socket)"
+        else:
+            why = f"no such socket (is clientd running? {fix} names its socket)"
     elif isinstance(exc, ConnectionRefusedError):
-        why = "connection refused (clientd is not running)"
+        why = "connection refused (a socket left behind: clientd is not running)"
     elif isinstance(exc, PermissionError):
         why = "permission denied (socket_mode, or run as a member of the daemon's group)"
     else:
         why = exc.strerror or str(exc)
-    return f"cannot connect to clientd at {path}: {why}"
+    return f"cannot connect to clientd at {shown}: {why}"
+    if mode is not None and not _stat.S_ISSOCK(mode):
+        kind = "a directory" if _stat.S_ISDIR(mode) else "a regular file" if _stat.S_ISREG(mode) else "not a socket"
+        where = path if grpc_path is None or not os.path.exists(grpc_path) or \
+            _stat.S_ISSOCK(os.stat(grpc_path).st_mode) else grpc_path
+        return (f"cannot connect to clientd at {shown}: {where} is {kind}, not a socket "
+                f"({fix} must name the daemon's socket, e.g. /run/cxlkv/clientd.sock)")
+    if isinstance(exc, ConnectionRefusedError):
+        why = "connection refused (a socket left behind: clientd is not running)"
+    elif isinstance(exc, PermissionError):
+        why = "permission denied (socket_mode, or run as a member of the daemon's group)"
+    else:
+        why = exc.strerror or str(exc)
+    return f"cannot connect to clientd at {shown}: {why}"

@@ -40,7 +40,7 @@ import xxhash
 from cxlkv.errors import (
     ChecksumMismatch, CxlkvError, DaemonUnreachable, ErrorCode, LeaseExpired, OutOfRange, RegionError, error_for,
 )
-from cxlkv.objheader import header_bytes_for, pack_header, object_mismatch
+from cxlkv.objheader import check_copy, header_bytes_for, pack_header
 from cxlkv.v1 import client_pb2, common_pb2
 
 try:
@@ -547,18 +547,7 @@ def _copy_out(region: Any, offset: int, dst: Any, size: int, *, fused: bool) -> 
 def _check_header(region: Any, ext: client_pb2.DirectExtent, key: str, r: client_pb2.DirectGetResult,
                   size: int, got: int, *, flush: bool) -> str | None:
     """Why the bytes read from ``ext`` are not ``key`` at ``r.version`` (``None``: they
-    are); the same checks, in the same order, as clientd's ``_check_object``."""
-    if r.checksum and got != r.checksum:
-        return "bytes read do not match the committed checksum"
-    hb = r.header_bytes
-    if not hb:
-        return None
-    start = ext.extent.offset_bytes
-    try:
-        if flush:
-            region.invalidate(start, hb)
-        head = region.read(start, hb)
-    except CxlkvError as exc:
-        return f"object header unreadable: {exc.message}"
-    return object_mismatch(head, key.encode("utf-8"), r.version, size, hb, got)
+    are): :func:`cxlkv.objheader.check_copy`, the rule clientd applies too."""
+    return check_copy(region, ext.extent.offset_bytes, r.header_bytes, key.encode("utf-8"), r.version, size,
+                      got, r.checksum, invalidate=flush)
     return None

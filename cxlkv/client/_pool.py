@@ -10,6 +10,9 @@ segments into ranges:
   :meth:`cxlkv.Client.buffer`;
 * :meth:`BufferPool.locate` recognises an address range inside a segment, so a
   value already in pool memory travels as ``(buffer_id, offset)`` — zero-copy.
+  It also recognises :class:`~cxlkv.client._shared.SharedHostMemory` (an
+  engine's host pool): the first range found there registers that memory with
+  the daemon as an *external* segment (never carved, never unmapped by the pool).
 
 The first segment holds ``pool_bytes``; an allocation that does not fit gets a
 new segment (at least ``pool_bytes``, or exactly the request for one larger than
@@ -19,6 +22,7 @@ that, released again when freed).
 from __future__ import annotations
 
 import bisect
+import logging
 import mmap
 import os
 import threading
@@ -30,7 +34,8 @@ from typing import Callable
 import numpy as np
 
 from cxlkv.client._memory import address_of
-from cxlkv.errors import InvalidArgument, NoSpace
+from cxlkv.client._shared import SharedHostMemory, find_shared
+from cxlkv.errors import CxlkvError, InvalidArgument, NoSpace
 
 __all__ = ["Segment", "BufferPool", "SHM_DIR"]
 
@@ -38,6 +43,7 @@ SHM_DIR = "/dev/shm"
 _SMALL_ALIGN = 64          # cache line
 _LARGE_ALIGN = 4096        # page, for ranges of at least _LARGE_FROM bytes
 _LARGE_FROM = 64 << 10
+log = logging.getLogger("cxlkv.client")
 
 
 def _round_up(n: int, a: int) -> int:
@@ -54,6 +60,8 @@ class Segment:
         array: the whole mapping as a uint8 array.
         base: address of its first byte.
         dedicated: created for one large allocation; unregistered when it is freed.
+        external: :class:`SharedHostMemory` registered by :meth:`BufferPool.locate`:
+            no ranges are carved from it and the pool never unmaps it.
     """
 
     buffer_id: int
@@ -62,6 +70,7 @@ class Segment:
     array: np.ndarray = field(repr=False)
     base: int
     dedicated: bool = False
+    external: bool = False
     # free ranges: parallel sorted lists of offsets and lengths
     free_offsets: list[int] = field(default_factory=list)
     free_lengths: list[int] = field(default_factory=list)
@@ -147,6 +156,12 @@ class BufferPool:
         # only queues here; the next alloc/free/revalidate applies them.
         self._pending: deque[tuple[Segment, int]] = deque()
         self._closed = False
+        # One registration of a SharedHostMemory at a time (a daemon call: not under _lock).
+        self._adopt_lock = threading.Lock()
+        self._refused: set[int] = set()  # SharedHostMemory the daemon refused (staged instead)
+        #: Bytes copied through staging ranges by the client's calls (counted by
+        #: ``_Staged``; a statistic: increments are not locked).
+        self.staged_bytes = 0
 
     # -- segments -----------------------------------------------------------
     def _new_segment(self, size: int, dedicated: bool) -> Segment:
@@ -268,6 +283,8 @@ class BufferPool:
             self._unregister(seg.buffer_id)
         except Exception:  # daemon gone: its reaper drops the buffer when we exit
             pass
+        if seg.external:  # the SharedHostMemory's mapping: its owner unmaps it
+            return
         seg.array = np.empty(0, dtype=np.uint8)
         try:
             seg.mm.close()
@@ -306,7 +323,48 @@ class BufferPool:
             off = addr - seg.base
             if 0 <= off and off + nbytes <= seg.size_bytes:
                 return seg.buffer_id, off
+        mem = find_shared(addr, nbytes)
+        if mem is not None:
+            adopted = self._adopt(mem)
+            if adopted is not None:
+                return adopted.buffer_id, addr - adopted.base
         return None
+
+    def _adopt(self, mem: SharedHostMemory) -> Segment | None:
+        """Register ``mem`` with the daemon as an external segment (once); ``None`` if refused."""
+        with self._adopt_lock:
+            for seg in self._segments:
+                if seg.external and seg.base == mem.address:
+                    return seg
+            if self._closed or mem.address in self._refused:
+                return None
+            try:
+                buffer_id = mem.register_with(self._register, self._mode)
+            except (CxlkvError, OSError) as exc:
+                self._refused.add(mem.address)
+                log.warning("shared host memory %r not registered with the daemon (%s): its values are staged",
+                            mem, exc)
+                return None
+            seg = Segment(buffer_id, mem.mapped_bytes, mem.mm, mem.array, mem.address, external=True)
+            with self._lock:
+                added = not self._closed
+                if added:
+                    self._segments.append(seg)
+            if not added:
+                self._release_segment(seg)
+                return None
+            mem.adopted_by(self)
+            return seg
+
+    def forget_shared(self, mem: SharedHostMemory) -> None:
+        """Unregister ``mem`` (it is being freed): later ranges there are no longer zero-copy."""
+        with self._adopt_lock:
+            with self._lock:
+                gone = [s for s in self._segments if s.external and s.base == mem.address]
+                self._segments = [s for s in self._segments if s not in gone]
+            self._refused.discard(mem.address)
+        for seg in gone:
+            self._release_segment(seg)
 
     @property
     def segments(self) -> list[Segment]:

@@ -2,8 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -67,7 +66,7 @@ class RangeRequest(_message.Message):
     serializable: bool
     keys_only: bool
     count_only: bool
-    def __init__(self, key: _Optional[bytes] = ..., range_end: _Optional[bytes] = ..., limit: _Optional[int] = ..., revision: _Optional[int] = ..., serializable: _Optional[bool] = ..., keys_only: _Optional[bool] = ..., count_only: _Optional[bool] = ...) -> None: ...
+    def __init__(self, key: _Optional[bytes] = ..., range_end: _Optional[bytes] = ..., limit: _Optional[int] = ..., revision: _Optional[int] = ..., serializable: bool = ..., keys_only: bool = ..., count_only: bool = ...) -> None: ...
 
 class RangeResponse(_message.Message):
     __slots__ = ("header", "kvs", "more", "count")
@@ -79,7 +78,7 @@ class RangeResponse(_message.Message):
     kvs: _containers.RepeatedCompositeFieldContainer[KeyValue]
     more: bool
     count: int
-    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., kvs: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., more: _Optional[bool] = ..., count: _Optional[int] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., kvs: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., more: bool = ..., count: _Optional[int] = ...) -> None: ...
 
 class PutRequest(_message.Message):
     __slots__ = ("key", "value", "lease", "prev_kv", "ignore_value", "ignore_lease")
@@ -95,7 +94,7 @@ class PutRequest(_message.Message):
     prev_kv: bool
     ignore_value: bool
     ignore_lease: bool
-    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., lease: _Optional[int] = ..., prev_kv: _Optional[bool] = ..., ignore_value: _Optional[bool] = ..., ignore_lease: _Optional[bool] = ...) -> None: ...
+    def __init__(self, key: _Optional[bytes] = ..., value: _Optional[bytes] = ..., lease: _Optional[int] = ..., prev_kv: bool = ..., ignore_value: bool = ..., ignore_lease: bool = ...) -> None: ...
 
 class PutResponse(_message.Message):
     __slots__ = ("header", "prev_kv")
@@ -113,7 +112,7 @@ class DeleteRangeRequest(_message.Message):
     key: bytes
     range_end: bytes
     prev_kv: bool
-    def __init__(self, key: _Optional[bytes] = ..., range_end: _Optional[bytes] = ..., prev_kv: _Optional[bool] = ...) -> None: ...
+    def __init__(self, key: _Optional[bytes] = ..., range_end: _Optional[bytes] = ..., prev_kv: bool = ...) -> None: ...
 
 class DeleteRangeResponse(_message.Message):
     __slots__ = ("header", "deleted", "prev_kvs")
@@ -211,7 +210,7 @@ class TxnResponse(_message.Message):
     header: ResponseHeader
     succeeded: bool
     responses: _containers.RepeatedCompositeFieldContainer[ResponseOp]
-    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., succeeded: _Optional[bool] = ..., responses: _Optional[_Iterable[_Union[ResponseOp, _Mapping]]] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., succeeded: bool = ..., responses: _Optional[_Iterable[_Union[ResponseOp, _Mapping]]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("create_request", "cancel_request")
@@ -241,7 +240,7 @@ class WatchCreateRequest(_message.Message):
     progress_notify: bool
     filters: _containers.RepeatedScalarFieldContainer[WatchCreateRequest.FilterType]
     prev_kv: bool
-    def __init__(self, key: _Optional[bytes] = ..., range_end: _Optional[bytes] = ..., start_revision: _Optional[int] = ..., progress_notify: _Optional[bool] = ..., filters: _Optional[_Iterable[_Union[WatchCreateRequest.FilterType, str]]] = ..., prev_kv: _Optional[bool] = ...) -> None: ...
+    def __init__(self, key: _Optional[bytes] = ..., range_end: _Optional[bytes] = ..., start_revision: _Optional[int] = ..., progress_notify: bool = ..., filters: _Optional[_Iterable[_Union[WatchCreateRequest.FilterType, str]]] = ..., prev_kv: bool = ...) -> None: ...
 
 class WatchCancelRequest(_message.Message):
     __slots__ = ("watch_id",)
@@ -265,7 +264,7 @@ class WatchResponse(_message.Message):
     compact_revision: int
     cancel_reason: str
     events: _containers.RepeatedCompositeFieldContainer[Event]
-    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., watch_id: _Optional[int] = ..., created: _Optional[bool] = ..., canceled: _Optional[bool] = ..., compact_revision: _Optional[int] = ..., cancel_reason: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[ResponseHeader, _Mapping]] = ..., watch_id: _Optional[int] = ..., created: bool = ..., canceled: bool = ..., compact_revision: _Optional[int] = ..., cancel_reason: _Optional[str] = ..., events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ...) -> None: ...
 
 class LeaseGrantRequest(_message.Message):
     __slots__ = ("TTL", "ID")
@@ -321,7 +320,7 @@ class LeaseTimeToLiveRequest(_message.Message):
     KEYS_FIELD_NUMBER: _ClassVar[int]
     ID: int
     keys: bool
-    def __init__(self, ID: _Optional[int] = ..., keys: _Optional[bool] = ...) -> None: ...
+    def __init__(self, ID: _Optional[int] = ..., keys: bool = ...) -> None: ...
 
 class LeaseTimeToLiveResponse(_message.Message):
     __slots__ = ("header", "ID", "TTL", "grantedTTL", "keys")

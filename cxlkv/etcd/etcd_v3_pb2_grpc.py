@@ -5,7 +5,7 @@ import warnings
 
 from cxlkv.etcd import etcd_v3_pb2 as cxlkv_dot_etcd_dot_etcd__v3__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.70.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in cxlkv/etcd/etcd_v3_pb2_grpc.py depends on'
+        + f' but the generated code in cxlkv/etcd/etcd_v3_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class KVStub:
+class KVStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -56,7 +56,7 @@ class KVStub:
                 _registered_method=True)
 
 
-class KVServicer:
+class KVServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Range(self, request, context):
@@ -114,7 +114,7 @@ def add_KVServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class KV:
+class KV(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -226,7 +226,7 @@ class KV:
             _registered_method=True)
 
 
-class WatchStub:
+class WatchStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -242,7 +242,7 @@ class WatchStub:
                 _registered_method=True)
 
 
-class WatchServicer:
+class WatchServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Watch(self, request_iterator, context):
@@ -267,7 +267,7 @@ def add_WatchServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Watch:
+class Watch(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -298,7 +298,7 @@ class Watch:
             _registered_method=True)
 
 
-class LeaseStub:
+class LeaseStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -329,7 +329,7 @@ class LeaseStub:
                 _registered_method=True)
 
 
-class LeaseServicer:
+class LeaseServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def LeaseGrant(self, request, context):
@@ -387,7 +387,7 @@ def add_LeaseServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Lease:
+class Lease(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -499,7 +499,7 @@ class Lease:
             _registered_method=True)
 
 
-class MaintenanceStub:
+class MaintenanceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -515,7 +515,7 @@ class MaintenanceStub:
                 _registered_method=True)
 
 
-class MaintenanceServicer:
+class MaintenanceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Status(self, request, context):
@@ -540,7 +540,7 @@ def add_MaintenanceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Maintenance:
+class Maintenance(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

@@ -2,8 +2,7 @@ from cxlkv.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -113,7 +112,7 @@ class ExistResponse(_message.Message):
     __slots__ = ("exists",)
     EXISTS_FIELD_NUMBER: _ClassVar[int]
     exists: bool
-    def __init__(self, exists: _Optional[bool] = ...) -> None: ...
+    def __init__(self, exists: bool = ...) -> None: ...
 
 class BatchExistRequest(_message.Message):
     __slots__ = ("keys",)
@@ -135,7 +134,7 @@ class ClientRemoveRequest(_message.Message):
     FORCE_FIELD_NUMBER: _ClassVar[int]
     key: str
     force: bool
-    def __init__(self, key: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+    def __init__(self, key: _Optional[str] = ..., force: bool = ...) -> None: ...
 
 class ClientRemoveResponse(_message.Message):
     __slots__ = ()
@@ -147,7 +146,7 @@ class ClientBatchRemoveRequest(_message.Message):
     FORCE_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     force: bool
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., force: _Optional[bool] = ...) -> None: ...
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., force: bool = ...) -> None: ...
 
 class ClientBatchRemoveResponse(_message.Message):
     __slots__ = ("results",)
@@ -161,7 +160,7 @@ class ClientRemoveAllRequest(_message.Message):
     REGEX_FIELD_NUMBER: _ClassVar[int]
     force: bool
     regex: str
-    def __init__(self, force: _Optional[bool] = ..., regex: _Optional[str] = ...) -> None: ...
+    def __init__(self, force: bool = ..., regex: _Optional[str] = ...) -> None: ...
 
 class ClientRemoveAllResponse(_message.Message):
     __slots__ = ("removed", "skipped_leased")
@@ -406,7 +405,7 @@ class ClientStatResponse(_message.Message):
     version: str
     metrics_url: str
     uptime_s: float
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., hostname: _Optional[str] = ..., name: _Optional[str] = ..., master_connected: _Optional[bool] = ..., master_address: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., key_count: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., buffers_registered: _Optional[int] = ..., buffer_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., version: _Optional[str] = ..., metrics_url: _Optional[str] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., hostname: _Optional[str] = ..., name: _Optional[str] = ..., master_connected: bool = ..., master_address: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., key_count: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., buffers_registered: _Optional[int] = ..., buffer_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., version: _Optional[str] = ..., metrics_url: _Optional[str] = ..., uptime_s: _Optional[float] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = ("prefix", "page_size", "page_token")
@@ -470,7 +469,7 @@ class DirectInfoResponse(_message.Message):
     max_inline_bytes: int
     index_region_uuid: str
     index_epoch: int
-    def __init__(self, offered: _Optional[bool] = ..., coherence: _Optional[str] = ..., regions: _Optional[_Iterable[_Union[DirectRegion, _Mapping]]] = ..., max_inline_bytes: _Optional[int] = ..., index_region_uuid: _Optional[str] = ..., index_epoch: _Optional[int] = ...) -> None: ...
+    def __init__(self, offered: bool = ..., coherence: _Optional[str] = ..., regions: _Optional[_Iterable[_Union[DirectRegion, _Mapping]]] = ..., max_inline_bytes: _Optional[int] = ..., index_region_uuid: _Optional[str] = ..., index_epoch: _Optional[int] = ...) -> None: ...
 
 class DirectExtent(_message.Message):
     __slots__ = ("extent", "tier", "direct")
@@ -480,7 +479,7 @@ class DirectExtent(_message.Message):
     extent: _common_pb2.Extent
     tier: _common_pb2.Tier
     direct: bool
-    def __init__(self, extent: _Optional[_Union[_common_pb2.Extent, _Mapping]] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., direct: _Optional[bool] = ...) -> None: ...
+    def __init__(self, extent: _Optional[_Union[_common_pb2.Extent, _Mapping]] = ..., tier: _Optional[_Union[_common_pb2.Tier, str]] = ..., direct: bool = ...) -> None: ...
 
 class DirectPutStartItem(_message.Message):
     __slots__ = ("key", "value_size_bytes", "options")
@@ -514,7 +513,7 @@ class DirectPutStartResult(_message.Message):
     version: int
     header_bytes: int
     extents: _containers.RepeatedCompositeFieldContainer[DirectExtent]
-    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., fallback: _Optional[bool] = ..., put_token: _Optional[int] = ..., version: _Optional[int] = ..., header_bytes: _Optional[int] = ..., extents: _Optional[_Iterable[_Union[DirectExtent, _Mapping]]] = ...) -> None: ...
+    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., fallback: bool = ..., put_token: _Optional[int] = ..., version: _Optional[int] = ..., header_bytes: _Optional[int] = ..., extents: _Optional[_Iterable[_Union[DirectExtent, _Mapping]]] = ...) -> None: ...
 
 class DirectPutStartResponse(_message.Message):
     __slots__ = ("results",)
@@ -532,7 +531,7 @@ class DirectPutEndItem(_message.Message):
     put_token: int
     checksum: int
     revoke: bool
-    def __init__(self, key: _Optional[str] = ..., put_token: _Optional[int] = ..., checksum: _Optional[int] = ..., revoke: _Optional[bool] = ...) -> None: ...
+    def __init__(self, key: _Optional[str] = ..., put_token: _Optional[int] = ..., checksum: _Optional[int] = ..., revoke: bool = ...) -> None: ...
 
 class DirectPutEndRequest(_message.Message):
     __slots__ = ("items",)

@@ -5,7 +5,7 @@ import warnings
 
 from cxlkv.v1 import client_pb2 as cxlkv_dot_v1_dot_client__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.70.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in cxlkv/v1/client_pb2_grpc.py depends on'
+        + f' but the generated code in cxlkv/v1/client_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class ClientServiceStub:
+class ClientServiceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -181,7 +181,7 @@ class ClientServiceStub:
                 _registered_method=True)
 
 
-class ClientServiceServicer:
+class ClientServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def Put(self, request, context):
@@ -556,7 +556,7 @@ def add_ClientServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class ClientService:
+class ClientService(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod

@@ -1,8 +1,7 @@
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -123,7 +122,7 @@ class PutOptions(_message.Message):
     soft_pin: bool
     hard_pin: bool
     preferred_segment: str
-    def __init__(self, replica_num: _Optional[int] = ..., upsert: _Optional[bool] = ..., soft_pin: _Optional[bool] = ..., hard_pin: _Optional[bool] = ..., preferred_segment: _Optional[str] = ...) -> None: ...
+    def __init__(self, replica_num: _Optional[int] = ..., upsert: bool = ..., soft_pin: bool = ..., hard_pin: bool = ..., preferred_segment: _Optional[str] = ...) -> None: ...
 
 class SegmentInfo(_message.Message):
     __slots__ = ("segment_id", "name", "tier", "capacity_bytes", "used_bytes", "size_bytes", "region_uuid", "device_path", "mounted", "object_count", "owner_client_id")
@@ -149,4 +148,4 @@ class SegmentInfo(_message.Message):
     mounted: bool
     object_count: int
     owner_client_id: str
-    def __init__(self, segment_id: _Optional[int] = ..., name: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., size_bytes: _Optional[int] = ..., region_uuid: _Optional[str] = ..., device_path: _Optional[str] = ..., mounted: _Optional[bool] = ..., object_count: _Optional[int] = ..., owner_client_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, segment_id: _Optional[int] = ..., name: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., size_bytes: _Optional[int] = ..., region_uuid: _Optional[str] = ..., device_path: _Optional[str] = ..., mounted: bool = ..., object_count: _Optional[int] = ..., owner_client_id: _Optional[str] = ...) -> None: ...

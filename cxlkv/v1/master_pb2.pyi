@@ -3,8 +3,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -198,6 +197,18 @@ class HeartbeatResponse(_message.Message):
     master_id: str
     segments_version: int
     def __init__(self, master_id: _Optional[str] = ..., segments_version: _Optional[int] = ...) -> None: ...
+
+class DeregisterClientRequest(_message.Message):
+    __slots__ = ("client_id", "epoch")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    epoch: int
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class DeregisterClientResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class MountSegmentRequest(_message.Message):
     __slots__ = ("client_id", "epoch", "name", "tier", "size_bytes", "region_uuid", "device_path")
@@ -435,7 +446,7 @@ class GetReplicaListRequest(_message.Message):
     client_id: str
     key: str
     no_lease: bool
-    def __init__(self, client_id: _Optional[str] = ..., key: _Optional[str] = ..., no_lease: _Optional[bool] = ...) -> None: ...
+    def __init__(self, client_id: _Optional[str] = ..., key: _Optional[str] = ..., no_lease: bool = ...) -> None: ...
 
 class ObjectLocation(_message.Message):
     __slots__ = ("status", "value_size_bytes", "version", "replicas", "lease_id", "lease_ttl_ms", "checksum", "header_bytes")
@@ -473,7 +484,7 @@ class BatchGetReplicaListRequest(_message.Message):
     keys: _containers.RepeatedScalarFieldContainer[str]
     no_lease: bool
     release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., no_lease: _Optional[bool] = ..., release_lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., no_lease: bool = ..., release_lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BatchGetReplicaListResponse(_message.Message):
     __slots__ = ("locations",)
@@ -537,7 +548,7 @@ class ExistKeyResponse(_message.Message):
     __slots__ = ("exists",)
     EXISTS_FIELD_NUMBER: _ClassVar[int]
     exists: bool
-    def __init__(self, exists: _Optional[bool] = ...) -> None: ...
+    def __init__(self, exists: bool = ...) -> None: ...
 
 class BatchExistKeyRequest(_message.Message):
     __slots__ = ("keys",)
@@ -563,7 +574,7 @@ class MatchPrefixRequest(_message.Message):
     keys: _containers.RepeatedScalarFieldContainer[str]
     no_lease: bool
     release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., no_lease: _Optional[bool] = ..., release_lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., no_lease: bool = ..., release_lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class MatchPrefixResponse(_message.Message):
     __slots__ = ("matched", "locations")
@@ -589,7 +600,7 @@ class BatchMatchPrefixRequest(_message.Message):
     queries: _containers.RepeatedCompositeFieldContainer[PrefixQuery]
     no_lease: bool
     release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, client_id: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[PrefixQuery, _Mapping]]] = ..., no_lease: _Optional[bool] = ..., release_lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, client_id: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[PrefixQuery, _Mapping]]] = ..., no_lease: bool = ..., release_lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BatchMatchPrefixResponse(_message.Message):
     __slots__ = ("results",)
@@ -611,7 +622,7 @@ class RemoveRequest(_message.Message):
     FORCE_FIELD_NUMBER: _ClassVar[int]
     key: str
     force: bool
-    def __init__(self, key: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+    def __init__(self, key: _Optional[str] = ..., force: bool = ...) -> None: ...
 
 class RemoveResponse(_message.Message):
     __slots__ = ("status",)
@@ -625,7 +636,7 @@ class BatchRemoveRequest(_message.Message):
     FORCE_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     force: bool
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., force: _Optional[bool] = ...) -> None: ...
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., force: bool = ...) -> None: ...
 
 class BatchRemoveResponse(_message.Message):
     __slots__ = ("results",)
@@ -637,7 +648,7 @@ class RemoveAllRequest(_message.Message):
     __slots__ = ("force",)
     FORCE_FIELD_NUMBER: _ClassVar[int]
     force: bool
-    def __init__(self, force: _Optional[bool] = ...) -> None: ...
+    def __init__(self, force: bool = ...) -> None: ...
 
 class RemoveAllResponse(_message.Message):
     __slots__ = ("removed", "skipped_leased")
@@ -653,7 +664,7 @@ class RemoveByRegexRequest(_message.Message):
     FORCE_FIELD_NUMBER: _ClassVar[int]
     pattern: str
     force: bool
-    def __init__(self, pattern: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+    def __init__(self, pattern: _Optional[str] = ..., force: bool = ...) -> None: ...
 
 class ListKeysRequest(_message.Message):
     __slots__ = ("prefix", "page_size", "page_token")
@@ -683,7 +694,7 @@ class KeyEntry(_message.Message):
     hard_pinned: bool
     soft_pinned: bool
     lease_count: int
-    def __init__(self, key: _Optional[str] = ..., value_size_bytes: _Optional[int] = ..., version: _Optional[int] = ..., replica_count: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ..., hard_pinned: _Optional[bool] = ..., soft_pinned: _Optional[bool] = ..., lease_count: _Optional[int] = ...) -> None: ...
+    def __init__(self, key: _Optional[str] = ..., value_size_bytes: _Optional[int] = ..., version: _Optional[int] = ..., replica_count: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[_common_pb2.Tier, str]]] = ..., hard_pinned: bool = ..., soft_pinned: bool = ..., lease_count: _Optional[int] = ...) -> None: ...
 
 class ListKeysResponse(_message.Message):
     __slots__ = ("entries", "next_page_token")
@@ -697,7 +708,7 @@ class StatRequest(_message.Message):
     __slots__ = ("check_invariants",)
     CHECK_INVARIANTS_FIELD_NUMBER: _ClassVar[int]
     check_invariants: bool
-    def __init__(self, check_invariants: _Optional[bool] = ...) -> None: ...
+    def __init__(self, check_invariants: bool = ...) -> None: ...
 
 class ClientInfo(_message.Message):
     __slots__ = ("client_id", "hostname", "name", "epoch", "alive", "last_heartbeat_age_s", "metrics_url")
@@ -715,7 +726,7 @@ class ClientInfo(_message.Message):
     alive: bool
     last_heartbeat_age_s: float
     metrics_url: str
-    def __init__(self, client_id: _Optional[str] = ..., hostname: _Optional[str] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., alive: _Optional[bool] = ..., last_heartbeat_age_s: _Optional[float] = ..., metrics_url: _Optional[str] = ...) -> None: ...
+    def __init__(self, client_id: _Optional[str] = ..., hostname: _Optional[str] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., alive: bool = ..., last_heartbeat_age_s: _Optional[float] = ..., metrics_url: _Optional[str] = ...) -> None: ...
 
 class StatResponse(_message.Message):
     __slots__ = ("master_id", "version", "segments", "key_count", "processing_count", "lease_count", "clients", "capacity_bytes", "used_bytes", "counters", "high_watermark", "low_watermark", "allocation_strategy", "eviction_policy", "uptime_s", "metrics_url", "invariant_violation", "fenced_count", "reserved_count", "quarantined_count", "quarantined_bytes")

@@ -5,7 +5,7 @@ import warnings
 
 from cxlkv.v1 import master_pb2 as cxlkv_dot_v1_dot_master__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.70.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in cxlkv/v1/master_pb2_grpc.py depends on'
+        + f' but the generated code in cxlkv/v1/master_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class MasterServiceStub:
+class MasterServiceStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -224,9 +224,14 @@ class MasterServiceStub:
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedResponse.FromString,
                 _registered_method=True)
+        self.DeregisterClient = channel.unary_unary(
+                '/cxlkv.v1.MasterService/DeregisterClient',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.FromString,
+                _registered_method=True)
 
 
-class MasterServiceServicer:
+class MasterServiceServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def RegisterClient(self, request, context):
@@ -520,6 +525,16 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeregisterClient(self, request, context):
+        """--- clients, continued (appended: lean method numbers are positions here) --
+        End a registration at the clientd's own word (a planned stop): cleaned up like
+        an expiry (in-flight puts revoked, its DRAM tier unmounted) but not counted as
+        expired, and no longer listed by Stat. UNKNOWN_CLIENT: already gone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -713,6 +728,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedResponse.SerializeToString,
             ),
+            'DeregisterClient': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeregisterClient,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'cxlkv.v1.MasterService', rpc_method_handlers)
@@ -721,7 +741,7 @@ def add_MasterServiceServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class MasterService:
+class MasterService(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
@@ -1740,6 +1760,33 @@ class MasterService:
             '/cxlkv.v1.MasterService/ReportDamaged',
             cxlkv_dot_v1_dot_master__pb2.ReportDamagedRequest.SerializeToString,
             cxlkv_dot_v1_dot_master__pb2.ReportDamagedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeregisterClient(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/DeregisterClient',
+            cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.FromString,
             options,
             channel_credentials,
             insecure,

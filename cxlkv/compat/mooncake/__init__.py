@@ -16,9 +16,18 @@ or with no line changed at all, through :mod:`cxlkv.compat.mooncake_alias`
 
 from __future__ import annotations
 
+from cxlkv.compat.mooncake.allocator import MooncakeHostMemAllocator
 from cxlkv.compat.mooncake.config import ReplicateConfig, SoftPinAction
 from cxlkv.compat.mooncake.errors import MOONCAKE_CODES, ErrorCode, mooncake_code
 from cxlkv.compat.mooncake.memory import BufferHandle
+from cxlkv.compat.mooncake.numa import bind_to_numa_node
+from cxlkv.compat.mooncake.replicas import (
+    Descriptor,
+    DiskDescriptor,
+    MemoryDescriptor,
+    ReplicaDescriptor,
+    ReplicaStatus,
+)
 from cxlkv.compat.mooncake.store import MooncakeDistributedStore
 
 __all__ = [
@@ -26,6 +35,13 @@ __all__ = [
     "ReplicateConfig",
     "SoftPinAction",
     "BufferHandle",
+    "MooncakeHostMemAllocator",
+    "bind_to_numa_node",
+    "ReplicaDescriptor",
+    "ReplicaStatus",
+    "Descriptor",
+    "MemoryDescriptor",
+    "DiskDescriptor",
     "ErrorCode",
     "MOONCAKE_CODES",
     "mooncake_code",

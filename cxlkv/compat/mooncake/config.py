@@ -45,12 +45,15 @@ class ReplicateConfig:
             clears ``with_soft_pin``.
         soft_pin_ttl_ms: Mooncake's soft-pin lifetime in milliseconds; accepted, not
             used (the master's configuration sets it).
+        group_ids: Mooncake's object groups (one group name per key of a batch write,
+            objects of a group kept and evicted together); accepted and checked (a
+            list of str), not used: cxlkv's master evicts objects one by one.
 
     Unknown attribute names raise ``AttributeError``, as on Mooncake's class.
     """
 
     __slots__ = ("replica_num", "with_soft_pin", "with_hard_pin", "preferred_segment",
-                 "preferred_segments", "prefer_alloc_in_same_node", "soft_pin_action", "soft_pin_ttl_ms")
+                 "preferred_segments", "prefer_alloc_in_same_node", "soft_pin_action", "soft_pin_ttl_ms", "group_ids")
 
     def __init__(self) -> None:
         self.replica_num: int = 1
@@ -61,6 +64,7 @@ class ReplicateConfig:
         self.prefer_alloc_in_same_node: bool = False
         self.soft_pin_action: SoftPinAction = SoftPinAction.PRESERVE
         self.soft_pin_ttl_ms: int = 0
+        self.group_ids: list[str] = []
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
@@ -80,7 +84,8 @@ def put_options(config: ReplicateConfig | None) -> dict[str, Any]:
 
     Raises:
         InvalidArgument: ``config`` is not a ``ReplicateConfig``, ``replica_num`` not an int in 1..16,
-            or ``preferred_segments`` is non-empty and not ``replica_num`` long.
+            ``preferred_segments`` is non-empty and not ``replica_num`` long, or
+            ``group_ids`` is not a list of str.
     """
     if config is None:
         return {}
@@ -94,6 +99,9 @@ def put_options(config: ReplicateConfig | None) -> dict[str, Any]:
     if config.preferred_segments and len(config.preferred_segments) != replica_num:
         raise InvalidArgument(
             f"preferred_segments holds {len(config.preferred_segments)} entries; replica_num is {replica_num}")
+    groups = config.group_ids
+    if not isinstance(groups, (list, tuple)) or not all(isinstance(g, str) for g in groups):
+        raise InvalidArgument(f"group_ids must be a list of str, got {groups!r}")
     try:
         action = SoftPinAction(int(config.soft_pin_action))
     except (TypeError, ValueError):

@@ -14,6 +14,10 @@ with Mooncake's ``ptr()`` / ``size()`` / ``len()`` and the buffer protocol
 ``torch.frombuffer(handle, …)``), on every supported Python version.
 
 :class:`RangeRegistry` records ``register_buffer`` ranges.
+
+Device memory (CUDA) is never wrapped as a host view: :func:`view_at` refuses
+it, and :func:`buffer_at` / :func:`part_at` return a CUDA tensor over it, which
+the SDK moves by DMA (:mod:`cxlkv.compat.mooncake.devices`).
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ import functools
 import threading
 from typing import Any
 
+from cxlkv.compat.mooncake.devices import HOST, DeviceUnsupported, classify, device_tensor
 from cxlkv.errors import InvalidArgument
 
-__all__ = ["view_at", "BufferHandle", "make_handle", "RangeRegistry"]
+__all__ = ["view_at", "buffer_at", "part_at", "gather_part", "scatter_part", "BufferHandle", "make_handle",
+           "RangeRegistry"]
 
 #: Largest address on a 64-bit machine, plus one.
 _ADDRESS_LIMIT = 1 << 64
@@ -61,7 +67,65 @@ def view_at(ptr: int, size: int) -> ctypes.Array:
         InvalidArgument: ``ptr`` is not a positive int, or ``size`` is negative.
     """
     ptr, size = _check_range(ptr, size)
+    if size and classify(ptr) != HOST:
+        _refuse(DeviceUnsupported(f"address {ptr:#x} is CUDA device memory; this call reads or writes its "
+                                  "bytes on the CPU and needs host memory"))
     return (ctypes.c_ubyte * size).from_address(ptr)
+
+
+def _refuse(exc: DeviceUnsupported) -> None:
+    import logging
+
+    logging.getLogger("cxlkv.compat.mooncake").error("%s", exc)
+    raise exc
+
+
+def buffer_at(ptr: int, size: int) -> Any:
+    """What the SDK should move for ``size`` bytes at ``ptr``: a host view (:func:`view_at`),
+    or, for CUDA device memory, a uint8 CUDA tensor over it (no copy; moved by DMA).
+
+    Raises:
+        InvalidArgument: a bad range (see :func:`view_at`).
+        DeviceUnsupported: device memory this process cannot move (no torch with CUDA),
+            or CUDA is loaded but cannot be asked what the address is.
+    """
+    ptr, size = _check_range(ptr, size)
+    device = classify(ptr) if size else HOST
+    if device == HOST:
+        return (ctypes.c_ubyte * size).from_address(ptr)
+    try:
+        return device_tensor(ptr, size, device)
+    except DeviceUnsupported as exc:
+        _refuse(exc)
+        raise
+
+
+def part_at(ptr: int, size: int) -> Any:
+    """:func:`buffer_at` for one part of a multi-buffer value: a byte ``memoryview`` of host
+    memory, or a CUDA tensor."""
+    b = buffer_at(ptr, size)
+    return memoryview(b).cast("B") if isinstance(b, ctypes.Array) else b
+
+
+def gather_part(dst: memoryview, part: Any) -> None:
+    """Copy ``part`` (from :func:`part_at`) into the host bytes ``dst`` (same length)."""
+    if isinstance(part, memoryview):
+        dst[:] = part
+    elif len(dst):
+        import torch
+
+        torch.frombuffer(dst, dtype=torch.uint8).copy_(part)  # device -> host by DMA
+
+
+def scatter_part(part: Any, src: memoryview) -> None:
+    """Copy the host bytes ``src`` into the start of ``part`` (from :func:`part_at`)."""
+    n = len(src)
+    if isinstance(part, memoryview):
+        part[:n] = src
+    elif n:
+        import torch
+
+        part[:n].copy_(torch.frombuffer(src, dtype=torch.uint8))  # host -> device by DMA
 
 
 class BufferHandle:

@@ -25,6 +25,7 @@ parallel (each thread gets its own connection to the daemon). ``setup`` and
 from __future__ import annotations
 
 import ctypes
+import logging
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -33,7 +34,10 @@ from typing import Any
 from cxlkv.client import DEFAULT_POOL_BYTES, Client, Result
 from cxlkv.compat.mooncake.config import ReplicateConfig, put_options
 from cxlkv.compat.mooncake.errors import ErrorCode, mooncake_code
-from cxlkv.compat.mooncake.memory import BufferHandle, RangeRegistry, make_handle, view_at
+from cxlkv.compat.mooncake.memory import (BufferHandle, RangeRegistry, buffer_at, gather_part, make_handle,
+                                          part_at, scatter_part)
+from cxlkv.compat.mooncake.replicas import ReplicaDescriptor, replica_descriptors
+from cxlkv.compat.mooncake.tenants import DEFAULT_TENANT, TenantClient, tenant_prefix
 from cxlkv.compat.mooncake.tensor_calls import TensorCalls
 from cxlkv.errors import AlreadyExists, CxlkvError, InvalidArgument, NotReady, OutOfRange
 from cxlkv.keys import key_error
@@ -59,6 +63,53 @@ _INLINE_PARTS_BYTES = 64 << 10
 _ARG_ERRORS = (CxlkvError, TypeError, ValueError, OverflowError, BufferError)
 _INVALID = int(ErrorCode.INVALID_PARAMS)
 _NOT_FOUND = int(ErrorCode.OBJECT_NOT_FOUND)
+#: Mooncake's default ``client_http_port`` (accepted, not used: clientd serves its own metrics).
+DEFAULT_CLIENT_HTTP_PORT = 9300
+#: The keys of Mooncake's ``setup(config: dict)``, with their defaults.
+_SETUP_DICT_DEFAULTS: dict[str, Any] = {
+    "global_segment_size": DEFAULT_GLOBAL_SEGMENT_BYTES,
+    "local_buffer_size": DEFAULT_LOCAL_BUFFER_BYTES,
+    "protocol": "tcp",
+    "rdma_devices": "",
+    "master_server_addr": DEFAULT_MASTER_SERVER_ADDR,
+    "ipc_socket_path": "",
+    "enable_ssd_offload": False,
+    "ssd_offload_path": "",
+    "tenant_id": DEFAULT_TENANT,
+    "enable_client_http_server": False,
+    "client_http_port": DEFAULT_CLIENT_HTTP_PORT,
+    "cxlkv_socket": None,
+    "cxlkv_timeout_s": 30.0,
+}
+_SETUP_DICT_REQUIRED = ("local_hostname", "metadata_server")
+#: Other names engines give ``setup(dict)`` keys (LMCache's MooncakeStoreConfig) -> Mooncake's.
+_SETUP_DICT_ALIASES = {"device_name": "rdma_devices", "master_server_address": "master_server_addr"}
+_SETUP_DICT_INTS = ("global_segment_size", "local_buffer_size", "client_http_port")
+_SETUP_DICT_BOOLS = ("enable_ssd_offload", "enable_client_http_server")
+logger = logging.getLogger("cxlkv.compat.mooncake")
+
+
+def _as_int(name: str, value: Any) -> int:
+    """A ``setup(dict)`` size: an int, or a decimal string (LMCache passes strings)."""
+    if isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be an int, got {value!r}")
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            raise InvalidArgument(f"{name} must be an int, got {value!r}") from None
+    return value
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    """A ``setup(dict)`` switch: a bool, 0/1, or ``"true"``/``"false"``/``"1"``/``"0"``."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no", ""):
+        return value.strip().lower() in ("true", "1", "yes")
+    raise InvalidArgument(f"{name} must be a bool, got {value!r}")
 
 
 class MooncakeDistributedStore(TensorCalls):
@@ -72,7 +123,7 @@ class MooncakeDistributedStore(TensorCalls):
     """
 
     def __init__(self) -> None:
-        self._client: Client | None = None
+        self._client: TenantClient | None = None
         self._hostname = ""
         self._registry = RangeRegistry()
         self._pool_allocs: dict[int, memoryview] = {}
@@ -81,23 +132,36 @@ class MooncakeDistributedStore(TensorCalls):
     # ================================================================ lifecycle
     def setup(
         self,
-        local_hostname: str,
-        metadata_server: str,
+        local_hostname: str | dict[str, Any],
+        metadata_server: str = "",
         global_segment_size: int = DEFAULT_GLOBAL_SEGMENT_BYTES,
         local_buffer_size: int = DEFAULT_LOCAL_BUFFER_BYTES,
         protocol: str = "tcp",
         rdma_devices: str = "",
         master_server_addr: str = DEFAULT_MASTER_SERVER_ADDR,
         engine: Any = None,
+        enable_ssd_offload: bool = False,
+        ssd_offload_path: str = "",
+        tenant_id: str = DEFAULT_TENANT,
+        enable_client_http_server: bool = False,
+        client_http_port: int = DEFAULT_CLIENT_HTTP_PORT,
         *,
         cxlkv_socket: str | None = None,
         cxlkv_timeout_s: float = 30.0,
     ) -> int:
         """Connect to the clientd of this host (Mooncake's positional and keyword arguments).
 
+        Also Mooncake's second form, ``setup(config: dict)``: the keys are the
+        argument names below (``local_hostname`` and ``metadata_server``
+        required; ``ipc_socket_path`` accepted, not used; sizes may be decimal
+        strings, switches ``"true"``/``"false"``, as LMCache passes them;
+        LMCache's ``device_name`` and ``master_server_address`` stand for
+        ``rdma_devices`` and ``master_server_addr``; unknown keys are logged and
+        ignored).
+
         Args:
             local_hostname: this node's name; returned by :meth:`get_hostname`
-                (``socket.gethostname()`` when empty).
+                (``socket.gethostname()`` when empty). Or the config dict.
             metadata_server: Mooncake's metadata server; accepted, not used.
             global_segment_size: memory Mooncake's client would contribute, in
                 bytes; accepted, not used (capacity is the CXL region's, set on the master).
@@ -110,39 +174,140 @@ class MooncakeDistributedStore(TensorCalls):
             master_server_addr: Mooncake's master; accepted, not used (clientd owns
                 the link to cxlkv's master).
             engine: a Mooncake ``TransferEngine``; must be ``None``.
+            enable_ssd_offload: Mooncake offloads evicted objects to SSD. On cxlkv
+                that is the cluster's SSD tier (docs/tiers.md), configured on the
+                master: ``True`` is accepted when the cluster has a mounted SSD
+                segment, and refused (``INVALID_PARAMS``, -600, with an error
+                logged) when it has none — never silently run without offload.
+            ssd_offload_path: Mooncake's per-client offload directory; accepted,
+                not used (the SSD tier's file is the master's ``[[segments]]`` entry).
+            tenant_id: the tenant whose key namespace this store uses; tenants are
+                isolated (:mod:`cxlkv.compat.mooncake.tenants`). ``"default"``: keys
+                as they are.
+            enable_client_http_server: Mooncake's per-client metrics endpoint;
+                accepted, not used (each clientd serves ``/metrics`` itself).
+            client_http_port: accepted, not used.
             cxlkv_socket: the clientd's gRPC socket; default ``$CXLKV_SOCKET``, else
                 the daemon's default path.
             cxlkv_timeout_s: longest wait for one answer from the daemon, in seconds.
 
         Returns:
             0, or ``RPC_FAIL`` (-900) when no clientd answers on the socket,
-            ``INVALID_PARAMS`` (-600) for a bad argument. A second ``setup`` closes
-            the first connection.
+            ``INVALID_PARAMS`` (-600) for a bad argument or an SSD offload the
+            cluster cannot give. A second ``setup`` closes the first connection.
         """
+        if isinstance(local_hostname, dict):
+            return self._setup_dict(local_hostname)
         try:
             if engine is not None:
                 raise InvalidArgument("a Mooncake TransferEngine cannot be used with cxlkv; pass engine=None")
-            sizes = {"global_segment_size": global_segment_size, "local_buffer_size": local_buffer_size}
+            sizes = {"global_segment_size": global_segment_size, "local_buffer_size": local_buffer_size,
+                     "client_http_port": client_http_port}
             for name, size in sizes.items():
                 if isinstance(size, bool) or not isinstance(size, int) or size < 0:
                     raise InvalidArgument(f"{name} must be an int >= 0, got {size!r}")
             texts = {"local_hostname": local_hostname, "metadata_server": metadata_server, "protocol": protocol,
-                     "rdma_devices": rdma_devices, "master_server_addr": master_server_addr}
+                     "rdma_devices": rdma_devices, "master_server_addr": master_server_addr,
+                     "ssd_offload_path": ssd_offload_path, "tenant_id": tenant_id}
             for name, text in texts.items():
                 if not isinstance(text, str):
                     raise InvalidArgument(f"{name} must be a str, got {type(text).__name__}")
+            for name, flag in {"enable_ssd_offload": enable_ssd_offload,
+                               "enable_client_http_server": enable_client_http_server}.items():
+                if not isinstance(flag, (bool, int)):
+                    raise InvalidArgument(f"{name} must be a bool, got {flag!r}")
+            tenant_prefix(tenant_id)  # a bad tenant is refused before connecting
             client = Client(cxlkv_socket, timeout_s=cxlkv_timeout_s,
                             buffer_pool_bytes=local_buffer_size or DEFAULT_POOL_BYTES)
+            try:
+                tenant = TenantClient(client, tenant_id)
+                if enable_ssd_offload:
+                    self._check_ssd_tier(client)
+            except BaseException:
+                client.close()
+                raise
         except _ARG_ERRORS as exc:
+            logger.error("MooncakeDistributedStore.setup refused: %s", exc)
             return mooncake_code(exc)
+        self._adopt(tenant, local_hostname or socket.gethostname())
+        return 0
+
+    def _adopt(self, client: TenantClient, hostname: str) -> None:
+        """Make ``client`` this store's connection (closing the one before)."""
         with self._lock:
             old, self._client = self._client, client
-            self._hostname = local_hostname or socket.gethostname()
+            self._hostname = hostname
             self._pool_allocs.clear()
             self._registry.clear()
         if old is not None:
             old.close()
-        return 0
+
+    @staticmethod
+    def _check_ssd_tier(client: Any) -> None:
+        """Raise unless the cluster has a mounted SSD segment (what ``enable_ssd_offload`` maps to)."""
+        segments = client.stat().get("segments", [])
+        if not any(seg.get("tier") == "SSD" and seg.get("mounted", True) for seg in segments):
+            raise InvalidArgument(
+                "enable_ssd_offload=True: this cxlkv cluster has no SSD tier. cxlkv offloads to SSD through "
+                "the master's SSD segment ([[segments]] with tier = \"ssd\", docs/tiers.md), not through a "
+                "per-client directory; configure one, or start the engine without SSD offload")
+
+    def _setup_dict(self, config: dict[str, Any]) -> int:
+        """``setup(config: dict)``: Mooncake's keyword form (see :meth:`setup`)."""
+        try:
+            config = {_SETUP_DICT_ALIASES.get(k, k): v for k, v in config.items()
+                      if not (k in _SETUP_DICT_ALIASES and _SETUP_DICT_ALIASES[k] in config)}
+            missing = [k for k in _SETUP_DICT_REQUIRED if k not in config]
+            if missing:
+                raise InvalidArgument(f"setup(config): missing required key(s) {', '.join(missing)}")
+            unknown = sorted(set(config) - set(_SETUP_DICT_DEFAULTS) - set(_SETUP_DICT_REQUIRED))
+            if unknown:
+                logger.warning("MooncakeDistributedStore.setup(config): ignoring unknown key(s) %s",
+                               ", ".join(unknown))
+            opts = {**_SETUP_DICT_DEFAULTS, **{k: v for k, v in config.items() if k not in unknown}}
+            for name in _SETUP_DICT_INTS:
+                opts[name] = _as_int(name, opts[name])
+            for name in _SETUP_DICT_BOOLS:
+                opts[name] = _as_bool(name, opts[name])
+        except InvalidArgument as exc:
+            logger.error("MooncakeDistributedStore.setup refused: %s", exc)
+            return mooncake_code(exc)
+        return self.setup(
+            opts["local_hostname"], opts["metadata_server"], opts["global_segment_size"],
+            opts["local_buffer_size"], opts["protocol"], opts["rdma_devices"], opts["master_server_addr"],
+            None, opts["enable_ssd_offload"], opts["ssd_offload_path"], opts["tenant_id"],
+            opts["enable_client_http_server"], opts["client_http_port"],
+            cxlkv_socket=opts["cxlkv_socket"], cxlkv_timeout_s=opts["cxlkv_timeout_s"])
+
+    def setup_dummy(self, mem_pool_size: int, local_buffer_size: int, server_address: str) -> int:
+        """Mooncake's standalone-storage mode: this process holds no store of its own.
+
+        In Mooncake a *dummy* client forwards every call to a standalone
+        ``mooncake_client`` process at ``server_address``, which owns the
+        memory; the engine's host pool (``MooncakeHostMemAllocator``) is shared
+        with it. On cxlkv that process is the clientd of this host, which is
+        always standalone: this is :meth:`setup` on it, and
+        :class:`~cxlkv.compat.mooncake.allocator.MooncakeHostMemAllocator`
+        memory is shared with it (zero-copy).
+
+        Args:
+            mem_pool_size: bytes of host pool the engine will use; accepted, not used.
+            local_buffer_size: as in :meth:`setup` (size of the staging pool), in bytes.
+            server_address: the standalone client's address. A clientd socket
+                path (``/…`` or ``unix:/…``) is used as the socket; a ``host:port``
+                is accepted, not used (the clientd of this host, from
+                ``$CXLKV_SOCKET`` or the default path).
+
+        Returns:
+            As :meth:`setup`.
+        """
+        if isinstance(mem_pool_size, bool) or not isinstance(mem_pool_size, int) or mem_pool_size < 0:
+            return _INVALID
+        if not isinstance(server_address, str):
+            return _INVALID
+        path = server_address[len("unix:"):] if server_address.startswith("unix:") else server_address
+        return self.setup(socket.gethostname(), "", 0, local_buffer_size, "tcp", "", DEFAULT_MASTER_SERVER_ADDR,
+                          cxlkv_socket=path if path.startswith("/") else None)
 
     def init_all(self, protocol: str, device_name: str, mount_segment_size: int = DEFAULT_GLOBAL_SEGMENT_BYTES) -> int:
         """Mooncake's one-call initialisation: :meth:`setup` with this host's name.
@@ -180,7 +345,7 @@ class MooncakeDistributedStore(TensorCalls):
         return self._hostname
 
     # ============================================================== plumbing
-    def _status(self, fn: Callable[[Client], object], *, exists_ok: bool = False) -> int:
+    def _status(self, fn: Callable[[Any], object], *, exists_ok: bool = False) -> int:
         """Run ``fn(client)``: 0 on success, else its error's Mooncake code.
 
         With ``exists_ok`` (the plain writes) ``ALREADY_EXISTS`` answers 0, as in
@@ -197,7 +362,7 @@ class MooncakeDistributedStore(TensorCalls):
             return mooncake_code(exc)
         return 0
 
-    def _value(self, fn: Callable[[Client], int]) -> int:
+    def _value(self, fn: Callable[[Any], int]) -> int:
         """``fn(client)`` (a count or size >= 0), or the Mooncake code of its error."""
         client = self._client
         if client is None:
@@ -234,6 +399,12 @@ class MooncakeDistributedStore(TensorCalls):
         except TypeError:
             return False
 
+    @staticmethod
+    def _groups_fit(config: ReplicateConfig | None, n: int) -> bool:
+        """A batch's ``config.group_ids`` is empty or names one group per key (as Mooncake checks)."""
+        groups = getattr(config, "group_ids", None)
+        return not groups or not hasattr(groups, "__len__") or len(groups) == n
+
     def _views(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]
                ) -> tuple[list[int], list[Any], list[int]]:
         """Views of each ``(ptr, size)``; positions with a bad range get ``INVALID_PARAMS``."""
@@ -241,7 +412,7 @@ class MooncakeDistributedStore(TensorCalls):
         views: list[Any] = [None] * len(keys)
         for i, (p, n) in enumerate(zip(ptrs, sizes)):
             try:
-                views[i] = view_at(p, n)
+                views[i] = buffer_at(p, n)
             except InvalidArgument:
                 codes[i] = _INVALID
         return codes, views, [i for i, c in enumerate(codes) if c == 0]
@@ -341,7 +512,7 @@ class MooncakeDistributedStore(TensorCalls):
     def _write_batch(self, keys: Sequence[str], values: Sequence[Any], *, upsert: bool,
                      config: ReplicateConfig | None) -> list[int] | None:
         """Per-position codes of a bytes-valued batch write; ``None`` for mismatched lists."""
-        if not self._same_length(keys, values):
+        if not self._same_length(keys, values) or not self._groups_fit(config, len(keys)):
             return None
         client = self._client
         if client is None:
@@ -373,12 +544,12 @@ class MooncakeDistributedStore(TensorCalls):
             0 (also when ``key`` is already committed) or a negative code;
             ``INVALID_PARAMS`` (-600) for a null address or a negative size.
         """
-        return self._status(lambda c: c.put_from(key, view_at(buffer_ptr, size), **put_options(config)),
+        return self._status(lambda c: c.put_from(key, buffer_at(buffer_ptr, size), **put_options(config)),
                             exists_ok=True)
 
     def upsert_from(self, key: str, buffer_ptr: int, size: int, config: ReplicateConfig | None = None) -> int:
         """:meth:`put_from` that replaces a committed value. Returns 0 or a negative code."""
-        return self._status(lambda c: c.put_from(key, view_at(buffer_ptr, size), upsert=True,
+        return self._status(lambda c: c.put_from(key, buffer_at(buffer_ptr, size), upsert=True,
                                                  **put_options(config)))
 
     def batch_put_from(self, keys: Sequence[str], buffer_ptrs: Sequence[int], sizes: Sequence[int],
@@ -401,6 +572,8 @@ class MooncakeDistributedStore(TensorCalls):
         client, keys, codes, views, ok = self._prepare_batch(keys, ptrs, sizes)
         if client is None:
             return codes
+        if not self._groups_fit(config, len(keys)):
+            return [_INVALID] * len(keys)
         try:
             opts = put_options(config)
             results = client.put_from_many([keys[i] for i in ok], [views[i] for i in ok], upsert=upsert, **opts)
@@ -433,7 +606,7 @@ class MooncakeDistributedStore(TensorCalls):
             differ in length, and at every position when the three lists do.
         """
         n = len(keys) if hasattr(keys, "__len__") else 0
-        if not self._same_length(keys, all_buffer_ptrs, all_sizes):
+        if not self._same_length(keys, all_buffer_ptrs, all_sizes) or not self._groups_fit(config, n):
             return [_INVALID] * n
         client = self._client
         if client is None:
@@ -448,15 +621,15 @@ class MooncakeDistributedStore(TensorCalls):
                     codes[i] = _INVALID
                     continue
                 try:
-                    parts = [memoryview(view_at(p, size)).cast("B") for p, size in zip(ptrs, sizes)]
+                    parts = [part_at(p, size) for p, size in zip(ptrs, sizes)]
                 except InvalidArgument:
                     codes[i] = _INVALID
                     continue
-                buf = client.buffer(sum(v.nbytes for v in parts))
+                buf = client.buffer(sum(sizes))
                 off = 0
-                for v in parts:
-                    buf[off:off + v.nbytes] = v
-                    off += v.nbytes
+                for v, size in zip(parts, sizes):
+                    gather_part(buf[off:off + size], v)
+                    off += size
                 values[i] = buf
             ok = [i for i in range(n) if codes[i] == 0]
             results = client.put_from_many([keys[i] for i in ok], [values[i] for i in ok], **opts) if ok else []
@@ -507,7 +680,7 @@ class MooncakeDistributedStore(TensorCalls):
             ``OBJECT_NOT_FOUND`` (-704), ``INVALID_PARAMS`` (-600) when the value is
             larger than ``size`` or the address is null.
         """
-        return self._value(lambda c: c.get_into(key, view_at(buffer_ptr, size)))
+        return self._value(lambda c: c.get_into(key, buffer_at(buffer_ptr, size)))
 
     def batch_get_into(self, keys: Sequence[str], buffer_ptrs: Sequence[int], sizes: Sequence[int]) -> list[int]:
         """:meth:`get_into` for each position.
@@ -558,11 +731,11 @@ class MooncakeDistributedStore(TensorCalls):
                     codes[i] = _INVALID
                     continue
                 try:
-                    targets[i] = [memoryview(view_at(p, size)).cast("B") for p, size in zip(ptrs, sizes)]
+                    targets[i] = [(part_at(p, size), size) for p, size in zip(ptrs, sizes)]
                 except InvalidArgument:
                     codes[i] = _INVALID
                     continue
-                bufs[i] = client.buffer(sum(v.nbytes for v in targets[i]))
+                bufs[i] = client.buffer(sum(sizes))
             ok = [i for i in range(n) if codes[i] == 0]
             results = client.get_into_many([keys[i] for i in ok], [bufs[i] for i in ok]) if ok else []
         except _ARG_ERRORS as exc:
@@ -572,11 +745,11 @@ class MooncakeDistributedStore(TensorCalls):
                 codes[i] = mooncake_code(r.error) if r.error else _NOT_FOUND
                 continue
             got, off = int(r.value), 0
-            for v in targets[i]:
-                take = min(v.nbytes, got - off)
+            for v, size in targets[i]:
+                take = min(size, got - off)
                 if take <= 0:
                     break
-                v[:take] = bufs[i][off:off + take]
+                scatter_part(v, bufs[i][off:off + take])
                 off += take
             codes[i] = got
         return codes
@@ -707,10 +880,45 @@ class MooncakeDistributedStore(TensorCalls):
             return _INVALID
         return self._value(lambda c: c.remove_all(regex=regex_pattern))
 
-    def remove_all(self) -> int:
-        """Remove every object (leased ones are skipped). Returns the count, or -1 on error."""
-        n = self._value(lambda c: c.remove_all())
+    def remove_all(self, force: bool = False) -> int:
+        """Remove every object of this store's tenant.
+
+        Args:
+            force: also objects a reader holds a lease on (their bytes stay until the
+                read ends), as Mooncake's ``force`` skips its lease checks.
+
+        Returns:
+            The count removed (leased objects skipped unless ``force``), or -1 on error.
+        """
+        n = self._value(lambda c: c.remove_all(force=bool(force)))
         return n if n >= 0 else -1
+
+    # ============================================================ replicas
+    def get_replica_desc(self, key: str) -> list[ReplicaDescriptor]:
+        """The replicas of ``key`` (empty when it is missing or on error).
+
+        One :class:`~cxlkv.compat.mooncake.replicas.ReplicaDescriptor` per
+        committed replica, from the master's key index (no lease is taken). See
+        :mod:`cxlkv.compat.mooncake.replicas` for what a descriptor holds on cxlkv.
+        """
+        client = self._client
+        if client is None or key_error(key) is not None:
+            return []
+        try:
+            return replica_descriptors(client, [key]).get(key, [])
+        except _ARG_ERRORS:
+            return []
+
+    def batch_get_replica_desc(self, keys: Sequence[str]) -> dict[str, list[ReplicaDescriptor]]:
+        """``{key: [ReplicaDescriptor, ...]}`` for the keys that exist (missing keys are absent)."""
+        client = self._client
+        if client is None:
+            return {}
+        try:
+            keys = [k for k in keys if key_error(k) is None]
+            return replica_descriptors(client, keys)
+        except _ARG_ERRORS:
+            return {}
 
     # ===================================================== registered memory
     def register_buffer(self, buffer_ptr: int, size: int) -> int:
