@@ -24,7 +24,8 @@ from cxlkv.bench.cli import BENCHMARKS
 __all__ = ["all_cmd", "summarize"]
 
 DEFAULT_TRACE = "../shared/traces/conversation_trace.jsonl"
-_EXTRA_KEYS = ("path", "batch", "concurrency", "coherence", "buffer", "threads", "tier", "config", "policy",
+_EXTRA_KEYS = ("path", "batch", "concurrency", "coherence", "ratio_to_coherent", "buffer", "threads", "tier",
+               "config", "policy",
                # bench ha
                "round", "write_gap_s", "takeover_s", "failed_reads", "lost", "objects", "rebuild_s",
                "changed_since_warm")
@@ -168,16 +169,19 @@ def all_cmd(json_dir: str, quick: bool, only: tuple[str, ...], trace: str, compa
             argv = ["bench", name, "--out", str(out)] + (["--quick"] if quick else [])
             if name == "tiering" and trace_path is not None:
                 argv += ["--trace", trace_path]
-            if name == "kv":
-                argv += ["--coherence", "both"]  # flush mode's cost beside coherent, same run
-                if compare:
-                    argv += ["--compare", compare]
-        click.echo(f"\n=== {name}: cxlkv {' '.join(argv)}", err=True)
-        rc = subprocess.call([sys.executable, "-m", "cxlkv.cli", *argv])
-        if rc != 0:
-            failed.append(f"{name} (exit {rc})")
-        else:
-            _stamp(out_dir, name)
+            if name == "kv" and compare:
+                argv += ["--compare", compare]
+        runs = [(name, argv)]
+        if name == "kv":  # flush mode's cost beside coherent: both modes in one interleaved run
+            runs.append(("kv_coherence", ["bench", "kv", "--coherence", "both", "--out",
+                                          str(out_dir / "kv_coherence.json")] + (["--quick"] if quick else [])))
+        for label, args in runs:
+            click.echo(f"\n=== {label}: cxlkv {' '.join(args)}", err=True)
+            rc = subprocess.call([sys.executable, "-m", "cxlkv.cli", *args])
+            if rc != 0:
+                failed.append(f"{label} (exit {rc})")
+            else:
+                _stamp(out_dir, label)
     summary = summarize(out_dir)
     (out_dir / "summary.md").write_text(summary + "\n")
     click.echo(f"\nwrote {out_dir}/*.json and {out_dir / 'summary.md'}", err=True)

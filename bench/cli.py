@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "master": "cxlkv.bench.master:master_cmd",
     "kv": "cxlkv.bench.kv:kv_cmd",
     "tiering": "cxlkv.bench.tiering:tiering_cmd",
+    "policy": "cxlkv.bench.policy:policy_cmd",
     "gpu": "cxlkv.bench.gpu:gpu_cmd",
     "ha": "cxlkv.bench.ha:ha_cmd",
     "all": "cxlkv.bench.all:all_cmd",

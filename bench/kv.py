@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import statistics
 import os
 import subprocess
 import sys
@@ -451,35 +452,10 @@ def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
                 + (f", {extra['ratio_to_call_limit']:.2f} of a no-op call" if "ratio_to_call_limit" in extra else ""))
 
         # ---- Put / Get sweep -------------------------------------------------
-        plan: list[tuple[int, str, int]] = []
-        for size in SIZES:
-            plan.append((size, "shared_buffer", 1))
-            if size >= 16 * MiB:
-                plan.append((size, "shared_buffer", LARGE_CONCURRENCY))
-            plan.append((size, "inline" if size <= MiB else "staged", 1))
-            if size <= MiB:
-                plan.append((size, "default", 1))  # cxlkv.Client() as an application makes it
-            plan.append((size, "direct", 1))
-            if size >= 16 * MiB:
-                plan.append((size, "direct", LARGE_CONCURRENCY))
-        for size, path, conc in plan:
-            # Large values: longer runs (start and tail of a run weigh less), and
-            # as many operations per caller.
-            per_run = bytes_per_run if size < 16 * MiB else 3 * bytes_per_run
-            n = ops_for(size, bytes_per_run=per_run, min_ops=max(4, conc * 2), max_ops=500 if quick else 2000)
-            n = -(-n // conc) * conc
-            puts: list[tuple[float, np.ndarray]] = []
-            gets: list[tuple[float, np.ndarray]] = []
-            for r in range(runs + 1):  # run 0 warms up
-                keys = [f"bench/{size}/{path}/{conc}/{r}/{i}" for i in range(n)]
-                wall, lat = writer("put", keys=keys, size=size, path=path, concurrency=conc)
-                gwall, glat = reader("get", keys=keys, size=size, path=path, concurrency=conc)
-                if r:
-                    puts.append((wall, np.asarray(lat)))
-                    gets.append((gwall, np.asarray(glat)))
-                writer("remove", regex=f"^bench/{size}/{path}/{conc}/{r}/")
-            record("put", size, Timing.from_runs(puts), path=path, concurrency=conc, batch=1)
-            record("get", size, Timing.from_runs(gets), path=path, concurrency=conc, batch=1)
+        for mode, size, path, conc, put_t, get_t in _sweep({coherence: (writer, reader)}, _sweep_plan(),
+                                                           runs, bytes_per_run, quick):
+            record("put", size, put_t, path=path, concurrency=conc, batch=1)
+            record("get", size, get_t, path=path, concurrency=conc, batch=1)
 
         # ---- 4 KiB single key, 1 and 16 callers ---------------------------
         size = 4 * KiB
@@ -545,6 +521,148 @@ def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
     return records
 
 
+def _sweep_plan(min_size: int = 0) -> list[tuple[int, str, int]]:
+    """The Put/Get sweep's ``(size, path, callers)`` configurations, sizes >= ``min_size``."""
+    plan: list[tuple[int, str, int]] = []
+    for size in SIZES:
+        if size < min_size:
+            continue
+        plan.append((size, "shared_buffer", 1))
+        if size >= 16 * MiB:
+            plan.append((size, "shared_buffer", LARGE_CONCURRENCY))
+        plan.append((size, "inline" if size <= MiB else "staged", 1))
+        if size <= MiB:
+            plan.append((size, "default", 1))  # cxlkv.Client() as an application makes it
+        plan.append((size, "direct", 1))
+        if size >= 16 * MiB:
+            plan.append((size, "direct", LARGE_CONCURRENCY))
+    return plan
+
+
+def _sweep(roles: dict[str, tuple[Any, Any]], plan: list[tuple[int, str, int]], runs: int, bytes_per_run: int,
+           quick: bool, log: Callable[[str], None] = lambda m: None) -> list[tuple[str, int, str, int, Timing, Timing]]:
+    """Run the Put/Get sweep for every ``(writer, reader)`` pair of ``roles`` (one per
+    coherence mode), the modes taking turns run by run within each configuration,
+    so a change in machine load hits every mode alike.
+
+    Returns:
+        ``(mode, size, path, callers, put timing, get timing)`` per mode and configuration.
+    """
+    out = []
+    for size, path, conc in plan:
+        # Large values: longer runs (start and tail of a run weigh less), and
+        # as many operations per caller.
+        per_run = bytes_per_run if size < 16 * MiB else 3 * bytes_per_run
+        n = ops_for(size, bytes_per_run=per_run, min_ops=max(4, conc * 2), max_ops=500 if quick else 2000)
+        n = -(-n // conc) * conc
+        puts: dict[str, list[tuple[float, np.ndarray]]] = {m: [] for m in roles}
+        gets: dict[str, list[tuple[float, np.ndarray]]] = {m: [] for m in roles}
+        for r in range(runs + 1):  # run 0 warms up
+            order = list(roles.items())
+            if r % 2:
+                order.reverse()  # no mode always goes first
+            for mode, (writer, reader) in order:
+                keys = [f"bench/{size}/{path}/{conc}/{r}/{i}" for i in range(n)]
+                wall, lat = writer("put", keys=keys, size=size, path=path, concurrency=conc)
+                gwall, glat = reader("get", keys=keys, size=size, path=path, concurrency=conc)
+                if r:
+                    puts[mode].append((wall, np.asarray(lat)))
+                    gets[mode].append((gwall, np.asarray(glat)))
+                writer("remove", regex=f"^bench/{size}/{path}/{conc}/{r}/")
+        for mode in roles:
+            out.append((mode, size, path, conc, Timing.from_runs(puts[mode]), Timing.from_runs(gets[mode])))
+        if len(roles) > 1:
+            log(f"  {size >> 10:>6} KiB {path} x{conc}: " + ", ".join(
+                f"{m} put {size * out[-len(roles) + i][4].ops_per_s / 1e9:.2f} get "
+                f"{size * out[-len(roles) + i][5].ops_per_s / 1e9:.2f} GB/s" for i, m in enumerate(roles)))
+    return out
+
+
+def run_kv_coherence(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
+                     min_size: int = MiB) -> list[Record]:
+    """The Put/Get sweep in both coherence modes at once: two local clusters (one
+    with ``coherence = "coherent"`` clientds, one with ``"flush"``), their runs
+    interleaved configuration by configuration and run by run (:func:`_sweep`),
+    so the flush/coherent ratio compares moments of equal machine load.
+
+    Args:
+        quick: fewer and smaller runs.
+        log: progress lines.
+        min_size: leave out sizes below this many bytes (default 1 MiB, the
+            range of issue 26's bar; 0: every size of the sweep, 4 KiB up).
+
+    Returns:
+        One record per op, mode and configuration; each has a ``coherence``
+        field and, in flush mode, ``ratio_to_coherent``: the median over runs of
+        each flush run's throughput over the coherent run next to it in time
+        (5 runs, the modes' order alternating; paired, so a load change that
+        hits one run hits its pair too).
+
+    Raises:
+        RuntimeError: a role process failed.
+        cxlkv.cluster.ClusterError: a cluster did not start.
+    """
+    from cxlkv.cluster import LocalCluster
+
+    runs = 2 if quick else 5
+    bytes_per_run = (64 if quick else 256) * MiB
+    ctx = mp.get_context("spawn")
+    limits: dict[int, float] = {}
+    records: list[Record] = []
+    timings: dict[tuple[str, str, int, str, int], Timing] = {}
+    tmp = tempfile.TemporaryDirectory(prefix="cxlkv-bench-kv-coh-")
+    clusters: dict[str, Any] = {}
+    roles: dict[str, tuple[Any, Any]] = {}
+    try:
+        for mode in ("coherent", "flush"):
+            log(f"starting a {mode} cluster (1 master, 2 clientds, {REGION_BYTES >> 20} MiB region, prefaulted)")
+            cl = LocalCluster(os.path.join(tmp.name, mode), clientds=2, region_size_bytes=REGION_BYTES,
+                              clientd_options={"prefault": True, "coherence": mode}, start_timeout_s=120)
+            cl.start()
+            clusters[mode] = cl
+            roles[mode] = (_Remote(ctx, cl.socket_path(0)), _Remote(ctx, cl.socket_path(1)))
+        plan = _sweep_plan(min_size)
+        for size in {s for s, _, _ in plan}:
+            limits[size] = measure_memcpy_gbps(size, runs=3)
+        for mode, size, path, conc, put_t, get_t in _sweep(roles, plan, runs, bytes_per_run, quick, log):
+            for op, t in (("put", put_t), ("get", get_t)):
+                timings[(mode, op, size, path, conc)] = t
+                rec = Record.from_timing(BENCH, op, size, t, limits[size], path=path, concurrency=conc, batch=1,
+                                         coherence=mode)
+                records.append(rec)
+                log(f"  {mode:<8} {op:<3} {size >> 10:>6} KiB {path} x{conc}: {rec.gbps:.2f} GB/s")
+        _settle_limits(records, limits, log)
+        for r in records:
+            cfg = (r.op, r.size_bytes, r.extra["path"], r.extra["concurrency"])
+            if r.extra["coherence"] == "flush" and ("coherent", *cfg) in timings:
+                # paired: each flush run over the coherent run next to it in time, median over runs
+                f, c = timings[("flush", *cfg)], timings[("coherent", *cfg)]
+                pairs = [a / b for a, b in zip(f.run_ops_per_s, c.run_ops_per_s) if b]
+                r.extra["ratio_to_coherent"] = round(statistics.median(pairs), 3) if pairs else None
+    finally:
+        for pair in roles.values():
+            for role in pair:
+                role.close()
+        for cl in clusters.values():
+            killed = cl.stop()
+            if killed:
+                log(f"warning: processes had to be killed at the end: {killed}")
+        tmp.cleanup()
+    return records
+
+
+def coherence_failures(records: list[Record], min_size: int = MiB, bar: float = 0.85) -> list[str]:
+    """Configurations of ``min_size`` bytes and more where flush-mode throughput is
+    under ``bar`` x coherent-mode throughput (issue 26's bar: 0.85 from 1 MiB)."""
+    out = []
+    for r in records:
+        ratio = r.extra.get("ratio_to_coherent")
+        if r.extra.get("coherence") == "flush" and r.size_bytes >= min_size and ratio is not None and ratio < bar:
+            out.append(f"flush/coherent {r.op} {r.size_bytes >> 10} KiB {r.extra.get('path')} "
+                       f"x{r.extra.get('concurrency')}: {ratio:.2f} < {bar}")
+    return out
+
+
 def coherence_cost(records: list[Record]) -> list[str]:
     """One line per Put/Get configuration measured in both modes: flush-mode
     throughput as a fraction of coherent-mode throughput (the issue's bar: the
@@ -558,8 +676,10 @@ def coherence_cost(records: list[Record]) -> list[str]:
     for (op, size, path, conc, batch), modes in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         if "coherent" in modes and "flush" in modes and modes["coherent"].gbps:
             ratio = modes["flush"].gbps / modes["coherent"].gbps
+            paired = modes["flush"].extra.get("ratio_to_coherent")
             lines.append(f"flush/coherent {op:<4} {size >> 10:>7} KiB {path} x{conc} batch {batch}: "
-                         f"{modes['flush'].gbps:.2f} / {modes['coherent'].gbps:.2f} GB/s = {ratio:.2f}")
+                         f"{modes['flush'].gbps:.2f} / {modes['coherent'].gbps:.2f} GB/s = {ratio:.2f}"
+                         + (f" (paired runs: {paired:.2f})" if paired is not None else ""))
     return lines
 
 
@@ -681,24 +801,28 @@ def _peer_record(p: dict[str, Any]) -> Record:
 @click.option("--check", is_flag=True, help="Exit 1 when a must-show target is missed.")
 @click.option("--coherence", type=click.Choice(["coherent", "flush", "both"]), default="coherent",
               show_default=True,
-              help="The clientds' coherence mode; 'both' runs the whole benchmark once per mode "
-                   "(records carry a 'coherence' field) and prints flush/coherent throughput.")
+              help="The clientds' coherence mode; 'both': the Put/Get sweep from 1 MiB in both modes at "
+                   "once (two clusters, runs interleaved; records carry 'coherence' and, in flush mode, "
+                   "'ratio_to_coherent') and prints flush/coherent throughput.")
 def kv_cmd(as_json: bool, out: str | None, quick: bool, compare: str | None, check: bool,
            coherence: str) -> None:
     """End-to-end Put/Get through two clientds (writer on A, reader on B), beside memcpy."""
     from cxlkv.errors import CxlkvError
 
-    modes = ["coherent", "flush"] if coherence == "both" else [coherence]
     records: list[Record] = []
     try:
-        for mode in modes:
-            records += run_kv(quick=quick, log=lambda m: click.echo(m, err=True), coherence=mode)
+        if coherence == "both":
+            records = run_kv_coherence(quick=quick, log=lambda m: click.echo(m, err=True))
+        else:
+            records = run_kv(quick=quick, log=lambda m: click.echo(m, err=True), coherence=coherence)
     except (CxlkvError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
-    if len(modes) == 2:
+    if coherence == "both":
         for line in coherence_cost(records):
             click.echo(line, err=True)
-    failures = must_show_failures([r for r in records if r.extra.get("coherence") == modes[0]])
+        failures = coherence_failures(records)
+    else:
+        failures = must_show_failures(records)
     peer = run_mooncake(lambda m: click.echo(m, err=True)) if compare == "mooncake" else None
     # With --json the peer's records (same shape, bench "mooncake-…") join the list.
     emit(records + [_peer_record(p) for p in peer or []] if as_json else records, as_json=as_json, out=out)

@@ -13,7 +13,15 @@ Measures, on a pre-faulted region file in ``/dev/shm`` (deleted afterwards):
   path) and ``copy_in_many`` / ``copy_out_many`` (256 separate buffers); their
   limit is memcpy of the same bytes (1 MiB) in one piece;
 * ``copy_out`` from two threads at once (``concurrency`` 2), beside two
-  threads of ``np.copyto``: the GIL is released, so the copies overlap.
+  threads of ``np.copyto``: the GIL is released, so the copies overlap;
+* the non-coherent (``coherence = "flush"``) copies, 4 KiB … 64 MiB, beside
+  memcpy and the coherent ``copy_in`` / ``copy_out`` in the same interleaved
+  runs (``coherence`` field): ``copy_in`` with ``flush=True`` (streaming
+  stores, one SFENCE) for every write kernel this CPU has, and the two-pass
+  write it replaces (``copy_in`` + ``flush``); ``copy_out`` with
+  ``invalidate=True`` (chunked invalidate-and-copy) and the two-pass read
+  (``invalidate`` + ``copy_out``). ``ratio_to_coherent`` is the flush-mode
+  figure over the coherent one of the same direction and size.
 
 Must show: for sizes >= 1 MiB, ``ratio_to_limit`` >= 0.9 for copy_in and
 copy_out; batched 4 KiB copies >= 1 GB/s (``--check`` exits 1 otherwise).
@@ -41,7 +49,18 @@ from cxlkv.bench.common import (
     run_once,
 )
 from cxlkv.region import REGION_HEADER_BYTES
-from cxlkv.transport import COPY_KERNEL, Region, cxlkv_stream_threshold_bytes
+from cxlkv.errors import InvalidArgument
+from cxlkv.transport import (
+    COPY_KERNEL,
+    FLUSH_INSTRUCTION,
+    INVALIDATE_INSTRUCTION,
+    Region,
+    cxlkv_nc_read_chunk_bytes,
+    cxlkv_nc_write_kernel,
+    cxlkv_set_nc_read_chunk_bytes,
+    cxlkv_set_nc_write_kernel,
+    cxlkv_stream_threshold_bytes,
+)
 
 __all__ = ["run_transport", "must_show_failures", "transport_cmd", "SIZES", "QUICK_SIZES"]
 
@@ -53,6 +72,11 @@ QUICK_SIZES = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB]
 #: Sizes of the second sweep, with numpy (malloc'ed) application buffers.
 NUMPY_SIZES = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB]
 NUMPY_QUICK_SIZES = [64 * KiB, 1 * MiB]
+#: Sizes of the non-coherent (flush-mode) sweep, and for ``--quick``.
+NC_SIZES = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB]
+NC_QUICK_SIZES = [64 * KiB, 1 * MiB, 16 * MiB]
+#: Write kernels compared beside the default one where the CPU has them.
+NC_WRITE_KERNELS = ["avx2-nt", "avx512-nt", "movdir64b", "sse2-nt"]
 #: Extents per batched call, and bytes per extent.
 BATCH, EXTENT_BYTES = 256, 4 * KiB
 BENCH = "transport"
@@ -153,6 +177,10 @@ def run_transport(
 
             records += _batched(region, src, dst, runs, max_ops, dict(common, buffer="shm"), say)
             records += _two_threads(region, src, dst, sizes, runs, dict(common, buffer="shm"), say)
+            for size in [s for s in (NC_QUICK_SIZES if quick else NC_SIZES) if s <= max_size]:
+                say(f"non-coherent copies of {size} bytes")
+                ops = ops_for(size, bytes_per_run=bytes_per_run, max_ops=max_ops)
+                records += _noncoherent(region, src[:size], dst[:size], ops, runs, dict(common, buffer="shm"))
     finally:
         if os.path.exists(path):
             os.unlink(path)
@@ -177,6 +205,76 @@ def _single(region: Region, s: np.ndarray, d: np.ndarray, ops: int, runs: int, c
         kernel = "np.copyto" if op == "memcpy" else _kernel_for(size)
         records.append(Record.from_timing(BENCH, op, size, t[op], limit, **common, batch=1, concurrency=1, kernel=kernel))
     return records
+
+
+def _noncoherent(region: Region, s: np.ndarray, d: np.ndarray, ops: int, runs: int, common: dict) -> list[Record]:
+    """Flush-mode copies of ``s`` into the region / the region into ``d`` (offset
+    REGION_HEADER_BYTES), beside memcpy and the coherent copies, interleaved run by run."""
+    size = s.nbytes
+    off = REGION_HEADER_BYTES
+    default = cxlkv_nc_write_kernel()
+    chunk = cxlkv_nc_read_chunk_bytes()
+    kernels = [default] + [k for k in NC_WRITE_KERNELS if k != default and _has_kernel(k)]
+
+    def writer(kernel: str) -> Callable[[], object]:
+        def fn() -> None:
+            cxlkv_set_nc_write_kernel(kernel)  # process-wide: set before each call (~0.1 us)
+            region.copy_in(off, s, flush=True)
+        return fn
+
+    def two_pass_read() -> None:
+        region.invalidate(off, size)
+        region.copy_out(off, d)
+
+    fns: dict[str, Callable[[], object]] = {
+        "memcpy": lambda: np.copyto(d, s),
+        "copy_in": lambda: region.copy_in(off, s),
+        "copy_out": lambda: region.copy_out(off, d),
+        "copy_in+flush": lambda: (region.copy_in(off, s), region.flush(off, size)),
+        "invalidate+copy_out": two_pass_read,
+        "copy_out_invalidate": lambda: region.copy_out(off, d, invalidate=True),
+    }
+    for k in kernels:
+        fns[f"copy_in_flush/{k}"] = writer(k)
+    try:
+        t = _interleaved(fns, ops, runs)
+    finally:
+        cxlkv_set_nc_write_kernel(default)
+        cxlkv_set_nc_read_chunk_bytes(chunk)
+    limit = size * t["memcpy"].ops_per_s / 1e9
+    coherent = {"in": t["copy_in"].ops_per_s, "out": t["copy_out"].ops_per_s}
+    records = []
+    for name, timing in t.items():
+        op, _, kernel = name.partition("/")
+        if op == "memcpy":
+            mode, kern = "coherent", "np.copyto"
+        elif op in ("copy_in", "copy_out"):
+            mode, kern = "coherent", _kernel_for(size)
+        elif op == "copy_in+flush":
+            mode, kern = "flush", f"{_kernel_for(size)}+{FLUSH_INSTRUCTION}"
+        elif op == "invalidate+copy_out":
+            mode, kern = "flush", f"{INVALIDATE_INSTRUCTION}+{_kernel_for(size)}"
+        elif op == "copy_out_invalidate":
+            mode, kern = "flush", f"{INVALIDATE_INSTRUCTION}/{chunk >> 10}KiB-chunks"
+        else:
+            mode, kern = "flush", kernel
+        extra = dict(common, batch=1, concurrency=1, kernel=kern, coherence=mode)
+        if mode == "flush":
+            side = "in" if op.startswith("copy_in") else "out"
+            extra["ratio_to_coherent"] = round(timing.ops_per_s / coherent[side], 3)
+        records.append(Record.from_timing(BENCH, op, size, timing, limit, **extra))
+    return records
+
+
+def _has_kernel(name: str) -> bool:
+    """Whether this CPU runs the non-coherent write kernel ``name`` (tried, then restored)."""
+    current = cxlkv_nc_write_kernel()
+    try:
+        cxlkv_set_nc_write_kernel(name)
+    except InvalidArgument:
+        return False
+    cxlkv_set_nc_write_kernel(current)
+    return True
 
 
 def _batched(region: Region, src: np.ndarray, dst: np.ndarray, runs: int, max_ops: int, common: dict, say) -> list[Record]:
@@ -233,6 +331,8 @@ def must_show_failures(records: list[Record]) -> list[str]:
     buffers, the daemon's case); batched 4 KiB copies >= 1 GB/s."""
     failures = []
     for r in records:
+        if r.extra.get("coherence") is not None:
+            continue  # the non-coherent sweep: compared with coherent copies, not gated here
         single = r.extra.get("batch") == 1 and r.extra.get("concurrency") == 1 and r.extra.get("buffer") == "shm"
         if single and r.op in ("copy_in", "copy_out") and r.size_bytes >= MiB:
             if r.ratio_to_limit is None or r.ratio_to_limit < 0.9:

@@ -19,7 +19,7 @@ from cxlkv.clientd.buffers import BufferRegistry, SharedBuffer
 from cxlkv.clientd.core import ClientdCore, PutSpec, ReadOutcome, ReadTarget
 from cxlkv.clientd.direct import DirectPuts
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument, TooLarge, error_for
-from cxlkv.keys import key_error, validate_key
+from cxlkv.keys import key_error, prefix_chains, validate_key
 from cxlkv.lean import PEER_CRED
 from cxlkv.limits import BatchLimit
 from cxlkv.v1 import client_pb2, common_pb2
@@ -328,9 +328,16 @@ class ClientApi:
         return client_pb2.BufferStatusResponse(registered=self.buffers.registered(req.buffer_ids))
 
     async def ReportHits(self, req: client_pb2.ClientReportHitsRequest) -> client_pb2.ClientReportHitsResponse:
-        """Keys an SDK read from the region's index itself: forwarded to the master's
-        eviction policy in this daemon's next hits batch (invalid keys are dropped)."""
+        """Keys an SDK read from the region's index itself, and the prefix queries behind
+        them: forwarded to the master's eviction policy in this daemon's next hits batch
+        (invalid keys are dropped, a chain with one whole).
+
+        Raises:
+            InvalidArgument: the ``chain_*`` columns disagree (:func:`cxlkv.keys.prefix_chains`).
+        """
         keys = [k for k in req.keys if key_error(k) is None]
+        chains = [(list(chain), m) for chain, m in prefix_chains(req.chain_keys, req.chain_lengths, req.chain_matched)
+                  if all(key_error(k) is None for k in chain)]
         c = self.core.counters
         c["index_hits_reported"] += len(keys)
         c["get_items"] += req.get_items
@@ -338,7 +345,7 @@ class ClientApi:
         c["prefix_queries"] += req.prefix_queries
         c["prefix_keys"] += req.prefix_keys
         c["prefix_hits"] += req.prefix_hits
-        self.core.link.report_hits(keys)
+        self.core.link.report_hits(keys, chains)
         return client_pb2.ClientReportHitsResponse()
 
     # -- packed batch forms ---------------------------------------------------

@@ -4,8 +4,9 @@
   ``BatchPutStart`` (asking for the value's size plus the object header's, see
   :mod:`cxlkv.objheader`) → copy the value into every replica's extent (C, GIL
   released; large copies in a thread pool) while hashing the source (xxh3_64) →
-  in ``coherence = "flush"`` mode write the value's cache lines back (CLWB +
-  SFENCE) → write the header and key after the value (and flush them) →
+  in ``coherence = "flush"`` mode with the transport's non-coherent copies
+  (streaming stores, partial lines written back, SFENCE: in memory on return) →
+  write the header and key after the value (and flush them) →
   ``BatchPutEnd`` with the checksum. An item
   whose copy failed is revoked (``BatchPutRevoke``) so its space is freed at once.
   A put whose ``PutEnd`` is refused because the daemon re-registered meanwhile
@@ -15,8 +16,9 @@
   ended before the copy finished (else the space may have been reused: the read
   is retried once, then reported as LEASE_EXPIRED — never wrong bytes) → verify
   the object header (magic, key hash, version, length, header checksum) and the
-  value's checksum, in both coherence modes (flush mode invalidates before every
-  copy); a mismatch is retried once after an invalidate, then answered
+  value's checksum, in both coherence modes (flush mode reads with the
+  transport's non-coherent copies, which drop each chunk's lines before reading
+  it); a mismatch is retried once after an invalidate, then answered
   CHECKSUM_MISMATCH (a miss) and counted in ``checksum_failures`` → release the lease.
 
 The front-ends (:mod:`cxlkv.clientd.grpc_service`, :mod:`cxlkv.clientd.lean`)
@@ -587,7 +589,8 @@ class ClientdCore:
         self, copies: list[_Copy], fused: frozenset[int] = frozenset(),
         checksums: dict[int, int] | None = None, *, hash_ranges: bool = False,
     ) -> dict[int, CxlkvError]:
-        """Copy values into their extents (and flush them in flush mode).
+        """Copy values into their extents (in flush mode with the transport's
+        non-coherent copies: in memory, out of this CPU's caches, on return).
 
         Runs inline or in a pool thread. Copies of one source buffer into one
         region go in one ``copy_in_ranges`` call (``copy_in_ranges_hashed`` with
@@ -600,8 +603,9 @@ class ClientdCore:
         Returns:
             Position → error for the items whose copy failed.
         """
+        nc = self.flush_mode
         if hash_ranges and checksums is not None:
-            errs = _run_writes(copies, checksums)
+            errs = _run_writes(copies, checksums, flush=nc)
         elif fused and checksums is not None:
             plain = []
             errs = {}
@@ -611,21 +615,14 @@ class ClientdCore:
                     continue
                 try:
                     view = memoryview(c.buf).cast("B")[c.buf_offset:c.buf_offset + c.length]
-                    checksums[c.index] = c.mapped.region.copy_in_hashed(c.region_offset, view)
+                    checksums[c.index] = c.mapped.region.copy_in_hashed(c.region_offset, view, flush=nc)
                 except CxlkvError as exc:
                     errs[c.index] = exc
                 except (TypeError, ValueError, BufferError) as exc:
                     errs[c.index] = CxlkvError(f"copy failed: {exc}")
-            errs.update(_run_writes(plain))
+            errs.update(_run_writes(plain, flush=nc))
         else:
-            errs = _run_writes(copies)
-        if self.flush_mode:
-            for c in copies:
-                if c.index not in errs:
-                    try:
-                        c.mapped.region.flush(c.region_offset, c.length)
-                    except CxlkvError as exc:
-                        errs[c.index] = exc
+            errs = _run_writes(copies, flush=nc)
         return errs
 
     # ================================================================= reads
@@ -847,14 +844,18 @@ class ClientdCore:
                      FUSED_HASH_MIN_BYTES <= size < 2 * SPLIT_COPY_BYTES)
 
     def _copy_out(self, copies: list[_Copy]) -> dict[int, CxlkvError]:
-        """Copy extents out (invalidating first in flush mode); inline reads become bytes."""
+        """Copy extents out (in flush mode with the transport's non-coherent
+        copies, which drop each chunk's lines before reading it); inline reads
+        become bytes."""
         errs: dict[int, CxlkvError] = {}
-        if self.flush_mode:
+        nc = self.flush_mode
+        if nc:
             for c in copies:
-                try:
-                    c.mapped.region.invalidate(c.region_offset, c.length)
-                except CxlkvError as exc:
-                    errs[c.index] = exc
+                if c.buf is None:  # read through a view: invalidated first
+                    try:
+                        c.mapped.region.invalidate(c.region_offset, c.length)
+                    except CxlkvError as exc:
+                        errs[c.index] = exc
         to_buffers: list[_Copy] = []
         for c in copies:
             if c.index in errs:
@@ -869,7 +870,7 @@ class ClientdCore:
                 c.checksum = None
                 try:
                     view = memoryview(c.buf)[c.buf_offset:c.buf_offset + c.length]
-                    c.checksum = c.mapped.region.copy_out_hashed(c.region_offset, view)
+                    c.checksum = c.mapped.region.copy_out_hashed(c.region_offset, view, invalidate=nc)
                 except CxlkvError as exc:
                     errs[c.index] = exc
                 except (TypeError, ValueError, BufferError) as exc:
@@ -878,7 +879,7 @@ class ClientdCore:
                 c.checksum = None
                 to_buffers.append(c)
         if to_buffers:
-            errs.update(_run_reads(to_buffers))
+            errs.update(_run_reads(to_buffers, invalidate=nc))
         return errs
 
     def _verify_reads(self, checks: list[tuple[_Copy, int, str, int, int]]) -> dict[int, str]:
@@ -1016,8 +1017,8 @@ class ClientdCore:
             break
         self.counters["index_hits"] += len(hits)
         self.counters["index_lookups"] += len(results)
-        if hits:
-            self.link.report_hits(hits)
+        if hits or done:  # a finished query names its chain for the eviction policy
+            self.link.report_hits(hits, [(keys, len(outs))] if done else ())
         return len(outs), outs, done
 
     async def _get_prefix_rpc(self, keys: list[str], targets: list[ReadTarget]) -> tuple[int, list[ReadOutcome]]:
@@ -1329,10 +1330,12 @@ def _by_region_and_buffer(copies: list[_Copy]) -> list[list[_Copy]]:
     return list(groups.values())
 
 
-def _run_writes(copies: list[_Copy], checksums: dict[int, int] | None = None) -> dict[int, CxlkvError]:
+def _run_writes(copies: list[_Copy], checksums: dict[int, int] | None = None, *,
+                flush: bool = False) -> dict[int, CxlkvError]:
     """Copy values into their extents, grouping those from one buffer into one
     region into one C call (``copy_in_ranges``; ``copy_in_ranges_hashed`` with
-    ``checksums``, which then receives each copied value's xxh3_64 by position).
+    ``checksums``, which then receives each copied value's xxh3_64 by position);
+    ``flush``: the transport's non-coherent copies (flush mode).
 
     Returns:
         Position → error for failed copies (a failed group is retried item by
@@ -1341,25 +1344,26 @@ def _run_writes(copies: list[_Copy], checksums: dict[int, int] | None = None) ->
     errs: dict[int, CxlkvError] = {}
     for group in _by_region_and_buffer(copies):
         if len(group) == 1 and checksums is None:
-            _copy_one(group[0], True, errs)
+            _copy_one(group[0], True, errs, flush)
             continue
         region = group[0].mapped.region
         cols = ([c.buf_offset for c in group], [c.region_offset for c in group], [c.length for c in group])
         try:
             if checksums is None:
-                region.copy_in_ranges(group[0].buf, *cols)
+                region.copy_in_ranges(group[0].buf, *cols, flush=flush)
             else:
-                for c, h in zip(group, region.copy_in_ranges_hashed(group[0].buf, *cols)):
+                for c, h in zip(group, region.copy_in_ranges_hashed(group[0].buf, *cols, flush=flush)):
                     checksums[c.index] = h
         except CxlkvError:
             for c in group:
-                _copy_one(c, True, errs)
+                _copy_one(c, True, errs, flush)
     return errs
 
 
-def _run_reads(copies: list[_Copy]) -> dict[int, CxlkvError]:
+def _run_reads(copies: list[_Copy], *, invalidate: bool = False) -> dict[int, CxlkvError]:
     """Copy extents out into shared buffers, one C call per (region, buffer) pair,
-    hashing each value as it lands (``copy_out_ranges_hashed``: ``c.checksum``).
+    hashing each value as it lands (``copy_out_ranges_hashed``: ``c.checksum``);
+    ``invalidate``: the transport's non-coherent copies (flush mode).
 
     Returns:
         Position → error for failed copies (a failed group is retried item by
@@ -1370,23 +1374,23 @@ def _run_reads(copies: list[_Copy]) -> dict[int, CxlkvError]:
         try:
             hashes = group[0].mapped.region.copy_out_ranges_hashed(
                 group[0].buf, [c.buf_offset for c in group], [c.region_offset for c in group],
-                [c.length for c in group])
+                [c.length for c in group], invalidate=invalidate)
         except CxlkvError:
             for c in group:
-                _copy_one(c, False, errs)
+                _copy_one(c, False, errs, invalidate)
             continue
         for c, h in zip(group, hashes):
             c.checksum = h
     return errs
 
 
-def _copy_one(c: _Copy, into_region: bool, errs: dict[int, CxlkvError]) -> None:
+def _copy_one(c: _Copy, into_region: bool, errs: dict[int, CxlkvError], nc: bool = False) -> None:
     try:
         view = memoryview(c.buf)[c.buf_offset:c.buf_offset + c.length]
         if into_region:
-            c.mapped.region.copy_in(c.region_offset, view)
+            c.mapped.region.copy_in(c.region_offset, view, flush=nc)
         else:
-            c.mapped.region.copy_out(c.region_offset, view)
+            c.mapped.region.copy_out(c.region_offset, view, invalidate=nc)
     except CxlkvError as exc:
         errs[c.index] = exc
     except (TypeError, ValueError, BufferError) as exc:

@@ -29,6 +29,7 @@ from cxlkv.clientd.batcher import Coalescer
 from cxlkv.clientd.regions import RegionSet, StartupError
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode, Internal, NotReady, StaleToken, Unavailable, UnknownClient, from_rpc_error
+from cxlkv.keys import pack_prefix_chains
 from cxlkv.lean import LeanChannel, LeanConnectError, service_methods
 from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
 
@@ -303,6 +304,8 @@ class MasterLink:
         self._pending_releases: list[int] = []
         self._release_handle: asyncio.TimerHandle | None = None
         self._pending_hits: list[str] = []
+        self._pending_chains: list[tuple[list[str], int]] = []  # prefix queries behind the hits
+        self._pending_chain_keys = 0
         self._hits_handle: asyncio.TimerHandle | None = None
         #: Hits reports dropped because the master could not be reached (counted, never retried).
         self.hits_dropped = 0
@@ -466,7 +469,7 @@ class MasterLink:
         if self._hits_handle is not None:
             self._hits_handle.cancel()
             self._hits_handle = None
-        if self._pending_hits and self.registered:
+        if (self._pending_hits or self._pending_chains) and self.registered:
             await self._flush_hits()
         if self._pending_releases and self.registered:
             try:
@@ -866,13 +869,18 @@ class MasterLink:
             log.debug("ReleaseLeases of %d lease(s) failed: %s", len(ids), exc.message)
 
     # -- hits read from the index ---------------------------------------------
-    def report_hits(self, keys: list[str]) -> None:
+    def report_hits(self, keys: list[str], chains: Sequence[tuple[list[str], int]] = ()) -> None:
         """Tell the master's eviction policy about reads served from the index
-        (no lease was taken); sent within :data:`HITS_DELAY_S`, batched."""
-        if not keys or self._closed:
+        (no lease was taken); sent within :data:`HITS_DELAY_S`, batched.
+        ``chains``: the prefix queries behind them, ``(keys asked, matched)`` each
+        (``ReportHitsRequest.prefix_*``, for a prefix-aware policy)."""
+        if (not keys and not chains) or self._closed:
             return
         self._pending_hits.extend(keys)
-        if len(self._pending_hits) >= HITS_BATCH_MAX:
+        for chain in chains:
+            self._pending_chains.append(chain)
+            self._pending_chain_keys += len(chain[0])
+        if len(self._pending_hits) + self._pending_chain_keys >= HITS_BATCH_MAX:
             self._hits_timer()
         elif self._hits_handle is None:
             self._hits_handle = asyncio.get_running_loop().call_later(HITS_DELAY_S, self._hits_timer)
@@ -881,7 +889,7 @@ class MasterLink:
         if self._hits_handle is not None:
             self._hits_handle.cancel()
             self._hits_handle = None
-        if not self._pending_hits:
+        if not self._pending_hits and not self._pending_chains:
             return
         task = asyncio.get_running_loop().create_task(self._flush_hits())
         self._tasks.add(task)
@@ -889,11 +897,23 @@ class MasterLink:
 
     async def _flush_hits(self) -> None:
         keys, self._pending_hits = self._pending_hits, []
-        for i in range(0, len(keys), HITS_BATCH_MAX):
-            part = keys[i:i + HITS_BATCH_MAX]
+        chains, self._pending_chains = self._pending_chains, []
+        self._pending_chain_keys = 0
+        parts = [keys[i:i + HITS_BATCH_MAX] for i in range(0, len(keys), HITS_BATCH_MAX)]
+        groups: list[list[tuple[list[str], int]]] = []  # chains, at most HITS_BATCH_MAX keys a call
+        size = HITS_BATCH_MAX
+        for chain in chains:
+            if size + len(chain[0]) > HITS_BATCH_MAX:
+                groups.append([])
+                size = 0
+            groups[-1].append(chain)
+            size += len(chain[0])
+        for i in range(max(len(parts), len(groups))):
+            part = parts[i] if i < len(parts) else []
+            pk, pl, pm = pack_prefix_chains(groups[i]) if i < len(groups) else ([], [], [])
             try:
                 await self.call("ReportHits", lambda: master_pb2.ReportHitsRequest(
-                    client_id=self.client_id, keys=part))
+                    client_id=self.client_id, keys=part, prefix_keys=pk, prefix_lengths=pl, prefix_matched=pm))
             except CxlkvError as exc:
                 # Only the policy's information is lost (recency of these keys), never data.
                 self.hits_dropped += len(part)

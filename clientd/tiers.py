@@ -129,8 +129,10 @@ class FileRegion:
             raise RegionError(f"{op}: [{offset}, {offset + length}) is outside SSD tier {self._path} "
                               f"of {self._size} bytes", path=self._path)
 
-    def read(self, offset: int, length: int) -> bytes:
-        """``length`` bytes at ``offset``."""
+    def read(self, offset: int, length: int, *, invalidate: bool = False) -> bytes:
+        """``length`` bytes at ``offset`` (``invalidate``, as every flush/invalidate
+        argument here, is accepted for the Region API and has nothing to do: the
+        page cache is coherent)."""
         self._check("read", offset, length)
         out = bytearray(length)
         self._preadv_full(memoryview(out), offset)
@@ -158,7 +160,7 @@ class FileRegion:
                 raise RegionError(f"SSD tier {self._path}: short write at {offset + done}", path=self._path)
             done += put
 
-    def copy_in(self, offset: int, src: Any) -> int:
+    def copy_in(self, offset: int, src: Any, *, flush: bool = False) -> int:
         """Write ``src`` at ``offset``; returns bytes written.
 
         Raises:
@@ -180,7 +182,7 @@ class FileRegion:
                               path=self._path, errno=exc.errno or 0) from None
         return len(view)
 
-    def copy_out(self, offset: int, dst: Any) -> int:
+    def copy_out(self, offset: int, dst: Any, *, invalidate: bool = False) -> int:
         """Read ``len(dst)`` bytes at ``offset`` into ``dst``; returns bytes read."""
         view = _writable(dst, "copy_out")
         self._check("copy_out", offset, len(view))
@@ -191,18 +193,18 @@ class FileRegion:
                               path=self._path) from None
         return len(view)
 
-    def copy_in_hashed(self, offset: int, src: Any) -> int:
+    def copy_in_hashed(self, offset: int, src: Any, *, flush: bool = False) -> int:
         """:meth:`copy_in`, returning the xxh3_64 of ``src`` (as the transport's Region does)."""
         self.copy_in(offset, src)
         return _xxh3(memoryview(src).cast("B"))
 
-    def copy_out_hashed(self, offset: int, dst: Any) -> int:
+    def copy_out_hashed(self, offset: int, dst: Any, *, invalidate: bool = False) -> int:
         """:meth:`copy_out`, returning the xxh3_64 of what ``dst`` received."""
         self.copy_out(offset, dst)
         return _xxh3(memoryview(dst).cast("B"))
 
     def copy_in_ranges(self, buf: Any, buf_offsets: Sequence[int], region_offsets: Sequence[int],
-                       lengths: Sequence[int]) -> int:
+                       lengths: Sequence[int], *, flush: bool = False) -> int:
         """``copy_in`` of ``buf[b:b+n]`` to ``r`` for each range; returns bytes written."""
         view = memoryview(buf).cast("B")
         ranges = self._buffer_ranges("copy_in_ranges", len(view), buf_offsets, region_offsets, lengths)
@@ -212,7 +214,7 @@ class FileRegion:
         return total
 
     def copy_out_ranges(self, buf: Any, buf_offsets: Sequence[int], region_offsets: Sequence[int],
-                        lengths: Sequence[int]) -> int:
+                        lengths: Sequence[int], *, invalidate: bool = False) -> int:
         """``copy_out`` of ``r`` into ``buf[b:b+n]`` for each range; returns bytes read."""
         view = _writable(buf, "copy_out_ranges")
         ranges = self._buffer_ranges("copy_out_ranges", len(view), buf_offsets, region_offsets, lengths)
@@ -239,11 +241,11 @@ class FileRegion:
         return list(zip(bo, ro, ln))
 
     # The batch calls of Region, through pread/pwrite (cxlkv.transport.portable).
-    def copy_in_ranges_hashed(self, *args: Any) -> list[int]:
+    def copy_in_ranges_hashed(self, *args: Any, flush: bool = False) -> list[int]:
         """:meth:`copy_in_ranges` and the xxh3_64 of each source range."""
         return portable.copy_in_ranges_hashed(self, *args)
 
-    def copy_out_ranges_hashed(self, *args: Any) -> list[int]:
+    def copy_out_ranges_hashed(self, *args: Any, invalidate: bool = False) -> list[int]:
         """:meth:`copy_out_ranges` and the xxh3_64 of each range read."""
         return portable.copy_out_ranges_hashed(self, *args)
 

@@ -7,12 +7,13 @@ strings; ``/``, spaces and any Unicode are allowed. A put asks for 1 to
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from cxlkv.errors import InvalidArgument, InvalidKey
 
 __all__ = ["MAX_KEY_BYTES", "MAX_REPLICA_NUM", "validate_key", "key_error", "replica_num_error",
-           "validate_replica_num", "options_error", "compile_key_pattern", "MAX_PATTERN_BYTES"]
+           "validate_replica_num", "options_error", "compile_key_pattern", "MAX_PATTERN_BYTES",
+           "prefix_chains", "pack_prefix_chains"]
 
 #: Longest pattern ``remove_all(regex=...)`` accepts, in UTF-8 bytes.
 MAX_PATTERN_BYTES = 4096
@@ -134,3 +135,38 @@ def compile_key_pattern(pattern: str) -> Any:
                               f"look-around): {why}") from None
     except (TypeError, UnicodeError) as exc:
         raise InvalidArgument(f"bad regular expression {pattern!r}: {exc}") from None
+
+
+def prefix_chains(keys: Sequence[str], lengths: Sequence[int],
+                  matched: Sequence[int]) -> list[tuple[Sequence[str], int]]:
+    """Split the packed prefix-query columns of a hit report into ``(chain, matched)``.
+
+    ``ReportHitsRequest.prefix_keys / prefix_lengths / prefix_matched`` (and the
+    ``chain_*`` fields of the SDK's report to its daemon): query ``i`` asked for the
+    ``lengths[i]`` keys after those of the queries before it and found its first
+    ``matched[i]`` cached.
+
+    Raises:
+        InvalidArgument: the columns disagree (counts, a total other than
+            ``len(keys)``, a match longer than its query).
+    """
+    if len(lengths) != len(matched):
+        raise InvalidArgument(f"{len(lengths)} prefix lengths with {len(matched)} matched counts")
+    if sum(lengths) != len(keys):
+        raise InvalidArgument(f"prefix lengths add up to {sum(lengths)}, not the {len(keys)} prefix keys")
+    out: list[tuple[Sequence[str], int]] = []
+    at = 0
+    for n, m in zip(lengths, matched):
+        if m > n:
+            raise InvalidArgument(f"a prefix query of {n} keys cannot match {m}")
+        out.append((keys[at:at + n], m))
+        at += n
+    return out
+
+
+def pack_prefix_chains(chains: Sequence[tuple[Sequence[str], int]]) -> tuple[list[str], list[int], list[int]]:
+    """The inverse of :func:`prefix_chains`: ``(keys, lengths, matched)`` columns."""
+    keys: list[str] = []
+    for chain, _ in chains:
+        keys.extend(chain)
+    return keys, [len(c) for c, _ in chains], [m for _, m in chains]

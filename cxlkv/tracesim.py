@@ -10,13 +10,20 @@ capacity (in blocks) with the store's own semantics: a request hits the longest
 *resident prefix* of its blocks (a block after the first miss is no hit, even if
 resident); hit blocks are touched head-last (so the head of a prompt, which every
 longer prompt needs, is the most recently used); missing blocks are inserted in
-order. Eviction runs when an insert finds the cache full, and frees down to the
-low watermark (``low_watermark * capacity``) — the store's master does the same
-on an allocation failure. The policy is any ``cxlkv.eviction_policies`` plugin,
+order, room for all of them made first (the store's master places a batch of
+puts, evicting as needed, before any of them is committed and reaches the
+policy); then a policy that takes prefix queries (``on_prefix``) is told the
+request's chain and how much of it matched — in the store that report follows the
+puts (hits are reported asynchronously, in batches). Eviction runs when the
+inserts do not fit, and frees down to the low watermark (``low_watermark *
+capacity``) below what they need — the store's master does the same on an
+allocation failure. The policy is any ``cxlkv.eviction_policies`` plugin,
 so the simulation and the store evict by the very same code.
 
 Published figures this reproduces (traces/README.md): LRU hits 5.2 / 12.5 / 27.8 /
-35.8 % of blocks at 1 / 3 / 10 / 30 % capacity; unbounded 36.6 %.
+35.8 % of blocks at 1 / 3 / 10 / 30 % capacity; unbounded 36.6 %. The offline optimum
+(:func:`simulate_belady`, Belady's MIN under the same prefix-hit rule) hits 24.3 /
+34.6 / 36.6 / 36.6 % (traces/README.md quotes 24.6 / 34.8 from another simulator).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ __all__ = [
     "SimResult",
     "simulate",
     "simulate_unbounded",
+    "simulate_belady",
 ]
 
 #: Tokens per prompt block in the trace (Mooncake's block size).
@@ -183,6 +191,7 @@ def simulate(
     cap = max(1, int(capacity_blocks))
     low = min(cap - 1, int(low_watermark * cap)) if low_watermark < 1.0 else cap - 1
     pol = _make_policy(policy)
+    on_prefix = getattr(pol, "on_prefix", None)
     resident: set[int] = set()
     blocks = hit_blocks = tokens = hit_tokens = 0
     for req in trace:
@@ -199,15 +208,73 @@ def simulate(
         hit_tokens += req.prefix_tokens(m)
         for h in reversed(ids[:m]):
             pol.on_hit(h)
+        # Room for each missing block in turn, then the commits: the store's master
+        # places every put of a batch (evicting as needed; a block evicted meanwhile
+        # is put again) before any of them is committed and reaches the policy.
+        placed: dict[int, None] = {}
         for h in ids[m:]:
-            if h in resident:
+            if h in resident or h in placed:
                 continue
-            if len(resident) >= cap:
-                for victim in pol.candidates(len(resident) - low):
+            if len(resident) + len(placed) >= cap:
+                want = len(resident) + len(placed) - min(low, cap - 1)
+                for victim in pol.candidates(min(want, len(resident))):
                     resident.discard(victim)
                     pol.on_remove(victim, evicted=True)  # as the master does (ARC keeps a ghost)
+                if len(resident) + len(placed) >= cap:
+                    continue  # nothing evictable: the put fails (NO_SPACE)
+            placed[h] = None
+        for h in placed:
             resident.add(h)
             pol.on_put(h)
+        if on_prefix is not None:
+            on_prefix(ids, m)
+    return SimResult(blocks, hit_blocks, tokens, hit_tokens)
+
+
+def simulate_belady(trace: Sequence[Request], capacity_blocks: int) -> SimResult:
+    """The offline optimum at ``capacity_blocks``: Belady's MIN (evict the block whose
+    next request lies farthest in the future; never-again blocks first) under the
+    simulator's rules (hit = longest resident prefix, every missing block is
+    inserted, then the farthest is evicted — possibly the one just inserted).
+
+    Belady, "A study of replacement algorithms for a virtual-storage computer",
+    IBM Systems Journal 5(2), 1966. MIN is optimal for single-block hits; with the
+    prefix rule it is the usual reference, not a proven optimum. O(blocks · log
+    blocks) time, reads the trace twice.
+    """
+    import heapq
+
+    cap = max(1, int(capacity_blocks))
+    never = len(trace)
+    nxt: list[list[int]] = [[]] * len(trace)
+    seen: dict[int, int] = {}
+    for ri in range(len(trace) - 1, -1, -1):
+        ids = trace[ri].hash_ids
+        nxt[ri] = [seen.get(h, never) for h in ids]
+        for h in ids:
+            seen[h] = ri
+    resident: dict[int, int] = {}  # block -> its next request
+    heap: list[tuple[int, int]] = []  # (-next request, block), stale entries skipped
+    blocks = hit_blocks = tokens = hit_tokens = 0
+    for ri, req in enumerate(trace):
+        ids = req.hash_ids
+        m = 0
+        for h in ids:
+            if h in resident:
+                m += 1
+            else:
+                break
+        blocks += len(ids)
+        hit_blocks += m
+        tokens += req.prefix_tokens(len(ids))
+        hit_tokens += req.prefix_tokens(m)
+        for h, nu in zip(ids, nxt[ri]):
+            resident[h] = nu
+            heapq.heappush(heap, (-nu, h))
+            while len(resident) > cap:
+                neg, v = heapq.heappop(heap)
+                if resident.get(v) == -neg:
+                    del resident[v]
     return SimResult(blocks, hit_blocks, tokens, hit_tokens)
 
 

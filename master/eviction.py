@@ -9,7 +9,9 @@ given to the policy.
 Policies register through entry points in the ``cxlkv.eviction_policies`` group
 (built-ins too) and are chosen by ``eviction_policy`` in the master config. All
 methods are called on the master's event-loop thread and must be O(1) per call
-(``candidates(n)``: O(n)).
+(``candidates(n)``: O(n); ``on_prefix``: O(len(keys))). The prefix-aware policy
+``prefix`` lives in :mod:`cxlkv.master.prefix_policy`; docs/master.md "Choosing an
+eviction policy" compares them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import abc
 import itertools
 import math
 from collections import OrderedDict
+from typing import Sequence
 
 from cxlkv.config import MasterConfig
 from cxlkv.errors import ConfigError
@@ -53,6 +56,13 @@ class EvictionPolicy(abc.ABC):
 
         Unknown keys are ignored.
         """
+
+    def on_prefix(self, keys: Sequence[str], matched: int) -> None:
+        """A reader asked for the longest cached prefix of ``keys`` (one prefix chain,
+        head first: ``keys[i - 1]`` comes before ``keys[i]``) and found the first
+        ``matched`` of them cached. Reported asynchronously (``ReportHits``), so it may
+        arrive before or after the puts of the misses and after the hits themselves
+        (which come through :meth:`on_hit`). Optional: the default ignores it."""
 
     @abc.abstractmethod
     def candidates(self, n: int) -> list[str]:

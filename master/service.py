@@ -34,6 +34,7 @@ from grpc_status import rpc_status
 from cxlkv import __version__
 from cxlkv.errors import CxlkvError, Internal, InvalidArgument, rpc_status_for
 from cxlkv.lean import PEER_IDENTITY, LeanRoute, service_methods
+from cxlkv.keys import prefix_chains
 from cxlkv.limits import BatchLimit
 from cxlkv.tls import identity_from_auth_context
 from cxlkv.master.objects import ObjectVersion
@@ -138,6 +139,14 @@ def _per_item(n: int, op: Callable[[int], Any]) -> master_pb2.PackedPutEndRespon
             err_pos.append(i)
             err_msg.append(err.message)
     return master_pb2.PackedPutEndResponse(codes=codes, error_positions=err_pos, messages=err_msg)
+
+
+def _with_policy_counters(state: MasterState) -> dict[str, int]:
+    """The master's counters and its eviction policy's own (``policy_<name>``), if it keeps any."""
+    extra = getattr(state.policy, "counters", None)
+    if not extra:
+        return state.counters
+    return {**state.counters, **{f"policy_{k}": int(v) for k, v in extra.items()}}
 
 
 def _set_status(status: common_pb2.Status, err: CxlkvError) -> None:
@@ -749,8 +758,9 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
 
     @_rpc
     def ReportHits(self, request, context):
-        return master_pb2.ReportHitsResponse(
-            applied=self.state.report_hits(request.client_id, request.keys, self.clock()))
+        return master_pb2.ReportHitsResponse(applied=self.state.report_hits(
+            request.client_id, request.keys, self.clock(),
+            prefix_chains(request.prefix_keys, request.prefix_lengths, request.prefix_matched)))
 
     @_rpc
     def ExistKey(self, request, context):
@@ -985,7 +995,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             quarantined_count=st.quarantined_count, quarantined_bytes=st.quarantined_bytes,
             capacity_bytes=sum(s.capacity_bytes for s in mounted),
             used_bytes=sum(s.used_bytes for s in mounted),
-            counters=st.counters,
+            counters=_with_policy_counters(st),
             high_watermark=st.config.high_watermark, low_watermark=st.config.low_watermark,
             allocation_strategy=st.strategy.name, eviction_policy=st.policy.name,
             uptime_s=now - self.started_at, metrics_url=self.metrics_url,

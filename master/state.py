@@ -1253,12 +1253,15 @@ class MasterState:
             self.policy.on_hit(key)
         return obj, lease
 
-    def report_hits(self, client_id: str, keys: Iterable[str], now: float) -> int:
+    def report_hits(self, client_id: str, keys: Iterable[str], now: float,
+                    prefixes: Iterable[tuple[Sequence[str], int]] = ()) -> int:
         """Reads served from the region's index (no lease, no RPC), reported
         afterwards in batches: each feeds the eviction policy, and with tiers the
         access statistics, as a leased read of the key would. Keys no longer
         committed (removed or evicted since) are skipped; ``client_id`` need not
         be registered (a report may arrive after its sender expired).
+        ``prefixes``: the prefix queries behind the hits, ``(chain keys, matched)``
+        each, handed to the policy's ``on_prefix`` after the hits.
 
         Returns:
             Hits applied.
@@ -1283,6 +1286,8 @@ class MasterState:
                 self._on_read(client_id, obj, now)
             else:
                 policy.on_hit(key)
+        for chain, matched in prefixes:
+            policy.on_prefix(chain, matched)
         self.counters["index_hits"] += n
         return n
 
@@ -1342,6 +1347,7 @@ class MasterState:
             if key not in objects:
                 break
             out.append(self.get(client_id, key, now, no_lease))
+        self.policy.on_prefix(keys, len(out))
         return out
 
     def exists(self, key: str) -> bool:

@@ -19,7 +19,7 @@ needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="shared trace not pr
 
 
 @needs_trace
-@pytest.mark.parametrize("policy", ["lru", "arc"])
+@pytest.mark.parametrize("policy", ["lru", "arc", "prefix"])
 def test_replay_500_requests_verified_and_matches_simulation(tmp_path: Path, policy: str) -> None:
     """First 500 requests, content verified, 0 errors; the store's block hit rate
     equals an in-process simulation of the same policy, capacity and watermarks
@@ -34,6 +34,11 @@ def test_replay_500_requests_verified_and_matches_simulation(tmp_path: Path, pol
     assert report.block_hit_rate > 0.05
     assert abs(report.block_hit_rate - report.policy_sim_hit_rate) <= 0.01, report
     assert report.bound_hit_rate >= report.block_hit_rate
+    # every other shipped policy and the offline optimum at the same capacity
+    assert set(report.other_sim_hit_rates) == {"lru", "arc", "prefix"} - {policy, "lru"}
+    assert report.bound_hit_rate >= report.belady_hit_rate >= max(
+        [report.policy_sim_hit_rate, report.lru_sim_hit_rate, *report.other_sim_hit_rates.values()])
+    assert "Belady" in report.table()
     assert report.bytes_written == report.put_blocks * opts.block_bytes
 
 

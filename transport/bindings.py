@@ -40,6 +40,10 @@ __all__ = [
     "COPY_KERNEL",
     "cxlkv_stream_threshold_bytes",
     "cxlkv_set_stream_threshold_bytes",
+    "cxlkv_nc_write_kernel",
+    "cxlkv_set_nc_write_kernel",
+    "cxlkv_nc_read_chunk_bytes",
+    "cxlkv_set_nc_read_chunk_bytes",
     "cxlkv_map",
     "cxlkv_unmap",
     "cxlkv_retire",
@@ -242,6 +246,79 @@ def cxlkv_stream_threshold_bytes() -> int:
     return int(lib.cxlkv_stream_threshold_bytes())
 
 
+def cxlkv_nc_write_kernel() -> str:
+    """How non-coherent copies into a region write whole lines: ``"avx2-nt"``,
+    ``"avx512-nt"``, ``"sse2-nt"`` (non-temporal stores), ``"movdir64b"``, or
+    ``"cached"`` (cached copy, then every line written back). Chosen at load
+    from CPUID (``cxlkv_nc_write_kernel`` in cxlkv_transport.h)."""
+    return ffi.string(lib.cxlkv_nc_write_kernel()).decode()
+
+
+def cxlkv_set_nc_write_kernel(name: str) -> None:
+    """Use another non-coherent write kernel, process-wide (tests, benchmarks);
+    set it before copies start.
+
+    Raises:
+        InvalidArgument: ``name`` unknown, or not supported by this CPU.
+    """
+    if lib.cxlkv_set_nc_write_kernel(name.encode()) != _OK:
+        raise InvalidArgument(f"non-coherent write kernel {name!r} is unknown or not supported by this CPU "
+                              "(avx512-nt, avx2-nt, sse2-nt, movdir64b, cached)")
+
+
+def cxlkv_nc_read_chunk_bytes() -> int:
+    """The largest invalidate-and-copy chunk of a non-coherent copy out (default
+    128 KiB; the first chunk of a range is at most 16 KiB, each next twice the
+    one before); 0: the two-pass read (drop the whole range, fence, copy)."""
+    return int(lib.cxlkv_nc_read_chunk_bytes())
+
+
+def cxlkv_set_nc_read_chunk_bytes(size_bytes: int) -> None:
+    """Set the invalidate-and-copy chunk in bytes, process-wide (0: two-pass;
+    else rounded down to a multiple of 64, at least 256). Set it before copies start.
+
+    Raises:
+        InvalidArgument: ``size_bytes`` negative or over 2**64 - 1.
+    """
+    if not 0 <= size_bytes < 1 << 64:
+        raise InvalidArgument(f"chunk must be in [0, 2**64) bytes, got {size_bytes}")
+    lib.cxlkv_set_nc_read_chunk_bytes(size_bytes)
+
+
+#: Event kinds recorded by :func:`nc_trace` (``CXLKV_NC_EV_*`` in cxlkv_transport.h).
+NC_EVENT_KINDS: dict[int, str] = {
+    int(lib.CXLKV_NC_EV_LOAD): "load", int(lib.CXLKV_NC_EV_STORE): "store",
+    int(lib.CXLKV_NC_EV_STREAM): "stream", int(lib.CXLKV_NC_EV_WB): "wb",
+    int(lib.CXLKV_NC_EV_DROP): "drop", int(lib.CXLKV_NC_EV_SFENCE): "sfence",
+    int(lib.CXLKV_NC_EV_MFENCE): "mfence",
+}
+
+
+def nc_trace(fn: Any, capacity: int = 1 << 16) -> tuple[Any, list[tuple[str, int, int]]]:
+    """**Test-only**: run ``fn()`` with the non-coherent kernels' event trace on.
+
+    Returns:
+        ``(fn's result, events)``; each event ``(kind, start address, end address)``
+        with kind one of :data:`NC_EVENT_KINDS`' values ("load", "store",
+        "stream", "wb", "drop", "sfence", "mfence"; fences have addresses 0).
+        :class:`cxlkv.transport.emulate.KernelTrace` replays them.
+
+    Raises:
+        InvalidArgument: more than ``capacity`` events. Not thread-safe: no
+            other thread may copy meanwhile.
+    """
+    buf = _new("uint64_t[]", 3 * capacity)
+    lib.cxlkv_nc_trace_start(buf, capacity)
+    try:
+        result = fn()
+    finally:
+        n = int(lib.cxlkv_nc_trace_stop())
+    if n > capacity:
+        raise InvalidArgument(f"nc_trace: {n} events, room for {capacity}")
+    kinds = NC_EVENT_KINDS
+    return result, [(kinds[int(buf[3 * i])], int(buf[3 * i + 1]), int(buf[3 * i + 2])) for i in range(n)]
+
+
 def cxlkv_set_stream_threshold_bytes(size_bytes: int) -> None:
     """Set the streaming-copy threshold in bytes, process-wide (0 disables it;
     values under 4096 become 4096). Set it before copies start.
@@ -363,8 +440,12 @@ def cxlkv_retire(r: Handle) -> None:
 
 # -- copies ----------------------------------------------------------------------
 
-def cxlkv_copy_in(r: Handle, offset: int, src: BufferLike) -> int:
+def cxlkv_copy_in(r: Handle, offset: int, src: BufferLike, nc: int = 0) -> int:
     """Copy all of ``src`` into the region at byte ``offset``; GIL released.
+
+    ``nc`` 1: non-coherent write (the bytes are in memory, out of this CPU's
+    caches, when it returns: streaming stores, partial lines written back, one
+    SFENCE; ``CXLKV_NONCOHERENT`` in cxlkv_transport.h).
 
     Returns:
         The number of bytes copied (``len`` of ``src`` in bytes).
@@ -380,7 +461,7 @@ def cxlkv_copy_in(r: Handle, offset: int, src: BufferLike) -> int:
         buf = _buffer(src, False, "src")
     n = len(buf)
     try:
-        rc = _c_copy_in(r, offset, buf, n)
+        rc = _c_copy_in(r, offset, buf, n, nc)
     except OverflowError:
         _raise_overflow("copy_in", offset, n)
     except TypeError:
@@ -390,8 +471,11 @@ def cxlkv_copy_in(r: Handle, offset: int, src: BufferLike) -> int:
     return n
 
 
-def cxlkv_copy_out(r: Handle, offset: int, dst: BufferLike) -> int:
+def cxlkv_copy_out(r: Handle, offset: int, dst: BufferLike, nc: int = 0) -> int:
     """Fill all of writable ``dst`` from the region at byte ``offset``; GIL released.
+
+    ``nc`` 1: non-coherent read (no line this CPU cached before the call is
+    read: each chunk's lines dropped, then a fence, before it is copied).
 
     Returns:
         The number of bytes copied (``len`` of ``dst`` in bytes).
@@ -407,7 +491,7 @@ def cxlkv_copy_out(r: Handle, offset: int, dst: BufferLike) -> int:
         buf = _buffer(dst, True, "dst")
     n = len(buf)
     try:
-        rc = _c_copy_out(r, offset, buf, n)
+        rc = _c_copy_out(r, offset, buf, n, nc)
     except OverflowError:
         _raise_overflow("copy_out", offset, n)
     except TypeError:
@@ -418,12 +502,12 @@ def cxlkv_copy_out(r: Handle, offset: int, dst: BufferLike) -> int:
 
 
 
-def _copy_hashed(c_fn: Any, r: Handle, offset: int, buf: Any, op: str) -> int:
+def _copy_hashed(c_fn: Any, r: Handle, offset: int, buf: Any, op: str, nc: int) -> int:
     """Run a fused copy+hash C function over the cdata buffer ``buf``; its xxh3_64."""
     n = len(buf)
     out = _new("uint64_t *")
     try:
-        rc = c_fn(r, offset, buf, n, out)
+        rc = c_fn(r, offset, buf, n, out, nc)
     except OverflowError:
         _raise_overflow(op, offset, n)
     except TypeError:
@@ -433,7 +517,7 @@ def _copy_hashed(c_fn: Any, r: Handle, offset: int, buf: Any, op: str) -> int:
     return int(out[0])
 
 
-def cxlkv_copy_in_hashed(r: Handle, offset: int, src: BufferLike) -> int:
+def cxlkv_copy_in_hashed(r: Handle, offset: int, src: BufferLike, nc: int = 0) -> int:
     """:func:`cxlkv_copy_in` and the xxh3_64 of the bytes copied, in one pass.
 
     The copy runs in 256 KiB chunks, each hashed while still in cache (see
@@ -453,10 +537,10 @@ def cxlkv_copy_in_hashed(r: Handle, offset: int, src: BufferLike) -> int:
         buf = _from_buffer(src)
     except (TypeError, ValueError, BufferError):
         buf = _buffer(src, False, "src")
-    return _copy_hashed(_c_copy_in_hashed, r, offset, buf, "copy_in_hashed")
+    return _copy_hashed(_c_copy_in_hashed, r, offset, buf, "copy_in_hashed", nc)
 
 
-def cxlkv_copy_out_hashed(r: Handle, offset: int, dst: BufferLike) -> int:
+def cxlkv_copy_out_hashed(r: Handle, offset: int, dst: BufferLike, nc: int = 0) -> int:
     """:func:`cxlkv_copy_out` and the xxh3_64 of the bytes delivered (see
     ``cxlkv_copy_out_hashed`` in cxlkv_transport.h for which side is hashed), in
     one pass; GIL released.
@@ -473,7 +557,7 @@ def cxlkv_copy_out_hashed(r: Handle, offset: int, dst: BufferLike) -> int:
         buf = _from_buffer("char[]", dst, True)
     except (TypeError, ValueError, BufferError):
         buf = _buffer(dst, True, "dst")
-    return _copy_hashed(_c_copy_out_hashed, r, offset, buf, "copy_out_hashed")
+    return _copy_hashed(_c_copy_out_hashed, r, offset, buf, "copy_out_hashed", nc)
 
 
 def cxlkv_xxh3_64(src: BufferLike) -> int:
@@ -489,7 +573,7 @@ def cxlkv_xxh3_64(src: BufferLike) -> int:
         buf = _buffer(src, False, "src")
     return int(lib.cxlkv_xxh3_64(buf, len(buf)))
 
-def _many(r: Handle, offsets: U64Array, bufs: Sequence[BufferLike], writable: bool, op: str) -> int:
+def _many(r: Handle, offsets: U64Array, bufs: Sequence[BufferLike], writable: bool, op: str, nc: int = 0) -> int:
     what = "dsts" if writable else "srcs"
     cbufs = []
     for i, b in enumerate(bufs):
@@ -505,13 +589,13 @@ def _many(r: Handle, offsets: U64Array, bufs: Sequence[BufferLike], writable: bo
     lens = _new("uint64_t[]", [len(b) for b in cbufs])
     bad = _new("uint64_t *")
     fn = lib.cxlkv_copy_out_many if writable else lib.cxlkv_copy_in_many
-    rc = fn(r, n, offs, ptrs, lens, bad)
+    rc = fn(r, n, offs, ptrs, lens, bad, nc)
     if rc != _OK:
         _raise_many(r, rc, op, int(bad[0]), n)
     return sum(len(b) for b in cbufs)
 
 
-def cxlkv_copy_in_many(r: Handle, offsets: U64Array, srcs: Sequence[BufferLike]) -> int:
+def cxlkv_copy_in_many(r: Handle, offsets: U64Array, srcs: Sequence[BufferLike], nc: int = 0) -> int:
     """Copy ``srcs[i]`` to region offset ``offsets[i]`` for every i, in ONE C call.
 
     All extents are bounds-checked before any byte moves (all or nothing).
@@ -525,10 +609,10 @@ def cxlkv_copy_in_many(r: Handle, offsets: U64Array, srcs: Sequence[BufferLike])
         InvalidArgument: lengths of ``offsets`` and ``srcs`` differ; a bad buffer.
         RegionError: the region is closed.
     """
-    return _many(r, offsets, srcs, False, "copy_in_many")
+    return _many(r, offsets, srcs, False, "copy_in_many", nc)
 
 
-def cxlkv_copy_out_many(r: Handle, offsets: U64Array, dsts: Sequence[BufferLike]) -> int:
+def cxlkv_copy_out_many(r: Handle, offsets: U64Array, dsts: Sequence[BufferLike], nc: int = 0) -> int:
     """Fill writable ``dsts[i]`` from region offset ``offsets[i]``, in ONE C call.
 
     Returns:
@@ -537,7 +621,7 @@ def cxlkv_copy_out_many(r: Handle, offsets: U64Array, dsts: Sequence[BufferLike]
     Raises:
         OutOfRange, InvalidArgument, RegionError: as :func:`cxlkv_copy_in_many`.
     """
-    return _many(r, offsets, dsts, True, "copy_out_many")
+    return _many(r, offsets, dsts, True, "copy_out_many", nc)
 
 
 def _ranges(
@@ -549,6 +633,7 @@ def _ranges(
     writable: bool,
     op: str,
     hashes: list[int] | None = None,
+    nc: int = 0,
 ) -> None:
     try:
         cbuf = _from_buffer("char[]", buf, writable)
@@ -567,7 +652,7 @@ def _ranges(
     if hashes is not None:
         out = _new("uint64_t[]", n)
         fn = lib.cxlkv_copy_out_ranges_hashed if writable else lib.cxlkv_copy_in_ranges_hashed
-        rc = fn(r, cbuf, len(cbuf), n, boffs, roffs, lens, out, bad)
+        rc = fn(r, cbuf, len(cbuf), n, boffs, roffs, lens, out, bad, nc)
         if rc == _E_INVAL:
             raise InvalidArgument(f"{op}: extent #{int(bad[0])} of {n}: its buffer range overlaps its "
                                   "region range (a hashed copy needs two separate sides); nothing was copied")
@@ -576,13 +661,14 @@ def _ranges(
         hashes.extend(out)
         return
     fn = lib.cxlkv_copy_out_ranges if writable else lib.cxlkv_copy_in_ranges
-    rc = fn(r, cbuf, len(cbuf), n, boffs, roffs, lens, bad)
+    rc = fn(r, cbuf, len(cbuf), n, boffs, roffs, lens, bad, nc)
     if rc != _OK:
         _raise_many(r, rc, op, int(bad[0]), n)
 
 
 def cxlkv_copy_in_ranges(
-    r: Handle, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+    r: Handle, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array,
+    nc: int = 0,
 ) -> None:
     """Copy ``buf[buf_offsets[i]:+lengths[i]]`` to ``region[region_offsets[i]:+lengths[i]]``
     for every i, in ONE C call (one shared buffer, many region extents).
@@ -595,11 +681,12 @@ def cxlkv_copy_in_ranges(
         InvalidArgument: arrays of different lengths; ``buf`` not a contiguous buffer.
         RegionError: the region is closed.
     """
-    _ranges(r, buf, buf_offsets, region_offsets, lengths, False, "copy_in_ranges")
+    _ranges(r, buf, buf_offsets, region_offsets, lengths, False, "copy_in_ranges", None, nc)
 
 
 def cxlkv_copy_out_ranges(
-    r: Handle, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+    r: Handle, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array,
+    nc: int = 0,
 ) -> None:
     """Copy ``region[region_offsets[i]:+lengths[i]]`` to ``buf[buf_offsets[i]:+lengths[i]]``
     for every i, in ONE C call; ``buf`` must be writable.
@@ -607,11 +694,12 @@ def cxlkv_copy_out_ranges(
     Raises:
         OutOfRange, InvalidArgument, RegionError: as :func:`cxlkv_copy_in_ranges`.
     """
-    _ranges(r, buf, buf_offsets, region_offsets, lengths, True, "copy_out_ranges")
+    _ranges(r, buf, buf_offsets, region_offsets, lengths, True, "copy_out_ranges", None, nc)
 
 
 def cxlkv_copy_out_ranges_hashed(
-    r: Handle, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+    r: Handle, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array,
+    nc: int = 0,
 ) -> list[int]:
     """:func:`cxlkv_copy_out_ranges`, hashing each range as it lands.
 
@@ -622,12 +710,13 @@ def cxlkv_copy_out_ranges_hashed(
         OutOfRange, InvalidArgument, RegionError: as :func:`cxlkv_copy_in_ranges`.
     """
     hashes: list[int] = []
-    _ranges(r, buf, buf_offsets, region_offsets, lengths, True, "copy_out_ranges_hashed", hashes)
+    _ranges(r, buf, buf_offsets, region_offsets, lengths, True, "copy_out_ranges_hashed", hashes, nc)
     return hashes
 
 
 def cxlkv_copy_in_ranges_hashed(
-    r: Handle, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+    r: Handle, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array,
+    nc: int = 0,
 ) -> list[int]:
     """:func:`cxlkv_copy_in_ranges`, hashing each source range as it is copied.
 
@@ -638,7 +727,7 @@ def cxlkv_copy_in_ranges_hashed(
         OutOfRange, InvalidArgument, RegionError: as :func:`cxlkv_copy_in_ranges`.
     """
     hashes: list[int] = []
-    _ranges(r, buf, buf_offsets, region_offsets, lengths, False, "copy_in_ranges_hashed", hashes)
+    _ranges(r, buf, buf_offsets, region_offsets, lengths, False, "copy_in_ranges_hashed", hashes, nc)
     return hashes
 
 

@@ -71,6 +71,50 @@ static size_t g_stream_threshold = SIZE_MAX;
 #define CXLKV_VECTOR_MIN_BYTES ((size_t)512)
 #define CXLKV_STREAM_DEFAULT_BYTES ((size_t)16 << 20)
 
+/*
+ * Non-coherent ("flush" mode) copies: see "Non-coherent copies" below.
+ * g_stream_fn writes whole lines with non-temporal stores (dst 64-aligned,
+ * n a multiple of 64, no fence); NULL: none known, the cached copy + write-back
+ * path is used. g_wb_nf / g_drop_nf write back / drop lines WITHOUT a fence.
+ */
+typedef void (*cxlkv_stream_fn)(char *dst, const char *src, size_t n, int back);
+typedef void (*cxlkv_lines_nf_fn)(const char *start, const char *end, uint64_t line);
+
+static cxlkv_stream_fn g_stream_fn;
+static const char *g_nc_write_name = "cached";
+static cxlkv_lines_nf_fn g_wb_nf;
+static cxlkv_lines_nf_fn g_drop_nf;
+static size_t g_nc_chunk = (size_t)128 << 10;
+/* copy + drop the next chunk's lines, mixed (NULL: drop, then copy_plain) */
+typedef void (*cxlkv_copy_drop_fn)(char *dst, const char *src, size_t n, int stream,
+                                   const char *drop, const char *drop_end);
+static cxlkv_copy_drop_fn g_copy_drop_fn;
+
+#define CXLKV_NC_CHUNK_MIN_BYTES ((size_t)256)
+
+/* Test-only event trace of the non-coherent kernels (cxlkv_nc_trace_start):
+ * three words per event (kind, start address, end address). */
+static uint64_t *g_trace;
+static uint64_t g_trace_cap, g_trace_n;
+
+static void
+nc_trace_add(uint64_t kind, const void *a, const void *b)
+{
+    if (g_trace_n < g_trace_cap) {
+        uint64_t *e = g_trace + 3 * g_trace_n;
+        e[0] = kind;
+        e[1] = (uint64_t)(uintptr_t)a;
+        e[2] = (uint64_t)(uintptr_t)b;
+    }
+    g_trace_n++;
+}
+
+#define NC_TRACE(kind, a, b)                                   \
+    do {                                                       \
+        if (__builtin_expect(g_trace != NULL, 0))              \
+            nc_trace_add((kind), (const void *)(a), (const void *)(b)); \
+    } while (0)
+
 #ifdef CXLKV_X86
 __attribute__((target("clwb"))) static void
 flush_clwb(char *p, const char *end, uint64_t line)
@@ -109,6 +153,45 @@ invalidate_clflush(char *p, const char *end, uint64_t line)
 {
     for (; p < end; p += line)
         _mm_clflush(p);
+    _mm_mfence();
+}
+
+/* The same loops without the fence, for the non-coherent copies. */
+__attribute__((target("clwb"))) static void
+wb_clwb(const char *p, const char *end, uint64_t line)
+{
+    for (; p < end; p += line)
+        _mm_clwb((void *)p);
+}
+
+__attribute__((target("clflushopt"))) static void
+lines_clflushopt(const char *p, const char *end, uint64_t line)
+{
+    for (; p < end; p += line)
+        _mm_clflushopt((void *)p);
+}
+
+static void
+lines_clflush(const char *p, const char *end, uint64_t line)
+{
+    for (; p < end; p += line)
+        _mm_clflush(p);
+}
+
+/* Orders the write-backs and non-temporal stores before every later store. */
+static inline void
+nc_store_fence_hw(void)
+{
+    _mm_sfence();
+}
+
+/* Between dropping lines and loading them: loads cannot pass an earlier
+ * MFENCE, and MFENCE cannot pass an earlier CLFLUSH/CLFLUSHOPT (Intel SDM
+ * Vol. 3A, 9.2.2 "Memory Ordering in P6 and More Recent Processor Families").
+ * SFENCE and LFENCE do not order a later load after CLFLUSHOPT. */
+static inline void
+nc_load_fence_hw(void)
+{
     _mm_mfence();
 }
 
@@ -242,6 +325,180 @@ nt_backward(char *dst, const char *src, size_t n)
     memcpy(dst, src, i);
 }
 
+/*
+ * Line-streaming kernels for non-coherent writes: dst 64-byte aligned, n a
+ * multiple of 64, no overlap, NO fence (the caller issues one SFENCE per call).
+ * Non-temporal stores to write-back memory go through write-combining buffers
+ * straight to memory and evict the line from every cache level if it was
+ * present (Intel SDM Vol. 1, 10.4.6.2 "Caching of Temporal vs. Non-Temporal
+ * Data"); SFENCE then makes them globally visible before any later store.
+ * `back`: run from the end (4K aliasing, see copy_backwards).
+ */
+__attribute__((target("avx2"))) static void
+stream_avx2(char *dst, const char *src, size_t n, int back)
+{
+    size_t i;
+
+    if (!back) {
+        for (i = 0; i + 128 <= n; i += 128) {
+            __m256i v0 = LOADU(src + i), v1 = LOADU(src + i + 32);
+            __m256i v2 = LOADU(src + i + 64), v3 = LOADU(src + i + 96);
+            STREAM(dst + i, v0);
+            STREAM(dst + i + 32, v1);
+            STREAM(dst + i + 64, v2);
+            STREAM(dst + i + 96, v3);
+        }
+        if (i < n) {
+            __m256i v0 = LOADU(src + i), v1 = LOADU(src + i + 32);
+            STREAM(dst + i, v0);
+            STREAM(dst + i + 32, v1);
+        }
+        return;
+    }
+    i = n;
+    if (i & 64) {
+        __m256i v0, v1;
+        i -= 64;
+        v1 = LOADU(src + i + 32);
+        v0 = LOADU(src + i);
+        STREAM(dst + i + 32, v1);
+        STREAM(dst + i, v0);
+    }
+    while (i >= 128) {
+        __m256i v0, v1, v2, v3;
+        i -= 128;
+        v3 = LOADU(src + i + 96);
+        v2 = LOADU(src + i + 64);
+        v1 = LOADU(src + i + 32);
+        v0 = LOADU(src + i);
+        STREAM(dst + i + 96, v3);
+        STREAM(dst + i + 64, v2);
+        STREAM(dst + i + 32, v1);
+        STREAM(dst + i, v0);
+    }
+}
+
+#define LOAD512(p) _mm512_loadu_si512((const void *)(p))
+#define STREAM512(p, v) _mm512_stream_si512((void *)(p), (v))
+
+/* One 64-byte store per line: a write-combining buffer fills in one instruction. */
+__attribute__((target("avx512f"))) static void
+stream_avx512(char *dst, const char *src, size_t n, int back)
+{
+    size_t i;
+
+    if (!back) {
+        for (i = 0; i + 256 <= n; i += 256) {
+            __m512i v0 = LOAD512(src + i), v1 = LOAD512(src + i + 64);
+            __m512i v2 = LOAD512(src + i + 128), v3 = LOAD512(src + i + 192);
+            STREAM512(dst + i, v0);
+            STREAM512(dst + i + 64, v1);
+            STREAM512(dst + i + 128, v2);
+            STREAM512(dst + i + 192, v3);
+        }
+        for (; i < n; i += 64)
+            STREAM512(dst + i, LOAD512(src + i));
+        return;
+    }
+    i = n;
+    while (i & 255) {
+        i -= 64;
+        STREAM512(dst + i, LOAD512(src + i));
+    }
+    while (i >= 256) {
+        __m512i v0, v1, v2, v3;
+        i -= 256;
+        v3 = LOAD512(src + i + 192);
+        v2 = LOAD512(src + i + 128);
+        v1 = LOAD512(src + i + 64);
+        v0 = LOAD512(src + i);
+        STREAM512(dst + i + 192, v3);
+        STREAM512(dst + i + 128, v2);
+        STREAM512(dst + i + 64, v1);
+        STREAM512(dst + i, v0);
+    }
+}
+
+#undef LOAD512
+#undef STREAM512
+
+/* SSE2 (every x86-64 CPU): the portable x86 streaming kernel. */
+static void
+stream_sse2(char *dst, const char *src, size_t n, int back)
+{
+    size_t i;
+
+    (void)back; /* forwards only: the fallback kernel keeps to the simple loop */
+    for (i = 0; i < n; i += 64) {
+        __m128i v0 = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i v1 = _mm_loadu_si128((const __m128i *)(src + i + 16));
+        __m128i v2 = _mm_loadu_si128((const __m128i *)(src + i + 32));
+        __m128i v3 = _mm_loadu_si128((const __m128i *)(src + i + 48));
+        _mm_stream_si128((__m128i *)(dst + i), v0);
+        _mm_stream_si128((__m128i *)(dst + i + 16), v1);
+        _mm_stream_si128((__m128i *)(dst + i + 32), v2);
+        _mm_stream_si128((__m128i *)(dst + i + 48), v3);
+    }
+}
+
+/* MOVDIR64B: one 64-byte direct store per line (weakly ordered like
+ * non-temporal stores, ordered by SFENCE; Intel SDM Vol. 2, MOVDIR64B). */
+__attribute__((target("movdir64b"))) static void
+stream_movdir64b(char *dst, const char *src, size_t n, int back)
+{
+    size_t i;
+
+    (void)back;
+    for (i = 0; i < n; i += 64)
+        _movdir64b(dst + i, src + i);
+}
+
+/*
+ * The read pipeline's inner loop (x86, AVX2 + CLFLUSHOPT): copy [src, src+n)
+ * to dst forwards and, one per 64 bytes copied, drop the lines of [drop,
+ * drop_end) (the next chunk) -- mixing the drops into the copy rather than
+ * issuing them all before it keeps them from filling the store buffer ahead of
+ * the loads, so the two overlap. dst is brought to a 64-byte boundary with a
+ * head copy; `stream`: non-temporal stores for the body, then SFENCE. No
+ * closing MFENCE (nc_read issues it). n >= 128.
+ */
+__attribute__((target("avx2,clflushopt"))) static void
+copy_dropping_avx2(char *dst, const char *src, size_t n, int stream, const char *drop,
+                   const char *drop_end)
+{
+    size_t head = (64 - ((uintptr_t)dst & 63)) & 63, i;
+
+    memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    if (stream) {
+        for (i = 0; i + 64 <= n; i += 64) {
+            __m256i v0 = LOADU(src + i), v1 = LOADU(src + i + 32);
+            if (drop < drop_end) {
+                _mm_clflushopt((void *)drop);
+                drop += 64;
+            }
+            STREAM(dst + i, v0);
+            STREAM(dst + i + 32, v1);
+        }
+        _mm_sfence();
+    } else {
+        for (i = 0; i + 64 <= n; i += 64) {
+            __m256i v0 = LOADU(src + i), v1 = LOADU(src + i + 32);
+            if (drop < drop_end) {
+                _mm_clflushopt((void *)drop);
+                drop += 64;
+            }
+            STORE(dst + i, v0);
+            STORE(dst + i + 32, v1);
+        }
+    }
+    memcpy(dst + i, src + i, n - i);
+    for (; drop < drop_end; drop += 64)
+        _mm_clflushopt((void *)drop);
+}
+
 #undef LOADU
 #undef STOREU
 #undef STORE
@@ -297,10 +554,53 @@ cpu_init(void)
     if (has_clflushopt) {
         g_invalidate_fn = invalidate_clflushopt;
         g_invalidate_name = "clflushopt";
+        g_drop_nf = lines_clflushopt;
     } else {
         g_invalidate_fn = invalidate_clflush;
         g_invalidate_name = "clflush";
+        g_drop_nf = lines_clflush;
     }
+    g_wb_nf = has_clwb ? wb_clwb : (has_clflushopt ? lines_clflushopt : lines_clflush);
+    if (has_clflushopt && __builtin_cpu_supports("avx2") && g_line_bytes == 64)
+        g_copy_drop_fn = copy_dropping_avx2;
+    /* Non-coherent writes: AVX2 non-temporal stores where the CPU has AVX2 (the
+     * AVX-512 and MOVDIR64B kernels measured no faster here: docs/transport.md),
+     * else SSE2's (every x86-64). */
+    if (__builtin_cpu_supports("avx2")) {
+        g_stream_fn = stream_avx2;
+        g_nc_write_name = "avx2-nt";
+    } else {
+        g_stream_fn = stream_sse2;
+        g_nc_write_name = "sse2-nt";
+    }
+}
+
+static int
+cpu_has(const char *name)
+{
+    unsigned int a, b, c, d;
+
+    if (strcmp(name, "avx512-nt") == 0)
+        return __builtin_cpu_supports("avx512f");
+    if (strcmp(name, "avx2-nt") == 0)
+        return __builtin_cpu_supports("avx2");
+    if (strcmp(name, "movdir64b") == 0)
+        return __get_cpuid_count(7, 0, &a, &b, &c, &d) && ((c >> 28) & 1);
+    return strcmp(name, "sse2-nt") == 0 || strcmp(name, "cached") == 0;
+}
+
+static cxlkv_stream_fn
+stream_kernel(const char *name)
+{
+    if (strcmp(name, "avx512-nt") == 0)
+        return stream_avx512;
+    if (strcmp(name, "avx2-nt") == 0)
+        return stream_avx2;
+    if (strcmp(name, "sse2-nt") == 0)
+        return stream_sse2;
+    if (strcmp(name, "movdir64b") == 0)
+        return stream_movdir64b;
+    return NULL;
 }
 
 void
@@ -328,6 +628,46 @@ invalidate_dc_civac(char *p, const char *end, uint64_t line)
 }
 
 static void
+lines_dc_cvac(const char *p, const char *end, uint64_t line)
+{
+    for (; p < end; p += line)
+        __asm__ volatile("dc cvac, %0" : : "r"(p) : "memory");
+}
+
+static void
+lines_dc_civac(const char *p, const char *end, uint64_t line)
+{
+    for (; p < end; p += line)
+        __asm__ volatile("dc civac, %0" : : "r"(p) : "memory");
+}
+
+/* DSB waits for the cache maintenance before it and orders every later access. */
+static inline void
+nc_store_fence_hw(void)
+{
+    __asm__ volatile("dsb ish" : : : "memory");
+}
+
+static inline void
+nc_load_fence_hw(void)
+{
+    __asm__ volatile("dsb ish" : : : "memory");
+}
+
+static int
+cpu_has(const char *name)
+{
+    return strcmp(name, "cached") == 0;
+}
+
+static cxlkv_stream_fn
+stream_kernel(const char *name)
+{
+    (void)name;
+    return NULL;
+}
+
+static void
 cpu_init(void)
 {
     uint64_t ctr;
@@ -339,6 +679,8 @@ cpu_init(void)
     g_flush_name = "dc cvac";
     g_invalidate_fn = invalidate_dc_civac;
     g_invalidate_name = "dc civac";
+    g_wb_nf = lines_dc_cvac;
+    g_drop_nf = lines_dc_civac;
 }
 
 void
@@ -359,10 +701,45 @@ lines_fence_only(char *p, const char *end, uint64_t line)
 }
 
 static void
+lines_none(const char *p, const char *end, uint64_t line)
+{
+    (void)p;
+    (void)end;
+    (void)line;
+}
+
+static inline void
+nc_store_fence_hw(void)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+static inline void
+nc_load_fence_hw(void)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+static int
+cpu_has(const char *name)
+{
+    return strcmp(name, "cached") == 0;
+}
+
+static cxlkv_stream_fn
+stream_kernel(const char *name)
+{
+    (void)name;
+    return NULL;
+}
+
+static void
 cpu_init(void)
 {
     g_flush_fn = lines_fence_only;
     g_invalidate_fn = lines_fence_only;
+    g_wb_nf = lines_none;
+    g_drop_nf = lines_none;
 }
 
 void
@@ -453,6 +830,303 @@ copy_bytes(void *dst, const void *src, size_t n)
         }
     }
     memmove(dst, src, n);
+}
+
+/* The non-coherent primitives, traced (cxlkv_nc_trace_start). */
+static inline void
+nc_store_fence(void)
+{
+    NC_TRACE(CXLKV_NC_EV_SFENCE, 0, 0);
+    nc_store_fence_hw();
+}
+
+static inline void
+nc_load_fence(void)
+{
+    NC_TRACE(CXLKV_NC_EV_MFENCE, 0, 0);
+    nc_load_fence_hw();
+}
+
+static inline void
+nc_wb(const char *a, const char *b)
+{
+    NC_TRACE(CXLKV_NC_EV_WB, a, b);
+    g_wb_nf(a, b, g_line_bytes);
+}
+
+static inline void
+nc_drop(const char *a, const char *b)
+{
+    NC_TRACE(CXLKV_NC_EV_DROP, a, b);
+    g_drop_nf(a, b, g_line_bytes);
+}
+
+int
+cxlkv_nc_trace_start(uint64_t *events, uint64_t capacity)
+{
+    if (events == NULL && capacity != 0)
+        return CXLKV_E_INVAL;
+    g_trace_n = 0;
+    g_trace_cap = capacity;
+    __atomic_store_n(&g_trace, events, __ATOMIC_RELEASE);
+    return CXLKV_OK;
+}
+
+uint64_t
+cxlkv_nc_trace_stop(void)
+{
+    __atomic_store_n(&g_trace, (uint64_t *)NULL, __ATOMIC_RELEASE);
+    return g_trace_n;
+}
+
+const char *
+cxlkv_nc_write_kernel(void)
+{
+    ensure_ready();
+    return g_nc_write_name;
+}
+
+int
+cxlkv_set_nc_write_kernel(const char *name)
+{
+    static const char *const names[] = {"avx512-nt", "avx2-nt", "sse2-nt", "movdir64b"};
+    size_t i;
+
+    ensure_ready();
+    if (name == NULL || !cpu_has(name))
+        return CXLKV_E_INVAL;
+    g_stream_fn = stream_kernel(name);
+    g_nc_write_name = "cached"; /* a static string: `name` is the caller's */
+    for (i = 0; g_stream_fn != NULL && i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i]) == 0)
+            g_nc_write_name = names[i];
+    return CXLKV_OK;
+}
+
+uint64_t
+cxlkv_nc_read_chunk_bytes(void)
+{
+    ensure_ready();
+    return (uint64_t)g_nc_chunk;
+}
+
+void
+cxlkv_set_nc_read_chunk_bytes(uint64_t bytes)
+{
+    ensure_ready();
+    if (bytes == 0)
+        g_nc_chunk = 0;
+    else if (bytes < CXLKV_NC_CHUNK_MIN_BYTES)
+        g_nc_chunk = CXLKV_NC_CHUNK_MIN_BYTES;
+    else
+        g_nc_chunk = (size_t)(bytes > ((uint64_t)1 << 40) ? ((uint64_t)1 << 40) : bytes) & ~(size_t)63;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Non-coherent copies (the `nc` argument; cxlkv_transport.h)               */
+/* ------------------------------------------------------------------------ */
+/*
+ * WRITES (nc_write_nf + one nc_store_fence per call). Whole destination lines
+ * are written with non-temporal stores (g_stream_fn): they bypass the caches
+ * and evict the line where it was cached, so nothing of them stays in this
+ * host's caches. Only the partial lines at either end are written through the
+ * cache (a non-temporal store of part of a line would need the rest of the
+ * line from the source, which is not ours); those one or two lines are written
+ * back (CLWB, else CLFLUSHOPT/CLFLUSH). The one SFENCE at the end of the call
+ * orders both the streaming stores and the write-backs before every later
+ * store -- the put's object header and the PutEnd / index publication that
+ * follow -- which is the writer's half of the discipline (as cached stores +
+ * CLWB + SFENCE give; PMDK's pmem_memcpy does the same for persistent memory).
+ * Cost: one pass over the bytes instead of a copy plus a write-back pass over
+ * every line.
+ *
+ * READS (nc_read). The source is cut into chunks (the first may start
+ * mid-line; the others start on a line; 16 KiB, then doubling up to
+ * g_nc_chunk, 128 KiB). For chunk k:
+ *
+ *     drop the lines of chunk k+1          (CLFLUSHOPT, no fence)
+ *     copy chunk k                         (loads of chunk k)
+ *     MFENCE
+ *
+ * where on x86 with AVX2 the drops are mixed into the copy loop, one per 64
+ * bytes copied (copy_dropping_avx2): issued all before the copy, a chunk's
+ * CLFLUSHOPTs fill the store buffer and hold the loads back (measured: no gain
+ * over the two-pass read); spread out, they overlap.
+ * with chunk 0 dropped and fenced before the loop. Why no stale line can be
+ * read: every line of chunk k+1 had its CLFLUSHOPT issued before the MFENCE
+ * that precedes chunk k+1's loads in program order; MFENCE does not complete
+ * before earlier CLFLUSHOPTs have (the line is then invalid in every cache
+ * level of this coherence domain), and loads do not pass an earlier MFENCE
+ * (SDM Vol. 3A 9.2.2). So each load of chunk k+1 misses every line this host
+ * had cached before the call and reads memory. A line brought back in between
+ * (a hardware prefetch while chunk k is copied, chunk k's own loads of a line
+ * shared with chunk k+1) is filled from memory after the reader learned of the
+ * object, i.e. after the writer's SFENCE: it holds the published bytes. The
+ * drops of chunk k+1 overlap the copy of chunk k (CLFLUSHOPT is not ordered
+ * with the loads and stores of other lines), so the range is walked once;
+ * the MFENCE per chunk waits for that chunk's stores and drops to complete,
+ * which is why chunks grow (few fences on a long range) from a short first one
+ * (whose drop overlaps nothing). The last fence is skipped when nothing follows. On aarch64 the same pipeline
+ * uses DC CIVAC and DSB ISH.
+ */
+
+#define NC_LINE_DOWN(p) ((const char *)((uintptr_t)(p) & ~(uintptr_t)(g_line_bytes - 1)))
+
+static inline int
+disjoint(const void *a, const void *b, uint64_t n)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x + n <= y || y + n <= x;
+}
+
+/* A cached copy (non-overlapping): the vector kernel from g_vector_min bytes. */
+static inline void
+copy_plain(char *dst, const char *src, size_t n, int stream)
+{
+    if (n >= g_vector_min)
+        g_copy_fn(dst, src, n, stream);
+    else if (n != 0)
+        memcpy(dst, src, n);
+}
+
+/* Non-coherent write of [dst, dst+n) (memmove semantics), without the closing
+ * store fence: the caller issues nc_store_fence() once for all its writes. */
+static void
+nc_write_nf(char *dst, const char *src, size_t n)
+{
+    uintptr_t d = (uintptr_t)dst, a, b;
+
+    if (n == 0)
+        return;
+    a = (d + 63) & ~(uintptr_t)63; /* first whole line */
+    b = (d + n) & ~(uintptr_t)63;  /* end of the last whole line */
+    if (g_stream_fn == NULL || b <= a || !disjoint(dst, src, n)) {
+        /* no streaming kernel, no whole line, or an overlapping source: through
+         * the cache, then every line written back */
+        NC_TRACE(CXLKV_NC_EV_STORE, dst, dst + n);
+        memmove(dst, src, n);
+        nc_wb(NC_LINE_DOWN(dst), dst + n);
+        return;
+    }
+    if (a > d) {
+        NC_TRACE(CXLKV_NC_EV_STORE, dst, a);
+        memcpy(dst, src, a - d);
+        nc_wb(NC_LINE_DOWN(dst), (const char *)a);
+    }
+    NC_TRACE(CXLKV_NC_EV_STREAM, a, b);
+    g_stream_fn((char *)a, src + (a - d), b - a, copy_backwards((char *)a, src + (a - d)));
+    if (d + n > b) {
+        NC_TRACE(CXLKV_NC_EV_STORE, b, dst + n);
+        memcpy((char *)b, src + (b - d), d + n - b);
+        nc_wb((const char *)b, dst + n);
+    }
+}
+
+/*
+ * Chunk sizes: the first chunk of a range is at most CXLKV_NC_FIRST_CHUNK_BYTES
+ * (its drop cannot overlap a copy, so it is kept short), each next one twice
+ * the one before, up to g_nc_chunk (fewer fences on long ranges).
+ */
+#define CXLKV_NC_FIRST_CHUNK_BYTES ((size_t)16 << 10)
+
+static inline size_t
+nc_first_chunk(void)
+{
+    return g_nc_chunk < CXLKV_NC_FIRST_CHUNK_BYTES ? g_nc_chunk : CXLKV_NC_FIRST_CHUNK_BYTES;
+}
+
+static inline size_t
+nc_next_chunk(size_t size)
+{
+    return size >= g_nc_chunk / 2 ? g_nc_chunk : 2 * size;
+}
+
+/* The end of the read chunk of `size` bytes that starts at p (p < end): on a
+ * line boundary, or end. */
+static inline const char *
+nc_chunk_end(const char *p, const char *end, size_t size)
+{
+    uintptr_t q;
+
+    if (g_nc_chunk == 0) /* two-pass mode: the whole range is one chunk */
+        return end;
+    q = ((uintptr_t)p + size) & ~(uintptr_t)63;
+    return q >= (uintptr_t)end ? end : (const char *)q;
+}
+
+/* Drop the lines of the first chunk of [p, p+n) (no fence). */
+static inline void
+nc_drop_first(const char *p, size_t n)
+{
+    nc_drop(NC_LINE_DOWN(p), nc_chunk_end(p, p + n, nc_first_chunk()));
+}
+
+/*
+ * Non-coherent read of [src, src+n) into dst (non-overlapping), pipelined as
+ * described above. `primed`: the first chunk's lines were dropped and fenced
+ * already (by the previous range's `next`). `next`/`next_n`: the range read
+ * after this one: its first chunk is dropped before this range's last chunk
+ * is copied, and fenced before returning (the caller passes primed = 1 then).
+ * With `st`, each chunk is hashed right after its copy: dst when `hash_dst`,
+ * else the source chunk just loaded (the same bytes: see copy_hashed).
+ */
+static void
+nc_read(char *dst, const char *src, size_t n, int stream, XXH3_state_t *st, int hash_dst,
+        int primed, const char *next, size_t next_n)
+{
+    const char *p = src, *end = src + n;
+
+    if (n == 0) {
+        if (next != NULL && next_n != 0) {
+            nc_drop_first(next, next_n);
+            nc_load_fence();
+        }
+        return;
+    }
+    if (!primed) {
+        nc_drop_first(p, n);
+        nc_load_fence();
+    }
+    size_t size = nc_first_chunk();
+
+    while (p < end) {
+        const char *q = nc_chunk_end(p, end, size), *da = NULL, *db = NULL;
+        char *d = dst + (p - src);
+        size_t len = (size_t)(q - p);
+        int more = 1;
+
+        if (q < end) {
+            size = nc_next_chunk(size);
+            da = q; /* on a line */
+            db = nc_chunk_end(q, end, size);
+        } else if (next != NULL && next_n != 0) {
+            da = NC_LINE_DOWN(next);
+            db = nc_chunk_end(next, next + next_n, nc_first_chunk());
+        } else {
+            more = 0;
+        }
+        if (g_copy_drop_fn != NULL && len >= 128 && !copy_backwards(d, p)) {
+            /* the drops of the next chunk (every line of [da, db)) mixed into
+             * this chunk's copy; all before the fence below, as above */
+            if (da != NULL)
+                NC_TRACE(CXLKV_NC_EV_DROP, da, db);
+            NC_TRACE(CXLKV_NC_EV_LOAD, p, q);
+            g_copy_drop_fn(d, p, len, stream, da != NULL ? da : q, da != NULL ? db : q);
+        } else {
+            if (da != NULL)
+                nc_drop(da, db);
+            NC_TRACE(CXLKV_NC_EV_LOAD, p, q);
+            copy_plain(d, p, len, stream);
+        }
+        if (st != NULL) {
+            if (!hash_dst)
+                NC_TRACE(CXLKV_NC_EV_LOAD, p, q);
+            (void)XXH3_64bits_update(st, hash_dst ? dst + (p - src) : p, (size_t)(q - p));
+        }
+        if (more)
+            nc_load_fence(); /* the drops above, before the next chunk's loads */
+        p = q;
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -661,9 +1335,29 @@ check(const cxlkv_region_t *r, uint64_t offset, uint64_t length)
     return CXLKV_OK;
 }
 
+/*
+ * One non-coherent copy out of the region (nc_read's `primed`/`next`); whether
+ * the next range is primed on return. A destination overlapping the source (a
+ * view of the region) is served by drop, fence, memmove.
+ */
+static int
+nc_copy_out_one(char *dst, const char *src, size_t n, int primed, const char *next,
+                size_t next_n)
+{
+    if (!disjoint(dst, src, n)) {
+        nc_drop(NC_LINE_DOWN(src), src + n);
+        nc_load_fence();
+        NC_TRACE(CXLKV_NC_EV_LOAD, src, src + n);
+        memmove(dst, src, n);
+        return 0;
+    }
+    nc_read(dst, src, n, n >= g_stream_threshold, NULL, 0, primed, next, next_n);
+    return next != NULL && next_n != 0;
+}
+
 int
 cxlkv_copy_in(const cxlkv_region_t *r, uint64_t offset, const void *src,
-              uint64_t length)
+              uint64_t length, int nc)
 {
     int rc = check(r, offset, length);
 
@@ -672,14 +1366,19 @@ cxlkv_copy_in(const cxlkv_region_t *r, uint64_t offset, const void *src,
     if (length != 0) {
         if (src == NULL)
             return CXLKV_E_INVAL;
-        copy_bytes((char *)r->base + offset, src, (size_t)length);
+        if (nc) {
+            nc_write_nf((char *)r->base + offset, src, (size_t)length);
+            nc_store_fence();
+        } else {
+            copy_bytes((char *)r->base + offset, src, (size_t)length);
+        }
     }
     return CXLKV_OK;
 }
 
 int
 cxlkv_copy_out(const cxlkv_region_t *r, uint64_t offset, void *dst,
-               uint64_t length)
+               uint64_t length, int nc)
 {
     int rc = check(r, offset, length);
 
@@ -688,7 +1387,10 @@ cxlkv_copy_out(const cxlkv_region_t *r, uint64_t offset, void *dst,
     if (length != 0) {
         if (dst == NULL)
             return CXLKV_E_INVAL;
-        copy_bytes(dst, (const char *)r->base + offset, (size_t)length);
+        if (nc)
+            (void)nc_copy_out_one(dst, (const char *)r->base + offset, (size_t)length, 0, NULL, 0);
+        else
+            copy_bytes(dst, (const char *)r->base + offset, (size_t)length);
     }
     return CXLKV_OK;
 }
@@ -705,8 +1407,10 @@ cxlkv_copy_out(const cxlkv_region_t *r, uint64_t offset, void *dst,
  * EPYC VM, 16 MiB: hashing a cached-store destination ran at 9-10 GB/s,
  * streaming + hashing the source at 13-15 GB/s (memcpy 15-17 GB/s).
  */
+/* `nc` here: a non-coherent write (src -> region; reads use nc_read_hashed),
+ * fenced at the end (1) or left to the caller's one fence for a batch (2). */
 static int
-copy_hashed(char *dst, const char *src, uint64_t length, int hash_dst,
+copy_hashed(char *dst, const char *src, uint64_t length, int hash_dst, int nc,
             uint64_t *hash_out)
 {
     XXH3_state_t state;
@@ -719,29 +1423,51 @@ copy_hashed(char *dst, const char *src, uint64_t length, int hash_dst,
         return CXLKV_E_INVAL;
     while (done < length) {
         uint64_t n = length - done;
-        if (n > CXLKV_HASH_CHUNK_BYTES)
+        if (n > CXLKV_HASH_CHUNK_BYTES) {
             n = CXLKV_HASH_CHUNK_BYTES;
-        if (n >= g_vector_min)
+            if (nc) /* non-coherent writes: chunks end on a destination line */
+                n -= (uint64_t)((uintptr_t)(dst + done + n) & 63);
+        }
+        if (nc)
+            nc_write_nf(dst + done, src + done, (size_t)n);
+        else if (n >= g_vector_min)
             g_copy_fn(dst + done, src + done, (size_t)n, stream);
         else
             memmove(dst + done, src + done, (size_t)n);
         XXH3_64bits_update(&state, (hash_dst ? dst : src) + done, (size_t)n);
         done += n;
     }
+    if (nc == 1) /* 2: the caller fences once for its batch */
+        nc_store_fence();
     *hash_out = XXH3_64bits_digest(&state);
     return CXLKV_OK;
 }
 
-static inline int
-disjoint(const void *a, const void *b, uint64_t n)
+/*
+ * copy_hashed's non-coherent read (region -> dst): nc_read, each chunk hashed
+ * after its copy -- dst below the stream threshold, the source chunk just
+ * loaded from it on (see copy_hashed). `primed`/`next` as nc_read.
+ */
+static uint64_t
+nc_read_hashed(char *dst, const char *src, uint64_t length, int primed, const char *next,
+               size_t next_n)
 {
-    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
-    return x + n <= y || y + n <= x;
+    XXH3_state_t state;
+    int stream = length >= g_stream_threshold;
+
+    if (!stream && length <= CXLKV_HASH_CHUNK_BYTES) {
+        /* small: copy, then one-shot hash of dst while it is in cache */
+        nc_read(dst, src, (size_t)length, 0, NULL, 0, primed, next, next_n);
+        return XXH3_64bits(length != 0 ? (const void *)dst : (const void *)"", (size_t)length);
+    }
+    (void)XXH3_64bits_reset(&state);
+    nc_read(dst, src, (size_t)length, stream, &state, !stream, primed, next, next_n);
+    return XXH3_64bits_digest(&state);
 }
 
 int
 cxlkv_copy_in_hashed(const cxlkv_region_t *r, uint64_t offset, const void *src,
-                     uint64_t length, uint64_t *hash_out)
+                     uint64_t length, uint64_t *hash_out, int nc)
 {
     int rc = check(r, offset, length);
     char *dst;
@@ -753,12 +1479,12 @@ cxlkv_copy_in_hashed(const cxlkv_region_t *r, uint64_t offset, const void *src,
     dst = (char *)r->base + offset;
     if (!disjoint(dst, src, length))
         return CXLKV_E_INVAL;
-    return copy_hashed(dst, (const char *)src, length, 0, hash_out);
+    return copy_hashed(dst, (const char *)src, length, 0, nc, hash_out);
 }
 
 int
 cxlkv_copy_out_hashed(const cxlkv_region_t *r, uint64_t offset, void *dst,
-                      uint64_t length, uint64_t *hash_out)
+                      uint64_t length, uint64_t *hash_out, int nc)
 {
     int rc = check(r, offset, length);
     const char *src;
@@ -770,13 +1496,26 @@ cxlkv_copy_out_hashed(const cxlkv_region_t *r, uint64_t offset, void *dst,
     src = (const char *)r->base + offset;
     if (!disjoint(dst, src, length))
         return CXLKV_E_INVAL;
-    return copy_hashed((char *)dst, src, length, 1, hash_out);
+    if (nc) {
+        *hash_out = nc_read_hashed((char *)dst, src, length, 0, NULL, 0);
+        return CXLKV_OK;
+    }
+    return copy_hashed((char *)dst, src, length, 1, 0, hash_out);
 }
 
 uint64_t
 cxlkv_xxh3_64(const void *buf, uint64_t length)
 {
     return XXH3_64bits(buf, (size_t)length);
+}
+
+/* The first i >= from with lengths[i] != 0, else n. */
+static inline uint64_t
+next_nonempty(const uint64_t *lengths, uint64_t n, uint64_t from)
+{
+    while (from < n && lengths[from] == 0)
+        from++;
+    return from;
 }
 
 static int
@@ -806,7 +1545,7 @@ check_many(const cxlkv_region_t *r, uint64_t n, const uint64_t *offsets,
 int
 cxlkv_copy_in_many(const cxlkv_region_t *r, uint64_t n,
                    const uint64_t *offsets, const void *const *srcs,
-                   const uint64_t *lengths, uint64_t *bad_index)
+                   const uint64_t *lengths, uint64_t *bad_index, int nc)
 {
     char *base;
     uint64_t i;
@@ -818,6 +1557,12 @@ cxlkv_copy_in_many(const cxlkv_region_t *r, uint64_t n,
     if (rc != CXLKV_OK)
         return rc;
     base = (char *)r->base;
+    if (nc) {
+        for (i = 0; i < n; i++)
+            nc_write_nf(base + offsets[i], srcs[i], (size_t)lengths[i]);
+        nc_store_fence();
+        return CXLKV_OK;
+    }
     for (i = 0; i < n; i++)
         if (lengths[i] != 0)
             copy_bytes(base + offsets[i], srcs[i], (size_t)lengths[i]);
@@ -827,7 +1572,7 @@ cxlkv_copy_in_many(const cxlkv_region_t *r, uint64_t n,
 int
 cxlkv_copy_out_many(const cxlkv_region_t *r, uint64_t n,
                     const uint64_t *offsets, void *const *dsts,
-                    const uint64_t *lengths, uint64_t *bad_index)
+                    const uint64_t *lengths, uint64_t *bad_index, int nc)
 {
     const char *base;
     uint64_t i;
@@ -839,6 +1584,17 @@ cxlkv_copy_out_many(const cxlkv_region_t *r, uint64_t n,
     if (rc != CXLKV_OK)
         return rc;
     base = (const char *)r->base;
+    if (nc) {
+        int primed = 0;
+
+        for (i = next_nonempty(lengths, n, 0); i < n;) {
+            uint64_t j = next_nonempty(lengths, n, i + 1);
+            primed = nc_copy_out_one((char *)dsts[i], base + offsets[i], (size_t)lengths[i], primed,
+                                     j < n ? base + offsets[j] : NULL, j < n ? (size_t)lengths[j] : 0);
+            i = j;
+        }
+        return CXLKV_OK;
+    }
     for (i = 0; i < n; i++)
         if (lengths[i] != 0)
             copy_bytes(dsts[i], base + offsets[i], (size_t)lengths[i]);
@@ -875,7 +1631,7 @@ cxlkv_copy_in_ranges(const cxlkv_region_t *r, const void *buf,
                      uint64_t buf_bytes, uint64_t n,
                      const uint64_t *buf_offsets,
                      const uint64_t *region_offsets, const uint64_t *lengths,
-                     uint64_t *bad_index)
+                     uint64_t *bad_index, int nc)
 {
     char *base;
     uint64_t i;
@@ -888,6 +1644,13 @@ cxlkv_copy_in_ranges(const cxlkv_region_t *r, const void *buf,
     if (rc != CXLKV_OK)
         return rc;
     base = (char *)r->base;
+    if (nc) {
+        for (i = 0; i < n; i++)
+            nc_write_nf(base + region_offsets[i], (const char *)buf + buf_offsets[i],
+                        (size_t)lengths[i]);
+        nc_store_fence();
+        return CXLKV_OK;
+    }
     for (i = 0; i < n; i++)
         if (lengths[i] != 0)
             copy_bytes(base + region_offsets[i], (const char *)buf + buf_offsets[i],
@@ -899,7 +1662,7 @@ int
 cxlkv_copy_out_ranges(const cxlkv_region_t *r, void *buf, uint64_t buf_bytes,
                       uint64_t n, const uint64_t *buf_offsets,
                       const uint64_t *region_offsets, const uint64_t *lengths,
-                      uint64_t *bad_index)
+                      uint64_t *bad_index, int nc)
 {
     const char *base;
     uint64_t i;
@@ -912,6 +1675,19 @@ cxlkv_copy_out_ranges(const cxlkv_region_t *r, void *buf, uint64_t buf_bytes,
     if (rc != CXLKV_OK)
         return rc;
     base = (const char *)r->base;
+    if (nc) {
+        int primed = 0;
+
+        for (i = next_nonempty(lengths, n, 0); i < n;) {
+            uint64_t j = next_nonempty(lengths, n, i + 1);
+            primed = nc_copy_out_one((char *)buf + buf_offsets[i], base + region_offsets[i],
+                                     (size_t)lengths[i], primed,
+                                     j < n ? base + region_offsets[j] : NULL,
+                                     j < n ? (size_t)lengths[j] : 0);
+            i = j;
+        }
+        return CXLKV_OK;
+    }
     for (i = 0; i < n; i++)
         if (lengths[i] != 0)
             copy_bytes((char *)buf + buf_offsets[i], base + region_offsets[i],
@@ -928,7 +1704,7 @@ static int
 copy_ranges_hashed(const cxlkv_region_t *r, char *buf, uint64_t buf_bytes,
                    uint64_t n, const uint64_t *buf_offsets,
                    const uint64_t *region_offsets, const uint64_t *lengths,
-                   uint64_t *hashes_out, uint64_t *bad_index, int out)
+                   uint64_t *hashes_out, uint64_t *bad_index, int out, int nc)
 {
     char *base;
     uint64_t i;
@@ -947,6 +1723,24 @@ copy_ranges_hashed(const cxlkv_region_t *r, char *buf, uint64_t buf_bytes,
             return CXLKV_E_INVAL;
         }
     }
+    if (nc && out) {
+        int primed = 0;
+
+        for (i = 0; i < n; i++) /* empty ranges: the hash of no bytes */
+            if (lengths[i] == 0)
+                hashes_out[i] = XXH3_64bits("", 0);
+        for (i = next_nonempty(lengths, n, 0); i < n;) {
+            uint64_t j = next_nonempty(lengths, n, i + 1);
+            const char *nx = j < n ? base + region_offsets[j] : NULL;
+            size_t nn = j < n ? (size_t)lengths[j] : 0;
+
+            hashes_out[i] = nc_read_hashed(buf + buf_offsets[i], base + region_offsets[i],
+                                           lengths[i], primed, nx, nn);
+            primed = nx != NULL && nn != 0;
+            i = j;
+        }
+        return CXLKV_OK;
+    }
     for (i = 0; i < n; i++) {
         char *b = buf + buf_offsets[i];
         char *reg = base + region_offsets[i];
@@ -954,17 +1748,21 @@ copy_ranges_hashed(const cxlkv_region_t *r, char *buf, uint64_t buf_bytes,
         const char *src = out ? reg : b;
         if (lengths[i] > CXLKV_HASH_CHUNK_BYTES) {
             /* large: the chunked kernel keeps each hashed chunk in cache */
-            rc = copy_hashed(dst, src, lengths[i], out, &hashes_out[i]);
+            rc = copy_hashed(dst, src, lengths[i], out, nc ? 2 : 0, &hashes_out[i]);
             if (rc != CXLKV_OK) {
                 *bad_index = i;
                 return rc;
             }
             continue;
         }
-        if (lengths[i] != 0)
+        if (nc)
+            nc_write_nf(dst, src, (size_t)lengths[i]);
+        else if (lengths[i] != 0)
             copy_bytes(dst, src, (size_t)lengths[i]);
         hashes_out[i] = XXH3_64bits(b, (size_t)lengths[i]);
     }
+    if (nc)
+        nc_store_fence();
     return CXLKV_OK;
 }
 
@@ -974,10 +1772,10 @@ cxlkv_copy_out_ranges_hashed(const cxlkv_region_t *r, void *buf,
                              const uint64_t *buf_offsets,
                              const uint64_t *region_offsets,
                              const uint64_t *lengths, uint64_t *hashes_out,
-                             uint64_t *bad_index)
+                             uint64_t *bad_index, int nc)
 {
     return copy_ranges_hashed(r, (char *)buf, buf_bytes, n, buf_offsets, region_offsets,
-                              lengths, hashes_out, bad_index, 1);
+                              lengths, hashes_out, bad_index, 1, nc);
 }
 
 int
@@ -986,11 +1784,11 @@ cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
                             const uint64_t *buf_offsets,
                             const uint64_t *region_offsets,
                             const uint64_t *lengths, uint64_t *hashes_out,
-                            uint64_t *bad_index)
+                            uint64_t *bad_index, int nc)
 {
     /* buf is only read: copy_ranges_hashed writes to the region when !out */
     return copy_ranges_hashed(r, (char *)buf, buf_bytes, n, buf_offsets, region_offsets,
-                              lengths, hashes_out, bad_index, 0);
+                              lengths, hashes_out, bad_index, 0, nc);
 }
 
 /* Object header layout (cxlkv/objheader.py): little-endian fields. */
@@ -1145,11 +1943,12 @@ cxlkv_write_headers(const cxlkv_region_t *r, uint64_t n,
         memcpy(h + OBJ_HEADER_BYTES, key, (size_t)klen);
         memset(h + OBJ_HEADER_BYTES + klen, 0, (size_t)(header_bytes[i] - OBJ_HEADER_BYTES - klen));
         memcpy(h, head, sizeof head);
-        if (flush) {
-            uintptr_t start = (uintptr_t)h & ~(uintptr_t)(g_line_bytes - 1);
-            g_flush_fn((char *)start, (char *)h + header_bytes[i], g_line_bytes);
-        }
+        NC_TRACE(CXLKV_NC_EV_STORE, h, h + header_bytes[i]);
+        if (flush) /* written back now, fenced once for the batch below */
+            nc_wb(NC_LINE_DOWN(h), (const char *)h + header_bytes[i]);
     }
+    if (flush)
+        nc_store_fence();
     return CXLKV_OK;
 }
 
@@ -1182,8 +1981,15 @@ cxlkv_verify_headers(const cxlkv_region_t *r, uint64_t n,
             return CXLKV_E_INVAL;
         }
     }
-    if (invalidate && n != 0)
+    if (invalidate && n != 0) {
+        /* every header's lines dropped, then ONE fence before any is read */
         ensure_ready();
+        for (i = 0; i < n; i++) {
+            const char *h = (const char *)r->base + extent_offsets[i];
+            nc_drop(NC_LINE_DOWN(h), h + header_bytes[i]);
+        }
+        nc_load_fence();
+    }
     for (i = 0; i < n; i++) {
         const unsigned char *h = (const unsigned char *)r->base + extent_offsets[i];
         /* the key must fit the header span the reader was given */
@@ -1191,10 +1997,7 @@ cxlkv_verify_headers(const cxlkv_region_t *r, uint64_t n,
             ok_out[i] = 0;
             continue;
         }
-        if (invalidate) {
-            uintptr_t start = (uintptr_t)h & ~(uintptr_t)(g_line_bytes - 1);
-            g_invalidate_fn((char *)start, (char *)h + header_bytes[i], g_line_bytes);
-        }
+        NC_TRACE(CXLKV_NC_EV_LOAD, h, h + header_bytes[i]);
         ok_out[i] = (uint8_t)header_ok(h, keys + key_offsets[i], key_lens[i],
                                        header_bytes[i], versions[i], value_lens[i],
                                        value_hashes[i]);
@@ -1299,6 +2102,8 @@ static inline void
 ix_invalidate(const char *p, uint64_t n)
 {
     uintptr_t start = (uintptr_t)p & ~(uintptr_t)(g_line_bytes - 1);
+    NC_TRACE(CXLKV_NC_EV_DROP, start, p + n);
+    NC_TRACE(CXLKV_NC_EV_MFENCE, 0, 0);
     g_invalidate_fn((char *)start, p + n, g_line_bytes);
 }
 
@@ -1411,8 +2216,10 @@ ix_read_slot(const uint64_t *p, int invalidate, uint64_t w[8])
 
         if (spin != 0) {
             cpu_relax();
-            if (invalidate)
+            if (invalidate) {
                 ix_invalidate((const char *)p, CXLKV_INDEX_SLOT_BYTES);
+                NC_TRACE(CXLKV_NC_EV_LOAD, p, (const char *)p + CXLKV_INDEX_SLOT_BYTES);
+            }
         }
         s1 = __atomic_load_n(p, __ATOMIC_ACQUIRE);
         if (s1 & 1)
@@ -1431,23 +2238,34 @@ ix_read_slot(const uint64_t *p, int invalidate, uint64_t w[8])
     return IX_SLOT_UNSTABLE;
 }
 
-/* The slot of key hash h into w: 1 found, 0 absent (every slot read stable), -1 unsure. */
-static int
-ix_find(const cxlkv_index_t *ix, uint64_t h, uint64_t w[8])
+/* The buckets of key hash h (into b; returns how many: 1 or 2). */
+static inline int
+ix_buckets(const cxlkv_index_t *ix, uint64_t h, uint64_t b[2])
 {
-    const char *table = (const char *)ix->table_region->base + ix->table_offset;
-    uint64_t mask = ix->buckets - 1, b[2];
-    int nb = ix->buckets == 1 ? 1 : 2, unsure = 0, i, j;
+    uint64_t mask = ix->buckets - 1;
 
     b[0] = h & mask;
     b[1] = (h >> 32) & mask;
     if (b[1] == b[0])
         b[1] = (b[0] + 1) & mask;
+    return ix->buckets == 1 ? 1 : 2;
+}
+
+/*
+ * The slot of key hash h into w: 1 found, 0 absent (every slot read stable), -1
+ * unsure. In invalidate mode the caller has dropped both buckets' lines and
+ * fenced (ix_lookup: with the publish line, one fence for all).
+ */
+static int
+ix_find(const cxlkv_index_t *ix, uint64_t h, uint64_t w[8])
+{
+    const char *table = (const char *)ix->table_region->base + ix->table_offset;
+    uint64_t b[2];
+    int nb = ix_buckets(ix, h, b), unsure = 0, i, j;
+
     for (i = 0; i < nb; i++) {
         const char *bucket = table + b[i] * IX_BUCKET_BYTES;
 
-        if (ix->invalidate)
-            ix_invalidate(bucket, IX_BUCKET_BYTES);
         for (j = 0; j < CXLKV_INDEX_BUCKET_SLOTS; j++) {
             const uint64_t *p = (const uint64_t *)(bucket + (uint64_t)j * CXLKV_INDEX_SLOT_BYTES);
             uint64_t s1 = __atomic_load_n(p, __ATOMIC_ACQUIRE), kh;
@@ -1503,6 +2321,26 @@ copy_hash_dst(char *dst, const char *src, uint64_t n)
     return XXH3_64bits_digest(&state);
 }
 
+/* copy_hash_dst for non-coherent readers: nc_read with cached stores, dst
+ * hashed; with n == 0 only the fence (for lines the caller dropped). */
+static uint64_t
+nc_read_hash_dst(char *dst, const char *src, uint64_t n)
+{
+    XXH3_state_t state;
+
+    if (n == 0) {
+        nc_load_fence();
+        return XXH3_64bits("", 0);
+    }
+    if (n <= CXLKV_HASH_CHUNK_BYTES) {
+        nc_read(dst, src, (size_t)n, 0, NULL, 0, 0, NULL, 0);
+        return XXH3_64bits(dst, (size_t)n);
+    }
+    (void)XXH3_64bits_reset(&state);
+    nc_read(dst, src, (size_t)n, 0, &state, 1, 0, NULL, 0);
+    return XXH3_64bits_digest(&state);
+}
+
 /*
  * One lookup (ix checked, key length 1..4096): the get when !probe (dst of
  * dst_bytes), else the existence probe. Only a verification failure after a
@@ -1524,8 +2362,23 @@ ix_lookup(const cxlkv_index_t *ix, const char *key, uint64_t klen, char *dst,
         const unsigned char *obj;
         int found;
 
-        if (ix->invalidate)
-            ix_invalidate(hp + CXLKV_INDEX_PUBLISH_OFFSET, 16);
+        if (ix->invalidate) {
+            /* the publish line and both buckets dropped, ONE fence before any is
+             * read (the non-coherent read discipline: nc_read) */
+            const char *table = (const char *)ix->table_region->base + ix->table_offset;
+            uint64_t b[2];
+            int nb = ix_buckets(ix, h, b), i;
+
+            nc_drop(NC_LINE_DOWN(hp + CXLKV_INDEX_PUBLISH_OFFSET),
+                      hp + CXLKV_INDEX_PUBLISH_OFFSET + 16);
+            for (i = 0; i < nb; i++)
+                nc_drop(table + b[i] * IX_BUCKET_BYTES, table + (b[i] + 1) * IX_BUCKET_BYTES);
+            nc_load_fence();
+            NC_TRACE(CXLKV_NC_EV_LOAD, hp + CXLKV_INDEX_PUBLISH_OFFSET, hp + CXLKV_INDEX_PUBLISH_OFFSET + 16);
+            for (i = 0; i < nb; i++)
+                NC_TRACE(CXLKV_NC_EV_LOAD, table + b[i] * IX_BUCKET_BYTES,
+                         table + (b[i] + 1) * IX_BUCKET_BYTES);
+        }
         publish = __atomic_load_n((const uint64_t *)(hp + CXLKV_INDEX_PUBLISH_OFFSET),
                                   __ATOMIC_ACQUIRE);
         overflow = __atomic_load_n((const uint64_t *)(hp + CXLKV_INDEX_OVERFLOW_OFFSET),
@@ -1566,6 +2419,7 @@ ix_lookup(const cxlkv_index_t *ix, const char *key, uint64_t klen, char *dst,
         if (probe) {
             if (ix->invalidate)
                 ix_invalidate((const char *)obj, hb);
+            NC_TRACE(CXLKV_NC_EV_LOAD, obj, obj + hb);
             if (header_ok(obj, key, klen, hb, version, vlen, vhash)) {
                 out->outcome = CXLKV_IX_HIT;
                 return CXLKV_OK;
@@ -1579,10 +2433,16 @@ ix_lookup(const cxlkv_index_t *ix, const char *key, uint64_t klen, char *dst,
             }
             if (vlen != 0 && !disjoint(dst, obj + hb, vlen))
                 return CXLKV_E_INVAL;
-            if (ix->invalidate)
-                ix_invalidate((const char *)obj, hb + vlen);
-            got = copy_hash_dst(dst, (const char *)obj + hb, vlen);
+            if (ix->invalidate) {
+                /* the header's lines dropped with the value's first chunk (one
+                 * fence), the value read chunk by chunk (nc_read), dst hashed */
+                nc_drop(NC_LINE_DOWN(obj), (const char *)obj + hb);
+                got = nc_read_hash_dst(dst, (const char *)obj + hb, vlen);
+            } else {
+                got = copy_hash_dst(dst, (const char *)obj + hb, vlen);
+            }
             __atomic_thread_fence(__ATOMIC_ACQUIRE); /* the header after the value */
+            NC_TRACE(CXLKV_NC_EV_LOAD, obj, obj + hb);
             if (got == vhash && header_ok(obj, key, klen, hb, version, vlen, vhash)) {
                 out->outcome = CXLKV_IX_HIT;
                 return CXLKV_OK;

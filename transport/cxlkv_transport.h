@@ -83,13 +83,34 @@ int cxlkv_unmap(cxlkv_region_t *r, int *err_errno);
  */
 int cxlkv_retire(cxlkv_region_t *r, int *err_errno);
 
+/*
+ * Coherence of a copy: the last argument (`nc`) of every copy call below.
+ *
+ * 0: coherent memory (one host, hardware-coherent CXL): plain copies.
+ * Non-zero: non-coherent sharing ("flush" mode, docs/transport.md):
+ *  - a copy INTO the region leaves its bytes in memory, not in this CPU's
+ *    caches, when it returns: whole destination lines are written with
+ *    non-temporal stores (cxlkv_nc_write_kernel()), the partial lines at either
+ *    end through the cache and written back (CLWB / CLFLUSHOPT / DC CVAC), then
+ *    one store fence (SFENCE / DSB) for the whole call -- the same guarantee as
+ *    a plain copy followed by cxlkv_flush(), without a second pass;
+ *  - a copy OUT of the region reads no line this CPU cached before the call:
+ *    the source is read in chunks (up to cxlkv_nc_read_chunk_bytes()), each
+ *    chunk's lines dropped (CLFLUSHOPT / DC CIVAC) before the full fence
+ *    (MFENCE / DSB) that precedes its loads, the next chunk's lines dropped
+ *    while this one is copied -- the guarantee of cxlkv_invalidate() then a
+ *    copy, in one pass.
+ */
+#define CXLKV_COHERENT 0
+#define CXLKV_NONCOHERENT 1
+
 /* Copy `length` bytes from `src` into the region at `offset`. */
 int cxlkv_copy_in(const cxlkv_region_t *r, uint64_t offset, const void *src,
-                  uint64_t length);
+                  uint64_t length, int nc);
 
 /* Copy `length` bytes from the region at `offset` into `dst`. */
 int cxlkv_copy_out(const cxlkv_region_t *r, uint64_t offset, void *dst,
-                   uint64_t length);
+                   uint64_t length, int nc);
 
 /*
  * Fused copy + checksum: the same copies as cxlkv_copy_in / cxlkv_copy_out,
@@ -105,9 +126,9 @@ int cxlkv_copy_out(const cxlkv_region_t *r, uint64_t offset, void *dst,
  */
 #define CXLKV_HASH_CHUNK_BYTES 262144
 int cxlkv_copy_in_hashed(const cxlkv_region_t *r, uint64_t offset, const void *src,
-                         uint64_t length, uint64_t *hash_out);
+                         uint64_t length, uint64_t *hash_out, int nc);
 int cxlkv_copy_out_hashed(const cxlkv_region_t *r, uint64_t offset, void *dst,
-                          uint64_t length, uint64_t *hash_out);
+                          uint64_t length, uint64_t *hash_out, int nc);
 
 /* xxh3_64 (seed 0) of `length` bytes at `buf` (any memory). */
 uint64_t cxlkv_xxh3_64(const void *buf, uint64_t length);
@@ -119,12 +140,12 @@ uint64_t cxlkv_xxh3_64(const void *buf, uint64_t length);
  */
 int cxlkv_copy_in_many(const cxlkv_region_t *r, uint64_t n,
                        const uint64_t *offsets, const void *const *srcs,
-                       const uint64_t *lengths, uint64_t *bad_index);
+                       const uint64_t *lengths, uint64_t *bad_index, int nc);
 
 /* N copies in one call: region at offsets[i] -> dsts[i] (lengths[i] bytes). */
 int cxlkv_copy_out_many(const cxlkv_region_t *r, uint64_t n,
                         const uint64_t *offsets, void *const *dsts,
-                        const uint64_t *lengths, uint64_t *bad_index);
+                        const uint64_t *lengths, uint64_t *bad_index, int nc);
 
 /*
  * N copies between one buffer `buf` of `buf_bytes` bytes and the region:
@@ -135,14 +156,14 @@ int cxlkv_copy_in_ranges(const cxlkv_region_t *r, const void *buf,
                          uint64_t buf_bytes, uint64_t n,
                          const uint64_t *buf_offsets,
                          const uint64_t *region_offsets,
-                         const uint64_t *lengths, uint64_t *bad_index);
+                         const uint64_t *lengths, uint64_t *bad_index, int nc);
 
 /* region[region_offsets[i] .. +lengths[i]) -> buf[buf_offsets[i] .. +lengths[i]). */
 int cxlkv_copy_out_ranges(const cxlkv_region_t *r, void *buf,
                           uint64_t buf_bytes, uint64_t n,
                           const uint64_t *buf_offsets,
                           const uint64_t *region_offsets,
-                          const uint64_t *lengths, uint64_t *bad_index);
+                          const uint64_t *lengths, uint64_t *bad_index, int nc);
 
 /*
  * cxlkv_copy_out_ranges, hashing each range (xxh3_64, seed 0) right after its
@@ -155,7 +176,7 @@ int cxlkv_copy_out_ranges_hashed(const cxlkv_region_t *r, void *buf,
                                  const uint64_t *buf_offsets,
                                  const uint64_t *region_offsets,
                                  const uint64_t *lengths, uint64_t *hashes_out,
-                                 uint64_t *bad_index);
+                                 uint64_t *bad_index, int nc);
 
 /*
  * cxlkv_copy_in_ranges, hashing each source range (xxh3_64, seed 0) right
@@ -168,7 +189,7 @@ int cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
                                 const uint64_t *buf_offsets,
                                 const uint64_t *region_offsets,
                                 const uint64_t *lengths, uint64_t *hashes_out,
-                                uint64_t *bad_index);
+                                uint64_t *bad_index, int nc);
 
 /*
  * Write N object headers (layout: cxlkv/objheader.py), each followed by its key
@@ -262,6 +283,46 @@ const char *cxlkv_flush_instruction(void);
 
 /* Name of the invalidate instruction chosen at run time. */
 const char *cxlkv_invalidate_instruction(void);
+
+/*
+ * Non-coherent copy kernels (the `nc` copies above), chosen at load from CPUID:
+ * cxlkv_nc_write_kernel() names how whole lines are written: "avx512-nt",
+ * "avx2-nt", "sse2-nt" (non-temporal stores), "movdir64b" (64-byte direct
+ * stores), or "cached" (a cached copy, then every line written back: aarch64,
+ * other architectures). cxlkv_set_nc_write_kernel() picks another one (tests,
+ * benchmarks): CXLKV_OK, or CXLKV_E_INVAL for a name unknown or not supported
+ * by this CPU. Process-wide; set it before copies start.
+ *
+ * cxlkv_nc_read_chunk_bytes(): the largest invalidate-and-copy chunk of an
+ * `nc` copy out (default 128 KiB; a range's first chunk is at most 16 KiB and
+ * each next one twice the one before). cxlkv_set_nc_read_chunk_bytes(0) selects the
+ * two-pass read instead (drop every line of the range, one fence, then copy:
+ * what cxlkv_invalidate() + a copy does; for comparison); other values are
+ * rounded down to a multiple of 64, at least 256.
+ */
+/*
+ * Test-only: record what the non-coherent kernels do, for a replay against a
+ * cache model (cxlkv/transport/emulate.py, KernelTrace). Between start and
+ * stop, every non-coherent copy, write_headers(flush), verify_headers
+ * (invalidate) and index lookup (invalidate) appends events of three words
+ * (kind, start address, end address) to `events` (room for `capacity`
+ * events); stop returns how many were produced (more than capacity: the rest
+ * were dropped). One thread at a time; nothing else may copy meanwhile.
+ */
+#define CXLKV_NC_EV_LOAD 1
+#define CXLKV_NC_EV_STORE 2
+#define CXLKV_NC_EV_STREAM 3
+#define CXLKV_NC_EV_WB 4
+#define CXLKV_NC_EV_DROP 5
+#define CXLKV_NC_EV_SFENCE 6
+#define CXLKV_NC_EV_MFENCE 7
+int cxlkv_nc_trace_start(uint64_t *events, uint64_t capacity);
+uint64_t cxlkv_nc_trace_stop(void);
+
+const char *cxlkv_nc_write_kernel(void);
+int cxlkv_set_nc_write_kernel(const char *name);
+uint64_t cxlkv_nc_read_chunk_bytes(void);
+void cxlkv_set_nc_read_chunk_bytes(uint64_t bytes);
 
 /* ------------------------------------------------------------------------ */
 /* Region index: the master's committed-object table (issue 17)             */

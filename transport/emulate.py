@@ -19,7 +19,20 @@ granularity, over a private shadow copy of the region:
   mapping, so other processes do not see it (a lost or torn write);
 * :meth:`flush` (CLWB) copies the dirty lines of its range to the shared mapping
   and marks them clean; :meth:`invalidate` (CLFLUSHOPT) writes dirty lines back,
-  then drops every line of its range, so the next read comes from memory.
+  then drops every line of its range, so the next read comes from memory;
+* the non-coherent copies (``copy_in*(..., flush=True)``,
+  ``copy_out*(..., invalidate=True)``, ``read(..., invalidate=True)``) do what
+  the C kernels promise: a write publishes its bytes before returning (whole
+  lines streamed past the cache end *invalid* here, the partial lines at either
+  end written back and *clean*); a read drops the lines of its range before
+  reading them.
+
+:class:`KernelTrace` checks the real C kernels against the same model: the
+transport records what a non-coherent copy did (stores cached or streamed,
+write-backs, drops, loads, fences; :func:`cxlkv.transport.bindings.nc_trace`)
+and the replay applies the x86 ordering rules to a cache that holds a stale
+copy of every line, flagging any load of a line whose drop was not fenced
+before it and any written line not in memory when the call returned.
 
 Caches never evict on their own (the worst case a discipline must survive).
 Writes through a :meth:`view` are not tracked (views are for reading; clientd
@@ -46,7 +59,7 @@ from cxlkv.transport import portable
 from cxlkv.transport.bindings import CACHE_LINE_BYTES, BufferLike, U64Array, ffi
 from cxlkv.transport.region import Region
 
-__all__ = ["NoncoherentRegion", "EMULATE_ENV"]
+__all__ = ["NoncoherentRegion", "KernelTrace", "EMULATE_ENV"]
 
 #: Environment variable that makes :meth:`Region.open` return a :class:`NoncoherentRegion`.
 EMULATE_ENV = "CXLKV_TRANSPORT_EMULATE_NONCOHERENT"
@@ -141,49 +154,91 @@ class NoncoherentRegion(Region):
             data[:] = self._flat()[offset:offset + n]
         return n
 
-    # -- Region API -------------------------------------------------------------
-    def copy_in(self, offset: int, src: BufferLike) -> int:
-        with self._lock:
-            return self._in("copy_in", offset, src)
+    def _publish(self, offset: int, n: int) -> None:
+        """What a non-coherent write leaves behind: its bytes in the shared
+        mapping; lines streamed whole end invalid in this cache, the partial
+        lines at either end (written through the cache, then written back) clean."""
+        if not n:
+            return
+        lo, hi = offset // _LINE, -(-(offset + n) // _LINE)
+        self._write_back(lo, hi)
+        first, last = -(-offset // _LINE), (offset + n) // _LINE  # whole lines [first, last)
+        if first < last:
+            self._lines[first:last] = _INVALID
 
-    def copy_out(self, offset: int, dst: BufferLike) -> int:
+    def _drop(self, offset: int, n: int) -> None:
+        """CLFLUSHOPT over a range: dirty lines written back, every line dropped."""
+        if not n:
+            return
+        lo, hi = offset // _LINE, -(-(offset + n) // _LINE)
+        self._write_back(lo, hi)
+        self._lines[lo:hi] = _INVALID
+
+    # -- Region API -------------------------------------------------------------
+    def copy_in(self, offset: int, src: BufferLike, *, flush: bool = False) -> int:
         with self._lock:
+            n = self._in("copy_in", offset, src)
+            if flush:
+                self._publish(offset, n)
+            return n
+
+    def copy_out(self, offset: int, dst: BufferLike, *, invalidate: bool = False) -> int:
+        with self._lock:
+            if invalidate:
+                self._check("copy_out", offset, _bytes_of(dst, writable=True).size)
+                self._drop(offset, _bytes_of(dst, writable=True).size)
             return self._out("copy_out", offset, dst)
 
-    def copy_in_hashed(self, offset: int, src: BufferLike) -> int:
+    def copy_in_hashed(self, offset: int, src: BufferLike, *, flush: bool = False) -> int:
         with self._lock:
-            self._in("copy_in_hashed", offset, src)
+            n = self._in("copy_in_hashed", offset, src)
+            if flush:
+                self._publish(offset, n)
             return xxhash.xxh3_64_intdigest(_bytes_of(src, writable=False))
 
-    def copy_out_hashed(self, offset: int, dst: BufferLike) -> int:
+    def copy_out_hashed(self, offset: int, dst: BufferLike, *, invalidate: bool = False) -> int:
         with self._lock:
+            if invalidate:
+                self._check("copy_out_hashed", offset, _bytes_of(dst, writable=True).size)
+                self._drop(offset, _bytes_of(dst, writable=True).size)
             self._out("copy_out_hashed", offset, dst)
             return xxhash.xxh3_64_intdigest(_bytes_of(dst, writable=True))
 
-    def read(self, offset: int, length: int) -> bytes:
+    def read(self, offset: int, length: int, *, invalidate: bool = False) -> bytes:
         if length < 0:
             raise OutOfRange(f"read: length {length} is negative")
         out = bytearray(length)
-        self.copy_out(offset, out)
+        self.copy_out(offset, out, invalidate=invalidate)
         return bytes(out)
 
-    def copy_in_many(self, offsets: U64Array, srcs: Sequence[BufferLike]) -> int:
+    def copy_in_many(self, offsets: U64Array, srcs: Sequence[BufferLike], *, flush: bool = False) -> int:
         offs = [int(o) for o in offsets]
         if len(offs) != len(srcs):
             raise InvalidArgument(f"copy_in_many: {len(offs)} offsets for {len(srcs)} sources")
         with self._lock:
             for i, (o, s) in enumerate(zip(offs, srcs)):
                 self._check(f"copy_in_many[{i}]", o, memoryview(s).nbytes)
-            return sum(self._in("copy_in_many", o, s) for o, s in zip(offs, srcs))
+            total = 0
+            for o, s in zip(offs, srcs):
+                n = self._in("copy_in_many", o, s)
+                if flush:
+                    self._publish(o, n)
+                total += n
+            return total
 
-    def copy_out_many(self, offsets: U64Array, dsts: Sequence[BufferLike]) -> int:
+    def copy_out_many(self, offsets: U64Array, dsts: Sequence[BufferLike], *, invalidate: bool = False) -> int:
         offs = [int(o) for o in offsets]
         if len(offs) != len(dsts):
             raise InvalidArgument(f"copy_out_many: {len(offs)} offsets for {len(dsts)} destinations")
         with self._lock:
             for i, (o, d) in enumerate(zip(offs, dsts)):
                 self._check(f"copy_out_many[{i}]", o, memoryview(d).nbytes)
-            return sum(self._out("copy_out_many", o, d) for o, d in zip(offs, dsts))
+            total = 0
+            for o, d in zip(offs, dsts):
+                if invalidate:
+                    self._drop(o, memoryview(d).nbytes)
+                total += self._out("copy_out_many", o, d)
+            return total
 
     def _ranges(self, op: str, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array,
                 lengths: U64Array, writable: bool) -> list[tuple[np.ndarray, int]]:
@@ -200,23 +255,27 @@ class NoncoherentRegion(Region):
         return out
 
     def copy_in_ranges(self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array,
-                       lengths: U64Array) -> None:
+                       lengths: U64Array, *, flush: bool = False) -> None:
         with self._lock:
             for piece, r in self._ranges("copy_in_ranges", buf, buf_offsets, region_offsets, lengths, False):
-                self._in("copy_in_ranges", r, piece)
+                n = self._in("copy_in_ranges", r, piece)
+                if flush:
+                    self._publish(r, n)
 
     def copy_out_ranges(self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array,
-                        lengths: U64Array) -> None:
+                        lengths: U64Array, *, invalidate: bool = False) -> None:
         with self._lock:
             for piece, r in self._ranges("copy_out_ranges", buf, buf_offsets, region_offsets, lengths, True):
+                if invalidate:
+                    self._drop(r, piece.size)
                 self._out("copy_out_ranges", r, piece)
 
     # The batch calls go through this cache's copy/read/flush/invalidate above.
-    def copy_in_ranges_hashed(self, *args: Any) -> list[int]:
-        return portable.copy_in_ranges_hashed(self, *args)
+    def copy_in_ranges_hashed(self, *args: Any, flush: bool = False) -> list[int]:
+        return portable.copy_in_ranges_hashed(self, *args, flush=flush)
 
-    def copy_out_ranges_hashed(self, *args: Any) -> list[int]:
-        return portable.copy_out_ranges_hashed(self, *args)
+    def copy_out_ranges_hashed(self, *args: Any, invalidate: bool = False) -> list[int]:
+        return portable.copy_out_ranges_hashed(self, *args, invalidate=invalidate)
 
     def write_headers(self, *args: Any, flush: bool = False) -> None:
         for i, (off, hb) in enumerate(zip(args[0], args[1])):  # every span before any write
@@ -261,3 +320,92 @@ class NoncoherentRegion(Region):
             lo, hi = self._range("checksum", offset, length)
             self._load(lo, hi)
             return xxhash.xxh3_64_intdigest(self._flat()[offset:offset + length])
+
+
+class KernelTrace:
+    """A real non-coherent kernel's recorded events
+    (:func:`cxlkv.transport.bindings.nc_trace`) replayed on this module's cache
+    model with the x86 ordering rules, from the worst case: every line of the
+    region is cached on this host with bytes older than memory's.
+
+    Rules (Intel SDM Vol. 3A 9.2.2 "Memory Ordering in P6 and More Recent
+    Processor Families"; Vol. 2 CLFLUSHOPT, CLWB; Vol. 1 10.4.6.2):
+
+    * ``drop`` (CLFLUSHOPT) counts for later loads only once an ``mfence``
+      follows it: loads may pass SFENCE, and CLFLUSHOPT is not ordered with
+      later loads of its own;
+    * a ``load`` of a line still holding its stale copy (no drop, or a drop not
+      yet fenced) is a stale read;
+    * a ``store`` through the cache leaves the line dirty here; ``wb`` (CLWB) of
+      a dirty line and ``stream`` (non-temporal) stores reach memory at the next
+      fence; a store after the ``wb`` needs another one;
+    * a ``stream`` must cover whole lines;
+    * every line written must be in memory when the call returns.
+
+    Attributes:
+        violations: what broke a rule, one line each (empty: none).
+        loaded, written: line numbers (region offset // line) read / written.
+        streamed: line numbers written with streaming stores.
+        drops: line number -> how many times it was dropped.
+        fences: ``{"sfence": n, "mfence": n}``.
+    """
+
+    _STALE, _INVALID, _FRESH, _DIRTY, _WB_PENDING, _NT_PENDING, _PUBLISHED = range(7)
+
+    def __init__(self, events: Sequence[tuple[str, int, int]], base: int, line: int = _LINE) -> None:
+        """Args: events of one or more calls, in order; ``base``: the region's
+        mapping address (events carry addresses); ``line``: bytes per cache line."""
+        self.violations: list[str] = []
+        self.loaded: set[int] = set()
+        self.written: set[int] = set()
+        self.streamed: set[int] = set()
+        self.drops: dict[int, int] = {}
+        self.fences = {"sfence": 0, "mfence": 0}
+        state: dict[int, int] = {}
+        pending: set[int] = set()
+        for kind, a, b in events:
+            if kind in ("sfence", "mfence"):
+                self.fences[kind] += 1
+                for ln, st in state.items():
+                    if st in (self._WB_PENDING, self._NT_PENDING):
+                        state[ln] = self._PUBLISHED
+                if kind == "mfence":
+                    for ln in pending:
+                        state[ln] = self._INVALID  # a dirty line was written back by the drop
+                    pending.clear()
+                continue
+            lo, hi = (a - base) // line, -(-(b - base) // line)
+            if kind == "drop":
+                for ln in range(lo, hi):
+                    pending.add(ln)
+                    self.drops[ln] = self.drops.get(ln, 0) + 1
+            elif kind == "load":
+                for ln in range(lo, hi):
+                    st = state.get(ln, self._STALE)
+                    if st == self._STALE:
+                        self.violations.append(f"stale read: line at offset {ln * line} loaded "
+                                               f"before a fenced drop")
+                        state[ln] = self._FRESH  # reported once
+                    elif st == self._INVALID:
+                        state[ln] = self._FRESH
+                    self.loaded.add(ln)
+            elif kind == "store":
+                for ln in range(lo, hi):
+                    state[ln] = self._DIRTY
+                    self.written.add(ln)
+            elif kind == "wb":
+                for ln in range(lo, hi):
+                    if state.get(ln) == self._DIRTY:
+                        state[ln] = self._WB_PENDING
+            elif kind == "stream":
+                if (a - base) % line or (b - base) % line:
+                    self.violations.append(f"streaming store over a partial line: [{a - base}, {b - base})")
+                for ln in range(lo, hi):
+                    state[ln] = self._NT_PENDING
+                    self.written.add(ln)
+                    self.streamed.add(ln)
+            else:
+                raise InvalidArgument(f"unknown trace event {kind!r}")
+        for ln in sorted(self.written):
+            if state.get(ln) not in (self._PUBLISHED, self._INVALID):
+                self.violations.append(f"line at offset {ln * line} written but not in memory at return")

@@ -53,19 +53,19 @@ def _keys(keys: Any) -> bytes:
 
 
 def copy_in_ranges_hashed(region: Any, buf: Any, buf_offsets: Sequence[int], region_offsets: Sequence[int],
-                          lengths: Sequence[int]) -> list[int]:
-    """``region.copy_in_ranges`` and the xxh3_64 of each source range."""
+                          lengths: Sequence[int], *, flush: bool = False) -> list[int]:
+    """``region.copy_in_ranges`` (``flush`` passed on) and the xxh3_64 of each source range."""
     bo, ro, ln = _ints(buf_offsets, region_offsets, lengths)
-    region.copy_in_ranges(buf, bo, ro, ln)
+    region.copy_in_ranges(buf, bo, ro, ln, flush=flush)
     view = memoryview(buf).cast("B")
     return [_xxh3(view[b:b + n]) for b, n in zip(bo, ln)]
 
 
 def copy_out_ranges_hashed(region: Any, buf: Any, buf_offsets: Sequence[int], region_offsets: Sequence[int],
-                           lengths: Sequence[int]) -> list[int]:
-    """``region.copy_out_ranges`` and the xxh3_64 of each range delivered."""
+                           lengths: Sequence[int], *, invalidate: bool = False) -> list[int]:
+    """``region.copy_out_ranges`` (``invalidate`` passed on) and the xxh3_64 of each range delivered."""
     bo, ro, ln = _ints(buf_offsets, region_offsets, lengths)
-    region.copy_out_ranges(buf, bo, ro, ln)
+    region.copy_out_ranges(buf, bo, ro, ln, invalidate=invalidate)
     view = memoryview(buf).cast("B")
     return [_xxh3(view[b:b + n]) for b, n in zip(bo, ln)]
 

@@ -263,13 +263,18 @@ class Region:
         return self._r.base == ffi.NULL
 
     # -- copies --------------------------------------------------------------------
-    def copy_in(self, offset: int, src: BufferLike) -> int:
+    def copy_in(self, offset: int, src: BufferLike, *, flush: bool = False) -> int:
         """Copy all bytes of ``src`` into the region at ``offset``; GIL released.
 
         Args:
             offset: region byte offset.
             src: any C-contiguous bytes-like object (bytes, bytearray,
                 memoryview, numpy array, mmap).
+            flush: non-coherent mode: when the call returns the bytes are in
+                memory, none left in this CPU's caches -- what ``copy_in`` then
+                :meth:`flush` gives, in one pass: whole lines are written with
+                non-temporal stores, the partial lines at either end written
+                back, then one SFENCE (docs/transport.md, "Non-coherent copies").
 
         Returns:
             Bytes copied (``src``'s size in bytes).
@@ -280,14 +285,19 @@ class Region:
             InvalidArgument: ``src`` is not a C-contiguous buffer.
             RegionError: the region is closed.
         """
-        return _copy_in(self._r, offset, src)
+        return _copy_in(self._r, offset, src, 1 if flush else 0)
 
-    def copy_out(self, offset: int, dst: BufferLike) -> int:
+    def copy_out(self, offset: int, dst: BufferLike, *, invalidate: bool = False) -> int:
         """Fill all of ``dst`` from the region at ``offset``; GIL released.
 
         Args:
             offset: region byte offset.
             dst: a writable C-contiguous buffer (bytearray, memoryview, numpy array, mmap).
+            invalidate: non-coherent mode: no line this CPU cached before the
+                call is read -- what :meth:`invalidate` then ``copy_out`` gives,
+                in one pass: the extent is read in chunks, each chunk's lines
+                dropped (CLFLUSHOPT) and fenced (MFENCE) before its loads, the
+                next chunk dropped while this one is copied (docs/transport.md).
 
         Returns:
             Bytes copied (``dst``'s size in bytes).
@@ -297,11 +307,12 @@ class Region:
             InvalidArgument: ``dst`` is read-only (e.g. bytes) or not C-contiguous.
             RegionError: the region is closed.
         """
-        return _copy_out(self._r, offset, dst)
+        return _copy_out(self._r, offset, dst, 1 if invalidate else 0)
 
-    def copy_in_hashed(self, offset: int, src: BufferLike) -> int:
+    def copy_in_hashed(self, offset: int, src: BufferLike, *, flush: bool = False) -> int:
         """Copy all of ``src`` into the region at ``offset`` and return its xxh3_64,
         in one pass (256 KiB chunks hashed while in cache); GIL released.
+        ``flush``: as :meth:`copy_in`.
 
         Returns:
             ``xxhash.xxh3_64_intdigest(src)`` (unsigned 64-bit).
@@ -311,11 +322,12 @@ class Region:
             InvalidArgument: ``src`` is not a C-contiguous buffer or overlaps the extent.
             RegionError: the region is closed.
         """
-        return _copy_in_hashed(self._r, offset, src)
+        return _copy_in_hashed(self._r, offset, src, 1 if flush else 0)
 
-    def copy_out_hashed(self, offset: int, dst: BufferLike) -> int:
+    def copy_out_hashed(self, offset: int, dst: BufferLike, *, invalidate: bool = False) -> int:
         """Fill all of ``dst`` from the region at ``offset`` and return the xxh3_64
-        of what ``dst`` received, in one pass; GIL released.
+        of what ``dst`` received, in one pass; GIL released. ``invalidate``: as
+        :meth:`copy_out` (chunks hashed right after their copy).
 
         Below the stream threshold the hash is taken from ``dst`` after each
         chunk's copy; from it on (non-temporal stores leave ``dst`` out of
@@ -331,10 +343,11 @@ class Region:
             InvalidArgument: ``dst`` is read-only, strided, or overlaps the extent.
             RegionError: the region is closed.
         """
-        return _copy_out_hashed(self._r, offset, dst)
+        return _copy_out_hashed(self._r, offset, dst, 1 if invalidate else 0)
 
-    def read(self, offset: int, length: int) -> bytes:
+    def read(self, offset: int, length: int, *, invalidate: bool = False) -> bytes:
         """Return ``length`` bytes at ``offset`` as a new ``bytes`` (for small reads).
+        ``invalidate``: as :meth:`copy_out`.
 
         Raises:
             OutOfRange: the extent is not inside the region, or a negative argument.
@@ -343,13 +356,14 @@ class Region:
         if length < 0:
             raise OutOfRange(f"read: length {length} is negative")
         out = bytearray(length)
-        _copy_out(self._r, offset, out)
+        _copy_out(self._r, offset, out, 1 if invalidate else 0)
         return bytes(out)
 
-    def copy_in_many(self, offsets: U64Array, srcs: Sequence[BufferLike]) -> int:
+    def copy_in_many(self, offsets: U64Array, srcs: Sequence[BufferLike], *, flush: bool = False) -> int:
         """Copy ``srcs[i]`` to region offset ``offsets[i]`` for all i in ONE C call.
 
         Every extent is bounds-checked before any byte moves (all or nothing).
+        ``flush``: as :meth:`copy_in` (one SFENCE for the call).
 
         Args:
             offsets: N region byte offsets (list, or a 1-D uint64 array used zero-copy).
@@ -363,10 +377,12 @@ class Region:
             InvalidArgument: N mismatch, or a source is not a contiguous buffer.
             RegionError: the region is closed.
         """
-        return _b.cxlkv_copy_in_many(self._r, offsets, srcs)
+        return _b.cxlkv_copy_in_many(self._r, offsets, srcs, 1 if flush else 0)
 
-    def copy_out_many(self, offsets: U64Array, dsts: Sequence[BufferLike]) -> int:
+    def copy_out_many(self, offsets: U64Array, dsts: Sequence[BufferLike], *, invalidate: bool = False) -> int:
         """Fill writable ``dsts[i]`` from region offset ``offsets[i]`` for all i in ONE C call.
+        ``invalidate``: as :meth:`copy_out` (the next extent's first chunk is
+        dropped while the last chunk of this one is copied).
 
         Returns:
             Total bytes copied.
@@ -375,38 +391,43 @@ class Region:
             OutOfRange, InvalidArgument, RegionError: as :meth:`copy_in_many`
             (a read-only destination is an InvalidArgument).
         """
-        return _b.cxlkv_copy_out_many(self._r, offsets, dsts)
+        return _b.cxlkv_copy_out_many(self._r, offsets, dsts, 1 if invalidate else 0)
 
     def copy_in_ranges(
-        self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+        self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array,
+        *, flush: bool = False,
     ) -> None:
         """Copy ``buf[buf_offsets[i] : +lengths[i]]`` to ``region[region_offsets[i] : +lengths[i]]``
         for all i in ONE C call: one shared buffer, many region extents.
 
         Index arrays are lists of ints or 1-D uint64 buffers (numpy ``uint64``
         arrays and ``array('Q')`` are passed to C without conversion). Both
-        sides of every extent are checked before any byte moves.
+        sides of every extent are checked before any byte moves. ``flush``: as
+        :meth:`copy_in`, one SFENCE for the call.
 
         Raises:
             OutOfRange: an extent outside the region or ``buf`` (index named), or negative.
             InvalidArgument: the arrays differ in length, or ``buf`` is not a contiguous buffer.
             RegionError: the region is closed.
         """
-        _b.cxlkv_copy_in_ranges(self._r, buf, buf_offsets, region_offsets, lengths)
+        _b.cxlkv_copy_in_ranges(self._r, buf, buf_offsets, region_offsets, lengths, 1 if flush else 0)
 
     def copy_out_ranges(
-        self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+        self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array,
+        *, invalidate: bool = False,
     ) -> None:
         """Copy ``region[region_offsets[i] : +lengths[i]]`` to ``buf[buf_offsets[i] : +lengths[i]]``
-        for all i in ONE C call; ``buf`` must be writable.
+        for all i in ONE C call; ``buf`` must be writable. ``invalidate``: as
+        :meth:`copy_out`, pipelined across the ranges.
 
         Raises:
             OutOfRange, InvalidArgument, RegionError: as :meth:`copy_in_ranges`.
         """
-        _b.cxlkv_copy_out_ranges(self._r, buf, buf_offsets, region_offsets, lengths)
+        _b.cxlkv_copy_out_ranges(self._r, buf, buf_offsets, region_offsets, lengths, 1 if invalidate else 0)
 
     def copy_out_ranges_hashed(
-        self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+        self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array,
+        *, invalidate: bool = False,
     ) -> list[int]:
         """:meth:`copy_out_ranges`, hashing each range as it lands (from cache).
 
@@ -416,10 +437,11 @@ class Region:
         Raises:
             OutOfRange, InvalidArgument, RegionError: as :meth:`copy_in_ranges`.
         """
-        return _b.cxlkv_copy_out_ranges_hashed(self._r, buf, buf_offsets, region_offsets, lengths)
+        return _b.cxlkv_copy_out_ranges_hashed(self._r, buf, buf_offsets, region_offsets, lengths, 1 if invalidate else 0)
 
     def copy_in_ranges_hashed(
-        self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array
+        self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array,
+        *, flush: bool = False,
     ) -> list[int]:
         """:meth:`copy_in_ranges`, hashing each source range as it is copied (from cache).
 
@@ -429,7 +451,7 @@ class Region:
         Raises:
             OutOfRange, InvalidArgument, RegionError: as :meth:`copy_in_ranges`.
         """
-        return _b.cxlkv_copy_in_ranges_hashed(self._r, buf, buf_offsets, region_offsets, lengths)
+        return _b.cxlkv_copy_in_ranges_hashed(self._r, buf, buf_offsets, region_offsets, lengths, 1 if flush else 0)
 
     def write_headers(
         self,

@@ -6,7 +6,8 @@ daemon reports (uuid, size, segment name — the same check clientd makes), the
 SDK asks the daemon only for metadata and moves the bytes itself: one copy
 between the caller's memory and the region, none in the daemon.
 
-* **Put** (``DirectPutStart`` → copy + xxh3_64 → flush (``flush`` mode) → header
+* **Put** (``DirectPutStart`` → copy + xxh3_64 (``flush`` mode: the transport's
+  non-coherent copy, in memory on return) → header
   written and flushed after the value → ``DirectPutEnd``): the same extent layout,
   object header and checksum as clientd writes (:mod:`cxlkv.objheader`). A large
   value's hash runs in a helper thread while the start call is in flight and the
@@ -14,7 +15,8 @@ between the caller's memory and the region, none in the daemon.
   the transport has it). A copy that fails is revoked; an exception between start
   and end revokes the started puts; if the process dies there, the daemon revokes
   them (it owns the put token and watches our pid).
-* **Get** (``DirectGet`` leases → copy out (invalidate first in ``flush`` mode) →
+* **Get** (``DirectGet`` leases → copy out (``flush`` mode: the non-coherent copy,
+  each chunk's lines dropped before it is read) →
   verify the object header and the value's checksum exactly as clientd does — a
   mismatch is retried once after an invalidate, then answered CHECKSUM_MISMATCH,
   never data → check the lease had not ended before the copy finished (retried
@@ -343,10 +345,9 @@ class DirectPath:
                                       f"and a {hb}-byte header (daemon bug)")
                 off = ext.extent.offset_bytes + hb
                 if it.size:
+                    # flush mode: the transport's non-coherent copy (in memory on return)
                     it.checksum = _copy_in(region, off, it.src, it.checksum if n == 0 else _value(it.checksum),
-                                           fused=self._fused)
-                    if self.flush:
-                        region.flush(off, it.size)
+                                           fused=self._fused, flush=self.flush)
                 elif it.checksum is None:
                     it.checksum = _xxh3(b"")
             checksum = _value(it.checksum)
@@ -355,10 +356,9 @@ class DirectPath:
             head += bytes(hb - len(head))
             for ext in r.extents:
                 region = self._region(ext)
-                region.copy_in(ext.extent.offset_bytes, head)
                 # Written back in both modes (one or two lines): the daemon checks it
                 # from its own mapping before PutEnd, on coherent and non-coherent memory.
-                region.flush(ext.extent.offset_bytes, hb)
+                region.copy_in(ext.extent.offset_bytes, head, flush=True)
         except CxlkvError as exc:
             return exc
         except (TypeError, ValueError, BufferError) as exc:
@@ -455,13 +455,14 @@ class DirectPath:
         value: bytes | None = None
         for attempt in range(2):  # once more, from memory: a stale line or a writer racing the lease
             try:
-                if (self.flush or attempt) and size:
-                    region.invalidate(off, size)
+                invalidate = bool(self.flush or attempt)
                 if dst is None:
+                    if invalidate and size:
+                        region.invalidate(off, size)
                     value = bytes(region.view(off, size)) if size else b""
                     got = _xxh3(value)
-                else:
-                    got = _copy_out(region, off, dst, size, fused=self._fused)
+                else:  # the transport's non-coherent copy when invalidating
+                    got = _copy_out(region, off, dst, size, fused=self._fused, invalidate=invalidate)
             except CxlkvError as exc:
                 return exc
             why = _check_header(region, ext, key, r, size, got, flush=self.flush)
@@ -519,28 +520,36 @@ def _version_of(started: list[tuple[_PutItem, client_pb2.DirectPutStartResult]],
     return 0
 
 
-def _copy_in(region: Any, offset: int, src: Any, checksum: Future[int] | int | None, *, fused: bool) -> Future[int] | int:
-    """Copy ``src`` into the region at ``offset``; the value's checksum (or its future)."""
+def _copy_in(region: Any, offset: int, src: Any, checksum: Future[int] | int | None, *, fused: bool,
+             flush: bool = False) -> Future[int] | int:
+    """Copy ``src`` into the region at ``offset``; the value's checksum (or its future).
+    ``flush``: non-coherent mode (the bytes in memory when it returns)."""
     if not isinstance(src, np.ndarray):  # a device source hashes what it wrote
-        return src.copy_in(region, offset, checksum)
+        got = src.copy_in(region, offset, checksum)
+        if flush:
+            region.flush(offset, _nbytes(src))
+        return got
     if checksum is not None:
-        region.copy_in(offset, src)
+        region.copy_in(offset, src, flush=flush)
         return checksum
     if fused:
-        return int(region.copy_in_hashed(offset, src))
-    region.copy_in(offset, src)
+        return int(region.copy_in_hashed(offset, src, flush=flush))
+    region.copy_in(offset, src, flush=flush)
     return _xxh3(src)
 
 
-def _copy_out(region: Any, offset: int, dst: Any, size: int, *, fused: bool) -> int:
+def _copy_out(region: Any, offset: int, dst: Any, size: int, *, fused: bool, invalidate: bool = False) -> int:
     """Copy ``size`` bytes out of the region at ``offset`` into the start of ``dst``;
-    the xxh3_64 of the bytes copied."""
+    the xxh3_64 of the bytes copied. ``invalidate``: non-coherent mode (no line
+    this CPU cached before is read)."""
     if not isinstance(dst, np.ndarray):
+        if invalidate and size:
+            region.invalidate(offset, size)
         return dst.copy_out(region, offset, size)
     d = dst[:size]
     if fused:
-        return int(region.copy_out_hashed(offset, d))
-    region.copy_out(offset, d)
+        return int(region.copy_out_hashed(offset, d, invalidate=invalidate))
+    region.copy_out(offset, d, invalidate=invalidate)
     return _xxh3(d)
 
 

@@ -83,6 +83,9 @@ class IndexPath:
         self._hit, self._miss, self._small, self._elsewhere = IX_HIT, IX_MISS, IX_TOO_SMALL, IX_ELSEWHERE
         self._local = threading.local()
         self._hits: list[str] = []
+        self._chain_keys: list[str] = []  # prefix queries since the last report (packed)
+        self._chain_lengths: list[int] = []
+        self._chain_matched: list[int] = []
         self._stats = dict.fromkeys(_STATS, 0)  # not yet reported
         self._pending = False
         self._hits_since = 0.0
@@ -92,20 +95,26 @@ class IndexPath:
         self.fallbacks = 0
 
     # -- hits and statistics -----------------------------------------------------
-    def _note(self, hits: Sequence[str] = (), **stats: int) -> None:
+    def _note(self, hits: Sequence[str] = (), chain: Sequence[str] | None = None, **stats: int) -> None:
         """Count what was read (for the daemon's metrics) and queue the hits (for the
-        master's eviction policy); report when :data:`HITS_BATCH` hits or
-        :data:`HITS_DELAY_S` have accumulated."""
+        master's eviction policy) and the prefix query's ``chain`` (all its keys; the
+        policy learns the prefix structure from it); report when :data:`HITS_BATCH`
+        hits or :data:`HITS_DELAY_S` have accumulated."""
         now = time.monotonic()
         with self._hits_lock:
             if not self._pending:
                 self._hits_since = now
                 self._pending = True
             self._hits.extend(hits)
+            if chain is not None:
+                self._chain_keys.extend(chain)
+                self._chain_lengths.append(len(chain))
+                self._chain_matched.append(len(hits))
             pending = self._stats
             for k, v in stats.items():
                 pending[k] += v
-            due = len(self._hits) >= HITS_BATCH or now - self._hits_since >= HITS_DELAY_S
+            due = (len(self._hits) + len(self._chain_keys) >= HITS_BATCH
+                   or now - self._hits_since >= HITS_DELAY_S)
         if due:
             self.flush_hits()
 
@@ -116,11 +125,14 @@ class IndexPath:
             if not self._pending:
                 return
             keys, self._hits = self._hits, []
+            chains = (self._chain_keys, self._chain_lengths, self._chain_matched)
+            self._chain_keys, self._chain_lengths, self._chain_matched = [], [], []
             stats, self._stats = self._stats, dict.fromkeys(_STATS, 0)
             self._pending = False
         try:
             (self._call if wait and self._call is not None else self._send)(
-                "ReportHits", client_pb2.ClientReportHitsRequest(keys=keys, **stats))
+                "ReportHits", client_pb2.ClientReportHitsRequest(
+                    keys=keys, chain_keys=chains[0], chain_lengths=chains[1], chain_matched=chains[2], **stats))
         except CxlkvError:
             pass  # only the eviction policy's and the metrics' information is lost, never data
 
@@ -229,7 +241,7 @@ class IndexPath:
             self.answered += 1
         else:
             self.fallbacks += 1
-        self._note(keys[:matched], bytes_out=nbytes, prefix_hits=matched,
+        self._note(keys[:matched], keys if done else None, bytes_out=nbytes, prefix_hits=matched,
                    prefix_queries=1 if done else 0, prefix_keys=len(keys) if done else matched)
         return matched, too_large, done
 

@@ -7,20 +7,26 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ClientReportHitsRequest(_message.Message):
-    __slots__ = ("keys", "get_items", "bytes_out", "prefix_queries", "prefix_keys", "prefix_hits")
+    __slots__ = ("keys", "get_items", "bytes_out", "prefix_queries", "prefix_keys", "prefix_hits", "chain_keys", "chain_lengths", "chain_matched")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     GET_ITEMS_FIELD_NUMBER: _ClassVar[int]
     BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
     PREFIX_QUERIES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_KEYS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HITS_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_KEYS_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_MATCHED_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     get_items: int
     bytes_out: int
     prefix_queries: int
     prefix_keys: int
     prefix_hits: int
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., get_items: _Optional[int] = ..., bytes_out: _Optional[int] = ..., prefix_queries: _Optional[int] = ..., prefix_keys: _Optional[int] = ..., prefix_hits: _Optional[int] = ...) -> None: ...
+    chain_keys: _containers.RepeatedScalarFieldContainer[str]
+    chain_lengths: _containers.RepeatedScalarFieldContainer[int]
+    chain_matched: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., get_items: _Optional[int] = ..., bytes_out: _Optional[int] = ..., prefix_queries: _Optional[int] = ..., prefix_keys: _Optional[int] = ..., prefix_hits: _Optional[int] = ..., chain_keys: _Optional[_Iterable[str]] = ..., chain_lengths: _Optional[_Iterable[int]] = ..., chain_matched: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ClientReportHitsResponse(_message.Message):
     __slots__ = ()

@@ -117,12 +117,18 @@ class ReleaseQuarantineResponse(_message.Message):
     def __init__(self, freed_bytes: _Optional[int] = ...) -> None: ...
 
 class ReportHitsRequest(_message.Message):
-    __slots__ = ("client_id", "keys")
+    __slots__ = ("client_id", "keys", "prefix_keys", "prefix_lengths", "prefix_matched")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_KEYS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_MATCHED_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    prefix_keys: _containers.RepeatedScalarFieldContainer[str]
+    prefix_lengths: _containers.RepeatedScalarFieldContainer[int]
+    prefix_matched: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., prefix_keys: _Optional[_Iterable[str]] = ..., prefix_lengths: _Optional[_Iterable[int]] = ..., prefix_matched: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReportHitsResponse(_message.Message):
     __slots__ = ("applied",)

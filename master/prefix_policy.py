@@ -1,0 +1,379 @@
+"""``prefix``: an eviction policy for a prefix cache (adaptive S3-FIFO over prefix chains).
+
+What a prefix cache knows and plain LRU/ARC do not use:
+
+* **Most blocks are used once.** On the Mooncake conversation trace 76 % of the
+  182,790 blocks are never requested again, and 24 % of those that are come back
+  after more than 2 minutes (median gap 135 s). A new block therefore enters a small
+  probationary FIFO (S3-FIFO's *small* queue) and leaves it quickly unless it is hit
+  while there; a long *ghost* list of recently evicted keys (three times the resident
+  count by default; a ghost is a key hash) recognises a block
+  that comes back after a long gap, which is then admitted to the protected *main*
+  queue (a CLOCK with a 2-bit frequency). Frequency keeps the hot heads (the shared
+  system prompts; block 0 of the trace is in every request) resident.
+* **A block is only useful if every block before it in its prefix is cached.** When
+  a block leaves, its resident descendants are *orphans*: no lookup can reach them
+  until the missing block is written again. They are nominated first.
+* **The last block of a prefix query is rarely reused** (0.8 % of them on the trace:
+  the next turn of a conversation extends the prompt, so its partial last block has
+  another id). A block known to end a query enters the victim queue directly.
+* **The best size of the probationary queue depends on the capacity.** At 1 % of the
+  unique blocks a small queue wins (one-time blocks must not flush the hot heads); at
+  10 % a large one (most second uses are within the cache's reach). The target size
+  adapts as in ARC: a ghost hit on a key that the small queue dropped recently (within
+  the last *resident count* drops) grows it, one the main queue dropped recently
+  shrinks it; the step is ARC's ``max(1, |B2| / |B1|)`` (the ratio of the recent
+  ghosts of each origin).
+
+Where the prefix structure comes from (what the store receives): the key names are
+opaque to the master, so chains are learnt from **prefix queries** — a reader asking
+for the longest cached prefix of ``keys`` names the whole chain, head first, and how
+much of it matched. :meth:`PrefixPolicy.on_prefix` takes that (the master calls it for
+its own ``MatchPrefix`` and for the prefix queries readers report with their index
+hits, ``ReportHits.prefix_*``). Reports are asynchronous: a query's report may come
+before or after the puts of its misses; links for keys not resident yet wait in a
+bounded table (as many entries as resident keys) until their put. Without any prefix
+report the policy is an adaptive S3-FIFO with a long ghost (still the best of the
+three on the trace at 1 % and 3 %).
+
+Sources: S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction",
+SOSP'23: small/main/ghost queues, quick demotion, lazy promotion); ARC (Megiddo &
+Modha, FAST'03: the adaptive split driven by ghost hits); W-TinyLFU (Einziger et al.,
+ACM ToS 2017: admission of a newcomer only on evidence of reuse, a small window); SGLang
+RadixAttention (Zheng et al., 2024: a prefix tree whose leaves are evicted first, a
+node being useful only with its ancestors); "KVCache Cache in the Wild" (Wang et al.,
+arXiv 2506.02634: reuse is skewed, most blocks are used once, head blocks outlast
+tail blocks, workload-aware eviction beats LRU/LFU).
+
+Measured on the conversation trace, simulation, 512-token blocks, hit = longest
+cached prefix (docs/master.md "Choosing an eviction policy"): see the committed
+table in ``bench/results/policy.json``.
+
+Cost: every method is O(1) amortised per key (a CLOCK reinsertion decrements a
+2-bit counter; an orphan is nominated once per residency); ``candidates(n)`` is O(n)
+and changes nothing. Memory: resident keys, one ghost hash per evicted key up to
+``ghost_factor`` × resident, one pending link per queried-but-absent key up to the
+resident count. All methods run on the master's event-loop thread (not thread-safe).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from typing import Sequence
+
+from cxlkv.config import MasterConfig
+from cxlkv.master.eviction import EvictionPolicy
+
+__all__ = ["PrefixPolicy"]
+
+_SMALL, _MAIN, _VICTIM = 1, 2, 3  # queue of a resident key: probation / protected / next out
+_FREQ_MAX = 3  # S3-FIFO's 2-bit counter
+
+
+class _Entry:
+    """A resident key: its queue, frequency and place in the prefix forest."""
+
+    __slots__ = ("queue", "freq", "parent", "kids", "from_main")
+
+    def __init__(self, parent: str | None) -> None:
+        self.queue = 0
+        self.freq = 0
+        self.parent = parent  # the key before this one in its prefix (None: unknown / head)
+        self.kids: list[str] | None = None  # resident keys whose parent this is
+        self.from_main = False  # in the victim queue after leaving main (for the ghost's origin)
+
+
+class PrefixPolicy(EvictionPolicy):
+    """Adaptive S3-FIFO with a long ghost, orphan-first and query-tail demotion.
+
+    Queues of resident keys (all FIFO ``OrderedDict``\\ s): *victim* (nominated first:
+    orphans at its front, then blocks that ended a prefix query, then what the other
+    two queues dropped), *small* (new keys, probation), *main* (keys with evidence of
+    reuse, CLOCK). ``candidates(n)`` walks victim, small, main in that order.
+
+    Args:
+        config: the master's configuration (read-only), or ``None`` in tests and the
+            simulation.
+        ghost_factor: most ghost entries, as a multiple of the resident count (3.0;
+            0 disables the ghost). Measured on the trace, simulated (1 % / 10 %
+            capacity): 1 → 7.4 / 28.6 %, 3 → 10.4 / 28.7 %, 6 → 10.3 / 28.4 %.
+        small_init: initial target of the small queue, a fraction of the resident
+            count (0.1, S3-FIFO's).
+        small_min, small_max: bounds of the adaptive target (fractions; 0.01, 0.9).
+    """
+
+    def __init__(self, config: MasterConfig | None = None, *, ghost_factor: float = 3.0,
+                 small_init: float = 0.1, small_min: float = 0.01, small_max: float = 0.9) -> None:
+        super().__init__(config)
+        self._entries: dict[str, _Entry] = {}
+        self._small: OrderedDict[str, None] = OrderedDict()
+        self._main: OrderedDict[str, None] = OrderedDict()
+        self._victim: OrderedDict[str, None] = OrderedDict()
+        # ghost: hash(key) -> (came from main, eviction number of its origin)
+        self._ghost: OrderedDict[int, tuple[bool, int]] = OrderedDict()
+        self._ghost_factor = float(ghost_factor)
+        self._small_target = -1.0  # keys; < 0 until the first put sets it from small_init
+        self._small_init, self._small_min, self._small_max = small_init, small_min, small_max
+        self._drops_small = 0  # evictions of keys that came from small (ghost sequence numbers)
+        self._drops_main = 0
+        self._ghosts_small = 0  # ghost entries by origin (ARC's |B1|, |B2|)
+        self._ghosts_main = 0
+        # links for keys named by a prefix query but not resident (yet):
+        # key -> (parent, ends a query, resident keys named right after it)
+        self._pending: OrderedDict[str, tuple[str | None, bool, list[str] | None]] = OrderedDict()
+        self.counters = {"ghost_hits": 0, "orphans": 0, "query_tails": 0, "promotions": 0}
+
+    # ------------------------------------------------------------------ queues
+    def _queue(self, q: int) -> OrderedDict[str, None]:
+        return self._small if q == _SMALL else self._main if q == _MAIN else self._victim
+
+    def _move(self, key: str, e: _Entry, q: int, front: bool = False) -> None:
+        if e.queue:
+            del self._queue(e.queue)[key]
+        d = self._queue(q)
+        d[key] = None
+        if front:
+            d.move_to_end(key, last=False)
+        e.queue = q
+
+    def _balance(self) -> None:
+        """S3-FIFO's eviction walk, done eagerly so ``candidates`` stays read-only:
+        small over its target → its oldest goes to main (hit while there) or to the
+        victims; main over the rest → CLOCK (a hit key goes round again, one count
+        less) or to the victims."""
+        n = len(self._entries)
+        target = self._small_target
+        if target < 0:
+            target = self._small_init * n
+        target = self._small_target = min(max(target, self._small_min * n), self._small_max * n)
+        small, main, entries = self._small, self._main, self._entries
+        while len(small) > target:
+            key, _ = small.popitem(last=False)
+            e = entries[key]
+            e.queue = 0
+            if e.freq > 0:
+                e.freq = 0
+                self._move(key, e, _MAIN)
+                self.counters["promotions"] += 1
+            else:
+                e.from_main = False
+                self._move(key, e, _VICTIM)
+        while len(main) > n - target:
+            key, _ = main.popitem(last=False)
+            e = entries[key]
+            e.queue = 0
+            if e.freq > 0:
+                e.freq -= 1
+                self._move(key, e, _MAIN)
+            else:
+                e.from_main = True
+                self._move(key, e, _VICTIM)
+
+    def _link(self, key: str, e: _Entry, parent: str | None, orphan_if_absent: bool = True) -> None:
+        if parent is None or e.parent == parent:
+            return
+        self._unlink(key, e)
+        e.parent = parent
+        pe = self._entries.get(parent)
+        if pe is None:
+            if orphan_if_absent:
+                self._orphan(key, e)  # its prefix is not cached: unreachable
+            return
+        if pe.kids is None:
+            pe.kids = []
+        pe.kids.append(key)
+
+    def _unlink(self, key: str, e: _Entry) -> None:
+        if e.parent is not None:
+            pe = self._entries.get(e.parent)
+            if pe is not None and pe.kids:
+                try:
+                    pe.kids.remove(key)
+                except ValueError:
+                    pass
+
+    def _orphan(self, key: str, e: _Entry) -> None:
+        """``key`` and its resident descendants cannot be reached: nominate them first."""
+        stack = [(key, e)]
+        while stack:
+            k, ce = stack.pop()
+            ce.from_main = ce.queue == _MAIN
+            self._move(k, ce, _VICTIM, front=True)
+            self.counters["orphans"] += 1
+            if ce.kids:
+                stack.extend((c, self._entries[c]) for c in ce.kids if c in self._entries)
+                ce.kids = None  # they are orphans now; a re-put of this key links afresh
+
+    # ------------------------------------------------------------------- events
+    def on_put(self, key: str) -> None:
+        """See :meth:`EvictionPolicy.on_put`. A key in the ghost goes to main (evidence
+        of reuse, and an ARC-style adaptation of the small queue's target); one that
+        ended a prefix query goes to the victims; any other to small."""
+        entries = self._entries
+        e = entries.get(key)
+        if e is not None:  # a new version of a resident key: a use
+            self.on_hit(key)
+            return
+        link = self._pending.pop(key, None)
+        e = entries[key] = _Entry(None)
+        if link is not None:
+            if link[0] is not None:
+                self._link(key, e, link[0])
+            for c in link[2] or ():  # resident keys a query named after this one
+                ce = entries.get(c)
+                if ce is not None and ce.parent == key:
+                    if e.kids is None:
+                        e.kids = []
+                    e.kids.append(c)
+        if e.queue == _VICTIM:  # linked under a parent that is not resident
+            self._balance()
+            return
+        g = self._ghost.pop(hash(key), None) if self._ghost_factor > 0 else None
+        if g is not None:
+            self.counters["ghost_hits"] += 1
+            self._adapt(*g)
+            self._move(key, e, _MAIN)
+        elif link is not None and link[1]:
+            self.counters["query_tails"] += 1
+            self._move(key, e, _VICTIM)
+        else:
+            self._move(key, e, _SMALL)
+        self._balance()
+
+    def _adapt(self, from_main: bool, seq: int) -> None:
+        """ARC's rule on a ghost hit of a recent eviction (within the last resident-count
+        drops of that origin): small dropped it → grow small; main → shrink small."""
+        n = max(1, len(self._entries))
+        b1, b2 = max(1, self._ghosts_small), max(1, self._ghosts_main)
+        if from_main:
+            self._ghosts_main -= 1
+            if self._drops_main - seq <= n:
+                self._small_target -= max(1.0, b1 / b2)
+        else:
+            self._ghosts_small -= 1
+            if self._drops_small - seq <= n:
+                self._small_target += max(1.0, b2 / b1)
+
+    def _forget(self, from_main: bool) -> None:
+        if from_main:
+            self._ghosts_main -= 1
+        else:
+            self._ghosts_small -= 1
+
+    def on_hit(self, key: str) -> None:
+        """See :meth:`EvictionPolicy.on_hit`: a count more (up to 3); a victim that is
+        hit after all goes back to main."""
+        e = self._entries.get(key)
+        if e is None:
+            return
+        if e.queue == _VICTIM:
+            e.freq = 0
+            self._move(key, e, _MAIN)
+            self._balance()
+        elif e.freq < _FREQ_MAX:
+            e.freq += 1
+
+    def on_remove(self, key: str, evicted: bool = False) -> None:
+        """See :meth:`EvictionPolicy.on_remove`. An evicted key enters the ghost; its
+        resident descendants become orphans (nominated first)."""
+        e = self._entries.pop(key, None)
+        if e is None:
+            self._pending.pop(key, None)
+            return
+        del self._queue(e.queue)[key]
+        if evicted and self._ghost_factor > 0:
+            ghost = self._ghost
+            h = hash(key)
+            old = ghost.pop(h, None)
+            if old is not None:
+                self._forget(old[0])
+            if e.from_main or e.queue == _MAIN:
+                self._drops_main += 1
+                self._ghosts_main += 1
+                ghost[h] = (True, self._drops_main)
+            else:
+                self._drops_small += 1
+                self._ghosts_small += 1
+                ghost[h] = (False, self._drops_small)
+            limit = self._ghost_factor * max(1, len(self._entries))
+            while len(ghost) > limit:
+                self._forget(ghost.popitem(last=False)[1][0])
+        self._unlink(key, e)
+        if e.kids and evicted and not (e.from_main or e.queue == _MAIN):
+            # A probationary block's descendants are probationary too: unreachable now,
+            # and unlikely to see their prefix written again soon. (A block that was in
+            # main is a hot prefix, written again by the next request that needs it:
+            # its descendants keep their places.)
+            entries = self._entries
+            for c in e.kids:
+                ce = entries.get(c)
+                if ce is not None:
+                    self._orphan(c, ce)
+
+    def on_prefix(self, keys: Sequence[str], matched: int) -> None:
+        """A reader asked for the longest cached prefix of ``keys`` (one chain, head
+        first) and found the first ``matched`` cached: record each key's parent and
+        that the last one ends a query. Hits themselves come through :meth:`on_hit`.
+        O(len(keys))."""
+        entries = self._entries
+        pending = self._pending
+        parent: str | None = None
+        last = len(keys) - 1
+        for i, key in enumerate(keys):
+            e = entries.get(key)
+            if e is not None:
+                if parent is not None:
+                    # a parent past the match is a miss being written now: no orphan
+                    self._link(key, e, parent, orphan_if_absent=i <= matched)
+                    if i > matched and parent not in entries:
+                        p = pending.get(parent)
+                        if p is not None:
+                            if p[2] is None:
+                                pending[parent] = p = (p[0], p[1], [])
+                            p[2].append(key)
+                if i == last and e.freq == 0 and e.queue != _MAIN:
+                    self.counters["query_tails"] += 1
+                    if e.queue == _SMALL:
+                        e.from_main = False
+                        self._move(key, e, _VICTIM)
+            elif i >= matched:
+                pending[key] = (parent, i == last, None)
+                pending.move_to_end(key)
+            parent = key
+        limit = max(64, len(entries))
+        while len(pending) > limit:
+            pending.popitem(last=False)
+
+    def candidates(self, n: int) -> list[str]:
+        """See :meth:`EvictionPolicy.candidates`: the order S3-FIFO's walk would evict
+        ``n`` keys in, without walking (nothing changes): the victims, then the small
+        queue's keys with no hit (oldest first), then main's with no count left, then
+        the rest of small and of main. Each queue is looked at for at most ``8n + 64``
+        keys (O(n)); past that its keys come in queue order."""
+        out = list(itertools.islice(self._victim, n))
+        entries = self._entries
+        window = 8 * n + 64
+        for queue in (self._small, self._main):
+            if len(out) >= n:
+                return out
+            later: list[str] = []
+            for key in itertools.islice(queue, window):
+                if entries[key].freq == 0:
+                    out.append(key)
+                    if len(out) >= n:
+                        return out
+                else:
+                    later.append(key)
+            if len(queue) > window:
+                out.extend(itertools.islice(queue, window, window + n - len(out)))
+            out.extend(later[:n - len(out)])  # short of keys: those S3-FIFO would spare
+        return out[:n]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def small_target(self) -> float:
+        """The adaptive target size of the small queue (keys)."""
+        return self._small_target
