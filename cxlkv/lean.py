@@ -535,8 +535,16 @@ class LeanChannel:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rid] = (fut, method.response_type)
         payload = request.SerializeToString()
-        proto.transport.write(  # type: ignore[union-attr]
-            HEADER.pack(MIN_LENGTH + len(payload), method.number, 0, rid) + payload)
+        transport = proto.transport
+        try:
+            if transport is None or transport.is_closing():
+                raise RuntimeError("closed")
+            transport.write(HEADER.pack(MIN_LENGTH + len(payload), method.number, 0, rid) + payload)
+        except RuntimeError:  # the peer went away and its connection_lost is not delivered yet (uvloop)
+            self._pending.pop(rid, None)
+            if self._proto is proto:
+                self._proto = None
+            raise Unavailable(f"lean link to {self.target} lost (closed before {name} was sent)") from None
         if not timeout:
             return await fut
         # A timer on the future itself: cheaper than asyncio.wait_for (no wrapper

@@ -38,6 +38,9 @@ def _settle_and_check(cl: Any, load: MixedLoad) -> dict[str, Any]:
     lost, wrong = load.verify(cl, 0)
     lost1, wrong1 = load.verify(cl, 1)
     st = cl.assert_invariants(processing=None)
+    for m in cl.masters:  # a deposed or killed leader, a standby: none logs a traceback
+        text = m.log_path.read_text(errors="replace")
+        assert "Traceback" not in text, f"{m.name}:\n{text[-3000:]}"
     return {"acked": len(load.stats.acked), "lost": lost + lost1, "wrong": wrong + wrong1,
             "read_failures": len(load.stats.read_failures), "reads": load.stats.reads,
             "wrong_reads": load.stats.wrong_bytes, "keys": st.key_count}
