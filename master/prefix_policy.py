@@ -329,9 +329,11 @@ class PrefixPolicy(EvictionPolicy):
                     if i > matched and parent not in entries:
                         p = pending.get(parent)
                         if p is not None:
-                            if p[2] is None:
-                                pending[parent] = p = (p[0], p[1], [])
-                            p[2].append(key)
+                            kids = p[2]
+                            if kids is None:
+                                kids = []
+                                pending[parent] = (p[0], p[1], kids)
+                            kids.append(key)
                 if i == last and e.freq == 0 and e.queue != _MAIN:
                     self.counters["query_tails"] += 1
                     if e.queue == _SMALL:
