@@ -15,6 +15,7 @@ non-coherent copies return nothing stale while plain copies do.
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,13 @@ def test_read_pipeline_bytes_and_discipline(region: Region, read_chunk: int) -> 
             assert max(kt.drops.values()) <= 2
             chunks = 1 if read_chunk == 0 else _chunks(off, n, read_chunk)
             assert kt.fences["mfence"] == chunks and kt.fences["sfence"] <= chunks
+            # a destination at the same page offset as the source: the forward
+            # copy loop that drops the next chunk's lines itself (traced per line)
+            page = np.frombuffer(mmap.mmap(-1, n + 8192), np.uint8)
+            fwd = page[off % 4096:off % 4096 + n]
+            _, kt = _replay(region, lambda: region.copy_out(off, fwd, invalidate=True))
+            assert fwd.tobytes() == data and kt.violations == [], (read_chunk, n, off, kt.violations[:3])
+            assert kt.loaded == lines and set(kt.drops) == lines
             # hashed, and the index reader's hashed read
             out = np.zeros(n, np.uint8)
             got, kt = _replay(region, lambda: region.copy_out_hashed(off, out, invalidate=True))
@@ -157,20 +165,23 @@ def _chunks(off: int, n: int, chunk: int) -> int:
 
 
 def test_the_pipeline_overlaps_the_next_drop_with_this_copy(region: Region) -> None:
-    """Chunk k+1's drop is issued with chunk k's loads, and the fence that covers
-    it comes after them (what lets the drops overlap the copy); chunks grow from
-    16 KiB (the first drop overlaps nothing) by doubling."""
+    """Chunk k+1's lines are dropped by chunk k's copy loop (each line once), and
+    the fence that covers them comes after it (what lets the drops overlap the
+    copy); chunks grow from 16 KiB (the first drop overlaps nothing) by doubling."""
     data = os.urandom(64 * KiB)
     region.copy_in(8192, data)
     dst = bytearray(len(data))
     _, events = nc_trace(lambda: region.copy_out(8192, dst, invalidate=True))
     base = _base(region)
-    kinds = [k for k, _, _ in events]
-    assert kinds[:2] == ["drop", "mfence"]
-    body = kinds[2:]
-    assert body == ["drop", "load", "mfence"] * 2 + ["load"]  # chunks of 16, 32, 16 KiB
-    drops = [(a - base, e - base) for k, a, e in events if k == "drop"]
-    assert drops == [(8192, 8192 + 16 * KiB), (8192 + 16 * KiB, 8192 + 48 * KiB), (8192 + 48 * KiB, 8192 + 64 * KiB)]
+    groups: list[dict[str, tuple[int, int]]] = [{}]  # between fences: kind -> span (drops traced per line)
+    for k, a, e in events:
+        if k == "mfence":
+            groups.append({})
+            continue
+        lo, hi = groups[-1].get(k, (a - base, e - base))
+        groups[-1][k] = (min(lo, a - base), max(hi, e - base))
+    c0, c1, c2 = (8192, 8192 + 16 * KiB), (8192 + 16 * KiB, 8192 + 48 * KiB), (8192 + 48 * KiB, 8192 + 64 * KiB)
+    assert groups == [{"drop": c0}, {"load": c0, "drop": c1}, {"load": c1, "drop": c2}, {"load": c2}]
 
 
 @pytest.mark.parametrize("read_chunk", [256, 16 * KiB], indirect=True)

@@ -462,6 +462,13 @@ stream_movdir64b(char *dst, const char *src, size_t n, int back)
  * head copy; `stream`: non-temporal stores for the body, then SFENCE. No
  * closing MFENCE (nc_read issues it). n >= 128.
  */
+/* each drop traced line by line (tests check the lines the loop really drops) */
+#define CLFLUSHOPT_TRACED(p)                                   \
+    do {                                                       \
+        NC_TRACE(CXLKV_NC_EV_DROP, (p), (p) + 64);             \
+        _mm_clflushopt((void *)(p));                           \
+    } while (0)
+
 __attribute__((target("avx2,clflushopt"))) static void
 copy_dropping_avx2(char *dst, const char *src, size_t n, int stream, const char *drop,
                    const char *drop_end)
@@ -472,12 +479,17 @@ copy_dropping_avx2(char *dst, const char *src, size_t n, int stream, const char 
     dst += head;
     src += head;
     n -= head;
+    /* the drops run from the end of [drop, drop_end) down (drop is on a line;
+     * drop_end rounded up to one): walking up beside the loads, a drop would
+     * sit a power-of-two chunk ahead of each load, at the same address modulo
+     * 4 KiB (4K aliasing, see copy_backwards) */
+    drop_end = (const char *)(((uintptr_t)drop_end + 63) & ~(uintptr_t)63);
     if (stream) {
         for (i = 0; i + 64 <= n; i += 64) {
             __m256i v0 = LOADU(src + i), v1 = LOADU(src + i + 32);
-            if (drop < drop_end) {
-                _mm_clflushopt((void *)drop);
-                drop += 64;
+            if (drop_end > drop) {
+                drop_end -= 64;
+                CLFLUSHOPT_TRACED(drop_end);
             }
             STREAM(dst + i, v0);
             STREAM(dst + i + 32, v1);
@@ -486,18 +498,22 @@ copy_dropping_avx2(char *dst, const char *src, size_t n, int stream, const char 
     } else {
         for (i = 0; i + 64 <= n; i += 64) {
             __m256i v0 = LOADU(src + i), v1 = LOADU(src + i + 32);
-            if (drop < drop_end) {
-                _mm_clflushopt((void *)drop);
-                drop += 64;
+            if (drop_end > drop) {
+                drop_end -= 64;
+                CLFLUSHOPT_TRACED(drop_end);
             }
             STORE(dst + i, v0);
             STORE(dst + i + 32, v1);
         }
     }
     memcpy(dst + i, src + i, n - i);
-    for (; drop < drop_end; drop += 64)
-        _mm_clflushopt((void *)drop);
+    while (drop_end > drop) {
+        drop_end -= 64;
+        CLFLUSHOPT_TRACED(drop_end);
+    }
 }
+
+#undef CLFLUSHOPT_TRACED
 
 #undef LOADU
 #undef STOREU
@@ -1107,9 +1123,8 @@ nc_read(char *dst, const char *src, size_t n, int stream, XXH3_state_t *st, int 
         }
         if (g_copy_drop_fn != NULL && len >= 128 && !copy_backwards(d, p)) {
             /* the drops of the next chunk (every line of [da, db)) mixed into
-             * this chunk's copy; all before the fence below, as above */
-            if (da != NULL)
-                NC_TRACE(CXLKV_NC_EV_DROP, da, db);
+             * this chunk's copy; all before the fence below, as above (the
+             * kernel traces each drop it issues) */
             NC_TRACE(CXLKV_NC_EV_LOAD, p, q);
             g_copy_drop_fn(d, p, len, stream, da != NULL ? da : q, da != NULL ? db : q);
         } else {
