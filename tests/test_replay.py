@@ -283,7 +283,7 @@ def test_replay_socket_without_master_labels_the_fraction(tmp_path: Path) -> Non
     from cxlkv.replay import ReplayReport
 
     fields = {f: 0 for f in ReplayReport.__dataclass_fields__}
-    fields.update(policy="arc", error_samples=[], capacity_source="fraction", capacity_fraction=0.1,
+    fields.update(policy="arc", error_samples=[], other_sim_hit_rates={}, capacity_source="fraction", capacity_fraction=0.1,
                   capacity_blocks=3, unique_blocks=30, block_bytes=4096, master_counters={})
     text = ReplayReport(**fields).table()
     assert "NOT the store's" in text and "--capacity-fraction 0.1" in text
