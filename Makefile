@@ -49,7 +49,7 @@ FORCE_VENV:
 $(STAMP): $(INSTALL_DEPS)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "cxlkv needs Python >= 3.11; $(PYTHON) is " + sys.version.split()[0] + " (make PYTHON=python3.11 …)")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --upgrade pip "setuptools>=77" wheel
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 

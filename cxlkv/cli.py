@@ -105,7 +105,10 @@ def main() -> None:
         signal.signal(signal.SIGTERM, _terminated)
     from cxlkv.client import _conn
 
-    _conn.SOCKET_SETTING = "--socket"  # the SDK's errors name the command line's option
+    # the SDK's errors name the command line's option while a command runs (and the
+    # SDK's own name again afterwards: a program may run commands in-process)
+    old, _conn.SOCKET_SETTING = _conn.SOCKET_SETTING, "--socket"
+    click.get_current_context().call_on_close(lambda: setattr(_conn, "SOCKET_SETTING", old))
 
 
 def _terminated(signum: int, _frame: Any) -> None:

@@ -554,16 +554,3 @@ def _unreachable(path: str, exc: OSError) -> str:
     else:
         why = exc.strerror or str(exc)
     return f"cannot connect to clientd at {shown}: {why}"
-    if mode is not None and not _stat.S_ISSOCK(mode):
-        kind = "a directory" if _stat.S_ISDIR(mode) else "a regular file" if _stat.S_ISREG(mode) else "not a socket"
-        where = path if grpc_path is None or not os.path.exists(grpc_path) or \
-            _stat.S_ISSOCK(os.stat(grpc_path).st_mode) else grpc_path
-        return (f"cannot connect to clientd at {shown}: {where} is {kind}, not a socket "
-                f"({fix} must name the daemon's socket, e.g. /run/cxlkv/clientd.sock)")
-    if isinstance(exc, ConnectionRefusedError):
-        why = "connection refused (a socket left behind: clientd is not running)"
-    elif isinstance(exc, PermissionError):
-        why = "permission denied (socket_mode, or run as a member of the daemon's group)"
-    else:
-        why = exc.strerror or str(exc)
-    return f"cannot connect to clientd at {shown}: {why}"
