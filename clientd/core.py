@@ -42,7 +42,7 @@ from cxlkv.clientd.index_reads import IndexReads
 from cxlkv.clientd.master_link import (
     _OK_STATUS as _LINK_OK, MAX_BATCH_ITEMS, Located, Location, MasterLink, StartedExtent, StartedPut,
 )
-from cxlkv.clientd.reserve import Reservation, ReservePool
+from cxlkv.clientd.reserve import Reservation, ReservePool, commit_flags
 from cxlkv.clientd.regions import MappedRegion, RegionSet
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode, RegionError
@@ -431,7 +431,7 @@ class ClientdCore:
         if commits:  # runs beside the PutEnd call
             commit_task = asyncio.ensure_future(link.commit.submit([
                 (specs[i].key, r.put_token, specs[i].size, header_bytes_for(len(key_bytes[i])),
-                 checksums.get(i, 0), _flags(specs[i].options)) for i, r in commits
+                 checksums.get(i, 0), commit_flags(specs[i].options)) for i, r in commits
             ], urgent=urgent))
         revoke_task: asyncio.Future[Any] | None = None
         if revokes:  # runs beside the PutEnd call
@@ -1236,13 +1236,6 @@ class ClientdCore:
 def _reservation(r: StartedPut) -> Reservation:
     e = r.extents[0]
     return Reservation(r.put_token, e.segment_id, e.offset_bytes, e.length_bytes)
-
-
-def _flags(o: common_pb2.PutOptions | None) -> int:
-    """PackedCommit flags of put options: bit 0 upsert, 1 soft pin, 2 hard pin."""
-    if o is None:
-        return 0
-    return (1 if o.upsert else 0) | (2 if o.soft_pin else 0) | (4 if o.hard_pin else 0)
 
 
 def _unmapped(segment_id: int) -> CxlkvError:

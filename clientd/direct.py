@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cxlkv.clientd.buffers import process_start_time
+from cxlkv.clientd.reserve import commit_flags
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument
 from cxlkv.keys import key_error, options_error
-from cxlkv.objheader import header_bytes_for, object_mismatch
+from cxlkv.objheader import check_copy, header_bytes_for
 from cxlkv.v1 import client_pb2, common_pb2
 
 if TYPE_CHECKING:
@@ -64,13 +65,6 @@ _INVALID_ARGUMENT = int(ErrorCode.INVALID_ARGUMENT)
 _CXL = common_pb2.CXL
 _OK_STATUS = common_pb2.Status()
 _UNSPECIFIED = common_pb2.TIER_UNSPECIFIED
-
-
-def _commit_flags(o: common_pb2.PutOptions | None) -> int:
-    """PackedCommit flags of put options: bit 1 soft pin, 2 hard pin (no upserts here)."""
-    if o is None:
-        return 0
-    return (2 if o.soft_pin else 0) | (4 if o.hard_pin else 0)
 
 
 def _status(code: int, message: str) -> common_pb2.Status:
@@ -288,7 +282,7 @@ class DirectPuts:
             ext = common_pb2.Extent(segment_id=r.segment_id, offset_bytes=r.offset_bytes, length_bytes=r.length_bytes)
             self._pending[r.put_token] = _Pending(
                 it.key, r.put_token, r.put_token, it.value_size_bytes, hbs[i], [ext], pid, pid_start, gen,
-                reservation=r, flags=_commit_flags(o))
+                reservation=r, flags=commit_flags(o))
             results[i] = client_pb2.DirectPutStartResult(
                 put_token=r.put_token, version=r.put_token, header_bytes=hbs[i],
                 extents=[self._extent(ext, int(_CXL))])
@@ -397,12 +391,9 @@ class DirectPuts:
             m = self._direct_region(ext.segment_id)
             if m is None:
                 return f"segment {ext.segment_id} is no longer mapped"
-            try:  # written by another process: drop any line of ours first (both modes; 1-2 lines)
-                m.region.invalidate(ext.offset_bytes, p.header_bytes)
-                head = m.region.read(ext.offset_bytes, p.header_bytes)
-            except CxlkvError as exc:
-                return f"object header unreadable: {exc.message}"
-            why = object_mismatch(head, key_utf8, p.version, p.size, p.header_bytes, checksum)
+            # written by another process: drop any line of ours first (both modes; 1-2 lines)
+            why = check_copy(m.region, ext.offset_bytes, p.header_bytes, key_utf8, p.version, p.size, checksum,
+                             invalidate=True)
             if why is not None:
                 return f"{why} (was the header written before DirectPutEnd?)"
         return None

@@ -33,7 +33,7 @@ from cxlkv.v1 import common_pb2, master_pb2
 if TYPE_CHECKING:
     from cxlkv.clientd.master_link import MasterLink
 
-__all__ = ["Reservation", "ReservePool", "RESERVE_BYTES", "MAX_RESERVED_BYTES"]
+__all__ = ["Reservation", "ReservePool", "RESERVE_BYTES", "MAX_RESERVED_BYTES", "commit_flags"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,13 @@ MAX_RESERVED_BYTES = (1 << 20) + 64 + 4096
 MAX_SIZES = 8
 #: Smallest target of a stack, in extents.
 MIN_TARGET = 2
+
+
+def commit_flags(o: common_pb2.PutOptions | None) -> int:
+    """PackedCommit flags of put options: bit 0 upsert, 1 soft pin, 2 hard pin."""
+    if o is None:
+        return 0
+    return (1 if o.upsert else 0) | (2 if o.soft_pin else 0) | (4 if o.hard_pin else 0)
 
 
 class Reservation(NamedTuple):
