@@ -1986,7 +1986,7 @@ class MasterState:
     def _end_task(self, task: MoveTask, now: float | None, why: str, *, destination_held: bool = False) -> None:
         """Finish ``task``: committed (``now`` given, no ``why``) or failed. With
         ``destination_held`` the destination belongs to a fence (not freed here)."""
-        if task.fence is not None:  # queued moves dropped while given (a paused tier): held for the writer
+        if task.fence is not None:  # a given move ended otherwise (a segment unmounted): held for its writer
             self._fence_held(task)
             destination_held = True
         self.tasks.finish(task)
