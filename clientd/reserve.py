@@ -7,10 +7,10 @@ header into it, and names it with ``PackedCommit``: one master round trip per
 put or batch of puts instead of two (PutStart, PutEnd). The stack is refilled
 in the background when it runs below half its target. A size seen for the first
 time gets a target of two batches; every refill doubles it, up to
-:data:`RESERVE_BYTES` of that size, and all sizes together hold at most the
-daemon's budget (:data:`RESERVE_BUDGET_BYTES`, and never more than 1/64 of the
-CXL capacity the master offers), so odd sizes reserve little and a full cache
-holds little space idle. Sizes not seen recently, values over
+:data:`RESERVE_BYTES` and :data:`RESERVE_MAX_EXTENTS` of that size, and all sizes
+together hold at most the daemon's budget (:data:`RESERVE_BUDGET_BYTES`, and never
+more than 1/64 of the CXL capacity the master offers), so odd sizes reserve little
+and a full cache holds little space idle. Sizes not seen recently, values over
 :data:`MAX_RESERVED_BYTES`, and puts with replicas or a preferred segment go
 through PutStart/PutEnd.
 
@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 #: one master round trip (a 256-item batch with 1 MiB here went through
 #: PutStart/PutEnd for most of its items: 15.8k-31k keys/s).
 RESERVE_BYTES = 4 << 20
+#: Most extents held reserved per object size (two batches of 256): tiny values
+#: would otherwise take thousands of extents, each a grant slot in the region's
+#: index (the master also bounds all reservations to 1/8 of the index's slots).
+RESERVE_MAX_EXTENTS = 512
 #: Most bytes one daemon holds reserved over all sizes (and at most
 #: :data:`CAPACITY_SHARE` of the CXL capacity).
 RESERVE_BUDGET_BYTES = 16 << 20
@@ -124,7 +128,7 @@ class ReservePool:
         else:
             self._stacks.move_to_end(need_bytes)
         budget = self.budget_bytes()
-        bound = max(1, min(RESERVE_BYTES, budget) // need_bytes)
+        bound = max(1, min(RESERVE_MAX_EXTENTS, min(RESERVE_BYTES, budget) // need_bytes))
         target = min(bound, max(self._target.get(need_bytes, MIN_TARGET), 2 * n))
         got = stack[:n]  # oldest first: a key's successive puts through this daemon get growing versions
         del stack[:len(got)]

@@ -458,6 +458,10 @@ class IndexWriter:
         self._used = bytearray(geometry.buckets)  # per bucket: bitmask of occupied slots
         self._pending: list[tuple[int, int, int, int, int, int, int, int]] = []
         self._grants: dict[int, list[str]] = {}  # put token → its grant slots' keys
+        self._ahead: set[int] = set()  # tokens granted ahead of need (reservations, a previous master's)
+        self._ahead_slots = 0
+        #: Most grant slots ahead of need (:data:`AHEAD_GRANT_SHARE` of the table).
+        self.ahead_limit = max(BUCKET_SLOTS, geometry.slots // AHEAD_GRANT_SHARE)
         self._overflow_dirty = False
         #: Slots written since start (publishes and tombstones).
         self.writes = 0
@@ -485,14 +489,25 @@ class IndexWriter:
         return placed.version if placed is not None and placed.key == key else None
 
     def _place(self, key_hash: int) -> int | None:
+        """The lowest free slot of the emptier of the key's buckets (ties: the first).
+
+        Two-choice placement into the less loaded bin (Azar, Broder, Karlin and Upfal,
+        "Balanced allocations", STOC 1994): 8,192 slots take 6,144 keys (75 %) with no
+        overflow, where first-bucket-first placement overflows ~65 of them and
+        already ~10 at 62.5 % (measured, xxh3 of sequential keys). Readers probe both
+        buckets whatever the writer chose (docs/index.md §5).
+        """
         used = self._used
-        for b in buckets_of(key_hash, self.geometry.buckets):
-            m = used[b]
-            if m != 0xFF:
-                i = (~m & (m + 1)).bit_length() - 1  # lowest free slot
-                used[b] = m | (1 << i)
-                return b * BUCKET_SLOTS + i
-        return None
+        bs = buckets_of(key_hash, self.geometry.buckets)
+        b = bs[0]
+        if len(bs) == 2 and used[bs[1]].bit_count() < used[b].bit_count():
+            b = bs[1]
+        m = used[b]
+        if m == 0xFF:
+            return None
+        i = (~m & (m + 1)).bit_length() - 1  # lowest free slot
+        used[b] = m | (1 << i)
+        return b * BUCKET_SLOTS + i
 
     # -- writes ----------------------------------------------------------------
     def publish(self, key: str, key_hash: int, *, extent_offset_bytes: int, value_len_bytes: int,
@@ -571,6 +586,8 @@ class IndexWriter:
         self.region.flush(g.table_offset_bytes, g.slots * SLOT_BYTES)
         self._pending = []
         self._grants.clear()
+        self._ahead.clear()
+        self._ahead_slots = 0
         self._by_hash.clear()
         self._overflowed.clear()
         self._used = bytearray(g.buckets)
@@ -610,30 +627,47 @@ class IndexWriter:
 
     # -- grants (space handed to writers) ---------------------------------------
     def grant(self, token: int, client_id: str, *, extent_offset_bytes: int, length_bytes: int,
-              region_no: int) -> bool:
+              region_no: int, ahead: bool = False) -> bool:
         """Record that the extent of put token ``token`` was handed to ``client_id``.
 
+        Args:
+            ahead: the extent is handed out ahead of need (a reservation). Such
+                grants hold at most :attr:`ahead_limit` slots together, so that
+                space reserved for writers never crowds committed keys out of the
+                table (into the overflow, read through the RPC path).
+
         Returns:
-            False when no slot is free for it (the caller should not hand it out:
-            a master taking over could not know of it).
+            False when no slot is free for it, or (``ahead``) the ahead-of-need
+            share is used up: the caller must not hand the extent out (a master
+            taking over could not know of it).
         """
         key = _grant_key(token, region_no)
         h = _xxh3(key.encode())
         placed = self._by_hash.get(h)
-        slot_no = placed.slot_no if placed is not None and placed.key == key else self._place(h)
+        known = placed is not None and placed.key == key
+        if ahead and not known and self._ahead_slots >= self.ahead_limit:
+            return False
+        slot_no = placed.slot_no if known else self._place(h)
         if slot_no is None:
             return False
         self._by_hash[h] = _Placed(slot_no, key, token)
         keys = self._grants.setdefault(token, [])
         if key not in keys:
             keys.append(key)
+            if ahead or token in self._ahead:
+                self._ahead.add(token)
+                self._ahead_slots += 1
         self._store(slot_no, h, extent_offset_bytes, length_bytes, token, client_hash(client_id), 0,
                     SLOT_GRANT | (region_no << 16))
         return True
 
     def ungrant(self, token: int) -> None:
         """Forget the grants of ``token`` (committed, revoked and freed, or released)."""
-        for key in self._grants.pop(token, ()):
+        keys = self._grants.pop(token, ())
+        if token in self._ahead:
+            self._ahead.discard(token)
+            self._ahead_slots -= len(keys)
+        for key in keys:
             self.retire(key, _xxh3(key.encode()))
 
     def regrant(self, g: "Grant") -> bool:
@@ -644,7 +678,7 @@ class IndexWriter:
         if slot_no is None:
             return False
         self._by_hash[h] = _Placed(slot_no, key, g.put_token)
-        self._grants.setdefault(g.put_token, []).append(key)
+        self._hold_ahead(g.put_token, key)
         self._store(slot_no, h, g.extent_offset_bytes, g.length_bytes, g.put_token, g.client_hash, 0,
                     SLOT_GRANT | (g.region_no << 16))
         return True
@@ -653,13 +687,31 @@ class IndexWriter:
         """Take over a grant slot found in the region (a master starting on it)."""
         key = _grant_key(g.put_token, g.region_no)
         self.adopt(g.slot_no, key, _xxh3(key.encode()), g.put_token)
-        self._grants.setdefault(g.put_token, []).append(key)
+        self._hold_ahead(g.put_token, key)
+
+    def _hold_ahead(self, token: int, key: str) -> None:
+        # A previous master's grant: reserved or in flight, it cannot tell; counted as
+        # ahead of need (until its writer says it stopped) so new reservations wait.
+        self._grants.setdefault(token, []).append(key)
+        self._ahead.add(token)
+        self._ahead_slots += 1
+
+    @property
+    def ahead_slots(self) -> int:
+        """Grant slots held ahead of need (reservations and a previous master's grants)."""
+        return self._ahead_slots
 
     @property
     def grants(self) -> int:
         """Tokens holding grant slots."""
         return len(self._grants)
 
+
+#: Grant slots held ahead of need take at most 1/AHEAD_GRANT_SHARE of the table. The
+#: table is sized half full at the expected object count (:func:`index_geometry`), so
+#: keys and reservations together fill at most 5/8 of it: with two choices of
+#: 8-slot buckets a key then finds a free slot all but never (no overflow).
+AHEAD_GRANT_SHARE = 8
 
 #: Queued slot writes that make :meth:`IndexWriter.sync` run at once (a long batch).
 _MAX_PENDING = 4096

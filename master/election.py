@@ -212,10 +212,10 @@ class FencedIndex:
         self.fence.check_fast()
         self.inner.retire(obj)
 
-    def grant(self, obj: ObjectVersion) -> bool:
+    def grant(self, obj: ObjectVersion, *, ahead: bool = False) -> bool:
         """Fence, then grant."""
         self.fence.check_fast()
-        return self.inner.grant(obj)
+        return self.inner.grant(obj, ahead=ahead)
 
     def ungrant(self, obj: ObjectVersion) -> None:
         """Fence, then ungrant."""

@@ -44,8 +44,9 @@ class ObjectIndex(Protocol):
     def retire(self, obj: ObjectVersion) -> None:
         """``obj`` is no longer readable (a no-op if the index names another version)."""
 
-    def grant(self, obj: ObjectVersion) -> bool:
-        """``obj``'s extents go to its writer (a put or a reservation); False: not recordable."""
+    def grant(self, obj: ObjectVersion, *, ahead: bool = False) -> bool:
+        """``obj``'s extents go to its writer (a put, or ``ahead`` of need: a reservation);
+        False: not recordable (no slot, or the reservations' share of the table is used up)."""
 
     def ungrant(self, obj: ObjectVersion) -> None:
         """``obj``'s writer is done with its extents (committed, or freed)."""
@@ -66,7 +67,7 @@ class NoIndex:
     def retire(self, obj: ObjectVersion) -> None:
         """Nothing to retire."""
 
-    def grant(self, obj: ObjectVersion) -> bool:
+    def grant(self, obj: ObjectVersion, *, ahead: bool = False) -> bool:
         """Nothing to record."""
         return True
 
@@ -133,15 +134,16 @@ class RegionIndex:
         self.retired += 1
         self.writer.retire(obj.key, _xxh3(obj.key.encode("utf-8")), obj.version)
 
-    def grant(self, obj: ObjectVersion) -> bool:
+    def grant(self, obj: ObjectVersion, *, ahead: bool = False) -> bool:
         """Record the writer's extents in named regions (grant slots, one per replica's
-        first extent in a named region: a master taking over quarantines them)."""
+        first extent in a named region: a master taking over quarantines them);
+        ``ahead``: a reservation (:meth:`IndexWriter.grant`)."""
         ok = True
         for sid, off, n in obj.extents:
             rno = self.region_numbers.get(sid)
             if rno is not None:
                 ok = self.writer.grant(obj.version, obj.client_id, extent_offset_bytes=off, length_bytes=n,
-                                       region_no=rno) and ok
+                                       region_no=rno, ahead=ahead) and ok
         return ok
 
     def ungrant(self, obj: ObjectVersion) -> None:

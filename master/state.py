@@ -1022,7 +1022,8 @@ class MasterState:
             version = self._seq
             self._seq = version + 1
             obj = ObjectVersion("", need_bytes, version, extents, client_id, epoch, now)
-            if not self.index.grant(obj):  # no room to record it: a master taking over could not know
+            if not self.index.grant(obj, ahead=True):  # no room to record it (or the reservations'
+                # share of the index is used up): a master taking over could not know of it
                 obj.state = ObjState.FAILED
                 self._free_extents(obj)
                 break

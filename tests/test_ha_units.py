@@ -81,7 +81,7 @@ class Recorder:
     def retire(self, obj: object) -> None:
         self.calls.append("retire")
 
-    def grant(self, obj: object) -> bool:
+    def grant(self, obj: object, *, ahead: bool = False) -> bool:
         self.calls.append("grant")
         return True
 

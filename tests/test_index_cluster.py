@@ -58,6 +58,32 @@ def _appendix_reader() -> Any:
     return ns["IndexFile"]
 
 
+def _slot_dump(ixf: Any, key: str) -> str:
+    """What the index holds for ``key``: its buckets' slots and the header each names (a failure's evidence)."""
+    import struct
+    import xxhash
+    h = xxhash.xxh3_64_intdigest(key.encode())
+    mask = ixf.buckets - 1
+    b1, b2 = h & mask, (h >> 32) & mask
+    lines = [f"{key}: hash {h:#x}, buckets {b1} {b2}, publish/overflow "
+             f"{struct.unpack_from('<QQ', ixf.m, ixf.ix + 64)}"]
+    for b in dict.fromkeys([b1, b2 if b2 != b1 else (b1 + 1) & mask]):
+        for j in range(8):
+            off = ixf.table + (8 * b + j) * 64
+            raw = ixf.m[off:off + 64]
+            s = struct.unpack_from("<QQQQQQIHBB", raw, 0)
+            ok = xxhash.xxh3_64_intdigest(raw[:56]) == struct.unpack_from("<Q", raw, 56)[0]
+            mark = "*" if s[1] == h else " "
+            head = ""
+            if s[1] == h and s[2] + 64 <= len(ixf.m):
+                hd = ixf.m[s[2]:s[2] + 80]
+                head = f" header {hd[:8]!r} ver {struct.unpack_from('<Q', hd, 24)[0]} vlen " \
+                       f"{struct.unpack_from('<Q', hd, 32)[0]} key {bytes(hd[64:80])!r}"
+            lines.append(f" {mark} slot {8 * b + j} seq {s[0]} sum_ok {ok} flags {s[7]:#x} region {s[8]} "
+                         f"extent {s[2]} vlen {s[3]} ver {s[4]} hb {s[6]}{head}")
+    return "\n".join(lines)
+
+
 def _clientd_counters(cl: TestCluster, i: int = 0) -> dict[str, int]:
     with grpc.insecure_channel(f"unix:{cl.socket_path(i)}") as ch:
         st = client_pb2_grpc.ClientServiceStub(ch).Stat(client_pb2.ClientStatRequest(), timeout=10)
@@ -305,7 +331,8 @@ def test_kill9_of_the_master_under_puts_loses_no_committed_object(make_cluster) 
         res = b.get_many(list(acked))
         assert [r.value for r in res] == list(acked.values())
         wrong = {k: ixf.lookup(k)[0] for k, v in acked.items() if ixf.lookup(k)[1] != v}
-        assert not wrong, f"the page's reader disagrees on {len(wrong)} key(s): {list(wrong.items())[:5]}"
+        assert not wrong, (f"the page's reader disagrees on {len(wrong)} key(s): {list(wrong.items())[:5]}\n"
+                           + "\n".join(_slot_dump(ixf, k) for k in list(wrong)[:3]))
         keys_at_master = {e.key for e in cl.list_master_keys()}
         assert set(acked) <= keys_at_master
     ixf.m.close()

@@ -510,6 +510,45 @@ def test_the_leads_index_writer_is_read(tmp_path: Path) -> None:
         assert IndexReader.from_header(r, g.index_offset_bytes, [r]).get(b"key", buf).outcome == IX_MISS
 
 
+def test_reservations_never_crowd_keys_out_of_the_index(tmp_path: Path) -> None:
+    """Grant slots handed out ahead of need (reservations) hold at most 1/8 of the table,
+    a previous master's grants count against that share, and a table sized for N objects
+    then takes N keys with no overflow however much the writers ask to reserve."""
+    index = pytest.importorskip("cxlkv.index")
+    with Region.open(tmp_path / "r", size=4 * MiB, create=True) as r:
+        g = index.index_geometry(4 * MiB, expected_objects=4096)
+        index.format_index(r, g, uuid.uuid4())
+        w = index.IndexWriter(r, g, flush=False)
+        assert w.ahead_limit == g.slots // index.AHEAD_GRANT_SHARE == 1024
+
+        def grant(token: int, ahead: bool) -> bool:
+            return w.grant(token, "writer-a", extent_offset_bytes=8192 + 256 * token, length_bytes=256,
+                           region_no=0, ahead=ahead)
+
+        granted = [t for t in range(1, 5001) if grant(t, True)]  # writers asking for 5000
+        assert granted == list(range(1, 1025)) and w.ahead_slots == 1024
+        assert not grant(6000, True)
+        assert grant(6001, False)  # a put in flight is still recorded
+        w.ungrant(1)
+        assert grant(6002, True) and not grant(6003, True)  # a given-back reservation frees its share
+        keys = [f"k/{i}" for i in range(4096)]
+        for k in keys:
+            w.publish(k, h3(k.encode()), extent_offset_bytes=8192, value_len_bytes=1, version=7,
+                      value_checksum=1, header_bytes=128, region_no=0, tier=1, elsewhere=False)
+        w.sync()
+        assert w.overflow == 0 and w.live_slots == 4096 + 1024 + 1
+        # a master taking over adopts the grants and counts them all as ahead of need
+        w2 = index.IndexWriter(r, g, flush=False)
+        for gr in index.read_grants(r, g):
+            w2.adopt_grant(gr)
+        assert w2.ahead_slots == 1025 and w2.grants == 1025
+        assert not w2.grant(7000, "writer-b", extent_offset_bytes=0, length_bytes=256, region_no=0, ahead=True)
+        w2.ungrant(6001)
+        w2.ungrant(2)
+        assert w2.ahead_slots == 1023
+        assert w2.grant(7001, "writer-b", extent_offset_bytes=0, length_bytes=256, region_no=0, ahead=True)
+
+
 def test_emulated_slots_visible_only_once_flushed(tmp_path: Path) -> None:
     path = tmp_path / "r"
     Region.open(path, size=SIZE, create=True).close()
