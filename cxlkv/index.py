@@ -89,6 +89,7 @@ one with the same methods).
 from __future__ import annotations
 
 import dataclasses
+import re
 import struct
 import uuid
 from collections.abc import Iterator, Sequence
@@ -460,8 +461,14 @@ class IndexWriter:
         self._grants: dict[int, list[str]] = {}  # put token → its grant slots' keys
         self._ahead: set[int] = set()  # tokens granted ahead of need (reservations, a previous master's)
         self._ahead_slots = 0
-        #: Most grant slots ahead of need (:data:`AHEAD_GRANT_SHARE` of the table).
-        self.ahead_limit = max(BUCKET_SLOTS, geometry.slots // AHEAD_GRANT_SHARE)
+        self._key_slots = 0
+        self._free_hint = 0
+        #: Most grant slots ahead of need (1/:data:`AHEAD_GRANT_SHARE` of the table).
+        self.ahead_limit = max(1, geometry.slots // AHEAD_GRANT_SHARE)
+        #: Most slots holding keys; a new key past it overflows. What neither keys nor
+        #: ahead-of-need grants may take (at least 1/8 of the table) is kept for the
+        #: grants of puts and moves in flight, which may take any free slot.
+        self.key_limit = geometry.slots - 2 * self.ahead_limit
         self._overflow_dirty = False
         #: Slots written since start (publishes and tombstones).
         self.writes = 0
@@ -477,8 +484,26 @@ class IndexWriter:
         """Slots holding a key."""
         return len(self._by_hash)
 
+    @property
+    def key_slots(self) -> int:
+        """Slots holding a committed key."""
+        return self._key_slots
+
     def adopt(self, slot_no: int, key: str, key_hash: int, version: int) -> None:
-        """Take over a slot found in the region (recovery from the index)."""
+        """Take over a key's slot found in the region (recovery from the index)."""
+        self._take(slot_no, key, key_hash, version)
+        self._key_slots += 1
+
+    def adopt_many(self, placed: dict[int, "_Placed"], used: bytearray) -> None:
+        """:meth:`adopt` of every key slot of ``placed`` (key hash → placement), whose
+        bucket bitmasks are ``used``, in bulk (a warm standby taking over)."""
+        self._by_hash.update(placed)
+        merged = np.bitwise_or(np.frombuffer(bytes(self._used), dtype=np.uint8),
+                               np.frombuffer(bytes(used), dtype=np.uint8))
+        self._used = bytearray(merged.tobytes())
+        self._key_slots += len(placed)
+
+    def _take(self, slot_no: int, key: str, key_hash: int, version: int) -> None:
         b, i = divmod(slot_no, BUCKET_SLOTS)
         self._used[b] |= 1 << i
         self._by_hash[key_hash] = _Placed(slot_no, key, version)
@@ -509,6 +534,23 @@ class IndexWriter:
         used[b] = m | (1 << i)
         return b * BUCKET_SLOTS + i
 
+    def _place_anywhere(self, key_hash: int) -> int | None:
+        """A slot for a grant: in its own buckets if one is free, else the lowest free
+        slot of the first bucket with one (grants are found by scanning the table,
+        never by their hash: docs/index.md §12)."""
+        slot_no = self._place(key_hash)
+        if slot_no is not None:
+            return slot_no
+        used = self._used
+        m = _NOT_FULL.search(used, self._free_hint) or _NOT_FULL.search(used)
+        if m is None:
+            return None
+        b = self._free_hint = m.start()
+        mask = used[b]
+        i = (~mask & (mask + 1)).bit_length() - 1
+        used[b] = mask | (1 << i)
+        return b * BUCKET_SLOTS + i
+
     # -- writes ----------------------------------------------------------------
     def publish(self, key: str, key_hash: int, *, extent_offset_bytes: int, value_len_bytes: int,
                 version: int, value_checksum: int, header_bytes: int, region_no: int, tier: int,
@@ -533,8 +575,12 @@ class IndexWriter:
             slot_no = None  # another live key has this 64-bit hash: overflow (RPC path)
         elif placed is not None:
             slot_no = placed.slot_no
-        else:
+        elif self._key_slots < self.key_limit:
             slot_no = self._place(key_hash)
+            if slot_no is not None:
+                self._key_slots += 1
+        else:
+            slot_no = None  # the rest of the table is kept for the grants of writes in flight
         if slot_no is None:
             if key not in self._overflowed:
                 self._overflow_dirty = True
@@ -556,15 +602,19 @@ class IndexWriter:
         if placed is not None and placed.key == key:
             if version is not None and placed.version != version:
                 return
-            del self._by_hash[key_hash]
-            b, i = divmod(placed.slot_no, BUCKET_SLOTS)
-            self._used[b] &= ~(1 << i) & 0xFF
-            self._store(placed.slot_no, 0, 0, 0, 0, 0, 0, 0)
+            self._empty(key_hash, placed)
+            self._key_slots -= 1
             return
         v = self._overflowed.get(key)
         if v is not None and (version is None or v == version):
             del self._overflowed[key]
             self._overflow_dirty = True
+
+    def _empty(self, key_hash: int, placed: "_Placed") -> None:
+        del self._by_hash[key_hash]
+        b, i = divmod(placed.slot_no, BUCKET_SLOTS)
+        self._used[b] &= ~(1 << i) & 0xFF
+        self._store(placed.slot_no, 0, 0, 0, 0, 0, 0, 0)
 
     def tombstone(self, slot_no: int) -> None:
         """Empty a slot no key was adopted into (recovery: a slot that does not verify)."""
@@ -588,6 +638,7 @@ class IndexWriter:
         self._grants.clear()
         self._ahead.clear()
         self._ahead_slots = 0
+        self._key_slots = 0
         self._by_hash.clear()
         self._overflowed.clear()
         self._used = bytearray(g.buckets)
@@ -647,7 +698,7 @@ class IndexWriter:
         known = placed is not None and placed.key == key
         if ahead and not known and self._ahead_slots >= self.ahead_limit:
             return False
-        slot_no = placed.slot_no if known else self._place(h)
+        slot_no = placed.slot_no if known else self._place_anywhere(h)
         if slot_no is None:
             return False
         self._by_hash[h] = _Placed(slot_no, key, token)
@@ -668,13 +719,16 @@ class IndexWriter:
             self._ahead.discard(token)
             self._ahead_slots -= len(keys)
         for key in keys:
-            self.retire(key, _xxh3(key.encode()))
+            h = _xxh3(key.encode())
+            placed = self._by_hash.get(h)
+            if placed is not None and placed.key == key:
+                self._empty(h, placed)
 
     def regrant(self, g: "Grant") -> bool:
         """Write a grant found before the table was emptied again (same token, writer, extent)."""
         key = _grant_key(g.put_token, g.region_no)
         h = _xxh3(key.encode())
-        slot_no = self._place(h)
+        slot_no = self._place_anywhere(h)
         if slot_no is None:
             return False
         self._by_hash[h] = _Placed(slot_no, key, g.put_token)
@@ -686,7 +740,7 @@ class IndexWriter:
     def adopt_grant(self, g: "Grant") -> None:
         """Take over a grant slot found in the region (a master starting on it)."""
         key = _grant_key(g.put_token, g.region_no)
-        self.adopt(g.slot_no, key, _xxh3(key.encode()), g.put_token)
+        self._take(g.slot_no, key, _xxh3(key.encode()), g.put_token)
         self._hold_ahead(g.put_token, key)
 
     def _hold_ahead(self, token: int, key: str) -> None:
@@ -712,6 +766,8 @@ class IndexWriter:
 #: keys and reservations together fill at most 5/8 of it: with two choices of
 #: 8-slot buckets a key then finds a free slot all but never (no overflow).
 AHEAD_GRANT_SHARE = 8
+
+_NOT_FULL = re.compile(rb"[^\xff]")  # a bucket bitmask with a free slot
 
 #: Queued slot writes that make :meth:`IndexWriter.sync` run at once (a long batch).
 _MAX_PENDING = 4096

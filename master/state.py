@@ -725,7 +725,10 @@ class MasterState:
             AlreadyExists: committed key without ``upsert``.
             NotReady: another live put of the key is in flight.
             TooLarge: larger than every mounted segment (nothing evicted).
-            NoSpace: no room even after eviction (the message says why).
+            NoSpace: no room even after eviction (the message says why), or the
+                region index has no slot left to record the put's extent (a grant:
+                every extent handed to a writer is recorded, so that a master
+                taking over never gives it to another object).
             Unavailable: no segment is mounted.
         """
         client = self.writer(client_id, epoch, now)
@@ -794,11 +797,18 @@ class MasterState:
             now + self.config.soft_pin_ttl_s if soft_pin and not hard_pin else 0.0, replica_num,
             header_bytes,
         )
+        if not self.index.grant(obj):
+            # No slot to record the writer's hold in: a master taking over could not know of it
+            # and might give the space to another object while this writer still writes.
+            obj.state = ObjState.FAILED
+            self._free_extents(obj)  # and drops any replica's grant that was recorded
+            self.counters["grants_unrecorded"] += 1
+            raise NoSpace(f"key {_short(key)}: the region index has no free slot to record this put's extent "
+                          f"({len(self._puts)} puts in flight hold one each); retry when some finish, or "
+                          f"format the region with a larger --expected-objects", key=key)
         self._pending[key] = obj
         self._puts[version] = obj
         client.puts[version] = obj
-        if not self.index.grant(obj):
-            self.counters["grants_unrecorded"] += 1  # the index is full: this put is not fenced across a restart
         self.counters["puts_started"] += 1
         return obj
 

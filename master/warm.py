@@ -242,10 +242,7 @@ class WarmState:
         writer = ownership.writer
         # the same as writer.adopt() of every held slot, in bulk (the writer has adopted the
         # grant slots already: its bits and entries are kept)
-        writer._by_hash.update(self._placed)  # noqa: SLF001 - see _placed
-        merged = np.bitwise_or(np.frombuffer(bytes(writer._used), dtype=np.uint8),  # noqa: SLF001
-                               np.frombuffer(bytes(self._used), dtype=np.uint8))
-        writer._used = bytearray(merged.tobytes())  # noqa: SLF001
+        writer.adopt_many(self._placed, self._used)
         # live slots the warm state does not hold (did not verify, ELSEWHERE, unmapped): emptied, as a
         # cold rebuild empties them (byte 52 of a slot: its flags, SLOT_LIVE the lowest bit)
         emptied = 0

@@ -549,6 +549,37 @@ def test_reservations_never_crowd_keys_out_of_the_index(tmp_path: Path) -> None:
         assert w2.grant(7001, "writer-b", extent_offset_bytes=0, length_bytes=256, region_no=0, ahead=True)
 
 
+def test_a_write_in_flight_always_finds_a_grant_slot(tmp_path: Path) -> None:
+    """Keys hold at most 3/4 of the slots (the rest overflow to the RPC path) and
+    reservations 1/8, so a put's or move's grant always has a slot, even when its own
+    buckets are full: grants may take any free slot (they are found by scanning)."""
+    index = pytest.importorskip("cxlkv.index")
+    with Region.open(tmp_path / "r", size=4 * MiB, create=True) as r:
+        g = index.index_geometry(4 * MiB, expected_objects=256)  # 64 buckets, 512 slots
+        index.format_index(r, g, uuid.uuid4())
+        w = index.IndexWriter(r, g, flush=False)
+        assert (w.key_limit, w.ahead_limit) == (384, 64)
+        placed = [k for k in (f"k/{i}" for i in range(1000))
+                  if w.publish(k, h3(k.encode()), extent_offset_bytes=8192, value_len_bytes=1, version=1,
+                               value_checksum=1, header_bytes=128, region_no=0, tier=1, elsewhere=False)]
+        assert len(placed) == w.key_slots == 384 and w.overflow == 1000 - 384
+        ahead = sum(w.grant(t, "a", extent_offset_bytes=0, length_bytes=256, region_no=0, ahead=True)
+                    for t in range(1, 200))
+        assert ahead == 64
+        # every remaining slot goes to writes in flight, wherever their hash points
+        in_flight = [t for t in range(1000, 1200)
+                     if w.grant(t, "a", extent_offset_bytes=0, length_bytes=256, region_no=0)]
+        assert len(in_flight) == 512 - 384 - 64 and w.live_slots == 512
+        assert not w.grant(5000, "a", extent_offset_bytes=0, length_bytes=256, region_no=0)
+        w.sync()
+        assert {gr.put_token for gr in index.read_grants(r, g)} == set(range(1, 65)) | set(in_flight)
+        w.ungrant(in_flight[0])
+        assert w.grant(5000, "a", extent_offset_bytes=0, length_bytes=256, region_no=0)
+        for k in placed[:10]:
+            w.retire(k, h3(k.encode()))
+        assert w.key_slots == 374
+
+
 def test_emulated_slots_visible_only_once_flushed(tmp_path: Path) -> None:
     path = tmp_path / "r"
     Region.open(path, size=SIZE, create=True).close()
