@@ -270,6 +270,31 @@ def test_a_large_get_through_the_daemon_costs_one_master_round_trip(make_cluster
     cl.assert_invariants()
 
 
+@pytest.mark.parametrize("coherence", ["coherent", "flush"])
+def test_large_gets_return_the_bytes_they_were_copied_into(make_cluster, coherence: str) -> None:
+    """Values past the SDK's 64 KiB scratch buffer (index path) and past 4 MiB (leased
+    path) are copied once, straight into the ``bytes`` returned: right type, right
+    bytes, independent objects, in both coherence modes; a value upserted to another
+    size in between is read at its new size."""
+    cl = make_cluster(clientds=1, region_size_bytes=64 * MiB, clientd_options={"coherence": coherence})
+    rng = random.Random(9)
+    sizes = [2, 64 * KiB - 1, 64 * KiB + 1, MiB, 5 * MiB]
+    values = {f"big/{n}": rng.randbytes(n) for n in sizes}
+    with cl.client(0) as c:
+        assert c.direct, c.direct_status
+        for k, v in values.items():
+            c.put(k, v)
+        for _ in range(2):
+            got = {k: c.get(k) for k in values}
+            assert all(type(g) is bytes for g in got.values())
+            assert got == values and len({id(g) for g in got.values()}) == len(got)
+            assert {hash(g) for g in got.values()} == {hash(v) for v in values.values()}
+        c.put("big/1048576", b"small now", upsert=True)
+        assert c.get("big/1048576") == b"small now"
+        c.put("big/1048576", rng.randbytes(3 * MiB), upsert=True)
+        assert len(c.get("big/1048576")) == 3 * MiB
+
+
 # ----------------------------------------------------------------------------- kill -9 under load
 def test_kill9_of_the_master_under_puts_loses_no_committed_object(make_cluster) -> None:
     cl = make_cluster(clientds=2, master_options={"owner_lease_ttl_s": 1.0, "heartbeat_interval_s": 0.2,

@@ -592,3 +592,19 @@ def test_bench_cli_is_registered():
 
     res = CliRunner().invoke(main, ["bench", "transport", "--help"])
     assert res.exit_code == 0 and "--json" in res.output and "--quick" in res.output and "--out" in res.output
+
+
+def test_fresh_bytes_is_filled_by_one_copy(region) -> None:
+    """fresh_bytes: a new bytes object a C copy fills in place (the one-copy get)."""
+    from cxlkv.transport.bindings import fresh_bytes
+
+    src = os.urandom(256 * 1024)
+    region.copy_in(4096, src)
+    value, target = fresh_bytes(len(src))
+    assert region.copy_out_hashed(4096, target) == xxhash.xxh3_64_intdigest(src)
+    del target
+    assert type(value) is bytes and value == src and hash(value) == hash(bytes(src))
+    other, t2 = fresh_bytes(len(src))
+    assert other is not value
+    with pytest.raises(InvalidArgument):
+        fresh_bytes(1)

@@ -27,6 +27,7 @@ from cxlkv.errors import InvalidArgument, OutOfRange, RegionError
 from cxlkv.transport._transport import ffi, lib
 
 __all__ = [
+    "fresh_bytes",
     "ffi",
     "lib",
     "Handle",
@@ -558,6 +559,51 @@ def cxlkv_copy_out_hashed(r: Handle, offset: int, dst: BufferLike, nc: int = 0) 
     except (TypeError, ValueError, BufferError):
         buf = _buffer(dst, True, "dst")
     return _copy_hashed(_c_copy_out_hashed, r, offset, buf, "copy_out_hashed", nc)
+
+
+def fresh_bytes(nbytes: int) -> tuple[bytes, Any]:
+    """A new ``bytes`` object of ``nbytes`` and a writable buffer over its storage,
+    for one C copy to fill before the object is handed to anyone.
+
+    A get that must return ``bytes`` then copies the value once, into the object it
+    returns, instead of into a scratch buffer and again into ``bytes(...)`` — what C
+    code does with ``PyBytes_FromStringAndSize(NULL, n)``. The object is new (its
+    reference is the caller's only one) and its hash is not taken yet, so writing it
+    before it escapes is not observable; never pass the buffer anywhere else, and
+    drop it once the copy is done.
+
+    Args:
+        nbytes: size in bytes, at least 2 (``bytes`` of 0 is a shared singleton).
+
+    Returns:
+        ``(value, buffer)``: ``value``'s bytes are undefined until the copy writes
+        ``buffer`` (never return it from a copy that failed).
+
+    Raises:
+        InvalidArgument: ``nbytes`` under 2.
+    """
+    if nbytes < 2:
+        raise InvalidArgument(f"fresh_bytes: {nbytes} B; use it for values of 2 bytes or more")
+    value = _bytes_uninitialized(None, nbytes) if _bytes_uninitialized is not None else bytes(nbytes)
+    return value, ffi.buffer(_from_buffer("char[]", value, False), nbytes)
+
+
+def _uninitialized_bytes_maker() -> Any:
+    """CPython's ``PyBytes_FromStringAndSize(NULL, n)``: a new ``bytes`` whose storage
+    is not zeroed first (``bytes(n)`` zeroes it: a whole extra pass over a large value).
+    ``None`` where the C API is not reachable (then ``bytes(n)``)."""
+    try:
+        import ctypes
+
+        fn = ctypes.pythonapi.PyBytes_FromStringAndSize
+    except (ImportError, AttributeError):
+        return None
+    fn.restype = ctypes.py_object
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+    return fn
+
+
+_bytes_uninitialized = _uninitialized_bytes_maker()
 
 
 def cxlkv_xxh3_64(src: BufferLike) -> int:

@@ -456,7 +456,17 @@ class DirectPath:
         for attempt in range(2):  # once more, from memory: a stale line or a writer racing the lease
             try:
                 invalidate = bool(self.flush or attempt)
-                if dst is None:
+                if dst is None and size >= 2:  # one pass, straight into the bytes returned
+                    from cxlkv.transport.bindings import fresh_bytes
+
+                    value, target = fresh_bytes(size)
+                    if self._fused:
+                        got = int(region.copy_out_hashed(off, target, invalidate=invalidate))
+                    else:
+                        region.copy_out(off, target, invalidate=invalidate)
+                        got = _xxh3(value)
+                    del target
+                elif dst is None:
                     if invalidate and size:
                         region.invalidate(off, size)
                     value = bytes(region.view(off, size)) if size else b""

@@ -41,7 +41,7 @@ HITS_BATCH = 512
 HITS_DELAY_S = 0.02
 #: Longer values are read through the daemon (a lease protects a long copy), in bytes.
 MAX_VALUE_BYTES = 4 << 20
-#: First size of a thread's scratch buffer for ``get`` (grown to the value's size), in bytes.
+#: Size of a thread's scratch buffer for ``get`` (larger values are copied straight into their ``bytes``).
 _SCRATCH_BYTES = 64 << 10
 
 
@@ -75,8 +75,10 @@ class IndexPath:
 
     def __init__(self, reader: Any, send: Callable[[str, Any], None],
                  call: Callable[[str, Any], Any] | None = None) -> None:
+        from cxlkv.transport.bindings import fresh_bytes
         from cxlkv.transport.index import IX_ELSEWHERE, IX_HIT, IX_MISS, IX_TOO_SMALL
 
+        self._fresh_bytes = fresh_bytes
         self.reader = reader
         self._send = send
         self._call = call
@@ -137,27 +139,36 @@ class IndexPath:
             pass  # only the eviction policy's and the metrics' information is lost, never data
 
     # -- reads -------------------------------------------------------------------
-    def _scratch(self, nbytes: int) -> bytearray:
+    def _scratch(self) -> bytearray:
         buf = getattr(self._local, "buf", None)
-        if buf is None or len(buf) < nbytes:
-            buf = self._local.buf = bytearray(max(nbytes, _SCRATCH_BYTES))
+        if buf is None:
+            buf = self._local.buf = bytearray(_SCRATCH_BYTES)
         return buf
 
     def get(self, key: str) -> bytes | _Marker:
-        """The value of ``key`` as bytes, :data:`MISS`, or :data:`FALLBACK`."""
+        """The value of ``key`` as bytes, :data:`MISS`, or :data:`FALLBACK`.
+
+        A value that fits the thread's scratch buffer (64 KiB) is copied there, then
+        into the ``bytes`` returned; a larger one is copied once, straight into the
+        ``bytes`` returned (:func:`cxlkv.transport.bindings.fresh_bytes`).
+        """
         k = key.encode()
-        buf = self._scratch(0)
+        buf = self._scratch()
         r = self.reader.get(k, buf)
         oc = r.outcome
+        value = None
         if oc == self._small:
-            buf = self._scratch(r.value_len_bytes)
-            r = self.reader.get(k, buf)
+            value, target = self._fresh_bytes(r.value_len_bytes)
+            r = self.reader.get(k, target)
+            del target
             oc = r.outcome
         if oc == self._hit:
             self.answered += 1
             n = r.value_len_bytes
             self._note((key,), get_items=1, bytes_out=n)
-            return bytes(memoryview(buf)[:n])
+            if value is None:
+                return bytes(memoryview(buf)[:n])
+            return value if n == len(value) else value[:n]  # upserted smaller in between
         if oc == self._miss:
             self.answered += 1
             self._note(get_items=1)
