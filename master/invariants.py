@@ -57,6 +57,10 @@ def check_invariants(state: "MasterState") -> None:
         if not obj.extents:
             raise AssertionError(f"committed {obj!r} has no replica")
         add(obj, "committed")
+    pinned = {o.version: o for o in state._objects.values() if o.hard_pin}
+    if pinned.keys() != state._pinned.keys() or any(state._pinned[v] is not o for v, o in pinned.items()):
+        raise AssertionError(f"hard-pinned versions {sorted(state._pinned)} are not the committed hard-pinned "
+                             f"ones {sorted(pinned)}")
     for token, obj in state._puts.items():
         if obj.version != token or obj.state != ObjState.PROCESSING or state._pending.get(obj.key) is not obj:
             raise AssertionError(f"in-flight put {token} inconsistent: {obj!r}")

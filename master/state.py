@@ -214,6 +214,9 @@ class MasterState:
         self._pending: dict[str, ObjectVersion] = {}
         self._puts: dict[int, ObjectVersion] = {}  # insertion order == start order == timeout order
         self._retired: dict[int, ObjectVersion] = {}
+        # version → a committed hard-pinned version (never evicted; NO_SPACE reports them
+        # without a scan of every object)
+        self._pinned: dict[int, ObjectVersion] = {}
         self._revoked: OrderedDict[int, str] = OrderedDict()
         # token → a put revoked by put_timeout_s while its writer was still
         # registered: its extents stay allocated ("fenced") until the writer ends
@@ -845,10 +848,13 @@ class MasterState:
             return NoSpace(f"key {_short(key)}: the allocation strategy offered no segment for "
                            f"{need} B", key=key, requested_bytes=size, free_bytes=0)
         best = max(candidates, key=lambda s: s.largest_free_bytes)
-        held = sum(
-            e[2] for o in self._objects.values() if o.leases or o.hard_pin
-            for e in o.extents if e[0] == best.segment_id
-        )
+        # held: hard-pinned versions and leased committed ones (each once); never a scan of
+        # every object (this answer comes on every NO_SPACE of a full cache)
+        holders = dict(self._pinned)
+        for lease in self.leases.leases():
+            if lease.obj.state == ObjState.COMPLETE:
+                holders[lease.obj.version] = lease.obj
+        held = sum(e[2] for o in holders.values() for e in o.extents if e[0] == best.segment_id)
         inflight = sum(e[2] for o in self._puts.values() for e in o.extents if e[0] == best.segment_id)
         deferred = sum(e[2] for o in self._retired.values() for e in o.extents if e[0] == best.segment_id)
         return NoSpace(
@@ -928,6 +934,8 @@ class MasterState:
             self._track(obj)
             if self._has_ssd:
                 self._copy_ahead(obj, now)
+        else:
+            self._pinned[obj.version] = obj
         self.counters["puts_committed"] += 1
         return obj
 
@@ -1107,6 +1115,8 @@ class MasterState:
             self._track(obj)
             if self._has_ssd:
                 self._copy_ahead(obj, now)
+        else:
+            self._pinned[obj.version] = obj
         self.counters["commits"] += 1
         self.counters["puts_committed"] += 1
         return obj
@@ -1459,6 +1469,8 @@ class MasterState:
         if not obj.hard_pin:
             if self._cold.pop(obj.key, _ABSENT) is _ABSENT:
                 self.policy.on_remove(obj.key, evicted)
+        else:
+            self._pinned.pop(obj.version, None)
         obj.state = ObjState.REMOVED
         if obj.leases:
             self._retired[obj.version] = obj

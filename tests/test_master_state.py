@@ -345,8 +345,13 @@ def test_leased_hard_pinned_and_processing_objects_are_never_evicted() -> None:
         st.put_start(*c, "z", 2 * MiB, 0.0)
     assert exc.value.requested_bytes == 2 * MiB
     assert "1048576 B in in-flight puts" in str(exc.value)
+    assert "2097152 B are leased or hard-pinned" in str(exc.value)  # counted without a scan of every key
     assert st.exists("leased") and st.exists("hard") and st.processing_count == 1
     assert st.counters["evictions"] == 1 and st.counters["no_space"] == 1
+    st.check_invariants()
+    put(st, c, "hard", MiB // 2, upsert=True, hard_pin=True)  # the pinned set follows the new version
+    st.check_invariants()
+    st.remove("hard", 0.0)
     st.check_invariants()
 
 
