@@ -55,6 +55,8 @@ class _Marker:
         return self.name
 
 
+_monotonic = time.monotonic
+
 #: The key is not committed (a definite miss, from the index).
 MISS = _Marker("MISS")
 #: The index cannot answer: read through the daemon.
@@ -120,6 +122,24 @@ class IndexPath:
         if due:
             self.flush_hits()
 
+    def _note_get(self, key: str | None, nbytes: int) -> None:
+        """:meth:`_note` of one single-key get (a hit of ``nbytes`` when ``key`` is
+        given, else a miss), without its generality: it runs on every read."""
+        now = _monotonic()
+        with self._hits_lock:
+            if not self._pending:
+                self._hits_since = now
+                self._pending = True
+            hits = self._hits
+            if key is not None:
+                hits.append(key)
+            stats = self._stats
+            stats["get_items"] += 1
+            stats["bytes_out"] += nbytes
+            due = len(hits) + len(self._chain_keys) >= HITS_BATCH or now - self._hits_since >= HITS_DELAY_S
+        if due:
+            self.flush_hits()
+
     def flush_hits(self, wait: bool = False) -> None:
         """Send the pending report now; with ``wait``, as a call whose answer is
         awaited (``Client.close``: the daemon has counted it before close returns)."""
@@ -139,10 +159,14 @@ class IndexPath:
             pass  # only the eviction policy's and the metrics' information is lost, never data
 
     # -- reads -------------------------------------------------------------------
-    def _scratch(self) -> bytearray:
+    def _scratch(self) -> Any:
+        # a numpy array: the reader keeps a thread's last numpy destination converted
+        # for C (cxlkv.transport.index), so a read does no buffer conversion
         buf = getattr(self._local, "buf", None)
         if buf is None:
-            buf = self._local.buf = bytearray(_SCRATCH_BYTES)
+            import numpy as np
+
+            buf = self._local.buf = np.empty(_SCRATCH_BYTES, dtype=np.uint8)
         return buf
 
     def get(self, key: str) -> bytes | _Marker:
@@ -165,13 +189,13 @@ class IndexPath:
         if oc == self._hit:
             self.answered += 1
             n = r.value_len_bytes
-            self._note((key,), get_items=1, bytes_out=n)
+            self._note_get(key, n)
             if value is None:
-                return bytes(memoryview(buf)[:n])
+                return buf[:n].tobytes()
             return value if n == len(value) else value[:n]  # upserted smaller in between
         if oc == self._miss:
             self.answered += 1
-            self._note(get_items=1)
+            self._note_get(None, 0)
             return MISS
         self.fallbacks += 1
         return FALLBACK
@@ -184,11 +208,11 @@ class IndexPath:
         oc = r.outcome
         if oc == self._hit:
             self.answered += 1
-            self._note((key,), get_items=1, bytes_out=r.value_len_bytes)
+            self._note_get(key, r.value_len_bytes)
             return r.value_len_bytes
         if oc == self._miss:
             self.answered += 1
-            self._note(get_items=1)
+            self._note_get(None, 0)
             return MISS
         if oc == self._small:
             return -r.value_len_bytes
