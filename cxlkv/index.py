@@ -481,7 +481,7 @@ class IndexWriter:
 
     @property
     def live_slots(self) -> int:
-        """Slots holding a key."""
+        """Slots in use: keys and grants."""
         return len(self._by_hash)
 
     @property
@@ -763,8 +763,8 @@ class IndexWriter:
 
 #: Grant slots held ahead of need take at most 1/AHEAD_GRANT_SHARE of the table. The
 #: table is sized half full at the expected object count (:func:`index_geometry`), so
-#: keys and reservations together fill at most 5/8 of it: with two choices of
-#: 8-slot buckets a key then finds a free slot all but never (no overflow).
+#: keys and reservations together fill at most 5/8 of it, where two choices of
+#: 8-slot buckets leave no key without a slot (none overflowed up to 75 %: _place).
 AHEAD_GRANT_SHARE = 8
 
 _NOT_FULL = re.compile(rb"[^\xff]")  # a bucket bitmask with a free slot
