@@ -47,10 +47,11 @@ its own ``MatchPrefix`` and for the prefix queries readers report with their ind
 hits, ``ReportHits.prefix_*``). Reports are asynchronous: a query's report may come
 before or after the puts of its misses; links for keys not resident yet wait in a
 bounded table (as many entries as resident keys) until their put, with whether they
-skip probation. Ablations, simulated on the trace at 1 / 3 / 10 / 30 %
-(the policy: ABL_FULL): without prefix reports ABL_NOPREFIX; without the bypass
-ABL_NOBYPASS; without the large-cache floor ABL_NOFLOOR; ghost 3x ABL_GHOST3, 6x
-ABL_GHOST6.
+skip probation. Ablations, simulated on the trace at 1 / 3 / 10 / 30 % (the policy:
+10.79 / 17.70 / 29.13 / 35.63): without prefix reports 10.51 / 17.52 / 28.83 / 35.59;
+without the bypass 10.66 / 17.54 / 29.24 / 35.65; without the large-cache floor 10.79
+/ 17.80 / 29.13 / 34.91; ghost 3x 10.47 / 17.59 / 29.22 / 35.63, 6x 10.37 / 17.70 /
+29.15 / 35.63.
 
 Sources: S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction",
 SOSP'23: small/main/ghost queues, quick demotion); ARC (Megiddo & Modha, FAST'03: the
@@ -65,9 +66,11 @@ blocks outlast tail blocks, workload-aware eviction beats LRU/LFU).
 
 Measured on the conversation trace, 512-token blocks, hit = longest cached prefix
 (docs/master.md "Choosing an eviction policy", ``bench/results/policy.json``),
-simulated: TABLE_SIM. That is at least 10 % at 1 % and 16 % at 3 %, above ARC at
-every capacity, but short of closing a fifth of the gap from ARC to Belady at 1 %
-and 3 % (10.88 / 18.56 %).
+simulated: 10.79 / 17.70 / 29.13 / 35.63 % at 1 / 3 / 10 / 30 % of the unique blocks
+(the store 10.67 / 17.53 / 29.16 / 35.61; ARC 7.53 / 14.56 / 28.64 / 34.92; LRU 5.23 /
+12.52 / 27.87 / 35.77; Belady 24.30 / 34.55 / 36.64 / 36.64). That is at least 10 % at
+1 % and 16 % at 3 %, above ARC at every capacity, but short of closing a fifth of the
+gap from ARC to Belady at 1 % and 3 % (10.88 / 18.56 %).
 
 Cost: main is a ``SortedList`` keyed by (last use, depth): a use, a move into or out
 of main is O(log n); everything else is O(1) amortised per key (an orphan is
