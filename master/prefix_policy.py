@@ -8,18 +8,25 @@ What a prefix cache knows and plain LRU/ARC do not use:
   probationary FIFO (S3-FIFO's *small* queue) and leaves it quickly unless it is hit
   while there; a long *ghost* list of recently evicted keys (four times the resident
   count by default; a ghost is a key hash) recognises a block that comes back after a
-  long gap, which is then admitted to the protected *main* queue, an LRU.
+  long gap, which is then admitted to the protected *main* queue. Main evicts the
+  lowest *rank*: a block's last use plus a credit per use it has had (its uses are
+  remembered through the ghost), as GreedyDual-Size-Frequency and LFU with dynamic
+  aging rank objects: a hot head (the shared system prompts; block 0 of the trace is
+  in every request) outlasts a block used once more, which outlasts nothing. The
+  credit is ``use_credit`` × the resident count of uses (puts and hits) per use, up
+  to ``uses_cap`` uses.
 * **A second use comes late or not at all.** Apart from requests that arrive together,
   fewer than 6 % of reuses on the trace come within 30 s (a user reads and types before
   the next turn). When the cache holds less than that, probation is worse than
   useless: a new block sits there for nothing, in the place of a block with a record of
-  reuse. The policy measures it: ``reach`` is the share (an EWMA) of first reuses that
+  reuse. The policy measures it: ``reach`` is the share (an EWMA, starting at 0) of
+  first reuses that
   come within half a resident count of puts after the block's first put, observed on
   hits and, for blocks already evicted, on their ghost hits (so it is measured whether
   or not probation is on). While ``reach`` is below ``reach_keep`` (0.25), the blocks a
   prefix query missed and that are written now skip probation: they go to the front of
   the victims (adaptive insertion, as DIP's bypass of thrashing lines). On the trace
-  ``reach`` settles near 0.00 / 0.08 / 0.43 / 0.51 at 1 / 3 / 10 / 30 % capacity.
+  ``reach`` settles near REACH_VALUES at 1 / 3 / 10 / 30 % capacity.
 * **The reverse holds when the cache is large.** When most first reuses (``lru_reach``,
   0.7) come within one resident count of puts, probation is given a floor of up to
   ``lru_floor`` (0.8) of the cache: newcomers are kept about as long as LRU would keep
@@ -27,9 +34,10 @@ What a prefix cache knows and plain LRU/ARC do not use:
 * **A block is only useful if every block before it in its prefix is cached.** When
   a block leaves, its resident descendants are *orphans*: no lookup can reach them
   until the missing block is written again. They are nominated first. In main, the
-  blocks of a chain named by a query are used together and ordered by depth: of two
-  blocks last used at once, the deeper one goes first, so a chain is shortened from
-  its tail and what stays is still a usable prefix.
+  blocks of a chain named by a query are used together and ordered by depth: a block
+  never has more uses than its parent, and of two of equal rank the deeper one goes
+  first, so a chain is shortened from its tail and what stays is still a usable
+  prefix.
 * **The last block of a prefix query is rarely reused** (0.8 % of them on the trace:
   the next turn of a conversation extends the prompt, so its partial last block has
   another id). A block known to end a query enters the victim queue directly.
@@ -54,7 +62,10 @@ without the bypass 10.66 / 17.54 / 29.24 / 35.65; without the large-cache floor 
 29.15 / 35.63.
 
 Sources: S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction",
-SOSP'23: small/main/ghost queues, quick demotion); ARC (Megiddo & Modha, FAST'03: the
+SOSP'23: small/main/ghost queues, quick demotion); GreedyDual-Size-Frequency
+(Cherkasova, HP Labs HPL-98-69, 1998) and LFU with dynamic aging (Arlitt et al.,
+"Evaluating content management techniques for Web proxy caches", 2000): a rank of
+clock plus frequency credit; ARC (Megiddo & Modha, FAST'03: the
 adaptive split driven by ghost hits); DIP (Qureshi et al., "Adaptive insertion
 policies for high performance caching", ISCA'07: inserting new lines where they leave
 first when the working set does not fit, chosen by a measurement); W-TinyLFU (Einziger
@@ -72,7 +83,7 @@ simulated: 10.79 / 17.70 / 29.13 / 35.63 % at 1 / 3 / 10 / 30 % of the unique bl
 1 % and 16 % at 3 %, above ARC at every capacity, but short of closing a fifth of the
 gap from ARC to Belady at 1 % and 3 % (10.88 / 18.56 %).
 
-Cost: main is a ``SortedList`` keyed by (last use, depth): a use, a move into or out
+Cost: main is a ``SortedList`` keyed by (rank, depth): a use, a move into or out
 of main is O(log n); everything else is O(1) amortised per key (an orphan is
 nominated once per residency); ``on_prefix`` is O(len(keys) · log n);
 ``candidates(n)`` is O(n + log n) and changes nothing. Memory: resident keys, one
@@ -101,11 +112,12 @@ _FREQ_MAX = 3  # S3-FIFO's 2-bit counter (hits while in probation)
 class _Entry:
     """A resident key: its queue, frequency and place in the prefix forest."""
 
-    __slots__ = ("queue", "freq", "parent", "kids", "from_main", "born", "last", "rank")
+    __slots__ = ("queue", "freq", "parent", "kids", "from_main", "born", "last", "rank", "uses")
 
     def __init__(self, parent: str | None) -> None:
         self.queue = 0
         self.freq = 0
+        self.uses = 1  # uses (puts and hits) while resident and, through the ghost, before
         self.last = 0  # use number (puts and hits) of its last use
         self.rank: tuple | None = None  # its place in main's recency order while there
         self.born = -1  # put number of a first-time key until its first reuse (-1: none pending)
@@ -115,15 +127,16 @@ class _Entry:
 
 
 class PrefixPolicy(EvictionPolicy):
-    """Adaptive S3-FIFO with a long ghost and an LRU main; probation skipped while out
-    of reach, orphan-first and query-tail demotion, chains shortened from the tail.
+    """Adaptive S3-FIFO with a long ghost and a frequency-credited LRU main; probation
+    skipped while out of reach, orphan-first and query-tail demotion, chains shortened
+    from the tail.
 
     Queues of resident keys: *victim* (a FIFO ``OrderedDict``, nominated first: orphans
     and blocks that skip probation at its front, then blocks that ended a prefix query,
     then what the other two queues dropped), *small* (a FIFO: new keys, probation),
-    *main* (keys with evidence of reuse: an LRU by last use, deeper blocks of a chain
-    first among those used at once). ``candidates(n)`` walks victim, small, main in
-    that order.
+    *main* (keys with evidence of reuse, lowest rank first: last use + a credit per use,
+    deeper blocks of a chain first among equals). ``candidates(n)`` walks victim, small,
+    main in that order.
 
     Args:
         config: the master's configuration (read-only), or ``None`` in tests and the
@@ -141,17 +154,24 @@ class PrefixPolicy(EvictionPolicy):
             probation gets a floor (0.7; above 1 never).
         lru_floor: the floor's most, as a fraction of the resident count, reached when
             every first reuse is within one resident count (0.8).
-        reach_alpha: weight of one first reuse in the two EWMAs (1/256).
+        reach_alpha: weight of one first reuse in the two EWMAs (1/1024).
+        reach_init: the starting ``reach`` (0: probation is skipped until first reuses
+            are seen in reach).
+        use_credit: main's credit per use, in resident counts of uses (1.0; 0: a
+            plain LRU).
+        uses_cap: uses counted in the credit at most (16).
     """
 
     def __init__(self, config: MasterConfig | None = None, *, ghost_factor: float = 4.0,
                  small_init: float = 0.1, small_min: float = 0.01, small_max: float = 0.9,
                  reach_span: float = 0.5, reach_keep: float = 0.25, lru_reach: float = 0.7,
-                 lru_floor: float = 0.8, reach_alpha: float = 1 / 256) -> None:
+                 lru_floor: float = 0.8, reach_alpha: float = 1 / 1024, reach_init: float = 0.0,
+                 use_credit: float = 1.0, uses_cap: int = 16) -> None:
         super().__init__(config)
+        self._use_credit, self._uses_cap = float(use_credit), int(uses_cap)
         self._reach_span, self._reach_keep = float(reach_span), float(reach_keep)
         self._lru_reach, self._lru_floor, self._reach_alpha = float(lru_reach), float(lru_floor), float(reach_alpha)
-        self._reach = 1.0  # share of first reuses within reach_span x resident puts of the first put
+        self._reach = float(reach_init)  # share of first reuses within reach_span x resident puts of the first put
         self._reach_full = 0.5  # the same within one resident count of puts
         self._puts = 0  # puts of keys not resident (the clock of first reuses)
         self._entries: dict[str, _Entry] = {}
@@ -161,8 +181,8 @@ class PrefixPolicy(EvictionPolicy):
         self._uses = 0  # the use clock
         self._victim: OrderedDict[str, None] = OrderedDict()
         # ghost: hash(key) -> (came from main, eviction number of its origin, put number of a
-        # first-time key not reused yet or -1)
-        self._ghost: OrderedDict[int, tuple[bool, int, int]] = OrderedDict()
+        # first-time key not reused yet or -1, its uses)
+        self._ghost: OrderedDict[int, tuple[bool, int, int, int]] = OrderedDict()
         self._ghost_factor = float(ghost_factor)
         self._small_target = -1.0  # keys; < 0 until the first put sets it from small_init
         self._small_init, self._small_min, self._small_max = small_init, small_min, small_max
@@ -180,7 +200,9 @@ class PrefixPolicy(EvictionPolicy):
         return self._small if q == _SMALL else self._main if q == _MAIN else self._victim
 
     def _rank(self, key: str, e: _Entry, depth: int = 0) -> None:
-        e.rank = (e.last, -depth, key)
+        # last use + a credit per use (GDSF / LFU-DA's priority): use_credit x resident uses
+        credit = self._use_credit * len(self._entries) * min(e.uses, self._uses_cap)
+        e.rank = (e.last + credit, -depth, key)
         self._mq.add(e.rank)
 
     def _move(self, key: str, e: _Entry, q: int, front: bool = False) -> None:
@@ -200,7 +222,7 @@ class PrefixPolicy(EvictionPolicy):
     def _balance(self) -> None:
         """S3-FIFO's eviction walk, done eagerly so ``candidates`` stays read-only:
         small over its target → its oldest goes to main (hit while there) or to the
-        victims; main over the rest → its least recently used to the victims. The
+        victims; main over the rest → its lowest rank to the victims. The
         target is kept within ``[floor, small_max]`` of the resident count, the floor
         being ``small_min`` or, while most first reuses are in reach, up to
         ``lru_floor``."""
@@ -226,7 +248,7 @@ class PrefixPolicy(EvictionPolicy):
                 self._move(key, e, _VICTIM)
         mq = self._mq
         while len(main) > n - target:
-            key = mq[0][2]  # main is an LRU (by last use)
+            key = mq[0][2]  # main's lowest rank
             e = entries[key]
             e.from_main = True
             self._move(key, e, _VICTIM)
@@ -300,6 +322,7 @@ class PrefixPolicy(EvictionPolicy):
             self.counters["ghost_hits"] += 1
             self._adapt(g[0], g[1])
             e.born = -1
+            e.uses = g[3] + 1
             if g[2] >= 0:
                 self._first_reuse(self._puts - g[2])
             self._move(key, e, _MAIN)
@@ -345,7 +368,7 @@ class PrefixPolicy(EvictionPolicy):
 
     def on_hit(self, key: str) -> None:
         """See :meth:`EvictionPolicy.on_hit`: in small a count more (up to 3, promoted
-        when small drops it); in main the most recent; a victim that is hit after all
+        when small drops it); in main ranked anew (used now, a use more); a victim that is hit after all
         goes back to main. A key's first hit is a first reuse (``reach``). O(log n)."""
         e = self._entries.get(key)
         if e is None:
@@ -355,6 +378,7 @@ class PrefixPolicy(EvictionPolicy):
             e.born = -1
         self._uses += 1
         e.last = self._uses
+        e.uses += 1
         if e.queue == _VICTIM:
             e.freq = 0
             self._move(key, e, _MAIN)
@@ -384,11 +408,11 @@ class PrefixPolicy(EvictionPolicy):
             if e.from_main or e.queue == _MAIN:
                 self._drops_main += 1
                 self._ghosts_main += 1
-                ghost[h] = (True, self._drops_main, e.born)
+                ghost[h] = (True, self._drops_main, e.born, e.uses)
             else:
                 self._drops_small += 1
                 self._ghosts_small += 1
-                ghost[h] = (False, self._drops_small, e.born)
+                ghost[h] = (False, self._drops_small, e.born, e.uses)
             limit = self._ghost_factor * max(1, len(self._entries))
             while len(ghost) > limit:
                 self._forget(ghost.popitem(last=False)[1][0])
@@ -460,7 +484,7 @@ class PrefixPolicy(EvictionPolicy):
     def candidates(self, n: int) -> list[str]:
         """See :meth:`EvictionPolicy.candidates`: the order S3-FIFO's walk would evict
         ``n`` keys in, without walking (nothing changes): the victims, then the small
-        queue's keys with no hit (oldest first), then main's least recently used, then
+        queue's keys with no hit (oldest first), then main's lowest ranks, then
         the rest of small. Each queue is looked at for at most ``8n + 64`` keys (O(n));
         past that its keys come in queue order."""
         out = list(itertools.islice(self._victim, n))
@@ -471,7 +495,7 @@ class PrefixPolicy(EvictionPolicy):
         for queue in (self._small, None):
             if len(out) >= n:
                 return out
-            if queue is None:  # main, in LRU order: every key's count is 0
+            if queue is None:  # main, lowest rank first: every key's count is 0
                 queue = [t[2] for t in itertools.islice(self._mq, window + n)]
             later: list[str] = []
             for key in itertools.islice(queue, window):

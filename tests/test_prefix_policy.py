@@ -86,7 +86,7 @@ def test_ghost_admits_to_main() -> None:
 
 @pytest.mark.parametrize("report_first", [True, False])
 def test_query_tail_is_nominated_first_whatever_the_order(report_first: bool) -> None:
-    p = PrefixPolicy(small_init=0.5, small_min=0.5)  # a large probation: c1, c2 stay in it
+    p = PrefixPolicy(small_init=0.5, small_min=0.5, reach_init=1.0)  # a large probation: c1, c2 stay in it
     for i in range(40):
         p.on_put(f"old{i}")
     chain = ["c0", "c1", "c2", "c3"]
@@ -150,7 +150,7 @@ def _to_main(p: PrefixPolicy, keys: list[str]) -> None:
 
 
 def test_main_is_an_lru_and_a_chain_leaves_tail_first() -> None:
-    p = PrefixPolicy()
+    p = PrefixPolicy(use_credit=0.0)  # no credit per use: a plain LRU
     for i in range(40):  # room for main
         p.on_put(f"w{i}")
     chain = [f"c{i}" for i in range(4)]
@@ -168,8 +168,27 @@ def test_main_is_an_lru_and_a_chain_leaves_tail_first() -> None:
     _consistent(p)
 
 
+def test_main_credits_uses_and_remembers_them_through_the_ghost() -> None:
+    p = PrefixPolicy()
+    for i in range(40):
+        p.on_put(f"w{i}")
+    _to_main(p, ["hot", "warm", "cold"])
+    for _ in range(3):
+        p.on_hit("hot")
+    p.on_hit("warm")
+    p.on_hit("warm")
+    assert [p._entries[k].uses for k in ("hot", "warm", "cold")] == [5, 4, 2]
+    p.on_hit("cold")  # the most recent, but fewer uses: still first out of main
+    order = [k for k in p.candidates(len(p)) if k in ("hot", "warm", "cold")]
+    assert order == ["cold", "warm", "hot"]
+    p.on_remove("hot", evicted=True)
+    p.on_put("hot")  # back from the ghost with its uses
+    assert p._entries["hot"].uses == 6 and p._entries["hot"].queue == 2
+    _consistent(p)
+
+
 def test_reach_follows_first_reuses_through_hits_and_the_ghost() -> None:
-    p = PrefixPolicy(reach_alpha=0.5)
+    p = PrefixPolicy(reach_alpha=0.5, reach_init=1.0)
     for i in range(100):
         p.on_put(f"k{i}")
     p.on_hit("k99")  # one put after its first put: in reach
