@@ -26,7 +26,7 @@ What a prefix cache knows and plain LRU/ARC do not use:
   or not probation is on). While ``reach`` is below ``reach_keep`` (0.25), the blocks a
   prefix query missed and that are written now skip probation: they go to the front of
   the victims (adaptive insertion, as DIP's bypass of thrashing lines). On the trace
-  ``reach`` settles near REACH_VALUES at 1 / 3 / 10 / 30 % capacity.
+  ``reach`` settles near 0.00 / 0.09 / 0.53 / 0.91 at 1 / 3 / 10 / 30 % capacity.
 * **The reverse holds when the cache is large.** When most first reuses (``lru_reach``,
   0.7) come within one resident count of puts, probation is given a floor of up to
   ``lru_floor`` (0.8) of the cache: newcomers are kept about as long as LRU would keep
@@ -56,10 +56,12 @@ hits, ``ReportHits.prefix_*``). Reports are asynchronous: a query's report may c
 before or after the puts of its misses; links for keys not resident yet wait in a
 bounded table (as many entries as resident keys) until their put, with whether they
 skip probation. Ablations, simulated on the trace at 1 / 3 / 10 / 30 % (the policy:
-10.79 / 17.70 / 29.13 / 35.63): without prefix reports 10.51 / 17.52 / 28.83 / 35.59;
-without the bypass 10.66 / 17.54 / 29.24 / 35.65; without the large-cache floor 10.79
-/ 17.80 / 29.13 / 34.91; ghost 3x 10.47 / 17.59 / 29.22 / 35.63, 6x 10.37 / 17.70 /
-29.15 / 35.63.
+10.84 / 18.57 / 29.42 / 35.58): without prefix reports 10.52 / 18.02 / 29.01 / 35.56;
+without the bypass 10.75 / 18.07 / 29.40 / 35.56; without the large-cache floor 10.84
+/ 18.57 / 28.87 / 34.93; without the credit per use (a plain LRU main) 10.79 / 17.97 /
+29.54 / 35.63; ghost 3x 10.67 / 18.25 / 29.37 / 35.58, 6x 10.77 / 18.61 / 29.32 /
+35.58. The previous design (a CLOCK main, a ghost of 3x, no bypass, no floor) measured
+10.22 / 17.19 / 28.66 / 34.92.
 
 Sources: S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction",
 SOSP'23: small/main/ghost queues, quick demotion); GreedyDual-Size-Frequency
@@ -77,11 +79,13 @@ blocks outlast tail blocks, workload-aware eviction beats LRU/LFU).
 
 Measured on the conversation trace, 512-token blocks, hit = longest cached prefix
 (docs/master.md "Choosing an eviction policy", ``bench/results/policy.json``),
-simulated: 10.79 / 17.70 / 29.13 / 35.63 % at 1 / 3 / 10 / 30 % of the unique blocks
-(the store 10.67 / 17.53 / 29.16 / 35.61; ARC 7.53 / 14.56 / 28.64 / 34.92; LRU 5.23 /
+simulated: 10.84 / 18.57 / 29.42 / 35.58 % at 1 / 3 / 10 / 30 % of the unique blocks
+(the store 10.77 / 18.44 / 29.39 / 35.58; ARC 7.53 / 14.56 / 28.64 / 34.92; LRU 5.23 /
 12.52 / 27.87 / 35.77; Belady 24.30 / 34.55 / 36.64 / 36.64). That is at least 10 % at
-1 % and 16 % at 3 %, above ARC at every capacity, but short of closing a fifth of the
-gap from ARC to Belady at 1 % and 3 % (10.88 / 18.56 %).
+1 % and 16 % at 3 %, above ARC at every capacity, and closes 19.7 % of the gap from
+ARC to Belady at 1 % (a fifth would be 10.88 %) and 20.1 % at 3 % (a fifth: 18.56 %).
+Per block it costs the master 4-5x ARC's CPU (10-14 against 2.2-2.9 us in a quiet run,
+``bench/results/policy_cost.json``).
 
 Cost: main is a ``SortedList`` keyed by (rank, depth): a use, a move into or out
 of main is O(log n); everything else is O(1) amortised per key (an orphan is
