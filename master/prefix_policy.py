@@ -19,7 +19,7 @@ What a prefix cache knows and plain LRU/ARC do not use:
   fewer than 6 % of reuses on the trace come within 30 s (a user reads and types before
   the next turn). When the cache holds less than that, probation is worse than
   useless: a new block sits there for nothing, in the place of a block with a record of
-  reuse. The policy measures it: ``reach`` is the share (an EWMA, starting at 0) of
+  reuse. The policy measures it: ``reach`` is the share (an EWMA, starting at 1) of
   first reuses that
   come within half a resident count of puts after the block's first put, observed on
   hits and, for blocks already evicted, on their ghost hits (so it is measured whether
@@ -159,8 +159,10 @@ class PrefixPolicy(EvictionPolicy):
         lru_floor: the floor's most, as a fraction of the resident count, reached when
             every first reuse is within one resident count (0.8).
         reach_alpha: weight of one first reuse in the two EWMAs (1/1024).
-        reach_init: the starting ``reach`` (0: probation is skipped until first reuses
-            are seen in reach).
+        reach_init: the starting ``reach`` (1.0: probation is kept until first reuses are
+            measured out of its reach; starting at 0 gains 0.05 points at 3 % on the
+            trace but skips probation before anything is known, and with hit reports
+            arriving late a short replay at 30 % lost 2.4 points against its simulation).
         use_credit: main's credit per use, in resident counts of uses (1.0; 0: a
             plain LRU).
         uses_cap: uses counted in the credit at most (16).
@@ -169,7 +171,7 @@ class PrefixPolicy(EvictionPolicy):
     def __init__(self, config: MasterConfig | None = None, *, ghost_factor: float = 4.0,
                  small_init: float = 0.1, small_min: float = 0.01, small_max: float = 0.9,
                  reach_span: float = 0.5, reach_keep: float = 0.25, lru_reach: float = 0.7,
-                 lru_floor: float = 0.8, reach_alpha: float = 1 / 1024, reach_init: float = 0.0,
+                 lru_floor: float = 0.8, reach_alpha: float = 1 / 1024, reach_init: float = 1.0,
                  use_credit: float = 1.0, uses_cap: int = 16) -> None:
         super().__init__(config)
         self._use_credit, self._uses_cap = float(use_credit), int(uses_cap)
