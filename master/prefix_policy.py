@@ -56,11 +56,11 @@ hits, ``ReportHits.prefix_*``). Reports are asynchronous: a query's report may c
 before or after the puts of its misses; links for keys not resident yet wait in a
 bounded table (as many entries as resident keys) until their put, with whether they
 skip probation. Ablations, simulated on the trace at 1 / 3 / 10 / 30 % (the policy:
-10.84 / 18.57 / 29.42 / 35.58): without prefix reports 10.52 / 18.02 / 29.01 / 35.56;
-without the bypass 10.75 / 18.07 / 29.40 / 35.56; without the large-cache floor 10.84
-/ 18.57 / 28.87 / 34.93; without the credit per use (a plain LRU main) 10.79 / 17.97 /
-29.54 / 35.63; ghost 3x 10.67 / 18.25 / 29.37 / 35.58, 6x 10.77 / 18.61 / 29.32 /
-35.58. The previous design (a CLOCK main, a ghost of 3x, no bypass, no floor) measured
+10.82 / 18.52 / 29.40 / 35.56): without prefix reports 10.52 / 18.02 / 29.01 / 35.56;
+without the bypass 10.75 / 18.07 / 29.40 / 35.56; without the large-cache floor 10.82
+/ 18.52 / 28.85 / 34.92; without the credit per use (a plain LRU main) 10.79 / 17.93 /
+29.49 / 35.66; ghost 3x 10.39 / 18.24 / 29.37 / 35.56, 6x 10.77 / 18.50 / 29.43 /
+35.56. The previous design (a CLOCK main, a ghost of 3x, no bypass, no floor) measured
 10.22 / 17.19 / 28.66 / 34.92.
 
 Sources: S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction",
