@@ -7,7 +7,7 @@ What a prefix cache knows and plain LRU/ARC do not use:
   after more than 2 minutes (median gap 135 s). A new block therefore enters a small
   probationary FIFO (S3-FIFO's *small* queue) and leaves it quickly unless it is hit
   while there; a long *ghost* list of recently evicted keys (four times the resident
-  count by default; a ghost is a key hash) recognises a block that comes back after a
+  count by default; a ghost is a key hash and two counts) recognises a block that comes back after a
   long gap, which is then admitted to the protected *main* queue. Main evicts the
   lowest *rank*: a block's last use plus a credit per use it has had (its uses are
   remembered through the ghost), as GreedyDual-Size-Frequency and LFU with dynamic
@@ -16,17 +16,17 @@ What a prefix cache knows and plain LRU/ARC do not use:
   credit is ``use_credit`` × the resident count of uses (puts and hits) per use, up
   to ``uses_cap`` uses.
 * **A second use comes late or not at all.** Apart from requests that arrive together,
-  fewer than 6 % of reuses on the trace come within 30 s (a user reads and types before
-  the next turn). When the cache holds less than that, probation is worse than
-  useless: a new block sits there for nothing, in the place of a block with a record of
-  reuse. The policy measures it: ``reach`` is the share (an EWMA, starting at 1) of
-  first reuses that
-  come within half a resident count of puts after the block's first put, observed on
-  hits and, for blocks already evicted, on their ghost hits (so it is measured whether
-  or not probation is on). While ``reach`` is below ``reach_keep`` (0.25), the blocks a
-  prefix query missed and that are written now skip probation: they go to the front of
-  the victims (adaptive insertion, as DIP's bypass of thrashing lines). On the trace
-  ``reach`` settles near 0.00 / 0.09 / 0.53 / 0.91 at 1 / 3 / 10 / 30 % capacity.
+  about 6 % of reuses on the trace come within 30 s (a user reads and types before the
+  next turn). When the cache holds less than that, probation is worse than useless: a
+  new block sits there for nothing, in the place of a block with a record of reuse.
+  The policy measures it: ``reach`` is the share (an EWMA, starting at 1) of first
+  reuses that come within half a resident count of puts after the block's first put,
+  observed on hits and, for blocks already evicted, on their ghost hits (so it is
+  measured whether or not probation is on). While ``reach`` is below ``reach_keep``
+  (0.25), the blocks a prefix query missed and that are written now skip probation:
+  they go to the front of the victims (adaptive insertion, as DIP's bypass of
+  thrashing lines). On the trace ``reach`` settles near 0.00 / 0.09 / 0.53 / 0.91 at 1
+  / 3 / 10 / 30 % capacity.
 * **The reverse holds when the cache is large.** When most first reuses (``lru_reach``,
   0.7) come within one resident count of puts, probation is given a floor of up to
   ``lru_floor`` (0.8) of the cache: newcomers are kept about as long as LRU would keep
@@ -35,7 +35,7 @@ What a prefix cache knows and plain LRU/ARC do not use:
   a block leaves, its resident descendants are *orphans*: no lookup can reach them
   until the missing block is written again. They are nominated first. In main, the
   blocks of a chain named by a query are used together and ordered by depth: a block
-  never has more uses than its parent, and of two of equal rank the deeper one goes
+  seldom has more uses than its parent, and of two of equal rank the deeper one goes
   first, so a chain is shortened from its tail and what stays is still a usable
   prefix.
 * **The last block of a prefix query is rarely reused** (0.8 % of them on the trace:
