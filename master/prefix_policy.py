@@ -79,13 +79,13 @@ blocks outlast tail blocks, workload-aware eviction beats LRU/LFU).
 
 Measured on the conversation trace, 512-token blocks, hit = longest cached prefix
 (docs/master.md "Choosing an eviction policy", ``bench/results/policy.json``),
-simulated: 10.84 / 18.57 / 29.42 / 35.58 % at 1 / 3 / 10 / 30 % of the unique blocks
-(the store 10.77 / 18.44 / 29.39 / 35.58; ARC 7.53 / 14.56 / 28.64 / 34.92; LRU 5.23 /
+simulated: 10.82 / 18.52 / 29.40 / 35.56 % at 1 / 3 / 10 / 30 % of the unique blocks
+(the store 10.70 / 18.30 / 29.40 / 35.53; ARC 7.53 / 14.56 / 28.64 / 34.92; LRU 5.23 /
 12.52 / 27.87 / 35.77; Belady 24.30 / 34.55 / 36.64 / 36.64). That is at least 10 % at
 1 % and 16 % at 3 %, above ARC at every capacity, and closes 19.7 % of the gap from
-ARC to Belady at 1 % (a fifth would be 10.88 %) and 20.1 % at 3 % (a fifth: 18.56 %).
-Per block it costs the master 4-5x ARC's CPU (10-14 against 2.2-2.9 us in a quiet run,
-``bench/results/policy_cost.json``).
+ARC to Belady at 1 % (a fifth would be 10.88 %) and 19.8 % at 3 % (a fifth: 18.56 %).
+Per block it costs the master 3.4-5x ARC's CPU (11-15 against 2.2-4.0 us in a quiet
+run, ``bench/results/policy_cost.json``).
 
 Cost: main is a ``SortedList`` keyed by (rank, depth): a use, a move into or out
 of main is O(log n); everything else is O(1) amortised per key (an orphan is
