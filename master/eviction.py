@@ -8,8 +8,8 @@ given to the policy.
 
 Policies register through entry points in the ``cxlkv.eviction_policies`` group
 (built-ins too) and are chosen by ``eviction_policy`` in the master config. All
-methods are called on the master's event-loop thread and must be O(1) per call
-(``candidates(n)``: O(n); ``on_prefix``: O(len(keys))). The prefix-aware policy
+methods are called on the master's event-loop thread and must be O(1) or O(log n)
+per call (``candidates(n)``: O(n); ``on_prefix``: O(len(keys)), times log n at most). The prefix-aware policy
 ``prefix`` lives in :mod:`cxlkv.master.prefix_policy`; docs/master.md "Choosing an
 eviction policy" compares them.
 """
