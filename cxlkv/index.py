@@ -527,11 +527,13 @@ class IndexWriter:
         b = bs[0]
         if len(bs) == 2 and used[bs[1]].bit_count() < used[b].bit_count():
             b = bs[1]
-        m = used[b]
-        if m == 0xFF:
-            return None
-        i = (~m & (m + 1)).bit_length() - 1  # lowest free slot
-        used[b] = m | (1 << i)
+        return None if used[b] == 0xFF else self._take_lowest(b)
+
+    def _take_lowest(self, b: int) -> int:
+        """Mark the lowest free slot of bucket ``b`` (not full) used; its slot number."""
+        m = self._used[b]
+        i = (~m & (m + 1)).bit_length() - 1
+        self._used[b] = m | (1 << i)
         return b * BUCKET_SLOTS + i
 
     def _place_anywhere(self, key_hash: int) -> int | None:
@@ -545,11 +547,8 @@ class IndexWriter:
         m = _NOT_FULL.search(used, self._free_hint) or _NOT_FULL.search(used)
         if m is None:
             return None
-        b = self._free_hint = m.start()
-        mask = used[b]
-        i = (~mask & (mask + 1)).bit_length() - 1
-        used[b] = mask | (1 << i)
-        return b * BUCKET_SLOTS + i
+        self._free_hint = m.start()
+        return self._take_lowest(m.start())
 
     # -- writes ----------------------------------------------------------------
     def publish(self, key: str, key_hash: int, *, extent_offset_bytes: int, value_len_bytes: int,

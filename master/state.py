@@ -918,7 +918,13 @@ class MasterState:
         del self._pending[key]
         client = self._clients[client_id]
         client.puts.pop(put_token, None)
-        old = self._objects.get(key)
+        self._install(obj, self._objects.get(key), checksum, now)
+        return obj
+
+    def _install(self, obj: ObjectVersion, old: ObjectVersion | None, checksum: int, now: float) -> None:
+        """Make ``obj`` (its writer done) its key's committed version, replacing ``old``
+        (put_end and commit): published before ``old`` is retired."""
+        key = obj.key
         obj.state = ObjState.COMPLETE
         obj.checksum = checksum
         self.index.ungrant(obj)  # its writer is done
@@ -926,9 +932,8 @@ class MasterState:
         if old is not None:
             self._retire(old, evicted=False)
             self.counters["upserts"] += 1
-        else:
-            if self._keys is not None:
-                self._keys.add(key)
+        elif self._keys is not None:
+            self._keys.add(key)
         self._objects[key] = obj
         if not obj.hard_pin:
             self._track(obj)
@@ -937,7 +942,6 @@ class MasterState:
         else:
             self._pinned[obj.version] = obj
         self.counters["puts_committed"] += 1
-        return obj
 
     def put_revoke(self, client_id: str, epoch: int, key: str, put_token: int, now: float) -> None:
         """Abandon a put: its space returns to the free pool at once.
@@ -1101,24 +1105,8 @@ class MasterState:
         obj.header_bytes = header_bytes
         obj.hard_pin = hard_pin
         obj.soft_pin_until = now + self.config.soft_pin_ttl_s if soft_pin and not hard_pin else 0.0
-        obj.state = ObjState.COMPLETE
-        obj.checksum = checksum
-        self.index.ungrant(obj)  # its writer is done
-        self.index.publish(obj)  # readers move to the new version before the old one's space is freed
-        if old is not None:
-            self._retire(old, evicted=False)
-            self.counters["upserts"] += 1
-        elif self._keys is not None:
-            self._keys.add(key)
-        self._objects[key] = obj
-        if not obj.hard_pin:
-            self._track(obj)
-            if self._has_ssd:
-                self._copy_ahead(obj, now)
-        else:
-            self._pinned[obj.version] = obj
+        self._install(obj, old, checksum, now)
         self.counters["commits"] += 1
-        self.counters["puts_committed"] += 1
         return obj
 
     def unreserve(self, client_id: str, epoch: int, put_token: int, now: float) -> None:

@@ -121,6 +121,9 @@ class DirectPath:
         self._puts_in_flight = 0
         self._fused = all(hasattr(r, "copy_in_hashed") and hasattr(r, "copy_out_hashed")
                           for r in regions.values())
+        from cxlkv.transport.bindings import fresh_bytes  # the regions are mapped: the transport is here
+
+        self._fresh_bytes = fresh_bytes
 
     # ------------------------------------------------------------ set-up
     @classmethod
@@ -457,9 +460,7 @@ class DirectPath:
             try:
                 invalidate = bool(self.flush or attempt)
                 if dst is None and size >= 2:  # one pass, straight into the bytes returned
-                    from cxlkv.transport.bindings import fresh_bytes
-
-                    value, target = fresh_bytes(size)
+                    value, target = self._fresh_bytes(size)
                     if self._fused:
                         got = int(region.copy_out_hashed(off, target, invalidate=invalidate))
                     else:
