@@ -16,10 +16,12 @@
   ended before the copy finished (else the space may have been reused: the read
   is retried once, then reported as LEASE_EXPIRED — never wrong bytes) → verify
   the object header (magic, key hash, version, length, header checksum) and the
-  value's checksum, in both coherence modes (flush mode reads with the
-  transport's non-coherent copies, which drop each chunk's lines before reading
-  it); a mismatch is retried once after an invalidate, then answered
-  CHECKSUM_MISMATCH (a miss) and counted in ``checksum_failures`` → release the lease.
+  value's checksum, in both coherence modes (flush mode verifies first: the
+  first copy goes through the cache, the headers' lines are dropped before they
+  are checked, and a stale line fails the check); a mismatch is retried once
+  with the transport's non-coherent copy (every line dropped before it is
+  read), then answered CHECKSUM_MISMATCH (a miss) and counted in
+  ``checksum_failures`` → release the lease.
 
 The front-ends (:mod:`cxlkv.clientd.grpc_service`, :mod:`cxlkv.clientd.lean`)
 translate messages through :mod:`cxlkv.clientd.api` into these calls.
@@ -184,6 +186,12 @@ class _Copy:
     #: at least :data:`FUSED_HASH_MIN_BYTES` that :func:`_partition` keeps whole).
     fuse: bool = False
     checksum: int | None = None
+    #: Reads only: the copy will be checked against a checksum (the master's, or
+    #: the header's) before its bytes are used; a flush-mode read then verifies
+    #: first. False (a bare value with no known checksum): every line dropped.
+    checked: bool = True
+    #: Reads only: the first copy did not verify and the value was copied again.
+    redone: bool = False
 
 
 def _status(code: int, message: str) -> common_pb2.Status:
@@ -740,6 +748,7 @@ class ClientdCore:
             c = plan(i, keys[i], loc, targets[i], out)
             if c is None:
                 continue
+            c.checked = bool(loc.header_bytes or loc.checksum)
             ttl_ms = loc.lease_ttl_ms
             meta.append((i, loc, t0 + ttl_ms / 1000.0 if ttl_ms else math.inf))
             copies.append(c)
@@ -758,6 +767,7 @@ class ClientdCore:
                     self.executor, self._verify_reads, checks)
             else:  # only headers left to check (one C call), or small values
                 bad = self._verify_reads(checks)
+            self.counters["reads_copied_again"] += sum(c.redone for c in copies)
             now = self.clock()
             for c, (i, loc, deadline) in zip(copies, meta):
                 exc = errs.get(i)
@@ -843,25 +853,22 @@ class ClientdCore:
         return _Copy(i, mapped, ext.offset_bytes + loc.header_bytes, size, target.buf, target.offset,
                      FUSED_HASH_MIN_BYTES <= size < 2 * SPLIT_COPY_BYTES)
 
-    def _copy_out(self, copies: list[_Copy]) -> dict[int, CxlkvError]:
-        """Copy extents out (in flush mode with the transport's non-coherent
-        copies, which drop each chunk's lines before reading it); inline reads
-        become bytes."""
+    def _copy_out(self, copies: list[_Copy], *, again: bool = False) -> dict[int, CxlkvError]:
+        """Copy extents out; inline reads become bytes. Every copy is checked
+        (:meth:`_verify_reads`) before its bytes are used, so in flush mode the
+        first copy goes through the cache (verify first, docs/transport.md);
+        ``again`` (the retry of a copy that did not verify): with the transport's
+        non-coherent copies, which drop each chunk's lines before reading it."""
         errs: dict[int, CxlkvError] = {}
-        nc = self.flush_mode
-        if nc:
-            for c in copies:
-                if c.buf is None:  # read through a view: invalidated first
-                    try:
-                        c.mapped.region.invalidate(c.region_offset, c.length)
-                    except CxlkvError as exc:
-                        errs[c.index] = exc
+        flush = self.flush_mode
         to_buffers: list[_Copy] = []
+        strict_buffers: list[_Copy] = []
         for c in copies:
-            if c.index in errs:
-                continue
+            nc = flush and (again or not c.checked)
             if c.buf is None:
                 try:
+                    if nc:  # read through a view: invalidated first
+                        c.mapped.region.invalidate(c.region_offset, c.length)
                     c.buf = bytes(c.mapped.region.view(c.region_offset, c.length))
                     c.checksum = _xxh3(c.buf)  # of the bytes answered, for the batch check
                 except CxlkvError as exc:
@@ -877,9 +884,11 @@ class ClientdCore:
                     errs[c.index] = CxlkvError(f"copy failed: {exc}")
             else:
                 c.checksum = None
-                to_buffers.append(c)
+                (strict_buffers if nc else to_buffers).append(c)
         if to_buffers:
-            errs.update(_run_reads(to_buffers, invalidate=nc))
+            errs.update(_run_reads(to_buffers))
+        if strict_buffers:
+            errs.update(_run_reads(strict_buffers, invalidate=True))
         return errs
 
     def _verify_reads(self, checks: list[tuple[_Copy, int, str, int, int]]) -> dict[int, str]:
@@ -903,8 +912,9 @@ class ClientdCore:
                 continue
             if isinstance(c.buf, bytes):
                 c.buf = None  # an inline read: _copy_out makes fresh bytes
+            c.redone = True
             try:  # once more, from memory: a stale line or a writer racing the lease
-                errs = self._copy_out([c])
+                errs = self._copy_out([c], again=True)
             except CxlkvError as exc:  # _copy_out reports per item; keep the first reason
                 errs = {c.index: exc}
             if c.index in errs:

@@ -171,6 +171,11 @@ class ClientdCollector:
             "reads whose bytes did not match the object's checksum (flush mode: stale or torn; reported as a miss)",
             value=c.get("checksum_failures", 0))
         yield CounterMetricFamily(
+            "cxlkv_clientd_reads_copied_again_total",
+            "leased reads whose first copy did not verify and were copied again with every cache line "
+            "dropped (flush mode: a stale line; either mode: a writer racing the lease)",
+            value=c.get("reads_copied_again", 0))
+        yield CounterMetricFamily(
             "cxlkv_clientd_registrations_total",
             "registrations with the master (more than one: the master restarted or the registration expired)",
             value=self.core.link.generation)

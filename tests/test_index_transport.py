@@ -676,14 +676,15 @@ def run_reader(rd: IndexReader, keys: list[bytes], ledger: Ledger, stop: threadi
 
 
 def stress(writer_region: Any, reader_regions: list[Any], *, invalidate: bool, flush: bool, seconds: float,
-           fresh: bool, evict: bool = False) -> tuple[dict, int]:
+           fresh: bool, evict: bool = False, verify_first: bool = False) -> tuple[dict, int]:
     keys = [f"stress-{i}".encode() for i in range(6)]
     m = MiniMaster(writer_region, HO, 4, flush=flush)
     ledger = Ledger()
     stop = threading.Event()
     counts = {k: 0 for k in ("reads", "hits", "misses", "unsure", "retries", "wrong", "stale", "false_miss",
                              "other")}
-    readers = [IndexReader(r, HO, HO + 4096, 4, [r], invalidate=invalidate) for r in reader_regions]
+    readers = [IndexReader(r, HO, HO + 4096, 4, [r], invalidate=invalidate, verify_first=verify_first)
+               for r in reader_regions]
     ops: list[int] = []
     wt = threading.Thread(target=lambda: ops.append(run_writer(m, keys, ledger, stop, extents=12,
                                                                extent_bytes=16 * KiB, seed=1)))
@@ -706,29 +707,36 @@ def _regions(path: Path, n: int, emulated: bool) -> list[Region]:
     return [Region.open(path, emulate_noncoherent=emulated) for _ in range(n)]
 
 
-@pytest.mark.parametrize("invalidate", [True, False], ids=["invalidate", "no-invalidate"])
-def test_stress_noncoherent_emulator(tmp_path: Path, invalidate: bool) -> None:
+@pytest.mark.parametrize("mode", ["invalidate", "verify-first", "no-invalidate"])
+def test_stress_noncoherent_emulator(tmp_path: Path, mode: str) -> None:
     """Three emulated hosts: one master writing with flush, two readers. With
-    invalidation: no wrong bytes, nothing older than what was committed before the
-    read began, no false miss. Without (and the readers' caches evicting random
-    lines, so they hold old and new lines mixed): the stale lines are caught
-    (UNSURE, retries, misses), never returned as wrong bytes."""
+    invalidation (every line dropped, or verify first: slot and header lines
+    dropped, the value's first copy through the cache and checked against the
+    slot's checksum): no wrong bytes, nothing older than what was committed
+    before the read began, no false miss; verify first reads stale value lines
+    (the emulated caches keep every line) and every one is caught and read again.
+    Without (and the readers' caches evicting random lines, so they hold old and
+    new lines mixed): the stale lines are caught (UNSURE, retries, misses), never
+    returned as wrong bytes."""
+    invalidate = mode != "no-invalidate"
     path = tmp_path / "r"
     Region.open(path, size=SIZE, create=True).close()
     hosts = _regions(path, 3, emulated=True)
     try:
         counts, ops = stress(hosts[0], hosts[1:], invalidate=invalidate, flush=True, seconds=2.5,
-                             fresh=invalidate, evict=not invalidate)
+                             fresh=invalidate, evict=not invalidate, verify_first=mode == "verify-first")
     finally:
         stale_lines = sum(h.stale_line_reads for h in hosts[1:])
         for h in hosts:
             h.close()
-    print(f"\nemulator invalidate={invalidate}: {ops} writer ops, {counts}, stale line reads {stale_lines}")
+    print(f"\nemulator {mode}: {ops} writer ops, {counts}, stale line reads {stale_lines}")
     assert ops > 50 and counts["reads"] > 100
     assert counts["wrong"] == 0 and counts["other"] == 0
     if invalidate:
         assert counts["hits"] > 10
         assert counts["stale"] == 0 and counts["false_miss"] == 0
+    if mode == "verify-first":  # stale first copies happened, and each was redone
+        assert stale_lines > 0 and counts["retries"] > 0
     else:
         assert stale_lines > 0
         assert counts["unsure"] + counts["retries"] + counts["false_miss"] > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cxlkv.errors import ChecksumMismatch
@@ -77,4 +78,43 @@ def test_two_clientds_on_the_emulator(make_cluster, monkeypatch, coherence: str)
         assert misses == 0 and failures == 0
     else:
         assert misses > 0 and failures == misses  # the unsafe path is caught
+    cl.assert_invariants()
+
+
+@pytest.mark.parametrize("path", ["sdk-index", "sdk-leased", "clientd-leased"])
+def test_verify_first_reads_catch_every_stale_line(make_cluster, monkeypatch, path: str) -> None:
+    """Flush mode verifies first (docs/transport.md): a value's first copy goes
+    through the cache. On the emulator, whose caches never evict, a reader that
+    read an extent keeps its lines, so once the extent is reused the first copy
+    IS stale: every such copy must fail its check and be copied again with every
+    line dropped — never answered, never a miss. Each read path: the SDK's index
+    reads, the SDK's leased direct reads, clientd's leased reads."""
+    monkeypatch.setenv(EMULATE_ENV, "1")
+    opts = {"coherence": "flush"}
+    if path == "clientd-leased":
+        opts["index_reads"] = False
+    cl = make_cluster(region_size_bytes=8 * MiB, clientd_options=opts)
+    keys = [f"vf/{i}" for i in range(6)]
+    wrong = 0
+    kw = {"direct": False} if path == "clientd-leased" else {"direct_threshold_bytes": 1}
+    with cl.client(0) as a, cl.client(1, **kw) as b:
+        if path == "sdk-leased":
+            assert b._direct is not None
+            b._direct.index = None  # the leased direct path only
+        for rnd in range(6):  # new versions; freed extents are reused, b's cached lines go stale
+            values = {k: os.urandom(64 * KiB + 100 * (rnd + 1)) for k in keys}
+            for k, v in values.items():
+                a.put(k, v, upsert=True)
+            for k, v in values.items():
+                dst = np.zeros(len(v) + 64, np.uint8)
+                n = b.get_into(k, dst)  # a ChecksumMismatch (a miss) fails the test
+                wrong += n != len(v) or dst[:n].tobytes() != v
+        regions = list(b._direct.regions.values()) if b._direct is not None else []
+        counters = _counters(b)
+    assert wrong == 0
+    assert counters.get("checksum_failures", 0) == 0
+    if path == "clientd-leased":
+        assert counters.get("reads_copied_again", 0) > 0  # stale first copies happened and were redone
+    else:
+        assert sum(r.stale_line_reads for r in regions) > 0
     cl.assert_invariants()

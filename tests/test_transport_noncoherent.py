@@ -247,17 +247,21 @@ def test_headers_batch_their_fences(region: Region) -> None:
     assert ok == b"\1\1\1" and kt.violations == [] and kt.fences == {"sfence": 0, "mfence": 1}
 
 
-def test_index_get_reads_nothing_stale(tmp_path: Path) -> None:
-    """cxlkv_index_get / probe in invalidate mode: the publish word, both buckets,
-    the object header and the value are all read after a fenced drop (one fence
-    for the index lines, then the value's pipeline); misses too."""
+@pytest.mark.parametrize("verify_first", [False, True], ids=["drop-all", "verify-first"])
+def test_index_get_reads_nothing_stale(tmp_path: Path, verify_first: bool) -> None:
+    """cxlkv_index_get / probe in invalidate mode: the publish word, both buckets
+    and the object header are read after a fenced drop (one fence for the index
+    lines); misses too. Drop-all: the value too (the value's pipeline). Verify
+    first: the value's first copy is the only read that may see stale lines
+    (``vload``: hashed and compared with the slot's checksum before use; the
+    emulator stress test shows a stale one is caught and read again)."""
     with Region.open(tmp_path / "ix", size=SIZE, create=True) as region:
         m = MiniMaster(region, HO, 8, flush=True)
         big = os.urandom(100 * KiB + 7)
         m.put(b"small", b"v" * 100, 1, 8192)
         m.put(b"big", big, 2, 16384)
-        rd = IndexReader(region, HO, HO + 4096, 8, [region], invalidate=True)
-        for key, want in ((b"small", b"v" * 100), (b"big", big), (b"absent", None)):
+        rd = IndexReader(region, HO, HO + 4096, 8, [region], invalidate=True, verify_first=verify_first)
+        for key, want, ext in ((b"small", b"v" * 100, 8192), (b"big", big, 16384), (b"absent", None, 0)):
             dst = bytearray(200 * KiB)
             res, kt = _replay(region, lambda: rd.get(key, dst))
             assert kt.violations == [], (key, kt.violations[:3])
@@ -266,6 +270,10 @@ def test_index_get_reads_nothing_stale(tmp_path: Path) -> None:
             else:
                 assert res.outcome == IX_HIT and res.retries == 0
                 assert bytes(dst[:len(want)]) == want and res.value_len_bytes == len(want)
+                hb = header_bytes_for(len(key))
+                value_lines = set(range((ext + hb) // LINE, (ext + hb + len(want) - 1) // LINE + 1))
+                assert kt.verified == (value_lines if verify_first else set())
+                assert not kt.verified & {ln for ln in kt.loaded if ln * LINE < ext + hb}  # header: a fenced drop
             assert kt.fences["sfence"] == 0
             res, kt = _replay(region, lambda: rd.probe(key))
             assert kt.violations == [] and res.outcome == (IX_MISS if want is None else IX_HIT)
@@ -292,6 +300,13 @@ def test_the_model_catches_misplaced_fences(region: Region) -> None:
     assert len(KernelTrace(bad, base).violations) == 4
     good = [("drop", *a), ("mfence", 0, 0), ("drop", *b2), ("load", *a), ("mfence", 0, 0), ("load", *b2)]
     assert KernelTrace(good, base).violations == []
+    # a verified load may see a stale line (the kernel checks the hash), but it
+    # leaves the line stale: a plain load after it, without a fenced drop, is flagged
+    kt = KernelTrace([("vload", *line)], base)
+    assert kt.violations == [] and kt.verified_stale == {8192 // LINE}
+    assert KernelTrace([("vload", *line), ("load", *line)], base).violations
+    kt = KernelTrace([("drop", *line), ("mfence", 0, 0), ("vload", *line)], base)
+    assert kt.violations == [] and kt.verified_stale == set()
 
 
 # ------------------------------------------------------- host against host (emulator)

@@ -291,7 +291,7 @@ NC_EVENT_KINDS: dict[int, str] = {
     int(lib.CXLKV_NC_EV_LOAD): "load", int(lib.CXLKV_NC_EV_STORE): "store",
     int(lib.CXLKV_NC_EV_STREAM): "stream", int(lib.CXLKV_NC_EV_WB): "wb",
     int(lib.CXLKV_NC_EV_DROP): "drop", int(lib.CXLKV_NC_EV_SFENCE): "sfence",
-    int(lib.CXLKV_NC_EV_MFENCE): "mfence",
+    int(lib.CXLKV_NC_EV_MFENCE): "mfence", int(lib.CXLKV_NC_EV_VLOAD): "vload",
 }
 
 
@@ -301,7 +301,9 @@ def nc_trace(fn: Any, capacity: int = 1 << 16) -> tuple[Any, list[tuple[str, int
     Returns:
         ``(fn's result, events)``; each event ``(kind, start address, end address)``
         with kind one of :data:`NC_EVENT_KINDS`' values ("load", "store",
-        "stream", "wb", "drop", "sfence", "mfence"; fences have addresses 0).
+        "stream", "wb", "drop", "sfence", "mfence", "vload": a load of bytes the
+        kernel hashes and checks against a checksum it read fresh before using
+        them; fences have addresses 0).
         :class:`cxlkv.transport.emulate.KernelTrace` replays them.
 
     Raises:

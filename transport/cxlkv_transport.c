@@ -2448,7 +2448,16 @@ ix_lookup(const cxlkv_index_t *ix, const char *key, uint64_t klen, char *dst,
             }
             if (vlen != 0 && !disjoint(dst, obj + hb, vlen))
                 return CXLKV_E_INVAL;
-            if (ix->invalidate) {
+            if (ix->invalidate && ix->verify_first && attempt == 0) {
+                /* verify first: the header's lines dropped (fenced), the value
+                 * copied through the cache and hashed; a stale line makes the
+                 * hash differ from the slot's, and the retry below drops every
+                 * line (docs/transport.md, "Reads that verify first") */
+                nc_drop(NC_LINE_DOWN(obj), (const char *)obj + hb);
+                nc_load_fence();
+                got = copy_hash_dst(dst, (const char *)obj + hb, vlen);
+                NC_TRACE(CXLKV_NC_EV_VLOAD, obj + hb, obj + hb + vlen);
+            } else if (ix->invalidate) {
                 /* the header's lines dropped with the value's first chunk (one
                  * fence), the value read chunk by chunk (nc_read), dst hashed */
                 nc_drop(NC_LINE_DOWN(obj), (const char *)obj + hb);

@@ -316,6 +316,9 @@ const char *cxlkv_invalidate_instruction(void);
 #define CXLKV_NC_EV_DROP 5
 #define CXLKV_NC_EV_SFENCE 6
 #define CXLKV_NC_EV_MFENCE 7
+/* VLOAD: loads of bytes the kernel hashes and checks against a checksum it read
+ * fresh before it uses them (the first copy of a read that verifies first) */
+#define CXLKV_NC_EV_VLOAD 8
 int cxlkv_nc_trace_start(uint64_t *events, uint64_t capacity);
 uint64_t cxlkv_nc_trace_stop(void);
 
@@ -388,7 +391,10 @@ void cxlkv_set_nc_read_chunk_bytes(uint64_t bytes);
  * region number i (NULL, or a closed region: not mapped here, ELSEWHERE);
  * max_value_bytes: larger values answer ELSEWHERE (0: no limit); invalidate:
  * drop the cache lines of every index and extent range before reading it
- * (non-coherent sharing).
+ * (non-coherent sharing); verify_first (with invalidate): the first copy of a
+ * value goes through the cache, unless its bytes hash to the slot's checksum
+ * the lookup drops every line and copies again -- the slot and header lines
+ * are dropped either way.
  */
 typedef struct cxlkv_index {
     const cxlkv_region_t *table_region;
@@ -398,6 +404,7 @@ typedef struct cxlkv_index {
     const cxlkv_region_t *regions[32];
     uint64_t max_value_bytes;
     int invalidate;
+    int verify_first;
 } cxlkv_index_t;
 
 /* One lookup's answer. value_len/version/tier/extent_offset/region_no are the

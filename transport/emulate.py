@@ -336,6 +336,10 @@ class KernelTrace:
       later loads of its own;
     * a ``load`` of a line still holding its stale copy (no drop, or a drop not
       yet fenced) is a stale read;
+    * a ``vload`` (the first copy of a read that verifies first: bytes hashed
+      and compared with a checksum read fresh before they are used) may read
+      stale lines: they are counted in ``verified_stale``, not violations, and
+      stay stale (a later ``load`` must still drop them);
     * a ``store`` through the cache leaves the line dirty here; ``wb`` (CLWB) of
       a dirty line and ``stream`` (non-temporal) stores reach memory at the next
       fence; a store after the ``wb`` needs another one;
@@ -347,6 +351,8 @@ class KernelTrace:
         loaded, written: line numbers (region offset // line) read / written.
         streamed: line numbers written with streaming stores.
         drops: line number -> how many times it was dropped.
+        verified, verified_stale: line numbers read by ``vload`` / those of them
+            that may have been stale.
         fences: ``{"sfence": n, "mfence": n}``.
     """
 
@@ -360,6 +366,8 @@ class KernelTrace:
         self.written: set[int] = set()
         self.streamed: set[int] = set()
         self.drops: dict[int, int] = {}
+        self.verified: set[int] = set()
+        self.verified_stale: set[int] = set()
         self.fences = {"sfence": 0, "mfence": 0}
         state: dict[int, int] = {}
         pending: set[int] = set()
@@ -389,6 +397,11 @@ class KernelTrace:
                     elif st == self._INVALID:
                         state[ln] = self._FRESH
                     self.loaded.add(ln)
+            elif kind == "vload":
+                for ln in range(lo, hi):
+                    self.verified.add(ln)
+                    if state.get(ln, self._STALE) == self._STALE:
+                        self.verified_stale.add(ln)
             elif kind == "store":
                 for ln in range(lo, hi):
                     state[ln] = self._DIRTY

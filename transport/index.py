@@ -213,6 +213,12 @@ class IndexReader:
             most 32; region 0 is usually ``table_region``.
         invalidate: drop the cache lines of every index and extent range before
             reading it (non-coherent sharing, ``coherence = "flush"``).
+        verify_first: with ``invalidate``, a value's first copy goes through the
+            cache (its slot and header lines are still dropped); only when the
+            copied bytes do not hash to the slot's checksum (a stale line) are
+            its lines dropped and the value copied again. Same result, without
+            the drops' cost on the common path (docs/transport.md, "Reads that
+            verify first"). ``False``: every line dropped on the first copy.
         max_value_bytes: a get of a value longer than this answers ELSEWHERE
             (the leased path protects long copies; a probe still answers HIT);
             0 = no limit.
@@ -227,19 +233,19 @@ class IndexReader:
     """
 
     __slots__ = ("_ix", "_keep", "table_region", "header_offset", "table_offset", "buckets", "regions",
-                 "invalidate", "max_value_bytes", "__weakref__")
+                 "invalidate", "verify_first", "max_value_bytes", "__weakref__")
 
     def __new__(cls, table_region: Any, header_offset: int, table_offset: int, buckets: int,
-                regions: Sequence[Any], *, invalidate: bool = False, max_value_bytes: int = 0,
-                portable: bool = False) -> IndexReader:
+                regions: Sequence[Any], *, invalidate: bool = False, verify_first: bool = True,
+                max_value_bytes: int = 0, portable: bool = False) -> IndexReader:
         if cls is IndexReader and (portable or not _plain(table_region)
                                    or not all(r is None or _plain(r) for r in regions)):
             cls = PortableIndexReader
         return object.__new__(cls)
 
     def __init__(self, table_region: Any, header_offset: int, table_offset: int, buckets: int,
-                 regions: Sequence[Any], *, invalidate: bool = False, max_value_bytes: int = 0,
-                 portable: bool = False) -> None:
+                 regions: Sequence[Any], *, invalidate: bool = False, verify_first: bool = True,
+                 max_value_bytes: int = 0, portable: bool = False) -> None:
         regions = tuple(regions)
         if not isinstance(buckets, int) or buckets < 1 or buckets & (buckets - 1):
             raise InvalidArgument(f"index: buckets must be a power of two, got {buckets!r}")
@@ -264,6 +270,7 @@ class IndexReader:
         self.buckets = buckets
         self.regions = regions
         self.invalidate = bool(invalidate)
+        self.verify_first = bool(verify_first)
         self.max_value_bytes = max_value_bytes
         self._setup()
 
@@ -278,6 +285,7 @@ class IndexReader:
                 ix.regions[i] = r._r
         ix.max_value_bytes = self.max_value_bytes
         ix.invalidate = 1 if self.invalidate else 0
+        ix.verify_first = 1 if self.verify_first else 0
         self._ix = ix
         self._keep = self.regions  # the handles ix points to live as long as their Regions
 
@@ -299,7 +307,7 @@ class IndexReader:
 
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} {self.table_region.path}@{self.header_offset} {self.buckets} buckets"
-                f"{' invalidate' if self.invalidate else ''}>")
+                f"{(' invalidate, verify first' if self.verify_first else ' invalidate') if self.invalidate else ''}>")
 
     # -- errors (cold) -----------------------------------------------------------
     def _raise(self, rc: int, op: str, key: Any = None) -> None:
@@ -481,7 +489,8 @@ class PortableIndexReader(IndexReader):
 
     def _setup(self) -> None:
         self._view = portable.IndexView(self.table_region, self.header_offset, self.table_offset, self.buckets,
-                                        self.regions, self.max_value_bytes, self.invalidate)
+                                        self.regions, self.max_value_bytes, self.invalidate,
+                                        self.verify_first)
 
     @property
     def is_portable(self) -> bool:

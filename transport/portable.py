@@ -218,6 +218,7 @@ class IndexView(NamedTuple):
     regions: tuple[Any, ...]
     max_value_bytes: int
     invalidate: bool
+    verify_first: bool = False
 
 
 def _read_slot(ix: IndexView, off: int, raw: bytes | None) -> tuple[int, ...] | None | Literal[False]:
@@ -295,7 +296,7 @@ def index_lookup(ix: IndexView, key: bytes, dst: Any, probe: bool) -> tuple[int,
     h = _xxh3(key)
     tr = ix.table_region
     retries = 0
-    for _attempt in range(2):
+    for attempt in range(2):
         if ix.invalidate:
             tr.invalidate(ix.header_offset + _PUBLISH_AT, 16)
         publish, overflow = _PUB.unpack(tr.read(ix.header_offset + _PUBLISH_AT, 16))
@@ -325,7 +326,9 @@ def index_lookup(ix: IndexView, key: bytes, dst: Any, probe: bool) -> tuple[int,
             assert view is not None
             if view.nbytes < vlen:
                 return (_TOO_SMALL, tier, vlen, version, retries)
-            if ix.invalidate:
+            if ix.invalidate and ix.verify_first and attempt == 0:
+                rr.invalidate(ext, hb)  # verify first: the value through the cache, hashed
+            elif ix.invalidate:
                 rr.invalidate(ext, hb + vlen)
             got = view[:vlen]
             rr.copy_out(ext + hb, got)

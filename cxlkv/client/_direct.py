@@ -15,10 +15,12 @@ between the caller's memory and the region, none in the daemon.
   the transport has it). A copy that fails is revoked; an exception between start
   and end revokes the started puts; if the process dies there, the daemon revokes
   them (it owns the put token and watches our pid).
-* **Get** (``DirectGet`` leases → copy out (``flush`` mode: the non-coherent copy,
-  each chunk's lines dropped before it is read) →
-  verify the object header and the value's checksum exactly as clientd does — a
-  mismatch is retried once after an invalidate, then answered CHECKSUM_MISMATCH,
+* **Get** (``DirectGet`` leases → copy out (``flush`` mode verifies first: the
+  first copy goes through the cache and is hashed; a GPU destination's range is
+  dropped before the DMA) →
+  verify the object header (its lines dropped first in ``flush`` mode) and the
+  value's checksum exactly as clientd does — a mismatch (a stale line, a racing
+  writer) is retried once with every line dropped, then answered CHECKSUM_MISMATCH,
   never data → check the lease had not ended before the copy finished (retried
   once, then LEASE_EXPIRED) → ``DirectRelease``).
 * Items the SDK cannot serve itself — placed on a segment it does not map (a DRAM
@@ -458,7 +460,12 @@ class DirectPath:
         value: bytes | None = None
         for attempt in range(2):  # once more, from memory: a stale line or a writer racing the lease
             try:
-                invalidate = bool(self.flush or attempt)
+                # flush mode verifies first (docs/transport.md): the first copy goes
+                # through the cache and is hashed; a stale line fails the check
+                # below and the second copy drops every line. A GPU's DMA copy is
+                # checked by a CPU hash of the region, not of what the GPU got: its
+                # lines are always dropped first.
+                invalidate = bool(attempt) or (self.flush and dst is not None and not isinstance(dst, np.ndarray))
                 if dst is None and size >= 2:  # one pass, straight into the bytes returned
                     value, target = self._fresh_bytes(size)
                     if self._fused:
@@ -570,4 +577,3 @@ def _check_header(region: Any, ext: client_pb2.DirectExtent, key: str, r: client
     are): :func:`cxlkv.objheader.check_copy`, the rule clientd applies too."""
     return check_copy(region, ext.extent.offset_bytes, r.header_bytes, key.encode("utf-8"), r.version, size,
                       got, r.checksum, invalidate=flush)
-    return None
