@@ -20,8 +20,14 @@ Measures, on a pre-faulted region file in ``/dev/shm`` (deleted afterwards):
   stores, one SFENCE) for every write kernel this CPU has, and the two-pass
   write it replaces (``copy_in`` + ``flush``); ``copy_out`` with
   ``invalidate=True`` (chunked invalidate-and-copy) and the two-pass read
-  (``invalidate`` + ``copy_out``). ``ratio_to_coherent`` is the flush-mode
-  figure over the coherent one of the same direction and size.
+  (``invalidate`` + ``copy_out``); and the hashed reads every get makes:
+  ``copy_out_hashed`` (coherent), ``copy_out_hashed_verify_first`` (what flush
+  mode serves: the header's line dropped, the value copied and hashed through
+  the cache; docs/transport.md "Reads that verify first") and
+  ``copy_out_hashed_invalidate`` (every line dropped: the redo of a copy that
+  did not verify). ``ratio_to_coherent`` is the flush-mode figure over the
+  coherent one of the same direction and size (hashed reads: over
+  ``copy_out_hashed``).
 
 Must show: for sizes >= 1 MiB, ``ratio_to_limit`` >= 0.9 for copy_in and
 copy_out; batched 4 KiB copies >= 1 GB/s (``--check`` exits 1 otherwise).
@@ -233,6 +239,12 @@ def _noncoherent(region: Region, s: np.ndarray, d: np.ndarray, ops: int, runs: i
         "copy_in+flush": lambda: (region.copy_in(off, s), region.flush(off, size)),
         "invalidate+copy_out": two_pass_read,
         "copy_out_invalidate": lambda: region.copy_out(off, d, invalidate=True),
+        # the reads flush mode serves verify first (docs/transport.md): the
+        # header line dropped, the value copied and hashed through the cache;
+        # beside the coherent hashed copy and the hashed copy dropping every line
+        "copy_out_hashed": lambda: region.copy_out_hashed(off, d),
+        "copy_out_hashed_verify_first": lambda: (region.invalidate(off - 64, 64), region.copy_out_hashed(off, d)),
+        "copy_out_hashed_invalidate": lambda: region.copy_out_hashed(off, d, invalidate=True),
     }
     for k in kernels:
         fns[f"copy_in_flush/{k}"] = writer(k)
@@ -242,14 +254,19 @@ def _noncoherent(region: Region, s: np.ndarray, d: np.ndarray, ops: int, runs: i
         cxlkv_set_nc_write_kernel(default)
         cxlkv_set_nc_read_chunk_bytes(chunk)
     limit = size * t["memcpy"].ops_per_s / 1e9
-    coherent = {"in": t["copy_in"].ops_per_s, "out": t["copy_out"].ops_per_s}
+    coherent = {"in": t["copy_in"].ops_per_s, "out": t["copy_out"].ops_per_s,
+                "out_hashed": t["copy_out_hashed"].ops_per_s}
     records = []
     for name, timing in t.items():
         op, _, kernel = name.partition("/")
         if op == "memcpy":
             mode, kern = "coherent", "np.copyto"
-        elif op in ("copy_in", "copy_out"):
+        elif op in ("copy_in", "copy_out", "copy_out_hashed"):
             mode, kern = "coherent", _kernel_for(size)
+        elif op == "copy_out_hashed_verify_first":
+            mode, kern = "flush", f"{INVALIDATE_INSTRUCTION}(header line)+{_kernel_for(size)}+xxh3"
+        elif op == "copy_out_hashed_invalidate":
+            mode, kern = "flush", f"{INVALIDATE_INSTRUCTION}/{chunk >> 10}KiB-chunks+xxh3"
         elif op == "copy_in+flush":
             mode, kern = "flush", f"{_kernel_for(size)}+{FLUSH_INSTRUCTION}"
         elif op == "invalidate+copy_out":
@@ -260,7 +277,7 @@ def _noncoherent(region: Region, s: np.ndarray, d: np.ndarray, ops: int, runs: i
             mode, kern = "flush", kernel
         extra = dict(common, batch=1, concurrency=1, kernel=kern, coherence=mode)
         if mode == "flush":
-            side = "in" if op.startswith("copy_in") else "out"
+            side = "in" if op.startswith("copy_in") else ("out_hashed" if op.startswith("copy_out_hashed") else "out")
             extra["ratio_to_coherent"] = round(timing.ops_per_s / coherent[side], 3)
         records.append(Record.from_timing(BENCH, op, size, timing, limit, **extra))
     return records
