@@ -237,11 +237,13 @@ class ClientdCore:
         self.large_copy_bytes = large_copy_bytes
         self.copy_threads = max(1, copy_threads)
         self.flush_mode = cfg.coherence == "flush"
+        #: flush mode: the value's first copy through the cache, checked (config ``flush_reads``)
+        self.verify_first = cfg.flush_reads == "verify_first"
         self.max_inline_bytes = cfg.max_inline_bytes
         #: Operation and byte counters (reported by Stat and /metrics).
         self.counters: Counter[str] = Counter()
         #: Reads from the region's index (clientd/index_reads.py).
-        self.index = IndexReads(regions, link, invalidate=self.flush_mode,
+        self.index = IndexReads(regions, link, invalidate=self.flush_mode, verify_first=self.verify_first,
                                 max_value_bytes=cfg.index_max_value_bytes, enabled=cfg.index_reads)
         self._scratch: bytearray | None = None  # inline index reads land here first
         #: Extents reserved ahead of need: puts in one master round trip (clientd/reserve.py).
@@ -856,15 +858,16 @@ class ClientdCore:
     def _copy_out(self, copies: list[_Copy], *, again: bool = False) -> dict[int, CxlkvError]:
         """Copy extents out; inline reads become bytes. Every copy is checked
         (:meth:`_verify_reads`) before its bytes are used, so in flush mode the
-        first copy goes through the cache (verify first, docs/transport.md);
-        ``again`` (the retry of a copy that did not verify): with the transport's
+        first copy goes through the cache (``flush_reads = "verify_first"``,
+        docs/transport.md); ``again`` (the retry of a copy that did not verify),
+        ``invalidate_first`` or a copy nothing checks: with the transport's
         non-coherent copies, which drop each chunk's lines before reading it."""
         errs: dict[int, CxlkvError] = {}
-        flush = self.flush_mode
+        flush, first = self.flush_mode, self.verify_first and not again
         to_buffers: list[_Copy] = []
         strict_buffers: list[_Copy] = []
         for c in copies:
-            nc = flush and (again or not c.checked)
+            nc = flush and not (first and c.checked)
             if c.buf is None:
                 try:
                     if nc:  # read through a view: invalidated first

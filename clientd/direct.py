@@ -159,6 +159,7 @@ class DirectPuts:
     def info(self) -> client_pb2.DirectInfoResponse:
         """DirectInfo: the offer and the regions a direct caller may map."""
         resp = client_pb2.DirectInfoResponse(offered=self.offered, coherence=self.core.cfg.coherence,
+                                             flush_reads=self.core.cfg.flush_reads,
                                              max_inline_bytes=self.core.max_inline_bytes)
         if not self.offered:
             return resp

@@ -38,15 +38,18 @@ class IndexReads:
         regions: the daemon's mapped regions.
         link: the master session (index region and epoch, generation).
         invalidate: non-coherent mode: invalidate before every read.
+        verify_first: with ``invalidate``, a value's first copy goes through the
+            cache and is checked (:class:`cxlkv.transport.index.IndexReader`).
         max_value_bytes: longer values go through the leased RPC path.
         enabled: ``False`` keeps every read on the RPC path (config ``index_reads``).
     """
 
     def __init__(self, regions: RegionSet, link: MasterLink, *, invalidate: bool, max_value_bytes: int,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, verify_first: bool = True) -> None:
         self.regions = regions
         self.link = link
         self.invalidate = invalidate
+        self.verify_first = verify_first
         self.max_value_bytes = max_value_bytes
         self.enabled = enabled
         self._reader: Any = None
@@ -85,7 +88,8 @@ class IndexReads:
             header = read_index_header(home.region, geo)
             regions = [by_uuid[str(u)].region if str(u) in by_uuid else None for u in header.region_uuids]
             self._reader = IndexReader(home.region, geo.index_offset_bytes, geo.table_offset_bytes, geo.buckets,
-                                       regions, invalidate=self.invalidate, max_value_bytes=self.max_value_bytes)
+                                       regions, invalidate=self.invalidate, verify_first=self.verify_first,
+                                       max_value_bytes=self.max_value_bytes)
         except CxlkvError as exc:
             self.why_not = f"index region {home.path}: {exc.message}"
             log.warning("index reads off: %s", self.why_not)

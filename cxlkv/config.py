@@ -35,7 +35,11 @@ __all__ = [
     "ClientdConfig",
     "load_config",
     "default_runtime_dir",
+    "FLUSH_READS",
 ]
+
+#: The values of clientd's ``flush_reads`` (how flush mode reads; docs/transport.md).
+FLUSH_READS = ("verify_first", "invalidate_first")
 
 # Size units, by the IEC 80000-13 rules: KiB/MiB/GiB/TiB are powers of 1024, kB/MB/GB/TB
 # powers of 1000 (SI), as in systemd and `dd`. A bare k/m/g/t is refused as ambiguous
@@ -391,6 +395,11 @@ class ClientdConfig:
         0.5, "how often the mapped region files are checked for having shrunk (then retired: errors, "
         "not SIGBUS)", unit="s")
     coherence: str = _f("coherent", "coherent, or flush (non-coherent CXL: flush before PutEnd, invalidate before read)")
+    flush_reads: str = _f(
+        "verify_first", "flush mode's reads (SDK processes follow): verify_first (metadata lines dropped; the "
+        "value's first copy through the cache, checked against the committed checksum, copied again with "
+        "every line dropped when it does not match) or invalidate_first (every line dropped before the "
+        "first copy too); docs/transport.md")
     direct_mode: bool = _f(True, "offer direct mode: SDK processes that can map the regions copy bytes "
                                  "themselves, asking only for metadata (docs/sdk.md)")
     master_timeout_s: float = _f(10.0, "deadline of each call to the master", unit="s")
@@ -408,6 +417,8 @@ class ClientdConfig:
             raise ConfigError(f"name: must be non-empty without '/', got {self.name!r}")
         if self.coherence not in ("coherent", "flush"):
             raise ConfigError(f"coherence: must be \"coherent\" or \"flush\", got {self.coherence!r}")
+        if self.flush_reads not in FLUSH_READS:
+            raise ConfigError(f"flush_reads: must be \"verify_first\" or \"invalidate_first\", got {self.flush_reads!r}")
         for r in self.regions:
             if not r.segment or not r.path:
                 raise ConfigError("regions: every region needs `segment` and `path`")

@@ -53,6 +53,8 @@ def test_errors_name_the_key(tmp_path: Path) -> None:
         load_config(ClientdConfig, env={"CXLKV_CLIENTD_NOPE": "1"}, env_prefix="CXLKV_CLIENTD_")
     with pytest.raises(ConfigError, match="coherence"):
         load_config(ClientdConfig, overrides={"coherence": "maybe"})
+    with pytest.raises(ConfigError, match='flush_reads: must be "verify_first" or "invalidate_first"'):
+        load_config(ClientdConfig, overrides={"flush_reads": "sometimes"})
     f.write_text('[[segments]]\nname = "a"\nsize_bytes = 0\n')
     with pytest.raises(ConfigError, match=r"segments\[a\]\.size_bytes"):
         load_config(MasterConfig, f)

@@ -81,16 +81,19 @@ def test_two_clientds_on_the_emulator(make_cluster, monkeypatch, coherence: str)
     cl.assert_invariants()
 
 
+@pytest.mark.parametrize("flush_reads", ["verify_first", "invalidate_first"])
 @pytest.mark.parametrize("path", ["sdk-index", "sdk-leased", "clientd-leased"])
-def test_verify_first_reads_catch_every_stale_line(make_cluster, monkeypatch, path: str) -> None:
+def test_verify_first_reads_catch_every_stale_line(make_cluster, monkeypatch, path: str, flush_reads: str) -> None:
     """Flush mode verifies first (docs/transport.md): a value's first copy goes
     through the cache. On the emulator, whose caches never evict, a reader that
     read an extent keeps its lines, so once the extent is reused the first copy
     IS stale: every such copy must fail its check and be copied again with every
     line dropped — never answered, never a miss. Each read path: the SDK's index
-    reads, the SDK's leased direct reads, clientd's leased reads."""
+    reads, the SDK's leased direct reads, clientd's leased reads. With
+    ``flush_reads = "invalidate_first"`` no stale line is ever read (every line
+    dropped before the first copy), with the same answers."""
     monkeypatch.setenv(EMULATE_ENV, "1")
-    opts = {"coherence": "flush"}
+    opts = {"coherence": "flush", "flush_reads": flush_reads}
     if path == "clientd-leased":
         opts["index_reads"] = False
     cl = make_cluster(region_size_bytes=8 * MiB, clientd_options=opts)
@@ -110,11 +113,14 @@ def test_verify_first_reads_catch_every_stale_line(make_cluster, monkeypatch, pa
                 n = b.get_into(k, dst)  # a ChecksumMismatch (a miss) fails the test
                 wrong += n != len(v) or dst[:n].tobytes() != v
         regions = list(b._direct.regions.values()) if b._direct is not None else []
+        sdk_verify_first = b._direct.verify_first if b._direct is not None else None
         counters = _counters(b)
     assert wrong == 0
     assert counters.get("checksum_failures", 0) == 0
-    if path == "clientd-leased":
-        assert counters.get("reads_copied_again", 0) > 0  # stale first copies happened and were redone
+    verify_first = flush_reads == "verify_first"
+    if path == "clientd-leased":  # stale first copies happened and were redone, or none was stale
+        assert (counters.get("reads_copied_again", 0) > 0) == verify_first
     else:
-        assert sum(r.stale_line_reads for r in regions) > 0
+        assert (sum(r.stale_line_reads for r in regions) > 0) == verify_first
+        assert sdk_verify_first == verify_first  # the SDK follows its daemon
     cl.assert_invariants()

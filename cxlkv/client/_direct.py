@@ -100,6 +100,8 @@ class DirectPath:
             releases); default ``call``.
         regions: segment id → mapped :class:`cxlkv.transport.Region` (identity checked).
         flush: the daemon's coherence mode is ``flush``.
+        verify_first: flush mode's reads copy a value through the cache first and
+            check it (the daemon's ``flush_reads``; docs/transport.md).
 
     Thread-safety: safe to share between threads (no mutable state but the
     lazily created hash thread pool).
@@ -107,7 +109,7 @@ class DirectPath:
 
     def __init__(self, call: Callable[[str, Any], Any], regions: dict[int, Any], *, flush: bool,
                  send: Callable[[str, Any], None] | None = None,
-                 identities: dict[int, str] | None = None) -> None:
+                 identities: dict[int, str] | None = None, verify_first: bool = True) -> None:
         self._call = call
         self._send = send or call
         self.regions = regions
@@ -118,6 +120,7 @@ class DirectPath:
         #: Reads from the region's index (:mod:`cxlkv.client._index`), or None.
         self.index: Any = None
         self.flush = flush
+        self.verify_first = verify_first
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._puts_in_flight = 0
@@ -183,8 +186,10 @@ class DirectPath:
         if not mapped:
             return None, why or "no region could be mapped"
         idents = {r.segment_id: r.region_uuid for r in info.regions if r.segment_id in mapped}
-        path = cls(call, mapped, flush=info.coherence == "flush", send=send, identities=idents)
-        path.index, index_why = _open_index(info, mapped, idents, flush=path.flush, send=send or call, call=call)
+        path = cls(call, mapped, flush=info.coherence == "flush", send=send, identities=idents,
+                   verify_first=info.flush_reads != "invalidate_first")
+        path.index, index_why = _open_index(info, mapped, idents, flush=path.flush, send=send or call, call=call,
+                                            verify_first=path.verify_first)
         if index_why:
             log.info("direct mode: index reads off: %s", index_why)
         return path, why
@@ -465,7 +470,8 @@ class DirectPath:
                 # below and the second copy drops every line. A GPU's DMA copy is
                 # checked by a CPU hash of the region, not of what the GPU got: its
                 # lines are always dropped first.
-                invalidate = bool(attempt) or (self.flush and dst is not None and not isinstance(dst, np.ndarray))
+                invalidate = bool(attempt) or (self.flush and (not self.verify_first or (
+                    dst is not None and not isinstance(dst, np.ndarray))))
                 if dst is None and size >= 2:  # one pass, straight into the bytes returned
                     value, target = self._fresh_bytes(size)
                     if self._fused:
@@ -492,7 +498,7 @@ class DirectPath:
 # ===================================================================== helpers
 def _open_index(info: client_pb2.DirectInfoResponse, mapped: dict[int, Any], idents: dict[int, str], *,
                 flush: bool, send: Callable[[str, Any], None],
-                call: Callable[[str, Any], Any] | None = None) -> tuple[Any, str]:
+                call: Callable[[str, Any], Any] | None = None, verify_first: bool = True) -> tuple[Any, str]:
     """An :class:`~cxlkv.client._index.IndexPath` over the regions mapped here, when
     the daemon reports a published index in one of them; else ``(None, why)``."""
     if not info.index_region_uuid:
@@ -513,7 +519,7 @@ def _open_index(info: client_pb2.DirectInfoResponse, mapped: dict[int, Any], ide
         header = read_index_header(home, geo)
         regions = [by_uuid.get(str(u)) for u in header.region_uuids]
         reader = IndexReader(home, geo.index_offset_bytes, geo.table_offset_bytes, geo.buckets, regions,
-                             invalidate=flush, max_value_bytes=MAX_VALUE_BYTES)
+                             invalidate=flush, verify_first=verify_first, max_value_bytes=MAX_VALUE_BYTES)
     except CxlkvError as exc:
         return None, f"region {home.path}: {exc.message}"
     return IndexPath(reader, send, call), ""

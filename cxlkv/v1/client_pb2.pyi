@@ -462,20 +462,22 @@ class DirectRegion(_message.Message):
     def __init__(self, segment_id: _Optional[int] = ..., segment_name: _Optional[str] = ..., path: _Optional[str] = ..., region_uuid: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class DirectInfoResponse(_message.Message):
-    __slots__ = ("offered", "coherence", "regions", "max_inline_bytes", "index_region_uuid", "index_epoch")
+    __slots__ = ("offered", "coherence", "regions", "max_inline_bytes", "index_region_uuid", "index_epoch", "flush_reads")
     OFFERED_FIELD_NUMBER: _ClassVar[int]
     COHERENCE_FIELD_NUMBER: _ClassVar[int]
     REGIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_INLINE_BYTES_FIELD_NUMBER: _ClassVar[int]
     INDEX_REGION_UUID_FIELD_NUMBER: _ClassVar[int]
     INDEX_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_READS_FIELD_NUMBER: _ClassVar[int]
     offered: bool
     coherence: str
     regions: _containers.RepeatedCompositeFieldContainer[DirectRegion]
     max_inline_bytes: int
     index_region_uuid: str
     index_epoch: int
-    def __init__(self, offered: bool = ..., coherence: _Optional[str] = ..., regions: _Optional[_Iterable[_Union[DirectRegion, _Mapping]]] = ..., max_inline_bytes: _Optional[int] = ..., index_region_uuid: _Optional[str] = ..., index_epoch: _Optional[int] = ...) -> None: ...
+    flush_reads: str
+    def __init__(self, offered: bool = ..., coherence: _Optional[str] = ..., regions: _Optional[_Iterable[_Union[DirectRegion, _Mapping]]] = ..., max_inline_bytes: _Optional[int] = ..., index_region_uuid: _Optional[str] = ..., index_epoch: _Optional[int] = ..., flush_reads: _Optional[str] = ...) -> None: ...
 
 class DirectExtent(_message.Message):
     __slots__ = ("extent", "tier", "direct")
