@@ -4,7 +4,8 @@
  * Maps one region (a DAX character device or a regular file standing in for
  * one) MAP_SHARED read-write and moves bytes between it and caller memory.
  *
- * This header is both the C interface of cxlkv_transport.c and the cffi cdef
+ * This header is both the C interface of the files in c/ (one per concern;
+ * c/internal.h lists them and holds what they share) and the cffi cdef
  * (transport/build_transport.py feeds it to ffi.cdef() with preprocessor lines
  * removed), so it holds only declarations cffi understands: no macros with
  * expressions, no inline functions.
@@ -120,7 +121,7 @@ int cxlkv_copy_out(const cxlkv_region_t *r, uint64_t offset, void *dst,
  * copy_in hashes the source (what was written). copy_out hashes the
  * destination (what the caller receives) below the stream threshold, and the
  * source chunk it has just loaded from it on (streamed stores leave the
- * destination out of cache); see copy_hashed() in the .c for why that is the
+ * destination out of cache); see copy_hashed() in c/copies.c for why that is the
  * same bytes under a lease. Source and destination must not overlap
  * (CXLKV_E_INVAL). *hash_out is written only on CXLKV_OK.
  */

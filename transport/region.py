@@ -333,7 +333,7 @@ class Region:
         chunk's copy; from it on (non-temporal stores leave ``dst`` out of
         cache) from the chunk of the region just loaded -- the same bytes for a
         reader that holds a lease and, in flush mode, invalidated the range
-        first (see ``copy_hashed`` in cxlkv_transport.c).
+        first (see ``copy_hashed`` in transport/c/copies.c).
 
         Returns:
             xxh3_64 of ``dst``'s new bytes (unsigned 64-bit).
