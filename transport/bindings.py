@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, Union
 
 from cxlkv.errors import InvalidArgument, OutOfRange, RegionError
+from cxlkv.objheader import OBJECT_LAYOUT
 from cxlkv.transport._transport import ffi, lib
 
 __all__ = [
@@ -71,6 +72,10 @@ __all__ = [
     "cxlkv_fence",
     "cxlkv_prefault",
     "cxlkv_index_store",
+    "OBJ_HEADER_BYTES",
+    "OBJ_MAGIC_U64",
+    "OBJ_FORMAT_VERSION",
+    "OBJ_MAX_KEY_BYTES",
     "INDEX_HEADER_BYTES",
     "INDEX_FORMAT_VERSION",
     "INDEX_SLOT_BYTES",
@@ -112,6 +117,32 @@ INVALIDATE_INSTRUCTION: str = ffi.string(lib.cxlkv_invalidate_instruction()).dec
 #: vector loops; non-temporal stores from the stream threshold on) or
 #: "memmove" (glibc: CPUs without AVX2, other architectures).
 COPY_KERNEL: str = ffi.string(lib.cxlkv_copy_kernel()).decode()
+
+# The object header's layout (cxlkv_transport.h; cxlkv/objheader.py documents the fields).
+#: Bytes of the fixed object header (one cache line).
+OBJ_HEADER_BYTES: int = int(lib.CXLKV_OBJ_HEADER_BYTES)
+#: The object magic b"CXLKVOB1" as a little-endian u64.
+OBJ_MAGIC_U64: int = int(lib.CXLKV_OBJ_MAGIC_U64)
+#: Object header layout version.
+OBJ_FORMAT_VERSION: int = int(lib.CXLKV_OBJ_FORMAT_VERSION)
+#: Longest key an object header describes, in bytes.
+OBJ_MAX_KEY_BYTES: int = int(lib.CXLKV_OBJ_MAX_KEY_BYTES)
+
+
+def _check_object_layout() -> None:
+    """The pure-Python object header (:mod:`cxlkv.objheader`, which must work without
+    this extension) and C's agree on every ``CXLKV_OBJ_*`` constant, or the
+    transport does not load (a mismatch would make each side reject the other's
+    objects)."""
+    c_names = {name[len("CXLKV_OBJ_"):] for name in dir(lib) if name.startswith("CXLKV_OBJ_")}
+    c_layout = {name: int(getattr(lib, "CXLKV_OBJ_" + name)) for name in c_names}
+    if c_layout != OBJECT_LAYOUT:
+        differ = sorted(n for n in c_names | set(OBJECT_LAYOUT) if c_layout.get(n) != OBJECT_LAYOUT.get(n))
+        raise ImportError("cxlkv.transport: the object header layout of the C transport and of "
+                          f"cxlkv.objheader differ in {', '.join(differ)}: rebuild the extension (make install)")
+
+
+_check_object_layout()
 
 # The region index's layout and outcomes (cxlkv_transport.h; cxlkv/index.py documents the format).
 #: Bytes of the index header page.

@@ -193,7 +193,30 @@ int cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
                                 uint64_t *bad_index, int nc);
 
 /*
- * Write N object headers (layout: cxlkv/objheader.py), each followed by its key
+ * The object header's layout (cxlkv/objheader.py documents each field): one
+ * 64-byte line of little-endian fields, then the key, zero padding to the next
+ * 64 bytes, the value. Offsets are from the extent's start. The checksummed
+ * fields are [0, CXLKV_OBJ_CHECKSUM_OFFSET); the header checksum is their xxh3_64
+ * followed by the key bytes'. The magic is b"CXLKVOB1" read as a little-endian
+ * u64. Python reads these through cffi (cxlkv.transport.bindings checks
+ * cxlkv/objheader.py against them at import).
+ */
+#define CXLKV_OBJ_HEADER_BYTES 64
+#define CXLKV_OBJ_MAGIC_U64 3549486688370448451
+#define CXLKV_OBJ_FORMAT_VERSION 1
+#define CXLKV_OBJ_MAX_KEY_BYTES 4096
+#define CXLKV_OBJ_FORMAT_VERSION_OFFSET 8
+#define CXLKV_OBJ_FLAGS_OFFSET 10
+#define CXLKV_OBJ_KEY_LEN_OFFSET 12
+#define CXLKV_OBJ_KEY_HASH_OFFSET 16
+#define CXLKV_OBJ_VERSION_OFFSET 24
+#define CXLKV_OBJ_VALUE_LEN_OFFSET 32
+#define CXLKV_OBJ_VALUE_HASH_OFFSET 40
+#define CXLKV_OBJ_HEADER_BYTES_OFFSET 48
+#define CXLKV_OBJ_CHECKSUM_OFFSET 56
+
+/*
+ * Write N object headers (layout above), each followed by its key
  * and zero padding up to header_bytes[i], at region offset extent_offsets[i]:
  * the key keys[key_offsets[i] .. +key_lens[i]), version versions[i], a
  * value_lens[i]-byte value whose xxh3_64 is value_hashes[i]. header_bytes[i]
@@ -212,7 +235,7 @@ int cxlkv_write_headers(const cxlkv_region_t *r, uint64_t n,
                         uint64_t *bad_index);
 
 /*
- * Check N object headers (layout: cxlkv/objheader.py) against what a reader
+ * Check N object headers (layout above) against what a reader
  * expects, in one call. Object i's extent starts at region offset
  * extent_offsets[i] and its value at extent_offsets[i] + header_bytes[i]; it
  * must describe the key keys[key_offsets[i] .. +key_lens[i]) (UTF-8 bytes) at

@@ -344,7 +344,7 @@ ix_lookup(const cxlkv_index_t *ix, const char *key, uint64_t klen, char *dst,
             out->outcome = CXLKV_IX_ELSEWHERE;
             return CXLKV_OK;
         }
-        if (hb < OBJ_HEADER_BYTES || !in_bounds(rr->size_bytes, ext, hb) ||
+        if (hb < CXLKV_OBJ_HEADER_BYTES || !in_bounds(rr->size_bytes, ext, hb) ||
             vlen > rr->size_bytes - ext - hb)
             break; /* an extent outside the region this reader mapped as region_no */
         obj = (const unsigned char *)rr->base + ext;
@@ -404,7 +404,7 @@ ix_lookup(const cxlkv_index_t *ix, const char *key, uint64_t klen, char *dst,
 static inline int
 ix_key_ok(uint64_t key_len)
 {
-    return key_len >= 1 && key_len <= OBJ_MAX_KEY_BYTES;
+    return key_len >= 1 && key_len <= CXLKV_OBJ_MAX_KEY_BYTES;
 }
 
 int

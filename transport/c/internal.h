@@ -312,12 +312,6 @@ check(const cxlkv_region_t *r, uint64_t offset, uint64_t length)
 /* Object headers (objheader.c)                                              */
 /* ------------------------------------------------------------------------ */
 
-/* Object header layout (cxlkv/objheader.py): little-endian fields. */
-#define OBJ_HEADER_BYTES 64
-#define OBJ_FIELDS_BYTES 56
-#define OBJ_FORMAT_VERSION 1
-#define OBJ_MAX_KEY_BYTES 4096
-
 /* Whether the header + key at h describe key at version with a value_len-byte
  * value hashing to value_hash, header_bytes long (the readers' one check). */
 int header_ok(const unsigned char *h, const char *key, uint64_t key_len,

@@ -1,5 +1,6 @@
 /*
- * objheader.c -- object headers (layout: cxlkv/objheader.py): the batched
+ * objheader.c -- object headers (layout: CXLKV_OBJ_* in cxlkv_transport.h,
+ * each field documented in cxlkv/objheader.py): the batched
  * write (cxlkv_write_headers) and verify (cxlkv_verify_headers), and the one
  * check every reader makes (header_ok, also used by the index reads).
  */
@@ -10,6 +11,14 @@ load_u64(const unsigned char *p)
 {
     uint64_t v;
     memcpy(&v, p, sizeof v); /* x86-64 and aarch64 Linux are little-endian */
+    return v;
+}
+
+static inline uint16_t
+load_u16(const unsigned char *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
     return v;
 }
 
@@ -29,39 +38,45 @@ header_ok(const unsigned char *h, const char *key, uint64_t key_len,
     XXH3_state_t state;
     uint32_t klen;
 
-    if (memcmp(h, "CXLKVOB1", 8) != 0)
+    if (load_u64(h) != CXLKV_OBJ_MAGIC_U64)
         return 0;
-    if ((uint32_t)h[8] + ((uint32_t)h[9] << 8) != OBJ_FORMAT_VERSION)
+    if (load_u16(h + CXLKV_OBJ_FORMAT_VERSION_OFFSET) != CXLKV_OBJ_FORMAT_VERSION)
         return 0;
-    klen = load_u32(h + 12);
-    if (klen < 1 || klen > OBJ_MAX_KEY_BYTES || klen != key_len)
+    klen = load_u32(h + CXLKV_OBJ_KEY_LEN_OFFSET);
+    if (klen < 1 || klen > CXLKV_OBJ_MAX_KEY_BYTES || klen != key_len)
         return 0;
-    if (load_u32(h + 48) != header_bytes ||
-        header_bytes != OBJ_HEADER_BYTES + (((uint64_t)klen + 63) & ~(uint64_t)63))
+    if (load_u32(h + CXLKV_OBJ_HEADER_BYTES_OFFSET) != header_bytes ||
+        header_bytes != CXLKV_OBJ_HEADER_BYTES + (((uint64_t)klen + 63) & ~(uint64_t)63))
         return 0;
-    if (memcmp(h + OBJ_HEADER_BYTES, key, (size_t)klen) != 0)
+    if (memcmp(h + CXLKV_OBJ_HEADER_BYTES, key, (size_t)klen) != 0)
         return 0;
-    if (load_u64(h + 16) != XXH3_64bits(key, (size_t)klen))
+    if (load_u64(h + CXLKV_OBJ_KEY_HASH_OFFSET) != XXH3_64bits(key, (size_t)klen))
         return 0;
-    if (load_u64(h + 24) != version || load_u64(h + 32) != value_len ||
-        load_u64(h + 40) != value_hash)
+    if (load_u64(h + CXLKV_OBJ_VERSION_OFFSET) != version || load_u64(h + CXLKV_OBJ_VALUE_LEN_OFFSET) != value_len ||
+        load_u64(h + CXLKV_OBJ_VALUE_HASH_OFFSET) != value_hash)
         return 0;
     if (klen <= 448) {
         /* short keys: one-shot over a copy (the streaming state costs more than the hash) */
-        unsigned char buf[OBJ_FIELDS_BYTES + 448];
-        memcpy(buf, h, OBJ_FIELDS_BYTES);
-        memcpy(buf + OBJ_FIELDS_BYTES, h + OBJ_HEADER_BYTES, klen);
-        return XXH3_64bits(buf, OBJ_FIELDS_BYTES + (size_t)klen) == load_u64(h + OBJ_FIELDS_BYTES);
+        unsigned char buf[CXLKV_OBJ_CHECKSUM_OFFSET + 448];
+        memcpy(buf, h, CXLKV_OBJ_CHECKSUM_OFFSET);
+        memcpy(buf + CXLKV_OBJ_CHECKSUM_OFFSET, h + CXLKV_OBJ_HEADER_BYTES, klen);
+        return XXH3_64bits(buf, CXLKV_OBJ_CHECKSUM_OFFSET + (size_t)klen) == load_u64(h + CXLKV_OBJ_CHECKSUM_OFFSET);
     }
     if (XXH3_64bits_reset(&state) != XXH_OK ||
-        XXH3_64bits_update(&state, h, OBJ_FIELDS_BYTES) != XXH_OK ||
-        XXH3_64bits_update(&state, h + OBJ_HEADER_BYTES, (size_t)klen) != XXH_OK)
+        XXH3_64bits_update(&state, h, CXLKV_OBJ_CHECKSUM_OFFSET) != XXH_OK ||
+        XXH3_64bits_update(&state, h + CXLKV_OBJ_HEADER_BYTES, (size_t)klen) != XXH_OK)
         return 0;
-    return XXH3_64bits_digest(&state) == load_u64(h + OBJ_FIELDS_BYTES);
+    return XXH3_64bits_digest(&state) == load_u64(h + CXLKV_OBJ_CHECKSUM_OFFSET);
 }
 
 static inline void
 store_u64(unsigned char *p, uint64_t v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+static inline void
+store_u16(unsigned char *p, uint16_t v)
 {
     memcpy(p, &v, sizeof v);
 }
@@ -115,9 +130,9 @@ cxlkv_write_headers(const cxlkv_region_t *r, uint64_t n,
             *bad_index = i;
             return CXLKV_E_RANGE;
         }
-        if (key_lens[i] < 1 || key_lens[i] > OBJ_MAX_KEY_BYTES ||
+        if (key_lens[i] < 1 || key_lens[i] > CXLKV_OBJ_MAX_KEY_BYTES ||
             !in_bounds(keys_bytes, key_offsets[i], key_lens[i]) ||
-            header_bytes[i] != OBJ_HEADER_BYTES + ((key_lens[i] + 63) & ~(uint64_t)63)) {
+            header_bytes[i] != CXLKV_OBJ_HEADER_BYTES + ((key_lens[i] + 63) & ~(uint64_t)63)) {
             *bad_index = i;
             return CXLKV_E_INVAL;
         }
@@ -128,28 +143,28 @@ cxlkv_write_headers(const cxlkv_region_t *r, uint64_t n,
         unsigned char *h = (unsigned char *)r->base + extent_offsets[i];
         const char *key = keys + key_offsets[i];
         uint64_t klen = key_lens[i];
-        unsigned char head[OBJ_HEADER_BYTES];
+        unsigned char head[CXLKV_OBJ_HEADER_BYTES];
         XXH3_state_t state;
 
         memset(head, 0, sizeof head);
-        memcpy(head, "CXLKVOB1", 8);
-        head[8] = OBJ_FORMAT_VERSION; /* u16 format version, u16 flags = 0 */
-        store_u32(head + 12, (uint32_t)klen);
-        store_u64(head + 16, XXH3_64bits(key, (size_t)klen));
-        store_u64(head + 24, versions[i]);
-        store_u64(head + 32, value_lens[i]);
-        store_u64(head + 40, value_hashes[i]);
-        store_u32(head + 48, (uint32_t)header_bytes[i]);
+        store_u64(head, CXLKV_OBJ_MAGIC_U64);
+        store_u16(head + CXLKV_OBJ_FORMAT_VERSION_OFFSET, CXLKV_OBJ_FORMAT_VERSION); /* flags: 0 */
+        store_u32(head + CXLKV_OBJ_KEY_LEN_OFFSET, (uint32_t)klen);
+        store_u64(head + CXLKV_OBJ_KEY_HASH_OFFSET, XXH3_64bits(key, (size_t)klen));
+        store_u64(head + CXLKV_OBJ_VERSION_OFFSET, versions[i]);
+        store_u64(head + CXLKV_OBJ_VALUE_LEN_OFFSET, value_lens[i]);
+        store_u64(head + CXLKV_OBJ_VALUE_HASH_OFFSET, value_hashes[i]);
+        store_u32(head + CXLKV_OBJ_HEADER_BYTES_OFFSET, (uint32_t)header_bytes[i]);
         if (XXH3_64bits_reset(&state) != XXH_OK ||
-            XXH3_64bits_update(&state, head, OBJ_FIELDS_BYTES) != XXH_OK ||
+            XXH3_64bits_update(&state, head, CXLKV_OBJ_CHECKSUM_OFFSET) != XXH_OK ||
             XXH3_64bits_update(&state, key, (size_t)klen) != XXH_OK) {
             *bad_index = i;
             return CXLKV_E_INVAL;
         }
-        store_u64(head + OBJ_FIELDS_BYTES, XXH3_64bits_digest(&state));
+        store_u64(head + CXLKV_OBJ_CHECKSUM_OFFSET, XXH3_64bits_digest(&state));
         /* key and padding first, the header line last */
-        memcpy(h + OBJ_HEADER_BYTES, key, (size_t)klen);
-        memset(h + OBJ_HEADER_BYTES + klen, 0, (size_t)(header_bytes[i] - OBJ_HEADER_BYTES - klen));
+        memcpy(h + CXLKV_OBJ_HEADER_BYTES, key, (size_t)klen);
+        memset(h + CXLKV_OBJ_HEADER_BYTES + klen, 0, (size_t)(header_bytes[i] - CXLKV_OBJ_HEADER_BYTES - klen));
         memcpy(h, head, sizeof head);
         NC_TRACE(CXLKV_NC_EV_STORE, h, h + header_bytes[i]);
         if (flush) /* written back now, fenced once for the batch below */
@@ -179,7 +194,7 @@ cxlkv_verify_headers(const cxlkv_region_t *r, uint64_t n,
     if (n != 0 && ok_out == NULL)
         return CXLKV_E_INVAL;
     for (i = 0; i < n; i++) {
-        if (header_bytes[i] < OBJ_HEADER_BYTES ||
+        if (header_bytes[i] < CXLKV_OBJ_HEADER_BYTES ||
             !in_bounds(r->size_bytes, extent_offsets[i], header_bytes[i])) {
             *bad_index = i;
             return CXLKV_E_RANGE;
@@ -201,7 +216,7 @@ cxlkv_verify_headers(const cxlkv_region_t *r, uint64_t n,
     for (i = 0; i < n; i++) {
         const unsigned char *h = (const unsigned char *)r->base + extent_offsets[i];
         /* the key must fit the header span the reader was given */
-        if (key_lens[i] > header_bytes[i] - OBJ_HEADER_BYTES) {
+        if (key_lens[i] > header_bytes[i] - CXLKV_OBJ_HEADER_BYTES) {
             ok_out[i] = 0;
             continue;
         }
