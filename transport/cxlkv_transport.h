@@ -131,23 +131,6 @@ int cxlkv_copy_in_hashed(const cxlkv_region_t *r, uint64_t offset, const void *s
 int cxlkv_copy_out_hashed(const cxlkv_region_t *r, uint64_t offset, void *dst,
                           uint64_t length, uint64_t *hash_out, int nc);
 
-/* xxh3_64 (seed 0) of `length` bytes at `buf` (any memory). */
-uint64_t cxlkv_xxh3_64(const void *buf, uint64_t length);
-
-/*
- * N copies in one call: srcs[i] (lengths[i] bytes) -> region at offsets[i].
- * All extents are checked before any byte moves; on CXLKV_E_RANGE
- * *bad_index is the first failing position.
- */
-int cxlkv_copy_in_many(const cxlkv_region_t *r, uint64_t n,
-                       const uint64_t *offsets, const void *const *srcs,
-                       const uint64_t *lengths, uint64_t *bad_index, int nc);
-
-/* N copies in one call: region at offsets[i] -> dsts[i] (lengths[i] bytes). */
-int cxlkv_copy_out_many(const cxlkv_region_t *r, uint64_t n,
-                        const uint64_t *offsets, void *const *dsts,
-                        const uint64_t *lengths, uint64_t *bad_index, int nc);
-
 /*
  * N copies between one buffer `buf` of `buf_bytes` bytes and the region:
  * buf[buf_offsets[i] .. +lengths[i]) -> region[region_offsets[i] .. +lengths[i]).

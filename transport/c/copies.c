@@ -1,6 +1,6 @@
 /*
- * copies.c -- the copy entry points: one range, many ranges at separate
- * buffers, ranges of one buffer, and the fused copy + xxh3 forms, each coherent
+ * copies.c -- the copy entry points: one range, many ranges of one buffer, and
+ * the fused copy + xxh3 forms, each coherent
  * (copy_bytes and the kernels) or non-coherent (nc.c).
  */
 #include "internal.h"
@@ -173,12 +173,6 @@ cxlkv_copy_out_hashed(const cxlkv_region_t *r, uint64_t offset, void *dst,
     return copy_hashed((char *)dst, src, length, 1, 0, hash_out);
 }
 
-uint64_t
-cxlkv_xxh3_64(const void *buf, uint64_t length)
-{
-    return XXH3_64bits(buf, (size_t)length);
-}
-
 /* The first i >= from with lengths[i] != 0, else n. */
 static inline uint64_t
 next_nonempty(const uint64_t *lengths, uint64_t n, uint64_t from)
@@ -186,89 +180,6 @@ next_nonempty(const uint64_t *lengths, uint64_t n, uint64_t from)
     while (from < n && lengths[from] == 0)
         from++;
     return from;
-}
-
-static int
-check_many(const cxlkv_region_t *r, uint64_t n, const uint64_t *offsets,
-           const void *const *ptrs, const uint64_t *lengths, uint64_t *bad_index)
-{
-    uint64_t i;
-
-    *bad_index = 0;
-    if (r == NULL || r->base == NULL)
-        return CXLKV_E_CLOSED;
-    if (n != 0 && (offsets == NULL || ptrs == NULL || lengths == NULL))
-        return CXLKV_E_INVAL;
-    for (i = 0; i < n; i++) {
-        if (!in_bounds(r->size_bytes, offsets[i], lengths[i])) {
-            *bad_index = i;
-            return CXLKV_E_RANGE;
-        }
-        if (lengths[i] != 0 && ptrs[i] == NULL) {
-            *bad_index = i;
-            return CXLKV_E_INVAL;
-        }
-    }
-    return CXLKV_OK;
-}
-
-int
-cxlkv_copy_in_many(const cxlkv_region_t *r, uint64_t n,
-                   const uint64_t *offsets, const void *const *srcs,
-                   const uint64_t *lengths, uint64_t *bad_index, int nc)
-{
-    char *base;
-    uint64_t i;
-    int rc;
-
-    if (bad_index == NULL)
-        return CXLKV_E_INVAL;
-    rc = check_many(r, n, offsets, srcs, lengths, bad_index);
-    if (rc != CXLKV_OK)
-        return rc;
-    base = (char *)r->base;
-    if (nc) {
-        for (i = 0; i < n; i++)
-            nc_write_nf(base + offsets[i], srcs[i], (size_t)lengths[i]);
-        nc_store_fence();
-        return CXLKV_OK;
-    }
-    for (i = 0; i < n; i++)
-        if (lengths[i] != 0)
-            copy_bytes(base + offsets[i], srcs[i], (size_t)lengths[i]);
-    return CXLKV_OK;
-}
-
-int
-cxlkv_copy_out_many(const cxlkv_region_t *r, uint64_t n,
-                    const uint64_t *offsets, void *const *dsts,
-                    const uint64_t *lengths, uint64_t *bad_index, int nc)
-{
-    const char *base;
-    uint64_t i;
-    int rc;
-
-    if (bad_index == NULL)
-        return CXLKV_E_INVAL;
-    rc = check_many(r, n, offsets, (const void *const *)dsts, lengths, bad_index);
-    if (rc != CXLKV_OK)
-        return rc;
-    base = (const char *)r->base;
-    if (nc) {
-        int primed = 0;
-
-        for (i = next_nonempty(lengths, n, 0); i < n;) {
-            uint64_t j = next_nonempty(lengths, n, i + 1);
-            primed = nc_copy_out_one((char *)dsts[i], base + offsets[i], (size_t)lengths[i], primed,
-                                     j < n ? base + offsets[j] : NULL, j < n ? (size_t)lengths[j] : 0);
-            i = j;
-        }
-        return CXLKV_OK;
-    }
-    for (i = 0; i < n; i++)
-        if (lengths[i] != 0)
-            copy_bytes(dsts[i], base + offsets[i], (size_t)lengths[i]);
-    return CXLKV_OK;
 }
 
 static int
