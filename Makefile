@@ -10,7 +10,7 @@ TRACE  ?= ../shared/traces/conversation_trace.jsonl
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-INSTALL_DEPS := pyproject.toml setup.py $(wildcard transport/*.c transport/*.h transport/build_transport.py)
+INSTALL_DEPS := pyproject.toml setup.py $(wildcard transport/*.c transport/*.h transport/c/*.c transport/c/*.h transport/build_transport.py)
 
 .PHONY: install test run proto bench wheel clean help oldest test-oldest engines test-engines etcd
 

@@ -10,8 +10,7 @@ Measures, on a pre-faulted region file in ``/dev/shm`` (deleted afterwards):
   (``buffer="numpy"``: malloc'ed, data 16 bytes past a page boundary);
 * batched 4 KiB copies, 256 extents per call at scattered region offsets:
   ``copy_in_ranges`` / ``copy_out_ranges`` (one shared buffer, the daemon's
-  path) and ``copy_in_many`` / ``copy_out_many`` (256 separate buffers); their
-  limit is memcpy of the same bytes (1 MiB) in one piece;
+  path); their limit is memcpy of the same bytes (1 MiB) in one piece;
 * ``copy_out`` from two threads at once (``concurrency`` 2), beside two
   threads of ``np.copyto``: the GIL is released, so the copies overlap;
 * the non-coherent (``coherence = "flush"``) copies, 4 KiB … 64 MiB, beside
@@ -303,17 +302,12 @@ def _batched(region: Region, src: np.ndarray, dst: np.ndarray, runs: int, max_op
     buf_offsets = np.arange(BATCH, dtype=np.uint64) * EXTENT_BYTES
     lengths = np.full(BATCH, EXTENT_BYTES, dtype=np.uint64)
     sbuf, dbuf = src[:batch_bytes], dst[:batch_bytes]
-    srcs = [sbuf[i * EXTENT_BYTES : (i + 1) * EXTENT_BYTES] for i in range(BATCH)]
-    dsts = [dbuf[i * EXTENT_BYTES : (i + 1) * EXTENT_BYTES] for i in range(BATCH)]
-    offsets = region_offsets.tolist()
     ops = ops_for(batch_bytes, bytes_per_run=64 * MiB, max_ops=max_ops)
     t = _interleaved(
         {
             "memcpy": lambda: np.copyto(dbuf, sbuf),
             "copy_in_ranges": lambda: region.copy_in_ranges(sbuf, buf_offsets, region_offsets, lengths),
             "copy_out_ranges": lambda: region.copy_out_ranges(dbuf, buf_offsets, region_offsets, lengths),
-            "copy_in_many": lambda: region.copy_in_many(offsets, srcs),
-            "copy_out_many": lambda: region.copy_out_many(offsets, dsts),
         },
         ops,
         runs,
@@ -322,7 +316,7 @@ def _batched(region: Region, src: np.ndarray, dst: np.ndarray, runs: int, max_op
     extra = dict(common, batch=BATCH, concurrency=1, kernel=_kernel_for(EXTENT_BYTES))
     return [
         Record.from_timing(BENCH, op, batch_bytes, t[op], limit, **extra)
-        for op in ("copy_in_ranges", "copy_out_ranges", "copy_in_many", "copy_out_many")
+        for op in ("copy_in_ranges", "copy_out_ranges")
     ]
 
 

@@ -36,7 +36,11 @@ A region scan (``cxlkv region scan``) finds objects by walking 64-byte aligned
 offsets for a valid magic and header checksum; the master can rebuild its index
 from those headers (``cxlkv master --recover-from-region``).
 
-This module is pure Python (struct + xxhash); it does not import the transport.
+This module is pure Python (struct + xxhash); it does not import the transport
+(an SDK-only install has none). The C transport defines the same layout
+(``CXLKV_OBJ_*`` in ``transport/cxlkv_transport.h``); :mod:`cxlkv.transport.bindings`
+checks :data:`OBJECT_LAYOUT` against it through cffi at import and refuses to load
+when they differ.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ __all__ = [
     "OBJECT_MAGIC",
     "OBJECT_FORMAT_VERSION",
     "OBJECT_HEADER_BYTES",
+    "OBJECT_LAYOUT",
     "ObjectHeader",
     "header_bytes_for",
     "key_hash",
@@ -68,10 +73,37 @@ OBJECT_HEADER_BYTES = 64
 #: Longest key the header can describe, in UTF-8 bytes (the keys contract).
 MAX_KEY_BYTES = 4096
 
-_FIELDS = struct.Struct("<8sHHIQQQQI4x")  # 56 bytes, covered by the header checksum
+# magic, format version, flags, key length, key hash, version, value length,
+# value checksum, header_bytes, reserved: 56 bytes, covered by the header checksum
+_FIELD_CODES = ("8s", "H", "H", "I", "Q", "Q", "Q", "Q", "I", "4x")
+_FIELDS = struct.Struct("<" + "".join(_FIELD_CODES))
 _CHECKSUM = struct.Struct("<Q")
 _xxh3 = xxhash.xxh3_64_intdigest
 assert _FIELDS.size + _CHECKSUM.size == OBJECT_HEADER_BYTES
+
+
+def _offset(field_no: int) -> int:
+    """Byte offset of field ``field_no`` of :data:`_FIELD_CODES` in the header."""
+    return struct.calcsize("<" + "".join(_FIELD_CODES[:field_no]))
+
+
+#: The layout as the C transport names it (``CXLKV_OBJ_<name>``), offsets in bytes
+#: from the extent's start; :mod:`cxlkv.transport.bindings` checks it against C.
+OBJECT_LAYOUT: dict[str, int] = {
+    "HEADER_BYTES": OBJECT_HEADER_BYTES,
+    "MAGIC_U64": int.from_bytes(OBJECT_MAGIC, "little"),
+    "FORMAT_VERSION": OBJECT_FORMAT_VERSION,
+    "MAX_KEY_BYTES": MAX_KEY_BYTES,
+    "FORMAT_VERSION_OFFSET": _offset(1),
+    "FLAGS_OFFSET": _offset(2),
+    "KEY_LEN_OFFSET": _offset(3),
+    "KEY_HASH_OFFSET": _offset(4),
+    "VERSION_OFFSET": _offset(5),
+    "VALUE_LEN_OFFSET": _offset(6),
+    "VALUE_HASH_OFFSET": _offset(7),
+    "HEADER_BYTES_OFFSET": _offset(8),
+    "CHECKSUM_OFFSET": _FIELDS.size,
+}
 
 
 def header_bytes_for(key_len_bytes: int) -> int:

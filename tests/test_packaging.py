@@ -66,6 +66,11 @@ def test_wheel_and_sdist_contents(tmp_path: Path) -> None:
     assert "cxlkv/_commit.txt" in names and any(n.endswith(".abi3.so") for n in names)
     assert any(n.endswith("licenses/LICENSE") for n in names)
     assert not any("bench/results" in n for n in names)
+    c_files = sorted(p.name for p in (ROOT / "transport" / "c").iterdir() if p.suffix in (".c", ".h"))
+    assert "internal.h" in c_files and "dispatch.c" in c_files
+    for name in c_files:  # the C files by concern travel with the package (and the sdist, below)
+        assert f"cxlkv/transport/c/{name}" in names, name
+    assert "cxlkv/transport/cxlkv_transport.h" in names
 
     from setuptools import build_meta  # noqa: F401  (the backend pyproject.toml names)
 
@@ -77,5 +82,6 @@ def test_wheel_and_sdist_contents(tmp_path: Path) -> None:
     members = tarfile.open(sdist).getnames()
     top = members[0].split("/")[0]
     for path in ("LICENSE", "proto/cxlkv/v1/master.proto", "deploy/systemd/cxlkv-master.service",
-                 "docs/operations.md", "cxlkv/_commit.txt", "Makefile"):
+                 "docs/operations.md", "cxlkv/_commit.txt", "Makefile", "transport/cxlkv_transport.h",
+                 *(f"transport/c/{name}" for name in c_files)):
         assert f"{top}/{path}" in members, path

@@ -198,25 +198,19 @@ def test_batches_pipeline_across_ranges(region: Region, read_chunk: int) -> None
     ro = [8192 + i * 400_000 + (i * 13) % 64 for i in range(len(lens))]
     buf = rng.integers(0, 256, pos, dtype=np.uint8)
     want = [h3(buf[o:o + n].tobytes()) for o, n in zip(bo, lens)]
-    for call in ("ranges", "ranges_hashed", "many"):
+    for call in ("ranges", "ranges_hashed"):
         if call == "ranges":
             _, kt = _replay(region, lambda: region.copy_in_ranges(buf, bo, ro, lens, flush=True))
-        elif call == "ranges_hashed":
+        else:
             got, kt = _replay(region, lambda: region.copy_in_ranges_hashed(buf, bo, ro, lens, flush=True))
             assert got == want
-        else:
-            _, kt = _replay(region, lambda: region.copy_in_many(ro, [buf[o:o + n] for o, n in zip(bo, lens)],
-                                                                flush=True))
         assert kt.violations == [] and kt.fences["sfence"] == 1 and kt.fences["mfence"] == 0, call
         out = np.zeros_like(buf)
         if call == "ranges":
             _, kt = _replay(region, lambda: region.copy_out_ranges(out, bo, ro, lens, invalidate=True))
-        elif call == "ranges_hashed":
+        else:
             got, kt = _replay(region, lambda: region.copy_out_ranges_hashed(out, bo, ro, lens, invalidate=True))
             assert got == want
-        else:
-            dsts = [out[o:o + n] for o, n in zip(bo, lens)]
-            _, kt = _replay(region, lambda: region.copy_out_many(ro, dsts, invalidate=True))
         assert kt.violations == [], (call, kt.violations[:3])
         for o, n in zip(bo, lens):
             assert out[o:o + n].tobytes() == buf[o:o + n].tobytes(), call
@@ -345,11 +339,11 @@ def test_emulated_hosts_flush_mode_copies_see_nothing_stale(tmp_path: Path) -> N
         r.read(4096, 64 * KiB)
         assert w.copy_in_ranges_hashed(new4, [0], [off], [n], flush=True) == [h3(new4)]
         dst = bytearray(n)
-        r.copy_out_many([off], [dst], invalidate=True)
+        r.copy_out(off, dst, invalidate=True)
         assert bytes(dst) == new4
         new5 = os.urandom(n)
         r.read(4096, 64 * KiB)
-        w.copy_in_many([off], [new5], flush=True)
+        w.copy_in(off, new5, flush=True)
         r.copy_out(off, dst, invalidate=True)
         assert bytes(dst) == new5
         # without flush the writer's bytes stay in its cache

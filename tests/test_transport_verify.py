@@ -30,6 +30,36 @@ def region(request, tmp_path):
     r.close()
 
 
+def test_object_header_constants_come_from_c() -> None:
+    """The layout the C kernels use (CXLKV_OBJ_* through cffi) is cxlkv.objheader's,
+    name for name, and what pack_header writes sits at C's offsets."""
+    from cxlkv import objheader
+    from cxlkv.transport import bindings
+
+    c = {n[len("CXLKV_OBJ_"):]: int(getattr(bindings.lib, n)) for n in dir(bindings.lib) if n.startswith("CXLKV_OBJ_")}
+    assert c == objheader.OBJECT_LAYOUT
+    assert (bindings.OBJ_HEADER_BYTES, bindings.OBJ_FORMAT_VERSION, bindings.OBJ_MAX_KEY_BYTES) == (
+        objheader.OBJECT_HEADER_BYTES, objheader.OBJECT_FORMAT_VERSION, objheader.MAX_KEY_BYTES)
+    assert bindings.OBJ_MAGIC_U64.to_bytes(8, "little") == objheader.OBJECT_MAGIC
+    key = b"k" * 70
+    head = pack_header(key, 7, 1234, 99)
+    u = lambda at, n: int.from_bytes(head[at:at + n], "little")  # noqa: E731
+    assert u(c["KEY_LEN_OFFSET"], 4) == 70 and u(c["VERSION_OFFSET"], 8) == 7
+    assert u(c["VALUE_LEN_OFFSET"], 8) == 1234 and u(c["VALUE_HASH_OFFSET"], 8) == 99
+    assert u(c["HEADER_BYTES_OFFSET"], 4) == header_bytes_for(70) and u(c["FLAGS_OFFSET"], 2) == 0
+    assert u(c["FORMAT_VERSION_OFFSET"], 2) == c["FORMAT_VERSION"]
+    assert u(c["KEY_HASH_OFFSET"], 8) == xxhash.xxh3_64_intdigest(key)
+    assert u(c["CHECKSUM_OFFSET"], 8) == xxhash.xxh3_64_intdigest(head[:c["CHECKSUM_OFFSET"]] + key)
+
+
+def test_a_layout_that_differs_from_c_stops_the_transport_loading(monkeypatch) -> None:
+    from cxlkv.transport import bindings
+
+    monkeypatch.setattr(bindings, "OBJECT_LAYOUT", {**bindings.OBJECT_LAYOUT, "KEY_LEN_OFFSET": 13})
+    with pytest.raises(ImportError, match="KEY_LEN_OFFSET"):
+        bindings._check_object_layout()
+
+
 def _write(region: Region, offset: int, key: bytes, version: int, value: bytes) -> int:
     """Write one object as clientd does; returns its header_bytes."""
     hb = header_bytes_for(len(key))

@@ -1,7 +1,7 @@
 """cxlkv.transport: map a CXL region and move bytes in and out of it at memory speed.
 
 The C core (``_transport``, built by cffi from ``cxlkv_transport.h`` /
-``cxlkv_transport.c``) maps a DAX device or a file ``MAP_SHARED`` and does
+``c/*.c``) maps a DAX device or a file ``MAP_SHARED`` and does
 bounds-checked copies (single and batched, GIL released; large copies use
 non-temporal stores), cache-line flush and
 invalidate (CLWB / CLFLUSHOPT / CLFLUSH chosen at run time) and prefaulting.
@@ -29,10 +29,8 @@ from cxlkv.transport.bindings import (
     INVALIDATE_INSTRUCTION,
     PAGE_BYTES,
     cxlkv_copy_in,
-    cxlkv_copy_in_many,
     cxlkv_copy_in_ranges,
     cxlkv_copy_out,
-    cxlkv_copy_out_many,
     cxlkv_copy_out_ranges,
     cxlkv_fence,
     cxlkv_flush,
@@ -72,8 +70,6 @@ __all__ = [
     "cxlkv_retire",
     "cxlkv_copy_in",
     "cxlkv_copy_out",
-    "cxlkv_copy_in_many",
-    "cxlkv_copy_out_many",
     "cxlkv_copy_in_ranges",
     "cxlkv_copy_out_ranges",
     "cxlkv_flush",

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, Union
 
 from cxlkv.errors import InvalidArgument, OutOfRange, RegionError
+from cxlkv.objheader import OBJECT_LAYOUT
 from cxlkv.transport._transport import ffi, lib
 
 __all__ = [
@@ -57,9 +58,6 @@ __all__ = [
     "cxlkv_copy_out",
     "cxlkv_copy_in_hashed",
     "cxlkv_copy_out_hashed",
-    "cxlkv_xxh3_64",
-    "cxlkv_copy_in_many",
-    "cxlkv_copy_out_many",
     "cxlkv_copy_in_ranges",
     "cxlkv_copy_out_ranges",
     "cxlkv_copy_out_ranges_hashed",
@@ -71,6 +69,10 @@ __all__ = [
     "cxlkv_fence",
     "cxlkv_prefault",
     "cxlkv_index_store",
+    "OBJ_HEADER_BYTES",
+    "OBJ_MAGIC_U64",
+    "OBJ_FORMAT_VERSION",
+    "OBJ_MAX_KEY_BYTES",
     "INDEX_HEADER_BYTES",
     "INDEX_FORMAT_VERSION",
     "INDEX_SLOT_BYTES",
@@ -112,6 +114,32 @@ INVALIDATE_INSTRUCTION: str = ffi.string(lib.cxlkv_invalidate_instruction()).dec
 #: vector loops; non-temporal stores from the stream threshold on) or
 #: "memmove" (glibc: CPUs without AVX2, other architectures).
 COPY_KERNEL: str = ffi.string(lib.cxlkv_copy_kernel()).decode()
+
+# The object header's layout (cxlkv_transport.h; cxlkv/objheader.py documents the fields).
+#: Bytes of the fixed object header (one cache line).
+OBJ_HEADER_BYTES: int = int(lib.CXLKV_OBJ_HEADER_BYTES)
+#: The object magic b"CXLKVOB1" as a little-endian u64.
+OBJ_MAGIC_U64: int = int(lib.CXLKV_OBJ_MAGIC_U64)
+#: Object header layout version.
+OBJ_FORMAT_VERSION: int = int(lib.CXLKV_OBJ_FORMAT_VERSION)
+#: Longest key an object header describes, in bytes.
+OBJ_MAX_KEY_BYTES: int = int(lib.CXLKV_OBJ_MAX_KEY_BYTES)
+
+
+def _check_object_layout() -> None:
+    """The pure-Python object header (:mod:`cxlkv.objheader`, which must work without
+    this extension) and C's agree on every ``CXLKV_OBJ_*`` constant, or the
+    transport does not load (a mismatch would make each side reject the other's
+    objects)."""
+    c_names = {name[len("CXLKV_OBJ_"):] for name in dir(lib) if name.startswith("CXLKV_OBJ_")}
+    c_layout = {name: int(getattr(lib, "CXLKV_OBJ_" + name)) for name in c_names}
+    if c_layout != OBJECT_LAYOUT:
+        differ = sorted(n for n in c_names | set(OBJECT_LAYOUT) if c_layout.get(n) != OBJECT_LAYOUT.get(n))
+        raise ImportError("cxlkv.transport: the object header layout of the C transport and of "
+                          f"cxlkv.objheader differ in {', '.join(differ)}: rebuild the extension (make install)")
+
+
+_check_object_layout()
 
 # The region index's layout and outcomes (cxlkv_transport.h; cxlkv/index.py documents the format).
 #: Bytes of the index header page.
@@ -606,70 +634,6 @@ def _uninitialized_bytes_maker() -> Any:
 
 
 _bytes_uninitialized = _uninitialized_bytes_maker()
-
-
-def cxlkv_xxh3_64(src: BufferLike) -> int:
-    """xxh3_64 (seed 0) of ``src``'s bytes from the transport's own xxHash build
-    (equal to ``xxhash.xxh3_64_intdigest``); GIL released.
-
-    Raises:
-        InvalidArgument: ``src`` is not a C-contiguous bytes-like object.
-    """
-    try:
-        buf = _from_buffer(src)
-    except (TypeError, ValueError, BufferError):
-        buf = _buffer(src, False, "src")
-    return int(lib.cxlkv_xxh3_64(buf, len(buf)))
-
-def _many(r: Handle, offsets: U64Array, bufs: Sequence[BufferLike], writable: bool, op: str, nc: int = 0) -> int:
-    what = "dsts" if writable else "srcs"
-    cbufs = []
-    for i, b in enumerate(bufs):
-        try:
-            cbufs.append(_from_buffer("char[]", b, writable))
-        except (TypeError, ValueError, BufferError):
-            cbufs.append(_buffer(b, writable, f"{what}[{i}]"))
-    n = len(cbufs)
-    offs = _u64_array(offsets, "offsets")
-    if len(offs) != n:
-        raise InvalidArgument(f"{op}: {len(offs)} offsets for {n} buffers")
-    ptrs = _new("void *[]", cbufs)
-    lens = _new("uint64_t[]", [len(b) for b in cbufs])
-    bad = _new("uint64_t *")
-    fn = lib.cxlkv_copy_out_many if writable else lib.cxlkv_copy_in_many
-    rc = fn(r, n, offs, ptrs, lens, bad, nc)
-    if rc != _OK:
-        _raise_many(r, rc, op, int(bad[0]), n)
-    return sum(len(b) for b in cbufs)
-
-
-def cxlkv_copy_in_many(r: Handle, offsets: U64Array, srcs: Sequence[BufferLike], nc: int = 0) -> int:
-    """Copy ``srcs[i]`` to region offset ``offsets[i]`` for every i, in ONE C call.
-
-    All extents are bounds-checked before any byte moves (all or nothing).
-
-    Returns:
-        Total bytes copied.
-
-    Raises:
-        OutOfRange: an extent outside the region (the message names its index),
-            or a negative offset.
-        InvalidArgument: lengths of ``offsets`` and ``srcs`` differ; a bad buffer.
-        RegionError: the region is closed.
-    """
-    return _many(r, offsets, srcs, False, "copy_in_many", nc)
-
-
-def cxlkv_copy_out_many(r: Handle, offsets: U64Array, dsts: Sequence[BufferLike], nc: int = 0) -> int:
-    """Fill writable ``dsts[i]`` from region offset ``offsets[i]``, in ONE C call.
-
-    Returns:
-        Total bytes copied.
-
-    Raises:
-        OutOfRange, InvalidArgument, RegionError: as :func:`cxlkv_copy_in_many`.
-    """
-    return _many(r, offsets, dsts, True, "copy_out_many", nc)
 
 
 def _ranges(

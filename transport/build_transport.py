@@ -1,8 +1,8 @@
 """cffi build script for ``cxlkv.transport._transport`` (API mode, out of line).
 
 Run by setuptools through ``cffi_modules`` in setup.py at install time. The C
-declarations come from ``cxlkv_transport.h`` (the same header the C source
-includes), minus preprocessor lines other than integer ``#define`` constants,
+declarations come from ``cxlkv_transport.h`` (the public header every C file
+under ``c/`` includes through ``c/internal.h``), minus preprocessor lines other than integer ``#define`` constants,
 which cffi's cdef does not parse.
 """
 
@@ -16,7 +16,10 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADER = os.path.join(HERE, "cxlkv_transport.h")
-SOURCE = os.path.join(HERE, "cxlkv_transport.c")
+# The C files, one per concern (c/internal.h lists them); sorted: a stable build.
+CDIR = os.path.join(HERE, "c")
+SOURCES = sorted(os.path.join(CDIR, name) for name in os.listdir(CDIR) if name.endswith(".c"))
+INTERNAL_HEADER = os.path.join(CDIR, "internal.h")
 XXHASH = os.path.join(HERE, "third_party", "xxhash")  # vendored xxHash 0.8.4, see its README.md
 
 
@@ -56,17 +59,17 @@ ffibuilder = FFI()
 with open(HEADER, encoding="utf-8") as f:
     ffibuilder.cdef(cdef_text(f.read()))
 
-# The C source is its own compilation unit (not pasted after Python.h), so its
-# feature macros and includes are its own.
+# The C files are their own compilation units (not pasted after Python.h), so
+# their feature macros and includes are their own.
 ffibuilder.set_source(
     "cxlkv.transport._transport",
     '#include "cxlkv_transport.h"',
-    sources=[os.path.relpath(SOURCE)] + [os.path.relpath(p) for p in _xxhash_sources()],
+    sources=[os.path.relpath(p) for p in SOURCES + _xxhash_sources()],
     include_dirs=[HERE, XXHASH],
     # Own namespace: no clash with python-xxhash's copy of the same symbols.
     define_macros=[("XXH_NAMESPACE", "cxlkv_")],
     extra_compile_args=_compile_args(),
-    depends=[HEADER, SOURCE, os.path.join(XXHASH, "xxhash.h")],
+    depends=[HEADER, INTERNAL_HEADER, *SOURCES, os.path.join(XXHASH, "xxhash.h")],
 )
 
 if __name__ == "__main__":  # python transport/build_transport.py: build in place

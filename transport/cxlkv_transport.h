@@ -4,7 +4,8 @@
  * Maps one region (a DAX character device or a regular file standing in for
  * one) MAP_SHARED read-write and moves bytes between it and caller memory.
  *
- * This header is both the C interface of cxlkv_transport.c and the cffi cdef
+ * This header is both the C interface of the files in c/ (one per concern;
+ * c/internal.h lists them and holds what they share) and the cffi cdef
  * (transport/build_transport.py feeds it to ffi.cdef() with preprocessor lines
  * removed), so it holds only declarations cffi understands: no macros with
  * expressions, no inline functions.
@@ -120,7 +121,7 @@ int cxlkv_copy_out(const cxlkv_region_t *r, uint64_t offset, void *dst,
  * copy_in hashes the source (what was written). copy_out hashes the
  * destination (what the caller receives) below the stream threshold, and the
  * source chunk it has just loaded from it on (streamed stores leave the
- * destination out of cache); see copy_hashed() in the .c for why that is the
+ * destination out of cache); see copy_hashed() in c/copies.c for why that is the
  * same bytes under a lease. Source and destination must not overlap
  * (CXLKV_E_INVAL). *hash_out is written only on CXLKV_OK.
  */
@@ -129,23 +130,6 @@ int cxlkv_copy_in_hashed(const cxlkv_region_t *r, uint64_t offset, const void *s
                          uint64_t length, uint64_t *hash_out, int nc);
 int cxlkv_copy_out_hashed(const cxlkv_region_t *r, uint64_t offset, void *dst,
                           uint64_t length, uint64_t *hash_out, int nc);
-
-/* xxh3_64 (seed 0) of `length` bytes at `buf` (any memory). */
-uint64_t cxlkv_xxh3_64(const void *buf, uint64_t length);
-
-/*
- * N copies in one call: srcs[i] (lengths[i] bytes) -> region at offsets[i].
- * All extents are checked before any byte moves; on CXLKV_E_RANGE
- * *bad_index is the first failing position.
- */
-int cxlkv_copy_in_many(const cxlkv_region_t *r, uint64_t n,
-                       const uint64_t *offsets, const void *const *srcs,
-                       const uint64_t *lengths, uint64_t *bad_index, int nc);
-
-/* N copies in one call: region at offsets[i] -> dsts[i] (lengths[i] bytes). */
-int cxlkv_copy_out_many(const cxlkv_region_t *r, uint64_t n,
-                        const uint64_t *offsets, void *const *dsts,
-                        const uint64_t *lengths, uint64_t *bad_index, int nc);
 
 /*
  * N copies between one buffer `buf` of `buf_bytes` bytes and the region:
@@ -192,7 +176,30 @@ int cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
                                 uint64_t *bad_index, int nc);
 
 /*
- * Write N object headers (layout: cxlkv/objheader.py), each followed by its key
+ * The object header's layout (cxlkv/objheader.py documents each field): one
+ * 64-byte line of little-endian fields, then the key, zero padding to the next
+ * 64 bytes, the value. Offsets are from the extent's start. The checksummed
+ * fields are [0, CXLKV_OBJ_CHECKSUM_OFFSET); the header checksum is their xxh3_64
+ * followed by the key bytes'. The magic is b"CXLKVOB1" read as a little-endian
+ * u64. Python reads these through cffi (cxlkv.transport.bindings checks
+ * cxlkv/objheader.py against them at import).
+ */
+#define CXLKV_OBJ_HEADER_BYTES 64
+#define CXLKV_OBJ_MAGIC_U64 3549486688370448451
+#define CXLKV_OBJ_FORMAT_VERSION 1
+#define CXLKV_OBJ_MAX_KEY_BYTES 4096
+#define CXLKV_OBJ_FORMAT_VERSION_OFFSET 8
+#define CXLKV_OBJ_FLAGS_OFFSET 10
+#define CXLKV_OBJ_KEY_LEN_OFFSET 12
+#define CXLKV_OBJ_KEY_HASH_OFFSET 16
+#define CXLKV_OBJ_VERSION_OFFSET 24
+#define CXLKV_OBJ_VALUE_LEN_OFFSET 32
+#define CXLKV_OBJ_VALUE_HASH_OFFSET 40
+#define CXLKV_OBJ_HEADER_BYTES_OFFSET 48
+#define CXLKV_OBJ_CHECKSUM_OFFSET 56
+
+/*
+ * Write N object headers (layout above), each followed by its key
  * and zero padding up to header_bytes[i], at region offset extent_offsets[i]:
  * the key keys[key_offsets[i] .. +key_lens[i]), version versions[i], a
  * value_lens[i]-byte value whose xxh3_64 is value_hashes[i]. header_bytes[i]
@@ -211,7 +218,7 @@ int cxlkv_write_headers(const cxlkv_region_t *r, uint64_t n,
                         uint64_t *bad_index);
 
 /*
- * Check N object headers (layout: cxlkv/objheader.py) against what a reader
+ * Check N object headers (layout above) against what a reader
  * expects, in one call. Object i's extent starts at region offset
  * extent_offsets[i] and its value at extent_offsets[i] + header_bytes[i]; it
  * must describe the key keys[key_offsets[i] .. +key_lens[i]) (UTF-8 bytes) at

@@ -211,35 +211,6 @@ class NoncoherentRegion(Region):
         self.copy_out(offset, out, invalidate=invalidate)
         return bytes(out)
 
-    def copy_in_many(self, offsets: U64Array, srcs: Sequence[BufferLike], *, flush: bool = False) -> int:
-        offs = [int(o) for o in offsets]
-        if len(offs) != len(srcs):
-            raise InvalidArgument(f"copy_in_many: {len(offs)} offsets for {len(srcs)} sources")
-        with self._lock:
-            for i, (o, s) in enumerate(zip(offs, srcs)):
-                self._check(f"copy_in_many[{i}]", o, memoryview(s).nbytes)
-            total = 0
-            for o, s in zip(offs, srcs):
-                n = self._in("copy_in_many", o, s)
-                if flush:
-                    self._publish(o, n)
-                total += n
-            return total
-
-    def copy_out_many(self, offsets: U64Array, dsts: Sequence[BufferLike], *, invalidate: bool = False) -> int:
-        offs = [int(o) for o in offsets]
-        if len(offs) != len(dsts):
-            raise InvalidArgument(f"copy_out_many: {len(offs)} offsets for {len(dsts)} destinations")
-        with self._lock:
-            for i, (o, d) in enumerate(zip(offs, dsts)):
-                self._check(f"copy_out_many[{i}]", o, memoryview(d).nbytes)
-            total = 0
-            for o, d in zip(offs, dsts):
-                if invalidate:
-                    self._drop(o, memoryview(d).nbytes)
-                total += self._out("copy_out_many", o, d)
-            return total
-
     def _ranges(self, op: str, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array,
                 lengths: U64Array, writable: bool) -> list[tuple[np.ndarray, int]]:
         b = _bytes_of(buf, writable=writable)

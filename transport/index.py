@@ -64,6 +64,7 @@ from cxlkv.transport.bindings import (
     IX_MISS,
     IX_TOO_SMALL,
     IX_UNSURE,
+    OBJ_MAX_KEY_BYTES,
     BufferLike,
     U64Array,
     ffi,
@@ -317,8 +318,8 @@ class IndexReader:
             raise OutOfRange(f"{op}: the index is outside region {self.table_region.path}")
         if key is not None and not isinstance(key, bytes):
             raise InvalidArgument(f"{op}: a key is its UTF-8 bytes, got {type(key).__name__}")
-        if key is not None and not 1 <= len(key) <= 4096:
-            raise InvalidArgument(f"{op}: a key is 1 to 4096 bytes, got {len(key)}")
+        if key is not None and not 1 <= len(key) <= OBJ_MAX_KEY_BYTES:
+            raise InvalidArgument(f"{op}: a key is 1 to {OBJ_MAX_KEY_BYTES} bytes, got {len(key)}")
         raise InvalidArgument(f"{op}: invalid argument (a bad key, or a destination overlapping the value; "
                               f"status {rc})")
 
@@ -328,7 +329,7 @@ class IndexReader:
         the start of ``dst`` and verify it; GIL released.
 
         Args:
-            key_utf8: the key's UTF-8 bytes (1..4096).
+            key_utf8: the key's UTF-8 bytes (1..OBJ_MAX_KEY_BYTES).
             dst: a writable C-contiguous buffer; on HIT its first
                 ``value_len_bytes`` bytes are the value (the rest is untouched).
                 On other outcomes it may have been written. The last numpy
@@ -474,8 +475,8 @@ class IndexReader:
         if rc == _E_CLOSED or rc == _E_RANGE:
             self._raise(rc, op)
         key = keys[i] if i < len(keys) else b""
-        if not 1 <= len(key) <= 4096:
-            raise InvalidArgument(f"{op}: key #{i} of {len(keys)} is {len(key)} bytes; a key is 1 to 4096")
+        if not 1 <= len(key) <= OBJ_MAX_KEY_BYTES:
+            raise InvalidArgument(f"{op}: key #{i} of {len(keys)} is {len(key)} bytes; a key is 1 to {OBJ_MAX_KEY_BYTES}")
         raise InvalidArgument(f"{op}: item #{i} of {len(keys)}: a bad destination, or one overlapping its value "
                               f"(status {rc})")
 
@@ -512,8 +513,8 @@ class PortableIndexReader(IndexReader):
 
     def _batch(self, keys: Sequence[bytes], dsts: Sequence[Any] | None, prefix: bool) -> list[IndexResult]:
         for i, k in enumerate(keys):
-            if not isinstance(k, bytes) or not 1 <= len(k) <= 4096:
-                raise InvalidArgument(f"index lookup: key #{i} of {len(keys)} is not 1 to 4096 bytes")
+            if not isinstance(k, bytes) or not 1 <= len(k) <= OBJ_MAX_KEY_BYTES:
+                raise InvalidArgument(f"index lookup: key #{i} of {len(keys)} is not 1 to {OBJ_MAX_KEY_BYTES} bytes")
         out = []
         for i, k in enumerate(keys):
             r = self._lookup(k, None if dsts is None else dsts[i], dsts is None)

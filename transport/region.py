@@ -333,7 +333,7 @@ class Region:
         chunk's copy; from it on (non-temporal stores leave ``dst`` out of
         cache) from the chunk of the region just loaded -- the same bytes for a
         reader that holds a lease and, in flush mode, invalidated the range
-        first (see ``copy_hashed`` in cxlkv_transport.c).
+        first (see ``copy_hashed`` in transport/c/copies.c).
 
         Returns:
             xxh3_64 of ``dst``'s new bytes (unsigned 64-bit).
@@ -358,40 +358,6 @@ class Region:
         out = bytearray(length)
         _copy_out(self._r, offset, out, 1 if invalidate else 0)
         return bytes(out)
-
-    def copy_in_many(self, offsets: U64Array, srcs: Sequence[BufferLike], *, flush: bool = False) -> int:
-        """Copy ``srcs[i]`` to region offset ``offsets[i]`` for all i in ONE C call.
-
-        Every extent is bounds-checked before any byte moves (all or nothing).
-        ``flush``: as :meth:`copy_in` (one SFENCE for the call).
-
-        Args:
-            offsets: N region byte offsets (list, or a 1-D uint64 array used zero-copy).
-            srcs: N bytes-like sources.
-
-        Returns:
-            Total bytes copied.
-
-        Raises:
-            OutOfRange: some extent outside the region (its index in the message).
-            InvalidArgument: N mismatch, or a source is not a contiguous buffer.
-            RegionError: the region is closed.
-        """
-        return _b.cxlkv_copy_in_many(self._r, offsets, srcs, 1 if flush else 0)
-
-    def copy_out_many(self, offsets: U64Array, dsts: Sequence[BufferLike], *, invalidate: bool = False) -> int:
-        """Fill writable ``dsts[i]`` from region offset ``offsets[i]`` for all i in ONE C call.
-        ``invalidate``: as :meth:`copy_out` (the next extent's first chunk is
-        dropped while the last chunk of this one is copied).
-
-        Returns:
-            Total bytes copied.
-
-        Raises:
-            OutOfRange, InvalidArgument, RegionError: as :meth:`copy_in_many`
-            (a read-only destination is an InvalidArgument).
-        """
-        return _b.cxlkv_copy_out_many(self._r, offsets, dsts, 1 if invalidate else 0)
 
     def copy_in_ranges(
         self, buf: BufferLike, buf_offsets: U64Array, region_offsets: U64Array, lengths: U64Array,

@@ -18,13 +18,12 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from cxlkv.objheader import OBJECT_HEADER_BYTES, OBJECT_MAGIC, parse_header
+from cxlkv.objheader import parse_header
 from cxlkv.region import REGION_HEADER_BYTES
+from cxlkv.transport.bindings import OBJ_HEADER_BYTES, OBJ_MAGIC_U64
 from cxlkv.transport.region import Region
 
 __all__ = ["ScannedObject", "scan_region", "live_objects"]
-
-_MAGIC_U64 = int.from_bytes(OBJECT_MAGIC, "little")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,20 +78,20 @@ def scan_region(region: Region, *, verify_values: bool = False) -> list[ScannedO
     """
     size = region.size_bytes
     start = REGION_HEADER_BYTES
-    if size <= start + OBJECT_HEADER_BYTES:
+    if size <= start + OBJ_HEADER_BYTES:
         return []
     region.invalidate(start, size - start)
-    n_lines = (size - start) // OBJECT_HEADER_BYTES
-    body = region.view(start, n_lines * OBJECT_HEADER_BYTES)
-    first = np.frombuffer(body, dtype="<u8").reshape(n_lines, OBJECT_HEADER_BYTES // 8)[:, 0]
+    n_lines = (size - start) // OBJ_HEADER_BYTES
+    body = region.view(start, n_lines * OBJ_HEADER_BYTES)
+    first = np.frombuffer(body, dtype="<u8").reshape(n_lines, OBJ_HEADER_BYTES // 8)[:, 0]
     found: list[ScannedObject] = []
-    for line in np.flatnonzero(first == _MAGIC_U64).tolist():
-        off = start + line * OBJECT_HEADER_BYTES
-        head = region.read(off, OBJECT_HEADER_BYTES)
+    for line in np.flatnonzero(first == OBJ_MAGIC_U64).tolist():
+        off = start + line * OBJ_HEADER_BYTES
+        head = region.read(off, OBJ_HEADER_BYTES)
         peek = parse_header(head, None)
         if peek is None or off + peek.header_bytes + peek.value_len_bytes > size:
             continue
-        key_bytes = region.read(off + OBJECT_HEADER_BYTES, peek.key_len_bytes)
+        key_bytes = region.read(off + OBJ_HEADER_BYTES, peek.key_len_bytes)
         h = parse_header(head, key_bytes)
         if h is None:
             continue
