@@ -3,7 +3,9 @@
 * pure state: probation, promotion, the ghost, query tails, orphans, reports before
   or after the puts, ``candidates`` read-only, internal consistency under random use;
   main an LRU whose chains leave tail first; the reach of first reuses, probation
-  skipped while they are out of reach and floored while they are within it;
+  skipped while they are out of reach and floored while they are within it; a query's
+  first misses kept in main while main can hold them; ghost returns admitted on
+  frequency while it cannot; the long ghost of keys with several uses;
 * the simulation on the real conversation trace: the issue's targets at 1 % and 3 %,
   no worse than ARC at 10 % and 30 %, Belady above every policy;
 * a real cluster: a prefix query read from the index by the SDK reaches the master's
@@ -42,6 +44,7 @@ def _consistent(p: PrefixPolicy) -> None:
             assert c in p._entries and p._entries[c].parent == k
     assert len(p) == len(p._entries)
     assert len(p._ghost) <= max(64, 4 * max(1, len(p)) + 1)
+    assert len(p._ghost_long) <= max(64, 8 * max(1, len(p)) + 1)
     assert {t[2] for t in p._mq} == set(p._main)
     assert len(p._mq) == len(p._main)
     for k in p._main:
@@ -214,6 +217,7 @@ def test_misses_skip_probation_while_it_is_out_of_reach(report_first: bool) -> N
         for i in range(40):
             p.on_put(f"old{i}")
         p._reach = reach
+        p._reach_full = 0.0  # main cannot hold them either: no head kept
         chain = ["c0", "c1", "c2", "c3"]
         p.on_put("c0")
         p.on_hit("c0")
@@ -232,6 +236,80 @@ def test_misses_skip_probation_while_it_is_out_of_reach(report_first: bool) -> N
             assert p.counters["bypassed"] == 0
             assert {p._entries[k].queue for k in ("c1", "c2")} == {1}
         _consistent(p)
+
+
+@pytest.mark.parametrize("report_first", [True, False])
+def test_a_querys_first_misses_are_kept_in_main_while_main_can_hold_them(report_first: bool) -> None:
+    p = PrefixPolicy(small_init=0.5, small_min=0.5, head_keep=2)
+    for i in range(40):
+        p.on_put(f"old{i}")
+    p._reach, p._reach_full = 0.0, 0.5  # probation out of reach, main (one resident count) in reach
+    chain = ["c0", "c1", "c2", "c3", "c4"]
+    p.on_put("c0")
+    p.on_hit("c0")
+    if report_first:
+        p.on_prefix(chain, 1)
+    for i, k in enumerate(chain[1:]):
+        p.on_remove(f"old{i}")  # a full cache: the resident count (the credit's unit) stays
+        p.on_put(k)
+    if not report_first:
+        p.on_prefix(chain, 1)
+    q = {k: p._entries[k].queue for k in chain[1:]}
+    assert q == {"c1": 2, "c2": 2, "c3": 3, "c4": 3}  # the first head_keep misses in main, then skipped, tail
+    assert p.counters["heads_kept"] == 2 and p.counters["bypassed"] == 1
+    assert "c3" in p.candidates(2) and "c1" not in p.candidates(10)
+    order = [k for k in p.candidates(len(p)) if k in ("c1", "c2")]
+    assert order == ["c2", "c1"]  # main shortens the chain from its tail
+    _consistent(p)
+
+
+def test_ghost_returns_are_admitted_on_frequency_while_main_cannot_hold_them() -> None:
+    p = PrefixPolicy(small_min=0.01, small_init=0.01, small_max=0.01)  # probation pinned at one key
+    for i in range(100):
+        p.on_put(f"w{i}")  # one use each: the victims
+    keys = [f"k{i}" for i in range(100)]
+    for k in keys:
+        p.on_put(k)
+    for k in keys:
+        p.on_remove(k, evicted=True)
+    for k in keys:
+        p.on_put(k)  # back from the ghost: main holds these, with 2 uses
+    for i in range(100):
+        p.on_remove(f"w{i}")  # nothing left but main: a newcomer to main displaces one of its keys
+    assert set(p._main) == set(keys) and all(p._entries[k].uses == 2 for k in keys)
+    for k in ("a", "b"):
+        p.on_put(k)
+        p.on_remove(k, evicted=True)
+    for k, reach_full, admitted in (("a", 0.5, True), ("b", 0.0, False)):
+        p._reach_full = reach_full
+        p.on_put(k)  # back from the ghost with 2 uses: not more than main's lowest
+        assert p._entries[k].uses == 2 and (p._entries[k].queue == 2) is admitted
+    assert p.counters["not_admitted"] == 1
+    p.on_remove("b", evicted=True)
+    p.on_put("b")  # back again, 3 uses now: beats main's lowest even with main out of reach
+    assert p._entries["b"].uses == 3 and p._entries["b"].queue == 2
+    _consistent(p)
+
+
+def test_keys_with_several_uses_outlive_the_ghost_in_the_long_ghost() -> None:
+    p = PrefixPolicy(ghost_factor=1.0, ghost_long=2.0, ghost_long_uses=3)
+    for i in range(20):
+        p.on_put(f"k{i}")
+    for _ in range(2):
+        p.on_hit("k0")
+    p.on_hit("k1")
+    for k in ("k0", "k1"):
+        p.on_remove(k, evicted=True)
+    for i in range(20, 60):  # pushes both out of the (1 x resident) ghost
+        v = p.candidates(1)[0]
+        p.on_remove(v, evicted=True)
+        p.on_put(f"k{i}")
+    assert hash("k0") not in p._ghost and hash("k1") not in p._ghost
+    assert hash("k0") in p._ghost_long and hash("k1") not in p._ghost_long  # 3 uses against 2
+    p.on_put("k0")
+    assert p._entries["k0"].uses == 4 and p._entries["k0"].queue == 2
+    assert p.counters["long_ghost_hits"] == 1
+    _consistent(p)
 
 
 def test_probation_gets_a_floor_while_first_reuses_are_in_reach() -> None:
