@@ -173,11 +173,9 @@ class PrefixPolicy(EvictionPolicy):
                  reach_span: float = 0.5, reach_keep: float = 0.25, lru_reach: float = 0.7,
                  lru_floor: float = 0.8, reach_alpha: float = 1 / 1024, reach_init: float = 1.0,
                  use_credit: float = 1.0, uses_cap: int = 16, head_keep: int = 8,
-                 head_reach: float = 0.25, admit_reach: float = 0.1, ghost_long: float = 8.0,
-                 ghost_long_uses: int = 3) -> None:
+                 head_reach: float = 0.25) -> None:
         super().__init__(config)
-        self._head_keep, self._head_reach, self._admit_reach = int(head_keep), float(head_reach), float(admit_reach)
-        self._ghost_long_factor, self._ghost_long_uses = float(ghost_long), int(ghost_long_uses)
+        self._head_keep, self._head_reach = int(head_keep), float(head_reach)
         self._use_credit, self._uses_cap = float(use_credit), int(uses_cap)
         self._reach_span, self._reach_keep = float(reach_span), float(reach_keep)
         self._lru_reach, self._lru_floor, self._reach_alpha = float(lru_reach), float(lru_floor), float(reach_alpha)
@@ -194,8 +192,6 @@ class PrefixPolicy(EvictionPolicy):
         # first-time key not reused yet or -1, its uses)
         self._ghost: OrderedDict[int, tuple[bool, int, int, int]] = OrderedDict()
         self._ghost_factor = float(ghost_factor)
-        # the long ghost: hash(key) -> uses, for keys of ghost_long_uses or more uses pushed out of the ghost
-        self._ghost_long: OrderedDict[int, int] = OrderedDict()
         self._small_target = -1.0  # keys; < 0 until the first put sets it from small_init
         self._small_init, self._small_min, self._small_max = small_init, small_min, small_max
         self._drops_small = 0  # evictions of keys that came from small (ghost sequence numbers)
@@ -208,7 +204,7 @@ class PrefixPolicy(EvictionPolicy):
         # clock at the query)
         self._pending: OrderedDict[str, tuple[str | None, bool, list[str] | None, int, int, int]] = OrderedDict()
         self.counters = {"ghost_hits": 0, "orphans": 0, "query_tails": 0, "promotions": 0, "bypassed": 0,
-                         "heads_kept": 0, "not_admitted": 0, "long_ghost_hits": 0}
+                         "heads_kept": 0}
 
     # ------------------------------------------------------------------ queues
     def _queue(self, q: int) -> OrderedDict[str, None]:
@@ -333,23 +329,14 @@ class PrefixPolicy(EvictionPolicy):
             self._balance()
             return
         g = self._ghost.pop(hash(key), None) if self._ghost_factor > 0 else None
-        long_uses = self._ghost_long.pop(hash(key), None) if g is None and self._ghost_long else None
-        if g is not None or long_uses is not None:
-            if g is not None:
-                self.counters["ghost_hits"] += 1
-                self._adapt(g[0], g[1])
-                e.uses = g[3] + 1
-                if g[2] >= 0:
-                    self._first_reuse(self._puts - g[2])
-            else:  # an old eviction: no adaptation, no first reuse (it had several uses)
-                self.counters["long_ghost_hits"] += 1
-                e.uses = long_uses + 1
+        if g is not None:
+            self.counters["ghost_hits"] += 1
+            self._adapt(g[0], g[1])
             e.born = -1
-            if self._admitted(e):
-                self._move(key, e, _MAIN)
-            else:
-                self.counters["not_admitted"] += 1
-                self._move(key, e, _VICTIM)
+            e.uses = g[3] + 1
+            if g[2] >= 0:
+                self._first_reuse(self._puts - g[2])
+            self._move(key, e, _MAIN)
         elif link is not None and link[1]:
             self.counters["query_tails"] += 1
             self._move(key, e, _VICTIM)
@@ -365,19 +352,6 @@ class PrefixPolicy(EvictionPolicy):
         else:
             self._move(key, e, _SMALL)
         self._balance()
-
-    def _admitted(self, e: _Entry) -> bool:
-        """Whether a key back from the ghost enters main: always, unless first reuses
-        are out of main's reach (``reach_full`` below ``admit_reach``) and main is full
-        (it would displace a key of main);
-        then only with more uses (up to ``uses_cap``) than main's lowest rank (TinyLFU's
-        admission: the newcomer must beat the victim it displaces on frequency)."""
-        if self._reach_full >= self._admit_reach or not self._mq:
-            return True
-        if len(self._main) < len(self._entries) - 1 - self._small_target:
-            return True  # main has room (the victims hold the rest): it displaces nothing
-        cap = self._uses_cap
-        return min(e.uses, cap) > min(self._entries[self._mq[0][2]].uses, cap)
 
     def _first_reuse(self, distance: int) -> None:
         """A first-time key is used again ``distance`` puts after its first put (a hit, or a
@@ -457,14 +431,7 @@ class PrefixPolicy(EvictionPolicy):
                 ghost[h] = (False, self._drops_small, e.born, e.uses)
             limit = self._ghost_factor * max(1, len(self._entries))
             while len(ghost) > limit:
-                h, old = ghost.popitem(last=False)
-                self._forget(old[0])
-                if old[3] >= self._ghost_long_uses and self._ghost_long_factor > 0:
-                    self._ghost_long[h] = old[3]
-            glong = self._ghost_long
-            limit = self._ghost_long_factor * max(1, len(self._entries))
-            while len(glong) > limit:
-                glong.popitem(last=False)
+                self._forget(ghost.popitem(last=False)[1][0])
         self._unlink(key, e)
         if e.kids and evicted and not (e.from_main or e.queue == _MAIN):
             # A probationary block's descendants are probationary too: unreachable now,
