@@ -27,6 +27,22 @@ What a prefix cache knows and plain LRU/ARC do not use:
   they go to the front of the victims (adaptive insertion, as DIP's bypass of
   thrashing lines). On the trace ``reach`` settles near 0.00 / 0.09 / 0.53 / 0.91 at 1
   / 3 / 10 / 30 % capacity.
+* **Main can hold what probation cannot.** Probation keeps a newcomer a few percent of
+  a resident count of puts; main keeps a block with one use about one resident count
+  (its credit). ``reach_full``, the share of first reuses within one resident count of
+  puts (measured as ``reach``, starting at 0.5), settles near 0.02 / 0.33 / 0.64 / 0.94 at
+  1 / 3 / 10 / 30 %. While misses skip probation and ``reach_full`` is at least
+  ``head_reach`` (0.25), the first ``head_keep`` (8) misses of a prefix query — the
+  blocks right after the cached prefix, which are reused most (28 % of new blocks
+  within 3 blocks of the match are requested again on the trace, 22 % past 30) and
+  usable as soon as they are cached, their prefix being cached — enter main as blocks
+  with one use instead; the rest of the query's misses still skip probation. As in
+  DIP the insertion is chosen by a measurement; the place after the match acts as
+  SHiP's signature of likely reuse (fixed here, not learnt). Measured on the trace at
+  3 %: 4 blocks +0.31 points, 8 +0.36, 12 +0.16, every miss -1.58; on either half of
+  the trace at 3 % / 6 % of its unique blocks, 8 blocks changed +0.06 / +0.57 and
+  0.00 / +0.72 points; at 1 % (``reach_full`` 0.02) keeping even one head lost 0.24,
+  which is why it waits for ``reach_full``.
 * **The reverse holds when the cache is large.** When most first reuses (``lru_reach``,
   0.7) come within one resident count of puts, probation is given a floor of up to
   ``lru_floor`` (0.8) of the cache: newcomers are kept about as long as LRU would keep
@@ -55,13 +71,21 @@ its own ``MatchPrefix`` and for the prefix queries readers report with their ind
 hits, ``ReportHits.prefix_*``). Reports are asynchronous: a query's report may come
 before or after the puts of its misses; links for keys not resident yet wait in a
 bounded table (as many entries as resident keys) until their put, with whether they
-skip probation. Ablations, simulated on the trace at 1 / 3 / 10 / 30 % (the policy:
-10.82 / 18.52 / 29.40 / 35.56): without prefix reports 10.52 / 18.02 / 29.01 / 35.56;
-without the bypass 10.75 / 18.07 / 29.40 / 35.56; without the large-cache floor 10.82
-/ 18.52 / 28.85 / 34.92; without the credit per use (a plain LRU main) 10.79 / 17.93 /
-29.49 / 35.66; ghost 3x 10.39 / 18.24 / 29.37 / 35.56, 6x 10.77 / 18.50 / 29.43 /
-35.56. The previous design (a CLOCK main, a ghost of 3x, no bypass, no floor) measured
-10.22 / 17.19 / 28.66 / 34.92.
+skip probation or enter main as a query's head. Ablations, simulated on the trace at
+1 / 3 / 10 / 30 % (the policy: 10.82 / 18.88 / 29.40 / 35.56): without prefix reports
+10.52 / 18.02 / 29.01 / 35.56; without the bypass (and so without kept heads) 10.75 /
+18.07 / 29.40 / 35.56; without kept heads 10.82 / 18.52 / 29.40 / 35.56; without the
+large-cache floor 10.82 / 18.88 / 28.85 / 34.92; without the credit per use (a plain
+LRU main) 10.79 / 17.57 / 29.49 / 35.66; ghost 3x 10.39 / 18.73 / 29.37 / 35.56, 6x
+10.77 / 18.76 / 29.43 / 35.56. The previous design (a CLOCK main, a ghost of 3x, no
+bypass, no floor) measured 10.22 / 17.19 / 28.66 / 34.92. Tried and not kept: while
+``reach_full`` is under 0.1, a ghost return entering a full main only with more uses
+than main's lowest rank (TinyLFU's admission), with a second ghost of 8x for keys of
+3 or more uses: 11.03 / 18.83 at 1 / 3 % on the whole trace, but on its halves -0.05
+to +0.12 points at 1 % and -0.07 to -0.30 at 3 % of their unique blocks; (before heads
+were kept) a credit of 0.5x or 2x, a cap of 8 or 32 uses, a ghost of 8x or 12x, more
+credit for blocks near the head of a chain, a credit of uses^0.7 or uses^1.3: each
+between -0.8 and 0.0 points at 1 and 3 %.
 
 Sources: S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction",
 SOSP'23: small/main/ghost queues, quick demotion); GreedyDual-Size-Frequency
@@ -70,7 +94,9 @@ SOSP'23: small/main/ghost queues, quick demotion); GreedyDual-Size-Frequency
 clock plus frequency credit; ARC (Megiddo & Modha, FAST'03: the
 adaptive split driven by ghost hits); DIP (Qureshi et al., "Adaptive insertion
 policies for high performance caching", ISCA'07: inserting new lines where they leave
-first when the working set does not fit, chosen by a measurement); W-TinyLFU (Einziger
+first when the working set does not fit, chosen by a measurement); SHiP (Wu et al.,
+"SHiP: signature-based hit predictor for high performance caching", MICRO'11:
+insertion by a predictor of re-reference); W-TinyLFU (Einziger
 et al., ACM ToS 2017: admission of a newcomer only on evidence of reuse, a small
 window); SGLang RadixAttention (Zheng et al., 2024: a prefix tree whose leaves are
 evicted first, a node being useful only with its ancestors); "KVCache Cache in the
@@ -79,13 +105,13 @@ blocks outlast tail blocks, workload-aware eviction beats LRU/LFU).
 
 Measured on the conversation trace, 512-token blocks, hit = longest cached prefix
 (docs/master.md "Choosing an eviction policy", ``bench/results/policy.json``),
-simulated: 10.82 / 18.52 / 29.40 / 35.56 % at 1 / 3 / 10 / 30 % of the unique blocks
-(the store 10.70 / 18.30 / 29.40 / 35.53; ARC 7.53 / 14.56 / 28.64 / 34.92; LRU 5.23 /
+simulated: 10.82 / 18.88 / 29.40 / 35.56 % at 1 / 3 / 10 / 30 % of the unique blocks
+(the store 10.72 / 18.75 / 29.39 / 35.59; ARC 7.53 / 14.56 / 28.64 / 34.92; LRU 5.23 /
 12.52 / 27.87 / 35.77; Belady 24.30 / 34.55 / 36.64 / 36.64). That is at least 10 % at
-1 % and 16 % at 3 %, above ARC at every capacity, and closes 19.7 % of the gap from
-ARC to Belady at 1 % (a fifth would be 10.88 %) and 19.8 % at 3 % (a fifth: 18.56 %).
-Per block it costs the master 3.4-5x ARC's CPU (11-15 against 2.2-4.0 us in a quiet
-run, ``bench/results/policy_cost.json``).
+1 % and 16 % at 3 %, above ARC at every capacity, and closes 21.6 % of the gap from
+ARC to Belady at 3 % (a fifth: 18.56 %) but 19.7 % at 1 % (a fifth would be 10.88 %).
+Per block it costs the master 2.7-6.3x ARC's CPU (8.1-11.8 against 1.3-4.1 us in a
+quiet run, ``bench/results/policy_cost.json``).
 
 Cost: main is a ``SortedList`` keyed by (rank, depth): a use, a move into or out
 of main is O(log n); everything else is O(1) amortised per key (an orphan is
@@ -166,6 +192,10 @@ class PrefixPolicy(EvictionPolicy):
         use_credit: main's credit per use, in resident counts of uses (1.0; 0: a
             plain LRU).
         uses_cap: uses counted in the credit at most (16).
+        head_keep: while misses skip probation and ``reach_full`` is at least
+            ``head_reach``, this many first misses of a prefix query enter main instead
+            (8 blocks, 4,096 tokens of the trace; 0 never).
+        head_reach: the ``reach_full`` from which heads are kept (0.25).
     """
 
     def __init__(self, config: MasterConfig | None = None, *, ghost_factor: float = 4.0,
