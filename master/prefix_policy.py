@@ -158,8 +158,9 @@ class _Entry:
 
 class PrefixPolicy(EvictionPolicy):
     """Adaptive S3-FIFO with a long ghost and a frequency-credited LRU main; probation
-    skipped while out of reach, orphan-first and query-tail demotion, chains shortened
-    from the tail.
+    skipped while out of reach (a query's first misses kept in main instead while main
+    can hold them), orphan-first and query-tail demotion, chains shortened from the
+    tail.
 
     Queues of resident keys: *victim* (a FIFO ``OrderedDict``, nominated first: orphans
     and blocks that skip probation at its front, then blocks that ended a prefix query,
@@ -334,7 +335,8 @@ class PrefixPolicy(EvictionPolicy):
         """See :meth:`EvictionPolicy.on_put`. A key in the ghost goes to main (evidence
         of reuse, and an ARC-style adaptation of the small queue's target); one that
         ended a prefix query goes to the victims; one whose query came first and found
-        probation out of reach to the front of the victims; any other to small."""
+        probation out of reach to the front of the victims, or to main if it is one of the
+        query's first ``head_keep`` misses and main can hold it; any other to small."""
         entries = self._entries
         e = entries.get(key)
         if e is not None:  # a new version of a resident key: a use
@@ -479,8 +481,9 @@ class PrefixPolicy(EvictionPolicy):
         first) and found the first ``matched`` cached: record each key's parent and
         that the last one ends a query; the chain's blocks in main are used now, the
         deeper first out; while probation is out of reach the written misses skip it
-        (to the front of the victims; misses not written yet are marked for their
-        put). Hits themselves come through :meth:`on_hit`. O(len(keys) · log n)."""
+        (to the front of the victims, the first ``head_keep`` to main while
+        ``reach_full`` is at least ``head_reach``; misses not written yet are marked for
+        their put). Hits themselves come through :meth:`on_hit`. O(len(keys) · log n)."""
         entries = self._entries
         pending = self._pending
         parent: str | None = None
