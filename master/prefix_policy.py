@@ -27,6 +27,22 @@ What a prefix cache knows and plain LRU/ARC do not use:
   they go to the front of the victims (adaptive insertion, as DIP's bypass of
   thrashing lines). On the trace ``reach`` settles near 0.00 / 0.09 / 0.53 / 0.91 at 1
   / 3 / 10 / 30 % capacity.
+* **Main can hold what probation cannot.** Probation keeps a newcomer a few percent of
+  a resident count of puts; main keeps a block with one use about one resident count
+  (its credit). ``reach_full``, the share of first reuses within one resident count of
+  puts (measured as ``reach``, starting at 0.5), settles near 0.02 / 0.33 / 0.64 / 0.94 at
+  1 / 3 / 10 / 30 %. While misses skip probation and ``reach_full`` is at least
+  ``head_reach`` (0.25), the first ``head_keep`` (8) misses of a prefix query — the
+  blocks right after the cached prefix, which are reused most (28 % of new blocks
+  within 3 blocks of the match are requested again on the trace, 22 % past 30) and
+  usable as soon as they are cached, their prefix being cached — enter main as blocks
+  with one use instead; the rest of the query's misses still skip probation. As in
+  DIP the insertion is chosen by a measurement; the place after the match acts as
+  SHiP's signature of likely reuse (fixed here, not learnt). Measured on the trace at
+  3 %: 4 blocks +0.31 points, 8 +0.36, 12 +0.16, every miss -1.58; on either half of
+  the trace at 3 % / 6 % of its unique blocks, 8 blocks changed +0.06 / +0.57 and
+  0.00 / +0.72 points; at 1 % (``reach_full`` 0.02) keeping even one head lost 0.24,
+  which is why it waits for ``reach_full``.
 * **The reverse holds when the cache is large.** When most first reuses (``lru_reach``,
   0.7) come within one resident count of puts, probation is given a floor of up to
   ``lru_floor`` (0.8) of the cache: newcomers are kept about as long as LRU would keep
@@ -55,13 +71,21 @@ its own ``MatchPrefix`` and for the prefix queries readers report with their ind
 hits, ``ReportHits.prefix_*``). Reports are asynchronous: a query's report may come
 before or after the puts of its misses; links for keys not resident yet wait in a
 bounded table (as many entries as resident keys) until their put, with whether they
-skip probation. Ablations, simulated on the trace at 1 / 3 / 10 / 30 % (the policy:
-10.82 / 18.52 / 29.40 / 35.56): without prefix reports 10.52 / 18.02 / 29.01 / 35.56;
-without the bypass 10.75 / 18.07 / 29.40 / 35.56; without the large-cache floor 10.82
-/ 18.52 / 28.85 / 34.92; without the credit per use (a plain LRU main) 10.79 / 17.93 /
-29.49 / 35.66; ghost 3x 10.39 / 18.24 / 29.37 / 35.56, 6x 10.77 / 18.50 / 29.43 /
-35.56. The previous design (a CLOCK main, a ghost of 3x, no bypass, no floor) measured
-10.22 / 17.19 / 28.66 / 34.92.
+skip probation or enter main as a query's head. Ablations, simulated on the trace at
+1 / 3 / 10 / 30 % (the policy: 10.82 / 18.88 / 29.40 / 35.56): without prefix reports
+10.52 / 18.02 / 29.01 / 35.56; without the bypass (and so without kept heads) 10.75 /
+18.07 / 29.40 / 35.56; without kept heads 10.82 / 18.52 / 29.40 / 35.56; without the
+large-cache floor 10.82 / 18.88 / 28.85 / 34.92; without the credit per use (a plain
+LRU main) 10.79 / 17.57 / 29.49 / 35.66; ghost 3x 10.39 / 18.73 / 29.37 / 35.56, 6x
+10.77 / 18.76 / 29.43 / 35.56. The previous design (a CLOCK main, a ghost of 3x, no
+bypass, no floor) measured 10.22 / 17.19 / 28.66 / 34.92. Tried and not kept: while
+``reach_full`` is under 0.1, a ghost return entering a full main only with more uses
+than main's lowest rank (TinyLFU's admission), with a second ghost of 8x for keys of
+3 or more uses: 11.03 / 18.83 at 1 / 3 % on the whole trace, but on its halves -0.05
+to +0.12 points at 1 % and -0.07 to -0.30 at 3 % of their unique blocks; (before heads
+were kept) a credit of 0.5x or 2x, a cap of 8 or 32 uses, a ghost of 8x or 12x, more
+credit for blocks near the head of a chain, a credit of uses^0.7 or uses^1.3: each
+between -0.8 and 0.0 points at 1 and 3 %.
 
 Sources: S3-FIFO (Yang et al., "FIFO queues are all you need for cache eviction",
 SOSP'23: small/main/ghost queues, quick demotion); GreedyDual-Size-Frequency
@@ -70,7 +94,9 @@ SOSP'23: small/main/ghost queues, quick demotion); GreedyDual-Size-Frequency
 clock plus frequency credit; ARC (Megiddo & Modha, FAST'03: the
 adaptive split driven by ghost hits); DIP (Qureshi et al., "Adaptive insertion
 policies for high performance caching", ISCA'07: inserting new lines where they leave
-first when the working set does not fit, chosen by a measurement); W-TinyLFU (Einziger
+first when the working set does not fit, chosen by a measurement); SHiP (Wu et al.,
+"SHiP: signature-based hit predictor for high performance caching", MICRO'11:
+insertion by a predictor of re-reference); W-TinyLFU (Einziger
 et al., ACM ToS 2017: admission of a newcomer only on evidence of reuse, a small
 window); SGLang RadixAttention (Zheng et al., 2024: a prefix tree whose leaves are
 evicted first, a node being useful only with its ancestors); "KVCache Cache in the
@@ -79,13 +105,13 @@ blocks outlast tail blocks, workload-aware eviction beats LRU/LFU).
 
 Measured on the conversation trace, 512-token blocks, hit = longest cached prefix
 (docs/master.md "Choosing an eviction policy", ``bench/results/policy.json``),
-simulated: 10.82 / 18.52 / 29.40 / 35.56 % at 1 / 3 / 10 / 30 % of the unique blocks
-(the store 10.70 / 18.30 / 29.40 / 35.53; ARC 7.53 / 14.56 / 28.64 / 34.92; LRU 5.23 /
+simulated: 10.82 / 18.88 / 29.40 / 35.56 % at 1 / 3 / 10 / 30 % of the unique blocks
+(the store 10.72 / 18.75 / 29.39 / 35.59; ARC 7.53 / 14.56 / 28.64 / 34.92; LRU 5.23 /
 12.52 / 27.87 / 35.77; Belady 24.30 / 34.55 / 36.64 / 36.64). That is at least 10 % at
-1 % and 16 % at 3 %, above ARC at every capacity, and closes 19.7 % of the gap from
-ARC to Belady at 1 % (a fifth would be 10.88 %) and 19.8 % at 3 % (a fifth: 18.56 %).
-Per block it costs the master 3.4-5x ARC's CPU (11-15 against 2.2-4.0 us in a quiet
-run, ``bench/results/policy_cost.json``).
+1 % and 16 % at 3 %, above ARC at every capacity, and closes 21.6 % of the gap from
+ARC to Belady at 3 % (a fifth: 18.56 %) but 19.7 % at 1 % (a fifth would be 10.88 %).
+Per block it costs the master 2.7-6.3x ARC's CPU (8.1-11.8 against 1.3-4.1 us in a
+quiet run, ``bench/results/policy_cost.json``).
 
 Cost: main is a ``SortedList`` keyed by (rank, depth): a use, a move into or out
 of main is O(log n); everything else is O(1) amortised per key (an orphan is
@@ -132,8 +158,9 @@ class _Entry:
 
 class PrefixPolicy(EvictionPolicy):
     """Adaptive S3-FIFO with a long ghost and a frequency-credited LRU main; probation
-    skipped while out of reach, orphan-first and query-tail demotion, chains shortened
-    from the tail.
+    skipped while out of reach (a query's first misses kept in main instead while main
+    can hold them), orphan-first and query-tail demotion, chains shortened from the
+    tail.
 
     Queues of resident keys: *victim* (a FIFO ``OrderedDict``, nominated first: orphans
     and blocks that skip probation at its front, then blocks that ended a prefix query,
@@ -166,14 +193,20 @@ class PrefixPolicy(EvictionPolicy):
         use_credit: main's credit per use, in resident counts of uses (1.0; 0: a
             plain LRU).
         uses_cap: uses counted in the credit at most (16).
+        head_keep: while misses skip probation and ``reach_full`` is at least
+            ``head_reach``, this many first misses of a prefix query enter main instead
+            (8 blocks, 4,096 tokens of the trace; 0 never).
+        head_reach: the ``reach_full`` from which heads are kept (0.25).
     """
 
     def __init__(self, config: MasterConfig | None = None, *, ghost_factor: float = 4.0,
                  small_init: float = 0.1, small_min: float = 0.01, small_max: float = 0.9,
                  reach_span: float = 0.5, reach_keep: float = 0.25, lru_reach: float = 0.7,
                  lru_floor: float = 0.8, reach_alpha: float = 1 / 1024, reach_init: float = 1.0,
-                 use_credit: float = 1.0, uses_cap: int = 16) -> None:
+                 use_credit: float = 1.0, uses_cap: int = 16, head_keep: int = 8,
+                 head_reach: float = 0.25) -> None:
         super().__init__(config)
+        self._head_keep, self._head_reach = int(head_keep), float(head_reach)
         self._use_credit, self._uses_cap = float(use_credit), int(uses_cap)
         self._reach_span, self._reach_keep = float(reach_span), float(reach_keep)
         self._lru_reach, self._lru_floor, self._reach_alpha = float(lru_reach), float(lru_floor), float(reach_alpha)
@@ -197,9 +230,12 @@ class PrefixPolicy(EvictionPolicy):
         self._ghosts_small = 0  # ghost entries by origin (ARC's |B1|, |B2|)
         self._ghosts_main = 0
         # links for keys named by a prefix query but not resident (yet):
-        # key -> (parent, ends a query, resident keys named right after it, skips probation)
-        self._pending: OrderedDict[str, tuple[str | None, bool, list[str] | None, bool]] = OrderedDict()
-        self.counters = {"ghost_hits": 0, "orphans": 0, "query_tails": 0, "promotions": 0, "bypassed": 0}
+        # key -> (parent, ends a query, resident keys named right after it, where its put goes
+        # (_SMALL; _VICTIM: skips probation; _MAIN: a head kept), its depth in the query, the use
+        # clock at the query)
+        self._pending: OrderedDict[str, tuple[str | None, bool, list[str] | None, int, int, int]] = OrderedDict()
+        self.counters = {"ghost_hits": 0, "orphans": 0, "query_tails": 0, "promotions": 0, "bypassed": 0,
+                         "heads_kept": 0}
 
     # ------------------------------------------------------------------ queues
     def _queue(self, q: int) -> OrderedDict[str, None]:
@@ -299,7 +335,8 @@ class PrefixPolicy(EvictionPolicy):
         """See :meth:`EvictionPolicy.on_put`. A key in the ghost goes to main (evidence
         of reuse, and an ARC-style adaptation of the small queue's target); one that
         ended a prefix query goes to the victims; one whose query came first and found
-        probation out of reach to the front of the victims; any other to small."""
+        probation out of reach to the front of the victims, or to main if it is one of the
+        query's first ``head_keep`` misses and main can hold it; any other to small."""
         entries = self._entries
         e = entries.get(key)
         if e is not None:  # a new version of a resident key: a use
@@ -335,12 +372,17 @@ class PrefixPolicy(EvictionPolicy):
         elif link is not None and link[1]:
             self.counters["query_tails"] += 1
             self._move(key, e, _VICTIM)
+        elif link is not None and link[3] == _VICTIM:  # its query came first, probation out of reach
+            self.counters["bypassed"] += 1
+            self._move(key, e, _VICTIM, front=True)
+        elif link is not None and link[3] == _MAIN:  # ... and it is one of the query's first misses
+            self.counters["heads_kept"] += 1
+            e.last = link[5]  # used by its query: a chain's heads rank alike, the deeper first out
+            self._move(key, e, _MAIN)
+            self._mq.remove(e.rank)
+            self._rank(key, e, link[4])
         else:
-            if link is not None and link[3]:  # its query came first, with probation out of reach
-                self.counters["bypassed"] += 1
-                self._move(key, e, _VICTIM, front=True)
-            else:
-                self._move(key, e, _SMALL)
+            self._move(key, e, _SMALL)
         self._balance()
 
     def _first_reuse(self, distance: int) -> None:
@@ -439,13 +481,15 @@ class PrefixPolicy(EvictionPolicy):
         first) and found the first ``matched`` cached: record each key's parent and
         that the last one ends a query; the chain's blocks in main are used now, the
         deeper first out; while probation is out of reach the written misses skip it
-        (to the front of the victims; misses not written yet are marked for their
-        put). Hits themselves come through :meth:`on_hit`. O(len(keys) · log n)."""
+        (to the front of the victims, the first ``head_keep`` to main while
+        ``reach_full`` is at least ``head_reach``; misses not written yet are marked for
+        their put). Hits themselves come through :meth:`on_hit`. O(len(keys) · log n)."""
         entries = self._entries
         pending = self._pending
         parent: str | None = None
         last = len(keys) - 1
         bypass = self._reach < self._reach_keep  # probation cannot hold its misses long enough
+        heads = self._reach_full >= self._head_reach  # ... but main can hold a query's first misses
         for i, key in enumerate(keys):
             e = entries.get(key)
             if e is not None:
@@ -458,7 +502,7 @@ class PrefixPolicy(EvictionPolicy):
                             kids = p[2]
                             if kids is None:
                                 kids = []
-                                pending[parent] = (p[0], p[1], kids, p[3])
+                                pending[parent] = (p[0], p[1], kids, p[3], p[4], p[5])
                             kids.append(key)
                 if i == last and e.freq == 0 and e.queue != _MAIN:
                     self.counters["query_tails"] += 1
@@ -466,9 +510,21 @@ class PrefixPolicy(EvictionPolicy):
                         e.from_main = False
                         self._move(key, e, _VICTIM)
             elif i >= matched:
-                pending[key] = (parent, i == last, None, bypass)
+                pending[key] = (parent, i == last, None, _SMALL if not bypass else _MAIN
+                                if heads and i < matched + self._head_keep else _VICTIM, i, self._uses)
                 pending.move_to_end(key)
             parent = key
+        if bypass:
+            for i in range(last - 1, matched - 1, -1):
+                e = entries.get(keys[i])
+                if e is not None and e.queue == _SMALL and e.freq == 0:
+                    if heads and i < matched + self._head_keep:
+                        self.counters["heads_kept"] += 1
+                        self._move(keys[i], e, _MAIN)
+                    else:
+                        self.counters["bypassed"] += 1
+                        e.from_main = False
+                        self._move(keys[i], e, _VICTIM, front=True)
         main, mq, now = self._main, self._mq, self._uses
         for i in range(last, -1, -1):  # the chain's blocks in main: used now, the tail first out
             if keys[i] in main:
@@ -476,13 +532,6 @@ class PrefixPolicy(EvictionPolicy):
                 mq.remove(e.rank)
                 e.last = now
                 self._rank(keys[i], e, i)
-        if bypass:
-            for i in range(last - 1, matched - 1, -1):
-                e = entries.get(keys[i])
-                if e is not None and e.queue == _SMALL and e.freq == 0:
-                    self.counters["bypassed"] += 1
-                    e.from_main = False
-                    self._move(keys[i], e, _VICTIM, front=True)
         limit = max(64, len(entries))
         while len(pending) > limit:
             pending.popitem(last=False)

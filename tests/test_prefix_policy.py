@@ -3,7 +3,8 @@
 * pure state: probation, promotion, the ghost, query tails, orphans, reports before
   or after the puts, ``candidates`` read-only, internal consistency under random use;
   main an LRU whose chains leave tail first; the reach of first reuses, probation
-  skipped while they are out of reach and floored while they are within it;
+  skipped while they are out of reach and floored while they are within it; a query's
+  first misses kept in main while main can hold them;
 * the simulation on the real conversation trace: the issue's targets at 1 % and 3 %,
   no worse than ARC at 10 % and 30 %, Belady above every policy;
 * a real cluster: a prefix query read from the index by the SDK reaches the master's
@@ -214,6 +215,7 @@ def test_misses_skip_probation_while_it_is_out_of_reach(report_first: bool) -> N
         for i in range(40):
             p.on_put(f"old{i}")
         p._reach = reach
+        p._reach_full = 0.0  # main cannot hold them either: no head kept
         chain = ["c0", "c1", "c2", "c3"]
         p.on_put("c0")
         p.on_hit("c0")
@@ -232,6 +234,31 @@ def test_misses_skip_probation_while_it_is_out_of_reach(report_first: bool) -> N
             assert p.counters["bypassed"] == 0
             assert {p._entries[k].queue for k in ("c1", "c2")} == {1}
         _consistent(p)
+
+
+@pytest.mark.parametrize("report_first", [True, False])
+def test_a_querys_first_misses_are_kept_in_main_while_main_can_hold_them(report_first: bool) -> None:
+    p = PrefixPolicy(small_init=0.5, small_min=0.5, head_keep=2)
+    for i in range(40):
+        p.on_put(f"old{i}")
+    p._reach, p._reach_full = 0.0, 0.5  # probation out of reach, main (one resident count) in reach
+    chain = ["c0", "c1", "c2", "c3", "c4"]
+    p.on_put("c0")
+    p.on_hit("c0")
+    if report_first:
+        p.on_prefix(chain, 1)
+    for i, k in enumerate(chain[1:]):
+        p.on_remove(f"old{i}")  # a full cache: the resident count (the credit's unit) stays
+        p.on_put(k)
+    if not report_first:
+        p.on_prefix(chain, 1)
+    q = {k: p._entries[k].queue for k in chain[1:]}
+    assert q == {"c1": 2, "c2": 2, "c3": 3, "c4": 3}  # the first head_keep misses in main, then skipped, tail
+    assert p.counters["heads_kept"] == 2 and p.counters["bypassed"] == 1
+    assert "c3" in p.candidates(2) and "c1" not in p.candidates(10)
+    order = [k for k in p.candidates(len(p)) if k in ("c1", "c2")]
+    assert order == ["c2", "c1"]  # main shortens the chain from its tail
+    _consistent(p)
 
 
 def test_probation_gets_a_floor_while_first_reuses_are_in_reach() -> None:
@@ -303,6 +330,8 @@ def test_on_the_conversation_trace() -> None:
         assert got[frac]["belady"] >= max(got[frac].values()) - 1e-12, got[frac]
     print({f: {k: round(100 * v, 2) for k, v in d.items()} for f, d in got.items()})
     assert got[0.01]["prefix"] >= 0.10 and got[0.03]["prefix"] >= 0.16
+    fifth = got[0.03]["arc"] + (got[0.03]["belady"] - got[0.03]["arc"]) / 5
+    assert got[0.03]["prefix"] >= fifth + 0.002, "at 3 % a fifth of the gap from ARC to Belady closed, with margin"
     assert all(got[f]["prefix"] > got[f]["arc"] for f in got), "prefix above ARC at every capacity"
 
 
