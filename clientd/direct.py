@@ -306,9 +306,14 @@ class DirectPuts:
         """DirectPutEnd: commit (or revoke) each item; one status per item.
 
         An item whose token this daemon did not hand out (or already ended or
-        revoked, e.g. after its writer was taken for dead) answers STALE_TOKEN; one
-        whose header does not describe the value answers CHECKSUM_MISMATCH and is
-        revoked.
+        revoked, e.g. after its writer was taken for dead, or after it took longer
+        than the master's ``put_timeout_s``) answers STALE_TOKEN: the attempt is
+        dead and is not redone by the SDK (a later retry could land after newer
+        puts of the key). A put whose attempt died because this daemon's
+        registration with the master ended while it was written answers
+        UNKNOWN_CLIENT instead: nothing of it was committed, and the SDK starts it
+        again at once, as clientd does with its own puts. One whose header does
+        not describe the value answers CHECKSUM_MISMATCH and is revoked.
 
         Raises:
             Unavailable, NotReady: the master cannot be reached (the puts stay
@@ -320,6 +325,7 @@ class DirectPuts:
         ends: list[tuple[int, tuple[str, int, int]]] = []
         commits: list[tuple[int, _Pending, int]] = []
         revokes: list[tuple[int, tuple[str, int, int]]] = []
+        begun: dict[int, int] = {}  # position -> the registration (link generation) its put began in
         for i, it in enumerate(req.items):
             p = self._pending.get(it.put_token)
             if p is None or p.key != it.key:
@@ -327,6 +333,7 @@ class DirectPuts:
                                                f"{it.put_token} (already ended, revoked or reclaimed)")
                 continue
             del self._pending[it.put_token]
+            begun[i] = p.generation
             if it.revoke:
                 if not self._give_back([p]):
                     out[i] = _OK_STATUS
@@ -364,6 +371,13 @@ class DirectPuts:
             if fenced:
                 await self.core.release_fenced(fenced)
         self.core.counters["direct_put_ends"] += len(ends) + len(commits)
+        gen = link.generation
+        for i, g in begun.items():
+            s = out[i]
+            if s is not None and s.code == _STALE_TOKEN and g != gen:
+                out[i] = _status(_UNKNOWN_CLIENT, (
+                    f"key {req.items[i].key!r}: this daemon re-registered with the master while the put was "
+                    f"written; nothing was committed, start the put again ({s.message})"))
         self._record()
         return client_pb2.DirectPutEndResponse(results=out)  # type: ignore[arg-type]
 

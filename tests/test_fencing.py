@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 import cxlkv.client._direct as direct_mod
-from cxlkv.errors import CxlkvError, NotFound, NotReady
+from cxlkv.errors import CxlkvError, NotFound, NotReady, StaleToken
 
 MiB = 1 << 20
 
@@ -68,6 +68,55 @@ def test_a_stalled_direct_writer_never_lands_in_reused_space(make_cluster, monke
         cl.wait_until(lambda: cl.master_stat().fenced_count == 0, what="the fenced space to be freed")
     st = cl.assert_invariants()
     assert st.used_bytes < 2 * 20 * MiB + MiB  # only "good" (and nothing fenced) holds space
+
+
+def test_a_stalled_upsert_is_refused_not_redone_over_a_newer_value(make_cluster, monkeypatch) -> None:
+    """A direct upsert stalled past put_timeout_s is revoked; a newer upsert of the key
+    commits meanwhile. When the stalled writer resumes, its put raises StaleToken: it
+    is not started again behind the caller's back, where it would replace the newer
+    value with the older one (a redo is only for a daemon that re-registered:
+    UNKNOWN_CLIENT)."""
+    cl = make_cluster(region_size_bytes=64 * MiB, master_options={"put_timeout_s": 1.0})
+    real_copy_in = direct_mod._copy_in
+    stalled = threading.Event()
+
+    def copy_in_after_a_stall(*args, **kwargs):
+        if not stalled.is_set():
+            stalled.set()
+            time.sleep(3.0)  # past put_timeout_s: the master revokes the put meanwhile
+        return real_copy_in(*args, **kwargs)
+
+    monkeypatch.setattr(direct_mod, "_copy_in", copy_in_after_a_stall)
+    older = np.full(8 * MiB, 0xEE, np.uint8)
+    newer = np.full(8 * MiB, 0x11, np.uint8)
+    outcome: list[object] = []
+    with cl.client(0, direct_threshold_bytes=0) as writer, cl.client(1, direct=False) as other:
+        assert writer.direct, writer.direct_status
+
+        def slow_upsert() -> None:
+            try:
+                outcome.append(writer.put_from("k", older, upsert=True))
+            except CxlkvError as exc:
+                outcome.append(exc)
+
+        t = threading.Thread(target=slow_upsert)
+        t.start()
+        assert stalled.wait(10)
+        deadline = time.monotonic() + 10
+        while True:  # NOT_READY while the slow put is in flight, then the key is free
+            try:
+                other.put_from("k", newer, upsert=True)
+                break
+            except NotReady:
+                assert time.monotonic() < deadline, "the stalled put was never revoked"
+                time.sleep(0.05)
+        t.join(30)
+        assert not t.is_alive() and outcome
+        assert isinstance(outcome[0], StaleToken), outcome[0]
+        for c in (other, writer):
+            assert c.get("k") == newer.tobytes()
+        cl.wait_until(lambda: cl.master_stat().fenced_count == 0, what="the fenced space to be freed")
+    cl.assert_invariants()
 
 
 def test_a_direct_writer_stalled_across_a_restart_of_its_clientd_never_lands_in_reused_space(

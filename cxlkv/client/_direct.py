@@ -67,7 +67,6 @@ HASH_IN_THREAD_BYTES = 1 << 20
 PUT_HASH_OVERLAP = os.environ.get("CXLKV_DIRECT_PUT_FUSED", "") != "1"
 
 _xxh3 = xxhash.xxh3_64_intdigest
-_STALE_TOKEN = int(ErrorCode.STALE_TOKEN)
 _UNKNOWN_CLIENT = int(ErrorCode.UNKNOWN_CLIENT)
 
 
@@ -333,8 +332,11 @@ class DirectPath:
                 continue
             if not st.code:
                 out[it.pos] = _version_of(started, it)
-            elif st.code in (_STALE_TOKEN, _UNKNOWN_CLIENT) and retry_allowed:
-                retry.append(it)  # the daemon re-registered meanwhile: start again
+            elif st.code == _UNKNOWN_CLIENT and retry_allowed:
+                # the daemon re-registered meanwhile: nothing was committed, start again. Not
+                # STALE_TOKEN (the attempt was revoked, e.g. past put_timeout_s): redone now,
+                # it could land after newer puts of the key; the caller decides.
+                retry.append(it)
             else:
                 out[it.pos] = error_for(st.code, st.message, key=it.key)
         return retry
