@@ -345,6 +345,7 @@ class ClientApi:
         c["prefix_queries"] += req.prefix_queries
         c["prefix_keys"] += req.prefix_keys
         c["prefix_hits"] += req.prefix_hits
+        c["reads_copied_again"] += req.reads_copied_again
         self.core.link.report_hits(keys, chains)
         return client_pb2.ClientReportHitsResponse()
 

@@ -695,6 +695,8 @@ class ClientdCore:
             else:
                 r = ix.get(key.encode(), memoryview(t.buf)[t.offset:t.offset + t.capacity])
             oc = r.outcome
+            if r.retries:  # the first copy did not verify (flush mode: a stale line)
+                self.counters["reads_copied_again"] += 1
             if oc == IX_HIT:
                 n = r.value_len_bytes
                 self.counters["bytes_out"] += n
@@ -1016,6 +1018,7 @@ class ClientdCore:
         outs: list[ReadOutcome] = []
         hits: list[str] = []
         done = True
+        self.counters["reads_copied_again"] += sum(r.retries for r in results)
         for key, r in zip(keys, results):
             oc = r.outcome
             if oc == IX_HIT:

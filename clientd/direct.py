@@ -521,6 +521,7 @@ class DirectPuts:
         """DirectRelease: end leases of finished direct reads (sent to the master batched);
         count the caller's checksum failures with the daemon's own."""
         self.core.link.release_leases(list(req.lease_ids))
+        self.core.counters["reads_copied_again"] += req.reads_copied_again
         if req.checksum_failures:
             self.core.counters["checksum_failures"] += req.checksum_failures
             log.warning("a direct reader saw %d checksum mismatch(es); answered as misses", req.checksum_failures)

@@ -172,8 +172,9 @@ class ClientdCollector:
             value=c.get("checksum_failures", 0))
         yield CounterMetricFamily(
             "cxlkv_clientd_reads_copied_again_total",
-            "leased reads whose first copy did not verify and were copied again with every cache line "
-            "dropped (flush mode: a stale line; either mode: a writer racing the lease)",
+            "reads whose first copy did not verify and were copied again with every cache line dropped "
+            "(flush mode: a stale line; either mode: a writer racing the read): this daemon's index and "
+            "leased reads and those its SDK processes report",
             value=c.get("reads_copied_again", 0))
         yield CounterMetricFamily(
             "cxlkv_clientd_registrations_total",

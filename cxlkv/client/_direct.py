@@ -422,6 +422,7 @@ class DirectPath:
         resp = self._call("DirectGet", client_pb2.DirectGetRequest(keys=[keys[i] for i in todo]))
         leases = [r.lease_id for r in resp.results if r.lease_id]
         retry: list[int] = []
+        redone: list[str] = []  # keys whose first copy did not verify (reported with the release)
         try:
             for i, r in zip(todo, resp.results):
                 if r.status.code:
@@ -437,7 +438,7 @@ class DirectPath:
                 if ext is None:
                     out[i] = FALLBACK
                     continue
-                got = self._read_one(keys[i], r, ext, dst)
+                got = self._read_one(keys[i], r, ext, dst, redone)
                 deadline = t0 + r.lease_ttl_ms / 1000.0 if r.lease_ttl_ms else float("inf")
                 if time.monotonic() > deadline:
                     if retry_allowed:
@@ -450,16 +451,18 @@ class DirectPath:
                 out[i] = got
         finally:
             bad = sum(1 for i in todo if isinstance(out[i], ChecksumMismatch))
-            if leases or bad:
+            if leases or bad or redone:
                 try:  # the answer does not matter: not waited for
                     self._send("DirectRelease", client_pb2.DirectReleaseRequest(
-                        lease_ids=leases, checksum_failures=bad))
+                        lease_ids=leases, checksum_failures=bad, reads_copied_again=len(redone)))
                 except CxlkvError:  # the leases end by themselves after lease_ttl
                     pass
         return retry
 
-    def _read_one(self, key: str, r: client_pb2.DirectGetResult, ext: client_pb2.DirectExtent, dst: Any) -> Any:
-        """Copy one located value out and verify it; ``(size, version, bytes|None)`` or the error."""
+    def _read_one(self, key: str, r: client_pb2.DirectGetResult, ext: client_pb2.DirectExtent, dst: Any,
+                  redone: list[str] | None = None) -> Any:
+        """Copy one located value out and verify it; ``(size, version, bytes|None)`` or the error.
+        A key whose first copy did not verify (copied again) is appended to ``redone``."""
         region = self._region(ext)
         size = r.value_size_bytes
         off = ext.extent.offset_bytes + r.header_bytes
@@ -492,6 +495,8 @@ class DirectPath:
             except CxlkvError as exc:
                 return exc
             why = _check_header(region, ext, key, r, size, got, flush=self.flush)
+            if attempt and redone is not None:
+                redone.append(key)
             if why is None:
                 return (size, r.version, value)
         return ChecksumMismatch(f"key {key!r}: {why} (stale, torn or corrupt read; reported as a miss)", key=key)

@@ -33,7 +33,7 @@ from cxlkv.v1 import client_pb2
 __all__ = ["IndexPath", "MISS", "FALLBACK", "HITS_BATCH", "HITS_DELAY_S", "MAX_VALUE_BYTES"]
 
 #: What a process reports of its index reads (``ClientReportHitsRequest`` fields).
-_STATS = ("get_items", "bytes_out", "prefix_queries", "prefix_keys", "prefix_hits")
+_STATS = ("get_items", "bytes_out", "prefix_queries", "prefix_keys", "prefix_hits", "reads_copied_again")
 
 #: Hits are sent to the daemon once this many are pending...
 HITS_BATCH = 512
@@ -186,6 +186,8 @@ class IndexPath:
             r = self.reader.get(k, target)
             del target
             oc = r.outcome
+        if r.retries:
+            self._note(reads_copied_again=1)
         if oc == self._hit:
             self.answered += 1
             n = r.value_len_bytes
@@ -206,6 +208,8 @@ class IndexPath:
         ``-size`` (the caller raises OutOfRange)."""
         r = self.reader.get(key.encode(), dst)
         oc = r.outcome
+        if r.retries:
+            self._note(reads_copied_again=1)
         if oc == self._hit:
             self.answered += 1
             self._note_get(key, r.value_len_bytes)
@@ -231,8 +235,9 @@ class IndexPath:
             return out
         results = self.reader.get_many([keys[i].encode() for i in valid], [dsts[i] for i in valid])
         hits: list[str] = []
-        nbytes = misses = 0
+        nbytes = misses = redone = 0
         for i, r in zip(valid, results):
+            redone += r.retries
             oc = r.outcome
             if oc == self._hit:
                 out[i] = r.value_len_bytes
@@ -244,7 +249,7 @@ class IndexPath:
             elif oc == self._small:
                 out[i] = -r.value_len_bytes
         self.answered += sum(1 for o in out if o is not FALLBACK)
-        self._note(hits, get_items=len(hits) + misses, bytes_out=nbytes)
+        self._note(hits, get_items=len(hits) + misses, bytes_out=nbytes, reads_copied_again=redone)
         return out
 
     def get_prefix_into(self, keys: Sequence[str], dsts: Sequence[Any]) -> tuple[int, int, bool]:
@@ -277,7 +282,8 @@ class IndexPath:
         else:
             self.fallbacks += 1
         self._note(keys[:matched], keys if done else None, bytes_out=nbytes, prefix_hits=matched,
-                   prefix_queries=1 if done else 0, prefix_keys=len(keys) if done else matched)
+                   prefix_queries=1 if done else 0, prefix_keys=len(keys) if done else matched,
+                   reads_copied_again=sum(r.retries for r in results))
         return matched, too_large, done
 
     def exists_many(self, keys: Sequence[str]) -> list[bool | _Marker]:

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ClientReportHitsRequest(_message.Message):
-    __slots__ = ("keys", "get_items", "bytes_out", "prefix_queries", "prefix_keys", "prefix_hits", "chain_keys", "chain_lengths", "chain_matched")
+    __slots__ = ("keys", "get_items", "bytes_out", "prefix_queries", "prefix_keys", "prefix_hits", "chain_keys", "chain_lengths", "chain_matched", "reads_copied_again")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     GET_ITEMS_FIELD_NUMBER: _ClassVar[int]
     BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class ClientReportHitsRequest(_message.Message):
     CHAIN_KEYS_FIELD_NUMBER: _ClassVar[int]
     CHAIN_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     CHAIN_MATCHED_FIELD_NUMBER: _ClassVar[int]
+    READS_COPIED_AGAIN_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     get_items: int
     bytes_out: int
@@ -26,7 +27,8 @@ class ClientReportHitsRequest(_message.Message):
     chain_keys: _containers.RepeatedScalarFieldContainer[str]
     chain_lengths: _containers.RepeatedScalarFieldContainer[int]
     chain_matched: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, keys: _Optional[_Iterable[str]] = ..., get_items: _Optional[int] = ..., bytes_out: _Optional[int] = ..., prefix_queries: _Optional[int] = ..., prefix_keys: _Optional[int] = ..., prefix_hits: _Optional[int] = ..., chain_keys: _Optional[_Iterable[str]] = ..., chain_lengths: _Optional[_Iterable[int]] = ..., chain_matched: _Optional[_Iterable[int]] = ...) -> None: ...
+    reads_copied_again: int
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., get_items: _Optional[int] = ..., bytes_out: _Optional[int] = ..., prefix_queries: _Optional[int] = ..., prefix_keys: _Optional[int] = ..., prefix_hits: _Optional[int] = ..., chain_keys: _Optional[_Iterable[str]] = ..., chain_lengths: _Optional[_Iterable[int]] = ..., chain_matched: _Optional[_Iterable[int]] = ..., reads_copied_again: _Optional[int] = ...) -> None: ...
 
 class ClientReportHitsResponse(_message.Message):
     __slots__ = ()
@@ -588,12 +590,14 @@ class DirectGetResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[DirectGetResult, _Mapping]]] = ...) -> None: ...
 
 class DirectReleaseRequest(_message.Message):
-    __slots__ = ("lease_ids", "checksum_failures")
+    __slots__ = ("lease_ids", "checksum_failures", "reads_copied_again")
     LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    READS_COPIED_AGAIN_FIELD_NUMBER: _ClassVar[int]
     lease_ids: _containers.RepeatedScalarFieldContainer[int]
     checksum_failures: int
-    def __init__(self, lease_ids: _Optional[_Iterable[int]] = ..., checksum_failures: _Optional[int] = ...) -> None: ...
+    reads_copied_again: int
+    def __init__(self, lease_ids: _Optional[_Iterable[int]] = ..., checksum_failures: _Optional[int] = ..., reads_copied_again: _Optional[int] = ...) -> None: ...
 
 class DirectReleaseResponse(_message.Message):
     __slots__ = ()
