@@ -113,7 +113,7 @@ def bench_rebuild(objects: int, limit_gbps: float, *, warm: bool = False) -> Rec
 
     from cxlkv.config import MasterConfig, SegmentConfig
     from cxlkv.master.server import MasterServer
-    from cxlkv.master.state import RestoredObject
+    from cxlkv.master.objects import RestoredObject
     from cxlkv.objheader import header_bytes_for, pack_header
     from cxlkv.region import format_region
     from cxlkv.transport import Region

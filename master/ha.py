@@ -364,7 +364,7 @@ def restore_overflow(server: Any, records: list[list[Any]]) -> int:
     from types import SimpleNamespace
 
     from cxlkv.master.recovery import _verified_key
-    from cxlkv.master.state import RestoredObject
+    from cxlkv.master.objects import RestoredObject
     from cxlkv.objheader import OBJECT_HEADER_BYTES, key_hash, parse_header
 
     st = server.state

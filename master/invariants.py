@@ -137,16 +137,16 @@ def check_invariants(state: "MasterState") -> None:
     for obj in list(state._objects.values()) + list(state._retired.values()):
         if obj.leases != counts.get(id(obj), 0):
             raise AssertionError(f"{obj!r}: lease count {obj.leases} != {counts.get(id(obj), 0)} leases")
-    upper = {k for k, o in state._objects.items() if not o.hard_pin and state._has_cxl(o)}
+    upper = {k for k, o in state._objects.items() if not o.hard_pin and state.tiering.has_cxl(o)}
     cold = {k for k, o in state._objects.items() if not o.hard_pin} - upper
-    if not state._tiered:
+    if not state.tiering.active:
         upper |= cold
         cold = set()
     if len(state.policy) != len(upper):
         raise AssertionError(f"eviction policy tracks {len(state.policy)} keys, {len(upper)} are evictable "
                              "with a CXL replica")
-    if set(state._cold) != cold:
-        raise AssertionError(f"SSD-only LRU tracks {len(state._cold)} keys, {len(cold)} objects have no "
+    if set(state.tiering.cold) != cold:
+        raise AssertionError(f"SSD-only LRU tracks {len(state.tiering.cold)} keys, {len(cold)} objects have no "
                              "CXL replica")
     for client in state._clients.values():
         for token, obj in client.puts.items():

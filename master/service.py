@@ -878,7 +878,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return response
 
     async def _remove_all(self, name: str, request: Any, pattern: str | None) -> tuple[Any, CxlkvError | None]:
-        """RemoveAll / RemoveByRegex by slices (:class:`~cxlkv.master.state.RemoveAllCursor`)."""
+        """RemoveAll / RemoveByRegex by slices (:class:`~cxlkv.master.cursors.RemoveAllCursor`)."""
         return await self._sliced(
             name, request, lambda: self.state.remove_all_start(request.force, pattern),
             lambda c: master_pb2.RemoveAllResponse(removed=c.removed, skipped_leased=c.skipped))

@@ -15,9 +15,9 @@ import xxhash
 from cxlkv.config import MasterConfig, SegmentConfig, load_config
 from cxlkv.errors import ConfigError
 from cxlkv.master.allocator import ExtentAllocator
-from cxlkv.master.objects import ObjState
+from cxlkv.master.objects import ObjState, RestoredObject
 from cxlkv.master.recovery import parse_recover_spec, recover_region, recover_regions
-from cxlkv.master.state import MasterState, RestoredObject
+from cxlkv.master.state import MasterState
 from cxlkv.objheader import header_bytes_for, pack_header
 from cxlkv.region import format_region
 from cxlkv.transport import Region

@@ -124,7 +124,7 @@ def test_failed_and_timed_out_moves_are_retried_then_failed_and_the_object_stays
     assert st.counters["moves_retried"] == n and len(st.tasks) == n
     st.fetch_tasks(*c, 100, 0.0)  # attempt 2: the clientd dies, never reports
     old = {t.task_id for t in st.tasks.all()}
-    st._sweep_tasks(5.0)  # past task_timeout_s with task_retries (2) spent: failed
+    st.tiering.sweep_tasks(5.0)  # past task_timeout_s with task_retries (2) spent: failed
     assert st.counters["moves_failed"] == n and len(st.tasks) == 0
     # the silent clientd may be stopped, not dead: its destinations stay held for it
     assert st.counters["moves_fenced"] == n and ssd.used_bytes > 0
@@ -381,7 +381,7 @@ def test_a_stalled_mover_never_writes_into_space_given_to_another() -> None:
     given = st.fetch_tasks(*a, 100, 0.0)
     assert given
     held = {t.task_id: t.destination for t in given}
-    st._sweep_tasks(5.0)  # a went silent: given again elsewhere, its destinations held
+    st.tiering.sweep_tasks(5.0)  # a went silent: given again elsewhere, its destinations held
     assert st.counters["moves_fenced"] == len(given)
     again = st.fetch_tasks(*b, 100, 5.0)
     assert {t.task_id for t in again} == set(held)
@@ -420,7 +420,7 @@ def test_a_late_report_frees_the_held_destination_at_once() -> None:
     for i in range(9):
         put(st, a, f"k{i}")
     given = st.fetch_tasks(*a, 100, 0.0)
-    st._sweep_tasks(5.0)
+    st.tiering.sweep_tasks(5.0)
     used = st.segment_table.by_name("ssd0").used_bytes
     errs = st.complete_tasks(*a, [(t.task_id, 0, "") for t in given], 5.0)  # late: refused, but done writing
     assert all(isinstance(e, StaleToken) for e in errs)
