@@ -73,17 +73,17 @@ def check_invariants(state: "MasterState") -> None:
         if token in state._puts:
             raise AssertionError(f"fenced put {token} is also in flight")
         add(obj, "fenced")
-    for token, obj in state._reserved.items():
+    for token, obj in state.reservations.held.items():
         if obj.version != token or obj.state != ObjState.PROCESSING or obj.key or not obj.extents:
             raise AssertionError(f"reservation {token} inconsistent: {obj!r}")
         c = state._clients.get(obj.client_id)
         if c is None or c.reserved.get(token) is not obj:
             raise AssertionError(f"reservation {token} is not its live client's: {obj!r}")
         add(obj, "reserved")
-    for token, obj in state._quarantine.items():
+    for token, obj in state.quarantine.held.items():
         if obj.version != token or obj.state != ObjState.FAILED or not obj.extents:
             raise AssertionError(f"quarantined {token} inconsistent: {obj!r}")
-        if token in state._puts or token in state._fenced or token in state._reserved:
+        if token in state._puts or token in state._fenced or token in state.reservations.held:
             raise AssertionError(f"quarantined {token} is also live elsewhere")
         add(obj, "quarantined")
     for version, obj in state._retired.items():

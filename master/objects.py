@@ -13,11 +13,15 @@ from cxlkv.v1 import common_pb2
 
 __all__ = [
     "ObjState", "ObjectVersion", "ClientRecord", "Extent", "PutStartItem", "RegionReport", "RestoredObject",
-    "RestoreReport", "short_key",
+    "RestoreReport", "MAX_HEADER_BYTES", "short_key",
 ]
 
 #: ``(segment_id, offset_bytes, length_bytes)`` of one replica.
 Extent = tuple[int, int, int]
+
+
+#: Largest per-extent header a writer may ask for, in bytes (object header + a 4096-byte key).
+MAX_HEADER_BYTES = 64 + 4096
 
 
 def short_key(key: str) -> str:

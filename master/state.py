@@ -38,15 +38,18 @@ from cxlkv.errors import (
     StaleToken, TooLarge, Unavailable, UnknownClient, HasLease,
 )
 from cxlkv.keys import compile_key_pattern, key_error
+from cxlkv.master.clients import Registrations
 from cxlkv.master.cursors import RemoveAllCursor, UnmountCursor
 from cxlkv.master.eviction import EvictionPolicy, Evictor, load_policy
 from cxlkv.master.invariants import check_invariants
 from cxlkv.master.leases import Lease, LeaseTable
 from cxlkv.master.objects import (
-    ClientRecord, Extent, ObjectVersion, ObjState, PutStartItem, RegionReport, RestoredObject, RestoreReport,
+    MAX_HEADER_BYTES, ClientRecord, Extent, ObjectVersion, ObjState, PutStartItem, RegionReport, RestoredObject, RestoreReport,
     short_key as _short,
 )
 from cxlkv.master.publish import NoIndex, ObjectIndex
+from cxlkv.master.quarantine import Quarantine
+from cxlkv.master.reservations import Reservations
 from cxlkv.master.segments import Segment, SegmentTable, Tier, tier_from_name
 from cxlkv.master.strategies import AllocationStrategy, PlacementRequest, load_strategy
 from cxlkv.master.tiering import MoveTask, Tiering
@@ -75,24 +78,10 @@ COUNTERS = (
 _MAX_LIST_PAGE = 10000
 _DEFAULT_LIST_PAGE = 1000
 _REVOKE_REASONS_KEPT = 4096
-_EXPIRED_CLIENTS_KEPT = 256
 _INDEX_IDLE_S = 60.0  # drop the ListKeys index after this long without ListKeys
-#: Largest per-extent header a writer may ask for, in bytes (object header + a 4096-byte key).
-_MAX_HEADER_BYTES = 64 + 4096
 
 
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
-
-
-def _grant_owner(writer_hash: int) -> str:
-    """The owner recorded for space a previous master had granted (its writer known by hash)."""
-    return f"#grant:{writer_hash:016x}"
-
-
-def _client_hash(client_id: str) -> int:
-    from cxlkv.index import client_hash
-
-    return client_hash(client_id)
 
 
 class MasterState:
@@ -154,25 +143,15 @@ class MasterState:
         # the attempt with PutRevoke or its registration ends, so a writer that
         # is still copying never lands in space given to another object.
         self._fenced: dict[int, ObjectVersion] = {}
-        # token → extents taken ahead of need (:meth:`reserve`): keyless PROCESSING
-        # versions owned by a registration until :meth:`commit` names them.
-        self._reserved: dict[int, ObjectVersion] = {}
-        # token → space taken back from a registration that ended (expired,
-        # re-registered, its master link lost) while it may still be writing:
-        # in-flight puts, fenced puts and reservations. It stays allocated until
-        # the writer is known to have stopped (:meth:`release_quarantine`, which
-        # clientd calls once its copies and its direct writers of that registration
-        # are over) or ``writer_reclaim_s`` has passed: a stalled writer, however
-        # long, never lands in space given to another object (docs/master.md).
-        self._quarantine: dict[int, ObjectVersion] = {}
-        self._quarantined_at: dict[int, float] = {}
         #: Segments being unmounted by slices (id → segment): unmounted, their replicas
         #: still listed on the objects not reached yet (UnmountCursor).
         self._unmounting: dict[int, Segment] = {}
-        # clients
-        self._clients: dict[str, ClientRecord] = {}
-        self._expired_clients: OrderedDict[str, ClientRecord] = OrderedDict()
-        self._client_seq = 0
+        #: Registrations of clientds; space quarantined for writers that may still
+        #: write; extents reserved ahead of need (writes in one round trip).
+        self.registrations = Registrations(self)
+        self._clients = self.registrations.live  # read on every write: the registrations' table
+        self.quarantine = Quarantine(self)
+        self.reservations = Reservations(self)
         #: Tiering decisions and move tasks (docs/tiers.md); the eviction loop.
         self.tiering = Tiering(self)
         self.evictor = Evictor(self)
@@ -328,12 +307,12 @@ class MasterState:
             obj.extents = [e for e in obj.extents if e[0] != sid]
             if not obj.extents:
                 del self._fenced[token]
-        for held in (self._quarantine, self._reserved):
+        for held in (self.quarantine.held, self.reservations.held):
             for token, obj in list(held.items()):
                 obj.extents = [e for e in obj.extents if e[0] != sid]
                 if not obj.extents:
                     del held[token]
-                    self._quarantined_at.pop(token, None)
+                    self.quarantine.held_at.pop(token, None)
                     c = self._clients.get(obj.client_id)
                     if c is not None:
                         c.reserved.pop(token, None)
@@ -366,55 +345,17 @@ class MasterState:
         self.counters["replicas_lost"] += replicas_lost
         self.counters["objects_lost"] += objects_lost
 
-    # -------------------------------------------------------------- clients
+    # ------------------------------------------- clients, quarantine (parts)
     def register_client(
         self, hostname: str, name: str, pid: int, regions: Sequence[RegionReport],
         previous_client_id: str, metrics_url: str, now: float,
     ) -> ClientRecord:
-        """Register a clientd; returns its record (``client_id``, new ``epoch``).
-
-        Each reported region is checked against the mounted segment of that
-        name: the size must equal ``size_bytes`` and the uuid the segment's (a
-        segment with no uuid adopts the first one reported). With
-        ``previous_client_id`` the client keeps its id under a new epoch, and
-        the old registration's in-flight puts are revoked (fenced).
+        """Register a clientd (:meth:`Registrations.register <cxlkv.master.clients.Registrations.register>`).
 
         Raises:
-            InvalidArgument: an unknown segment, a size or uuid mismatch (the
-                message names the segment, both values and the path); nothing
-                changes then.
+            InvalidArgument: an unknown segment, a size or uuid mismatch; nothing changes then.
         """
-        adopt: dict[str, str] = {}
-        for r in regions:
-            seg = self.segment_table.by_name(r.segment_name)
-            if seg is None or not seg.mounted:
-                known = ", ".join(s.name for s in self.segment_table.mounted) or "(none)"
-                raise InvalidArgument(
-                    f"region at {r.device_path or '?'}: segment {r.segment_name!r} is not mounted "
-                    f"on the master (mounted: {known})"
-                )
-            SegmentTable.check_identity(seg, r.region_uuid, r.size_bytes, r.device_path)
-            if not seg.region_uuid and adopt.setdefault(seg.name, r.region_uuid) != r.region_uuid:
-                raise InvalidArgument(
-                    f"segment {seg.name!r}: two regions reported with uuids "
-                    f"{adopt[seg.name]!r} and {r.region_uuid!r} ({r.device_path or '?'})"
-                )
-        for seg_name, uuid in adopt.items():
-            self.segment_table.by_name(seg_name).region_uuid = uuid  # type: ignore[union-attr]
-        old = self._clients.get(previous_client_id) if previous_client_id else None
-        if old is not None:
-            self._end_registration(old, f"client {old.client_id} re-registered (epoch {old.epoch} fenced)", now)
-        if previous_client_id:
-            client_id = previous_client_id
-            self._expired_clients.pop(client_id, None)
-        else:
-            self._client_seq += 1
-            client_id = f"{self.master_id}-{self._client_seq}"
-        client = ClientRecord(client_id, self._next_seq(), hostname, name, pid, metrics_url, now)
-        client.mapped = {r.segment_name for r in regions}
-        self._clients[client_id] = client
-        self.counters["clients_registered"] += 1
-        return client
+        return self.registrations.register(hostname, name, pid, regions, previous_client_id, metrics_url, now)
 
     def heartbeat(self, client_id: str, epoch: int, now: float) -> ClientRecord:
         """Record a heartbeat.
@@ -423,187 +364,63 @@ class MasterState:
             UnknownClient: unknown or expired (register again).
             StaleToken: ``epoch`` is not the current registration's.
         """
-        return self.writer(client_id, epoch, now)
+        return self.registrations.writer(client_id, epoch, now)
 
     def writer(self, client_id: str, epoch: int, now: float) -> ClientRecord:
-        """The live registration ``(client_id, epoch)``; expires it first if overdue.
-
-        Any successful call of a client counts as a heartbeat.
+        """The live registration ``(client_id, epoch)``; expires it first if overdue
+        (:meth:`Registrations.writer <cxlkv.master.clients.Registrations.writer>`).
 
         Raises:
             UnknownClient: unknown or expired client id.
             StaleToken: the client re-registered since (``epoch`` is fenced).
         """
-        client = self._clients.get(client_id)
-        if client is None:
-            raise UnknownClient(f"client {client_id!r} is unknown or expired: register again")
-        if now - client.last_heartbeat > self.config.client_ttl_s:
-            self._expire_client(client, now)
-            raise UnknownClient(f"client {client_id!r} expired (no heartbeat for "
-                                f"{now - client.last_heartbeat:.1f} s): register again")
-        if epoch != client.epoch:
-            raise StaleToken(f"client {client_id!r} epoch {epoch} is fenced (current epoch {client.epoch})")
-        client.last_heartbeat = now
-        return client
-
-    def _expire_client(self, client: ClientRecord, now: float) -> None:
-        self._drop_client(client, f"writer client {client.client_id} expired", now)
-        self._expired_clients[client.client_id] = client
-        while len(self._expired_clients) > _EXPIRED_CLIENTS_KEPT:
-            self._expired_clients.popitem(last=False)
-        self.counters["clients_expired"] += 1
+        return self.registrations.writer(client_id, epoch, now)
 
     def deregister_client(self, client_id: str, epoch: int, now: float) -> ClientRecord:
-        """End the registration ``(client_id, epoch)`` at the clientd's own word (a
-        planned stop): the same clean-up as an expiry — its in-flight puts revoked
-        and, with its reservations, quarantined until its next process (or
-        ``writer_reclaim_s``) says its writers stopped; its DRAM tier unmounted —
-        but it is counted in ``clients_deregistered``, not ``clients_expired``, and
-        no longer listed by :meth:`clients`.
+        """End a registration at the clientd's own word
+        (:meth:`Registrations.deregister <cxlkv.master.clients.Registrations.deregister>`).
 
         Raises:
-            UnknownClient: unknown or already expired (nothing to end).
-            StaleToken: ``epoch`` is not the current registration's.
+            UnknownClient: unknown or already expired. StaleToken: a fenced epoch.
         """
-        client = self.writer(client_id, epoch, now)
-        self._drop_client(client, f"writer client {client_id} deregistered", now)
-        self.counters["clients_deregistered"] += 1
-        return client
+        return self.registrations.deregister(client_id, epoch, now)
 
-    def _drop_client(self, client: ClientRecord, why: str, now: float) -> None:
-        self._end_registration(client, why, now)
-        del self._clients[client.client_id]
-        for seg in list(self.segment_table.mounted):
-            if seg.owner_client_id == client.client_id:
-                self._unmount(seg, now)
-
-    def _end_registration(self, client: ClientRecord, why: str, now: float = 0.0) -> None:
-        """End a registration: its puts are revoked and, with its reservations and
-        fenced puts, quarantined — the writer may still be copying (stopped,
-        partitioned): the space is reused only once it is known to have stopped."""
-        client.alive = False
-        for obj in list(client.puts.values()):
-            self._revoke(obj, why, quarantine=True, now=now)
-            self.counters["puts_reclaimed"] += 1
-        client.puts.clear()
-        for token, obj in list(client.reserved.items()):
-            del self._reserved[token]
-            obj.state = ObjState.FAILED
-            self._quarantine_obj(obj, now)
-        client.reserved.clear()
-        if self._fenced:
-            for token in [t for t, o in self._fenced.items() if o.client_id == client.client_id]:
-                self._quarantine_obj(self._fenced.pop(token), now)
-        self.tiering.registration_ended(client.client_id, now)
-
-    def _quarantine_obj(self, obj: ObjectVersion, now: float) -> None:
-        if not obj.extents:
-            return
-        self._quarantine[obj.version] = obj
-        self._quarantined_at[obj.version] = now
-        self.counters["quarantined"] += 1
+    def clients(self) -> list[ClientRecord]:
+        """Live clients, then recently expired ones."""
+        return self.registrations.listed()
 
     def release_quarantine(self, client_id: str, epoch: int, upto_epoch: int, now: float,
                            keep: Iterable[int] = ()) -> int:
-        """Free the space quarantined from ``client_id``'s registrations up to
-        ``upto_epoch``: the caller, that client's current registration, says every
-        writer of those registrations has stopped (clientd drained its copies, or
-        proved its previous process and its direct writers gone). The puts in
-        ``keep`` stay quarantined: their writers (direct-mode processes) still run;
-        each is freed when its writer ends it (PutRevoke) or is found dead.
-
-        Returns:
-            Bytes freed.
+        """Free the space quarantined from ``client_id``'s registrations up to ``upto_epoch``
+        (:meth:`Quarantine.release_for <cxlkv.master.quarantine.Quarantine.release_for>`).
+        Returns bytes freed.
 
         Raises:
             UnknownClient, StaleToken: the caller's registration is not current.
             InvalidArgument: ``upto_epoch`` is not older than the caller's epoch.
         """
-        client = self.writer(client_id, epoch, now)
-        if upto_epoch >= client.epoch:
-            raise InvalidArgument(f"release_quarantine: epoch {upto_epoch} is not older than the current "
-                                  f"registration's ({client.epoch})")
-        kept = frozenset(keep)
-        inherited = _grant_owner(_client_hash(client_id))  # held from a previous master's grants
-        return self._release(lambda o: (o.client_id == client_id or o.client_id == inherited)
-                             and o.epoch <= upto_epoch and o.version not in kept)
+        return self.quarantine.release_for(client_id, epoch, upto_epoch, now, keep)
 
     def quarantine_granted(self, segment_id: int, offset_bytes: int, length_bytes: int, put_token: int,
                            writer_hash: int, now: float) -> bool:
-        """Hold an extent a previous master had handed to a writer (a grant slot found
-        in the region at start): quarantined for that writer (known by the xxh3_64
-        of its client id) until its clientd says it stopped writing.
-
-        Returns:
-            False when the extent is not free here (an object restored from the
-            index owns it: the grant's put was committed), so nothing is held.
-        """
-        seg = self.segment_table.by_id.get(segment_id)
-        if seg is None or not seg.mounted:
-            return False
-        try:
-            need = seg.allocator.claim(offset_bytes, length_bytes)
-        except ValueError:
-            return False
-        seg.object_count += 1
-        obj = ObjectVersion("", need, put_token, [(segment_id, offset_bytes, need)], _grant_owner(writer_hash),
-                            0, now)
-        obj.state = ObjState.FAILED
-        self._quarantine_obj(obj, now)
-        self.counters["grants_recovered"] += 1
-        if put_token >= self._seq:
-            self._seq = put_token + 1
-        return True
+        """Hold an extent a previous master had granted to a writer
+        (:meth:`Quarantine.hold_granted <cxlkv.master.quarantine.Quarantine.hold_granted>`)."""
+        return self.quarantine.hold_granted(segment_id, offset_bytes, length_bytes, put_token, writer_hash, now)
 
     def release_quarantine_of(self, client_id: str) -> int:
-        """Free everything quarantined from ``client_id`` (an operator's word that
-        the host is gone: ``cxlkv admin release-writer``). Returns bytes freed."""
-        inherited = _grant_owner(_client_hash(client_id))
-        return self._release(lambda o: o.client_id == client_id or o.client_id == inherited)
-
-    def _release(self, match: Callable[[ObjectVersion], bool]) -> int:
-        freed = 0
-        for token in [t for t, o in self._quarantine.items() if match(o)]:
-            obj = self._quarantine.pop(token)
-            self._quarantined_at.pop(token, None)
-            freed += sum(e[2] for e in obj.extents)
-            self._free_extents(obj)
-        if freed:
-            self.counters["quarantine_released_bytes"] += freed
-        return freed
-
-    def _reclaim_quarantine(self, now: float) -> None:
-        """With ``writer_reclaim_s`` > 0, free quarantined space older than that."""
-        limit = self.config.writer_reclaim_s
-        if not limit or not self._quarantine:
-            return
-        old = {t for t, at in self._quarantined_at.items() if now - at >= limit}
-        if old:
-            self._release(lambda o: o.version in old)
+        """Free everything quarantined from ``client_id`` (``cxlkv admin release-writer``).
+        Returns bytes freed."""
+        return self.quarantine.release_of(client_id)
 
     @property
     def quarantined_count(self) -> int:
         """Puts and reservations held for writers that may still be writing."""
-        return len(self._quarantine)
-
-    @property
-    def reserved_bytes(self) -> int:
-        """Bytes clientds hold reserved ahead of need."""
-        return sum(e[2] for o in self._reserved.values() for e in o.extents)
-
-    @property
-    def reserved_count(self) -> int:
-        """Extents clientds hold reserved ahead of need."""
-        return len(self._reserved)
+        return self.quarantine.count
 
     @property
     def quarantined_bytes(self) -> int:
         """Bytes held for writers that may still be writing."""
-        return sum(e[2] for o in self._quarantine.values() for e in o.extents)
-
-    def clients(self) -> list[ClientRecord]:
-        """Live clients, then recently expired ones."""
-        return list(self._clients.values()) + list(self._expired_clients.values())
+        return self.quarantine.held_bytes
 
     # ----------------------------------------------------------------- puts
     def extent_bytes(self, value_size_bytes: int) -> int:
@@ -645,9 +462,9 @@ class MasterState:
             raise InvalidKey(bad, key=key[:64] if isinstance(key, str) else None)
         if value_size_bytes < 0:
             raise InvalidArgument(f"value_size_bytes must be >= 0, got {value_size_bytes}", key=key)
-        if not 0 <= header_bytes <= _MAX_HEADER_BYTES:
+        if not 0 <= header_bytes <= MAX_HEADER_BYTES:
             raise InvalidArgument(
-                f"header_bytes must be in [0, {_MAX_HEADER_BYTES}], got {header_bytes}", key=key)
+                f"header_bytes must be in [0, {MAX_HEADER_BYTES}], got {header_bytes}", key=key)
         if not upsert and key in self._objects:
             raise AlreadyExists(f"key {_short(key)} is already committed (use upsert to replace it)", key=key)
         pend = self._pending.get(key)
@@ -779,7 +596,7 @@ class MasterState:
         if client is None or client.epoch != obj.epoch:
             return f"writer client {obj.client_id} is gone"
         if now - client.last_heartbeat > self.config.client_ttl_s:
-            self._expire_client(client, now)
+            self.registrations.expire(client, now)
             return f"writer client {obj.client_id} expired"
         return None
 
@@ -855,12 +672,11 @@ class MasterState:
         Raises:
             StaleToken, UnknownClient: as for :meth:`put_end`.
         """
-        held = self._quarantine.get(put_token)
+        held = self.quarantine.held.get(put_token)
         if held is not None and held.key == key and held.client_id == client_id:
             # The writer of an ended registration ends its attempt itself: it has
             # stopped writing there, so that space is free to reuse.
-            del self._quarantine[put_token]
-            self._quarantined_at.pop(put_token, None)
+            self.quarantine.take(put_token)
             self.counters["quarantine_released_bytes"] += sum(e[2] for e in held.extents)
             self._free_extents(held)
             raise StaleToken(f"key {_short(key)}: put token {put_token} had been revoked "
@@ -895,7 +711,7 @@ class MasterState:
             self._fenced[token] = obj
             self.counters["puts_fenced"] += 1
         elif quarantine:
-            self._quarantine_obj(obj, now)
+            self.quarantine.hold(obj, now)
         else:
             self._free_extents(obj)
         self._revoked[token] = why
@@ -903,134 +719,47 @@ class MasterState:
             self._revoked.popitem(last=False)
         self.counters["puts_revoked"] += 1
 
-    # ------------------------------------------------- writes in one round trip
+    # ---------------------------------------- writes in one round trip (part)
     def reserve(self, client_id: str, epoch: int, need_bytes: int, count: int, now: float) -> list[ObjectVersion]:
-        """Take up to ``count`` extents of ``need_bytes`` (object header and value,
-        before alignment) ahead of need for a writer, in the CXL tier; each has the
-        token (= version) its object will have.
-
-        A reserved extent is owned by the writer's registration like an in-flight
-        put (counted as used, never evicted); :meth:`commit` names it, in one round
-        trip; :meth:`unreserve` gives it back. When the registration ends its
-        reservations are quarantined (the writer may still be writing).
-
-        Returns:
-            The reservations granted (fewer than ``count`` when space ran out even
-            after eviction, or the writer holds ``reserve_max_extents``; none while
-            an SSD tier is mounted: puts there may land in either tier).
+        """Take up to ``count`` extents of ``need_bytes`` ahead of need for a writer
+        (:meth:`Reservations.reserve <cxlkv.master.reservations.Reservations.reserve>`).
 
         Raises:
             UnknownClient, StaleToken: the writer's registration is not current.
             InvalidArgument: a size of 0 or over the largest segment.
         """
-        client = self.writer(client_id, epoch, now)
-        a = self._align
-        need = (need_bytes + a - 1) & ~(a - 1)
-        table = self.segment_table
-        if need_bytes <= 0 or need > table.max_capacity:
-            raise InvalidArgument(f"reserve: {need_bytes} B must be > 0 and fit a segment "
-                                  f"({table.max_capacity} B)")
-        count = max(0, min(count, self.config.reserve_max_extents - len(client.reserved)))
-        if self.tiering.has_ssd:
-            # With an SSD tier a put may land there while CXL makes room by demotion
-            # (put_start): reserving CXL space would evict instead. Two round trips.
-            return []
-        fitting = [s for s in table.mounted if s.tier == Tier.CXL and s.capacity_bytes >= need]
-        if not fitting or not count:
-            return []
-        candidates = self.strategy.select(fitting, _new_tuple(PlacementRequest, (need, 1, "", Tier.CXL)))
-        out: list[ObjectVersion] = []
-        for _ in range(count):
-            extents = self._place(candidates, need, 1)
-            if not extents:
-                self.evictor.until_fits(candidates, need, now)
-                extents = self._place(candidates, need, 1)
-                if not extents:
-                    break
-            version = self._seq
-            self._seq = version + 1
-            obj = ObjectVersion("", need_bytes, version, extents, client_id, epoch, now)
-            if not self.index.grant(obj, ahead=True):  # no room to record it (or the reservations'
-                # share of the index is used up): a master taking over could not know of it
-                obj.state = ObjState.FAILED
-                self._free_extents(obj)
-                break
-            self._reserved[version] = obj
-            client.reserved[version] = obj
-            out.append(obj)
-        self.counters["reservations"] += len(out)
-        if out:
-            seg = table.by_id[out[0].extents[0][0]]
-            if seg.used_bytes > self.config.high_watermark * seg.capacity_bytes:
-                self.evictor.draining.add(seg.segment_id)
-        return out
+        return self.reservations.reserve(client_id, epoch, need_bytes, count, now)
 
     def commit(self, client_id: str, epoch: int, key: str, put_token: int, value_size_bytes: int,
                header_bytes: int, checksum: int, now: float, *, upsert: bool = False, soft_pin: bool = False,
                hard_pin: bool = False) -> ObjectVersion:
-        """Name a reserved extent: the writer wrote the object into it; it becomes
-        ``key``'s committed version (the put in one round trip, replacing any older
-        version when ``upsert``). On any error but a stale token the reservation is
-        consumed (its space freed: the writer is done with it).
+        """Name a reserved extent: it becomes ``key``'s committed version
+        (:meth:`Reservations.commit <cxlkv.master.reservations.Reservations.commit>`).
 
         Raises:
-            StaleToken: not a live reservation of this registration.
-            UnknownClient: the writer's registration is not current.
-            InvalidKey: bad key. InvalidArgument: a size unlike the reservation's.
-            AlreadyExists: committed key without ``upsert``.
-            NotReady: a two-phase put of the key is in flight.
+            StaleToken, UnknownClient, InvalidKey, InvalidArgument, AlreadyExists, NotReady.
         """
-        client = self.writer(client_id, epoch, now)
-        res = self._reserved.get(put_token)
-        if res is None or res.client_id != client_id or res.epoch != epoch:
-            raise StaleToken(f"key {_short(key)}: {put_token} is not a live reservation of client "
-                             f"{client_id} epoch {epoch}", key=key if isinstance(key, str) else None)
-        del self._reserved[put_token]
-        del client.reserved[put_token]
-        try:
-            bad = key_error(key)
-            if bad is not None:
-                raise InvalidKey(bad, key=key[:64] if isinstance(key, str) else None)
-            if (value_size_bytes < 0 or not 0 < header_bytes <= _MAX_HEADER_BYTES
-                    or value_size_bytes + header_bytes != res.size_bytes):
-                raise InvalidArgument(f"key {_short(key)}: a {value_size_bytes}-B value with {header_bytes} B "
-                                      f"of header does not fill reservation {put_token} of {res.size_bytes} B",
-                                      key=key)
-            old = self._objects.get(key)
-            if old is not None and not upsert:
-                raise AlreadyExists(f"key {_short(key)} is already committed (use upsert to replace it)", key=key)
-            if key in self._pending:
-                raise NotReady(f"key {_short(key)}: a put of it is in flight", key=key)
-        except CxlkvError:
-            res.state = ObjState.FAILED
-            self._free_extents(res)
-            raise
-        obj = res
-        obj.key = key
-        obj.size_bytes = value_size_bytes
-        obj.header_bytes = header_bytes
-        obj.hard_pin = hard_pin
-        obj.soft_pin_until = now + self.config.soft_pin_ttl_s if soft_pin and not hard_pin else 0.0
-        self._install(obj, old, checksum, now)
-        self.counters["commits"] += 1
-        return obj
+        return self.reservations.commit(client_id, epoch, key, put_token, value_size_bytes, header_bytes,
+                                        checksum, now, upsert=upsert, soft_pin=soft_pin, hard_pin=hard_pin)
 
     def unreserve(self, client_id: str, epoch: int, put_token: int, now: float) -> None:
-        """Give a reservation back (the writer will not use it); its space is freed.
+        """Give a reservation back; its space is freed.
 
         Raises:
             StaleToken: not a live reservation of this registration.
             UnknownClient: the writer's registration is not current.
         """
-        client = self.writer(client_id, epoch, now)
-        res = self._reserved.get(put_token)
-        if res is None or res.client_id != client_id or res.epoch != epoch:
-            raise StaleToken(f"{put_token} is not a live reservation of client {client_id} epoch {epoch}")
-        del self._reserved[put_token]
-        del client.reserved[put_token]
-        res.state = ObjState.FAILED
-        self._free_extents(res)
-        self.counters["reservations_returned"] += 1
+        self.reservations.unreserve(client_id, epoch, put_token, now)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes clientds hold reserved ahead of need."""
+        return self.reservations.held_bytes
+
+    @property
+    def reserved_count(self) -> int:
+        """Extents clientds hold reserved ahead of need."""
+        return self.reservations.count
 
     def put_start_batch(self, client_id: str, epoch: int, specs: Iterable[PutStartItem],
                         now: float) -> list[ObjectVersion | CxlkvError]:
@@ -1094,7 +823,7 @@ class MasterState:
         newest: dict[str, RestoredObject] = {}  # one object per key from this segment
         for o in objects:
             if (key_error(o.key) is not None or o.value_size_bytes < 0
-                    or not 0 <= o.header_bytes <= _MAX_HEADER_BYTES or o.version <= 0):
+                    or not 0 <= o.header_bytes <= MAX_HEADER_BYTES or o.version <= 0):
                 invalid += 1
                 continue
             best = newest.setdefault(o.key, o)
@@ -1436,7 +1165,7 @@ class MasterState:
         expired_clients = 0
         for client in list(self._clients.values()):
             if now - client.last_heartbeat > ttl:
-                self._expire_client(client, now)
+                self.registrations.expire(client, now)
                 expired_clients += 1
         timeout = self.config.put_timeout_s
         stale = []
@@ -1451,7 +1180,7 @@ class MasterState:
         reclaimed = self.counters["puts_reclaimed"] - reclaimed_before
         leases_expired = self.leases.expire(now)
         self.counters["lease_expiries"] += leases_expired
-        self._reclaim_quarantine(now)
+        self.quarantine.reclaim(now)
         if self.tasks:
             self.tiering.sweep_tasks(now)
         evicted = self.evictor.to_watermark(now, budget_s)

@@ -659,7 +659,7 @@ class Tiering:
             if len(self._fenced_moves) > 4 * len(st._fenced) + 1024:  # forget released ones
                 self._fenced_moves = {k: t for k, t in self._fenced_moves.items() if t in st._fenced}
         else:
-            st._quarantine_obj(fence, now)
+            st.quarantine.hold(fence, now)
         self.counters["moves_fenced"] += 1
 
     def fence_destination(self, task: MoveTask, now: float, why: str) -> None:

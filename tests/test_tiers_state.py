@@ -407,7 +407,7 @@ def test_a_stalled_mover_never_writes_into_space_given_to_another() -> None:
     st.sweep(5.0 + st.config.client_ttl_s + 1.0)
     assert not overlaps_held()
     st.check_invariants()
-    quarantined_before = len(st._quarantine)
+    quarantined_before = len(st.quarantine.held)
     assert quarantined_before >= len(held)
     freed = st.release_quarantine_of(a[0])  # the operator's word: that host is gone
     assert freed >= len(held) * EXT
