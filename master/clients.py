@@ -154,7 +154,7 @@ class Registrations:
         del self.live[client.client_id]
         for seg in list(st.segment_table.mounted):
             if seg.owner_client_id == client.client_id:
-                st._unmount(seg, now)
+                st.mounts.unmount(seg, now)
 
     def end(self, client: ClientRecord, why: str, now: float = 0.0) -> None:
         """End a registration: its puts are revoked and, with its reservations and

@@ -104,7 +104,7 @@ class UnmountCursor:
     def __init__(self, state: MasterState, seg: Segment, now: float) -> None:
         self._state = state
         self.segment = seg
-        state._unmount_begin(seg, now)
+        state.mounts.begin(seg, now)
         self._todo: list[Any] = list(state._objects.values())  # ObjectVersion, None once handled
         self._pos = 0
         self.replicas_lost = 0
@@ -130,7 +130,7 @@ class UnmountCursor:
                 todo[i] = None  # freed in its slice
                 if objects.get(obj.key) is not obj:  # removed or replaced meanwhile
                     continue
-                lost, gone = st._unmount_object(obj, sid)
+                lost, gone = st.mounts.drop_replica(obj, sid)
                 self.replicas_lost += lost
                 self.objects_lost += gone
             pos = stop
@@ -139,6 +139,6 @@ class UnmountCursor:
         self._pos = pos
         if pos >= end:
             self._todo = []
-            st._unmount_end(self.segment, self.replicas_lost, self.objects_lost)
+            st.mounts.end(self.segment, self.replicas_lost, self.objects_lost)
             self.done = True
         return self.done

@@ -103,7 +103,7 @@ def check_invariants(state: "MasterState") -> None:
             raise AssertionError(f"{task!r} is not indexed by its object version")
     for seg in state.segment_table.by_id.values():
         if not seg.mounted:
-            if seg.segment_id in state._unmounting:  # by slices: its replicas go slice by slice
+            if seg.segment_id in state.mounts.unmounting:  # by slices: its replicas go slice by slice
                 continue
             if seg.used_bytes or seg.object_count:
                 raise AssertionError(f"unmounted {seg!r} still holds extents")
@@ -125,7 +125,7 @@ def check_invariants(state: "MasterState") -> None:
         if seg.used_bytes + seg.free_bytes != seg.capacity_bytes:
             raise AssertionError(f"{seg!r}: used + free != capacity")
     for sid in per_seg:
-        if not state.segment_table.by_id[sid].mounted and sid not in state._unmounting:
+        if not state.segment_table.by_id[sid].mounted and sid not in state.mounts.unmounting:
             raise AssertionError(f"an object still has a replica in unmounted segment {sid}")
     if state._keys is not None and (
         len(state._keys) != len(state._objects) or any(k not in state._objects for k in state._keys)

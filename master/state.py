@@ -19,6 +19,25 @@ free) until its last lease ends. :meth:`MasterState.check_invariants` verifies
 ``used == sum of live extents``, no overlap, ``free + used == capacity`` and
 ``key count == committed objects`` from scratch.
 
+The state keeps the object lifecycle (puts, commits, reads, removal, frees,
+sweeps). The rest lives in parts, one module each, attributes of the state that
+work on its tables under the same rules (pure, ``now`` passed in)::
+
+    registrations  master/clients.py       clientd ids, epochs, heartbeats, expiry
+    quarantine     master/quarantine.py    space held for writers that may still write
+    reservations   master/reservations.py  extents taken ahead of need; commit in one round trip
+    mounts         master/mounts.py        run-time mounts; unmounts by slices
+    tiering        master/tiering.py       demotion, promotion, DRAM caching, move tasks
+    evictor        master/eviction.py      the eviction loop (policies only nominate)
+    leases         master/leases.py        read leases of the RPC path
+    segment_table  master/segments.py      segments and their allocators
+    index          master/publish.py       the committed-object index in the region
+
+with :mod:`~cxlkv.master.cursors` (RemoveAll and unmounts by slices),
+:mod:`~cxlkv.master.restore` (objects found in a region) and
+:mod:`~cxlkv.master.invariants` (the auditor). The RPC surface stays on the state:
+calls that belong to a part are one-line delegates.
+
 Not thread-safe: the service calls it from its event-loop thread only.
 Counters live in one dict (:attr:`MasterState.counters`) so metrics can wrap
 the state without touching it.
@@ -43,6 +62,7 @@ from cxlkv.master.cursors import RemoveAllCursor, UnmountCursor
 from cxlkv.master.eviction import EvictionPolicy, Evictor, load_policy
 from cxlkv.master.invariants import check_invariants
 from cxlkv.master.leases import Lease, LeaseTable
+from cxlkv.master.mounts import Mounts
 from cxlkv.master.objects import (
     MAX_HEADER_BYTES, ClientRecord, Extent, ObjectVersion, ObjState, PutStartItem, RegionReport, RestoredObject, RestoreReport,
     short_key as _short,
@@ -50,6 +70,7 @@ from cxlkv.master.objects import (
 from cxlkv.master.publish import NoIndex, ObjectIndex
 from cxlkv.master.quarantine import Quarantine
 from cxlkv.master.reservations import Reservations
+from cxlkv.master.restore import restore_objects
 from cxlkv.master.segments import Segment, SegmentTable, Tier, tier_from_name
 from cxlkv.master.strategies import AllocationStrategy, PlacementRequest, load_strategy
 from cxlkv.master.tiering import MoveTask, Tiering
@@ -143,15 +164,14 @@ class MasterState:
         # the attempt with PutRevoke or its registration ends, so a writer that
         # is still copying never lands in space given to another object.
         self._fenced: dict[int, ObjectVersion] = {}
-        #: Segments being unmounted by slices (id → segment): unmounted, their replicas
-        #: still listed on the objects not reached yet (UnmountCursor).
-        self._unmounting: dict[int, Segment] = {}
         #: Registrations of clientds; space quarantined for writers that may still
         #: write; extents reserved ahead of need (writes in one round trip).
         self.registrations = Registrations(self)
         self._clients = self.registrations.live  # read on every write: the registrations' table
         self.quarantine = Quarantine(self)
         self.reservations = Reservations(self)
+        #: Segment mounts at run time and unmounts by slices.
+        self.mounts = Mounts(self)
         #: Tiering decisions and move tasks (docs/tiers.md); the eviction loop.
         self.tiering = Tiering(self)
         self.evictor = Evictor(self)
@@ -212,138 +232,31 @@ class MasterState:
         self, client_id: str, epoch: int, name: str, tier: int, size_bytes: int,
         region_uuid: str, device_path: str, now: float,
     ) -> Segment:
-        """Mount a segment at run time (idempotent for an identical mounted segment).
-
-        Host-local tiers (DRAM, SSD) are owned by the calling client and are
-        unmounted when it expires.
+        """Mount a segment at run time (:meth:`Mounts.mount <cxlkv.master.mounts.Mounts.mount>`).
 
         Raises:
             UnknownClient, StaleToken: the caller's registration is not current.
-            InvalidArgument: bad name, tier or size, or a mounted segment of that
-                name with another identity (the message names both).
+            InvalidArgument: bad name, tier or size, or another identity under that name.
         """
-        client = self.writer(client_id, epoch, now)
-        if any(s.name == name for s in self._unmounting.values()):
-            raise NotReady(f"segment {name!r} is being unmounted; mount it again once that is done")
-        table = self.segment_table
-        seg = table.check_mount(name, tier, size_bytes, region_uuid, device_path)
-        if seg is not None:
-            return seg
-        owner = client.client_id if tier == Tier.DRAM else ""
-        if tier == Tier.DRAM:
-            self.tiering.check_mount(client.client_id)
-        seg = table.mount(name, tier, size_bytes, region_uuid, device_path, owner)
-        self.counters["segments_mounted"] += 1
-        client.mapped.add(name)
-        self.tiering.on_mount(seg, client.client_id)
-        return seg
+        return self.mounts.mount(client_id, epoch, name, tier, size_bytes, region_uuid, device_path, now)
 
     def unmount_segment(self, name: str, now: float) -> tuple[int, int]:
-        """Stop allocating from a segment and drop its replicas, in one go.
-
-        Objects with a replica elsewhere stay readable; objects without one are
-        removed; puts left without any replica are revoked. O(objects). The
-        service runs :meth:`unmount_start` by slices instead.
-
-        Returns:
-            ``(replicas_lost, objects_lost)``.
+        """Stop allocating from a segment and drop its replicas, in one go, O(objects):
+        ``(replicas_lost, objects_lost)``. The service runs :meth:`unmount_start` instead.
 
         Raises:
             NotFound: no mounted segment of that name.
         """
-        cursor = self.unmount_start(name, now)
-        while not cursor.step(now, None):
-            pass
-        return cursor.replicas_lost, cursor.objects_lost
+        return self.mounts.unmount_by_name(name, now)
 
     def unmount_start(self, name: str, now: float) -> UnmountCursor:
-        """Begin unmounting a segment, to finish by slices (:meth:`UnmountCursor.step`).
-
-        At once: the segment takes no new extents, puts and tier moves that use it
-        are revoked or trimmed. Then, slice by slice, committed objects lose their
-        replica there (an object left without one is removed). Until an object's
-        slice comes its replica there stays listed: the bytes are untouched (nothing
-        is freed or allocated in the segment meanwhile), so reads of it still get
-        the object. The segment's name cannot be mounted again until the end.
+        """Begin unmounting a segment, to finish by slices
+        (:meth:`Mounts.start <cxlkv.master.mounts.Mounts.start>`).
 
         Raises:
             NotFound: no mounted segment of that name.
         """
-        seg = self.segment_table.by_name(name)
-        if seg is None or not seg.mounted:
-            raise NotFound(f"segment {name!r} is not mounted")
-        return UnmountCursor(self, seg, now)
-
-    def _unmount(self, seg: Segment, now: float) -> tuple[int, int]:
-        cursor = UnmountCursor(self, seg, now)
-        while not cursor.step(now, None):
-            pass
-        return cursor.replicas_lost, cursor.objects_lost
-
-    def _unmount_begin(self, seg: Segment, now: float) -> None:
-        sid = seg.segment_id
-        seg.mounted = False  # frees below must not touch its allocator; strategies skip it
-        self._unmounting[sid] = seg
-        self.segment_table.refresh()
-        self.tiering.tiers_changed()
-        self._unmount_side_tables(seg)
-
-    def _unmount_side_tables(self, seg: Segment) -> None:
-        """Drop ``seg`` from the tables that are not O(objects): tasks, puts,
-        removed-but-leased and fenced versions (at the start and again at the end
-        of a sliced unmount: calls between slices may have added some)."""
-        sid = seg.segment_id
-        self.tiering.drop_segment(seg)
-        for obj in list(self._puts.values()):
-            kept = [e for e in obj.extents if e[0] != sid]
-            if len(kept) != len(obj.extents):
-                obj.extents = kept
-                if not kept:
-                    self._revoke(obj, f"segment {seg.name!r} was unmounted during the put")
-        for obj in list(self._retired.values()):
-            obj.extents = [e for e in obj.extents if e[0] != sid]
-            obj.detached = [e for e in obj.detached if e[0] != sid]
-        for token, obj in list(self._fenced.items()):
-            obj.extents = [e for e in obj.extents if e[0] != sid]
-            if not obj.extents:
-                del self._fenced[token]
-        for held in (self.quarantine.held, self.reservations.held):
-            for token, obj in list(held.items()):
-                obj.extents = [e for e in obj.extents if e[0] != sid]
-                if not obj.extents:
-                    del held[token]
-                    self.quarantine.held_at.pop(token, None)
-                    c = self._clients.get(obj.client_id)
-                    if c is not None:
-                        c.reserved.pop(token, None)
-
-    def _unmount_object(self, obj: ObjectVersion, sid: int) -> tuple[int, int]:
-        """Drop ``obj``'s replica in segment ``sid``: (replicas lost, objects lost)."""
-        if obj.detached:
-            obj.detached = [e for e in obj.detached if e[0] != sid]
-        kept = [e for e in obj.extents if e[0] != sid]
-        if len(kept) == len(obj.extents):
-            return 0, 0
-        lost = len(obj.extents) - len(kept)
-        upper = self.tiering.has_cxl(obj)
-        obj.extents = kept
-        if not kept:
-            self._drop_committed(obj, evicted=False)
-            return lost, 1
-        self.index.publish(obj)  # readers leave the replica in the unmounted segment
-        if upper and not obj.hard_pin and not self.tiering.has_cxl(obj):
-            self.tiering.lost_cxl(obj)
-        return lost, 0
-
-    def _unmount_end(self, seg: Segment, replicas_lost: int, objects_lost: int) -> None:
-        sid = seg.segment_id
-        self._unmount_side_tables(seg)
-        self._unmounting.pop(sid, None)
-        self.segment_table.unmount(seg)
-        self.tiering.on_unmount(seg)
-        self.counters["segments_unmounted"] += 1
-        self.counters["replicas_lost"] += replicas_lost
-        self.counters["objects_lost"] += objects_lost
+        return self.mounts.start(name, now)
 
     # ------------------------------------------- clients, quarantine (parts)
     def register_client(
@@ -790,84 +703,13 @@ class MasterState:
 
     def restore_objects(self, segment_id: int, objects: Iterable[RestoredObject],
                         now: float) -> RestoreReport:
-        """Rebuild committed objects from a region scan (the master lost its metadata).
-
-        Each object's extent is claimed exactly where it lies
-        (:meth:`ExtentAllocator.claim`, ``header_bytes + value_size_bytes``
-        aligned) and the object becomes COMPLETE under its recorded version and
-        checksum, unleased and unpinned, with no writer. Per key the newest
-        version wins, across calls too: an older restored version is retired
-        (its extents freed); the same version found in another segment becomes
-        another replica. Versions and put tokens continue above the highest
-        restored version. Claims go in ascending offset order (O(1) each on a
-        fresh segment); objects reach the eviction policy oldest version first,
-        so eviction after a recovery starts with the oldest objects.
-
-        Args:
-            segment_id: a mounted segment whose region the objects come from.
-            objects: the live objects of one region scan, any order.
-            now: master clock, seconds.
-
-        Returns:
-            What was restored and what was dropped, and why.
+        """Rebuild committed objects from a region scan
+        (:func:`cxlkv.master.restore.restore_objects`).
 
         Raises:
             NotFound: ``segment_id`` is not a mounted segment.
         """
-        seg = self.segment_table.by_id.get(segment_id)
-        if seg is None or not seg.mounted:
-            raise NotFound(f"segment id {segment_id} is not mounted")
-        alloc = seg.allocator
-        restored: list[ObjectVersion] = []
-        replicas = superseded = conflicts = invalid = restored_bytes = 0
-        newest: dict[str, RestoredObject] = {}  # one object per key from this segment
-        for o in objects:
-            if (key_error(o.key) is not None or o.value_size_bytes < 0
-                    or not 0 <= o.header_bytes <= MAX_HEADER_BYTES or o.version <= 0):
-                invalid += 1
-                continue
-            best = newest.setdefault(o.key, o)
-            if best is not o:
-                superseded += 1
-                if o.version > best.version:
-                    newest[o.key] = o
-        for o in sorted(newest.values(), key=lambda o: o.offset_bytes):
-            old = self._objects.get(o.key)
-            same = old is not None and old.version == o.version
-            if old is not None and (old.version > o.version or (same and (
-                    old.size_bytes != o.value_size_bytes or old.checksum != o.checksum
-                    or any(e[0] == segment_id for e in old.extents)))):
-                superseded += 1
-                continue
-            try:
-                need = alloc.claim(o.offset_bytes, o.header_bytes + o.value_size_bytes)
-            except ValueError:
-                conflicts += 1
-                continue
-            seg.object_count += 1
-            restored_bytes += need
-            extent = (segment_id, o.offset_bytes, need)
-            if same:
-                old.extents.append(extent)  # type: ignore[union-attr]
-                replicas += 1
-                continue
-            if old is not None:
-                self._drop_committed(old, evicted=False)
-            obj = ObjectVersion(o.key, o.value_size_bytes, o.version, [extent], "", 0, now,
-                                header_bytes=o.header_bytes)
-            obj.state = ObjState.COMPLETE
-            obj.checksum = o.checksum
-            self._objects[o.key] = obj
-            if self._keys is not None:
-                self._keys.add(o.key)
-            restored.append(obj)
-            if o.version >= self._seq:
-                self._seq = o.version + 1
-        for obj in sorted(restored, key=lambda ob: ob.version):
-            self.tiering.track(obj)
-            self.index.publish(obj)
-        self.counters["objects_recovered"] += len(restored)
-        return RestoreReport(len(restored), replicas, superseded, conflicts, invalid, restored_bytes)
+        return restore_objects(self, segment_id, objects, now)
 
     # ---------------------------------------------------------------- reads
     def get(self, client_id: str, key: str, now: float, no_lease: bool = False) -> tuple[ObjectVersion, Lease | None]:
