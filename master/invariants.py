@@ -57,10 +57,15 @@ def check_invariants(state: "MasterState") -> None:
         if not obj.extents:
             raise AssertionError(f"committed {obj!r} has no replica")
         add(obj, "committed")
-    pinned = {o.version: o for o in state._objects.values() if o.hard_pin}
-    if pinned.keys() != state._pinned.keys() or any(state._pinned[v] is not o for v, o in pinned.items()):
-        raise AssertionError(f"hard-pinned versions {sorted(state._pinned)} are not the committed hard-pinned "
-                             f"ones {sorted(pinned)}")
+    pinned: dict[int, int] = {}  # segment id → bytes of committed hard-pinned replicas
+    for obj in state._objects.values():
+        if obj.hard_pin:
+            for sid, _, n in obj.extents:
+                pinned[sid] = pinned.get(sid, 0) + n
+    counted = {sid: n for sid, n in state._pinned_bytes.items() if n}
+    if counted != pinned:
+        raise AssertionError(f"hard-pinned bytes per segment {counted} are not the committed hard-pinned "
+                             f"replicas' {pinned}")
     for token, obj in state._puts.items():
         if obj.version != token or obj.state != ObjState.PROCESSING or state._pending.get(obj.key) is not obj:
             raise AssertionError(f"in-flight put {token} inconsistent: {obj!r}")

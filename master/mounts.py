@@ -166,6 +166,8 @@ class Mounts:
             return 0, 0
         lost = len(obj.extents) - len(kept)
         upper = st.tiering.has_cxl(obj)
+        if obj.hard_pin:
+            st._count_pinned([e for e in obj.extents if e[0] == sid], -1)
         obj.extents = kept
         if not kept:
             st._drop_committed(obj, evicted=False)
@@ -181,6 +183,7 @@ class Mounts:
         sid = seg.segment_id
         self._side_tables(seg)
         self.unmounting.pop(sid, None)
+        st._pinned_bytes.pop(sid, None)
         st.segment_table.unmount(seg)
         st.tiering.on_unmount(seg)
         self.counters["segments_unmounted"] += 1

@@ -12,7 +12,7 @@ from typing import NamedTuple, Protocol
 from cxlkv.v1 import common_pb2
 
 __all__ = [
-    "ObjState", "ObjectVersion", "ClientRecord", "Extent", "PutStartItem", "RegionReport", "RestoredObject",
+    "ObjState", "ObjectVersion", "ClientRecord", "Extent", "PutStartArgs", "RegionReport", "RestoredObject",
     "RestoreReport", "MAX_HEADER_BYTES", "short_key",
 ]
 
@@ -158,7 +158,7 @@ class RegionReport(Protocol):
     device_path: str
 
 
-class PutStartItem(NamedTuple):
+class PutStartArgs(NamedTuple):
     """One item of :meth:`MasterState.put_start_batch`."""
 
     key: str

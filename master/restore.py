@@ -82,6 +82,8 @@ def restore_objects(state: "MasterState", segment_id: int, objects: Iterable[Res
         extent = (segment_id, o.offset_bytes, need)
         if same:
             old.extents.append(extent)  # type: ignore[union-attr]
+            if old.hard_pin:  # type: ignore[union-attr]
+                state._count_pinned((extent,), 1)
             replicas += 1
             continue
         if old is not None:

@@ -64,8 +64,8 @@ from cxlkv.master.invariants import check_invariants
 from cxlkv.master.leases import Lease, LeaseTable
 from cxlkv.master.mounts import Mounts
 from cxlkv.master.objects import (
-    MAX_HEADER_BYTES, ClientRecord, Extent, ObjectVersion, ObjState, PutStartItem, RegionReport, RestoredObject, RestoreReport,
-    short_key as _short,
+    MAX_HEADER_BYTES, ClientRecord, Extent, ObjectVersion, ObjState, PutStartArgs, RegionReport, RestoredObject,
+    RestoreReport, short_key as _short,
 )
 from cxlkv.master.publish import NoIndex, ObjectIndex
 from cxlkv.master.quarantine import Quarantine
@@ -155,9 +155,9 @@ class MasterState:
         self._pending: dict[str, ObjectVersion] = {}
         self._puts: dict[int, ObjectVersion] = {}  # insertion order == start order == timeout order
         self._retired: dict[int, ObjectVersion] = {}
-        # version → a committed hard-pinned version (never evicted; NO_SPACE reports them
-        # without a scan of every object)
-        self._pinned: dict[int, ObjectVersion] = {}
+        # segment id → bytes of committed hard-pinned replicas there (never evicted;
+        # NO_SPACE reports them from this counter, not from a scan)
+        self._pinned_bytes: dict[int, int] = {}
         self._revoked: OrderedDict[int, str] = OrderedDict()
         # token → a put revoked by put_timeout_s while its writer was still
         # registered: its extents stay allocated ("fenced") until the writer ends
@@ -484,15 +484,18 @@ class MasterState:
             return NoSpace(f"key {_short(key)}: the allocation strategy offered no segment for "
                            f"{need} B", key=key, requested_bytes=size, free_bytes=0)
         best = max(candidates, key=lambda s: s.largest_free_bytes)
-        # held: hard-pinned versions and leased committed ones (each once); never a scan of
-        # every object (this answer comes on every NO_SPACE of a full cache)
-        holders = dict(self._pinned)
+        # held: the segment's hard-pinned bytes (a counter) and its leased committed
+        # unpinned versions (each once); in flight and deferred: those tables. Never a
+        # scan of every object (this answer comes on every NO_SPACE of a full cache).
+        sid = best.segment_id
+        leased = {}
         for lease in self.leases.leases():
-            if lease.obj.state == ObjState.COMPLETE:
-                holders[lease.obj.version] = lease.obj
-        held = sum(e[2] for o in holders.values() for e in o.extents if e[0] == best.segment_id)
-        inflight = sum(e[2] for o in self._puts.values() for e in o.extents if e[0] == best.segment_id)
-        deferred = sum(e[2] for o in self._retired.values() for e in o.extents if e[0] == best.segment_id)
+            o = lease.obj
+            if o.state == ObjState.COMPLETE and not o.hard_pin:
+                leased[o.version] = o
+        held = self._pinned_bytes.get(sid, 0) + sum(e[2] for o in leased.values() for e in o.extents if e[0] == sid)
+        inflight = sum(e[2] for o in self._puts.values() for e in o.extents if e[0] == sid)
+        deferred = sum(e[2] for o in self._retired.values() for e in o.extents if e[0] == sid)
         return NoSpace(
             f"key {_short(key)}: no free extent of {need} B even after eviction; segment "
             f"{best.name!r} has {best.free_bytes} B free, largest free extent "
@@ -576,7 +579,7 @@ class MasterState:
             if self.tiering.has_ssd:
                 self.tiering.copy_ahead(obj, now)
         else:
-            self._pinned[obj.version] = obj
+            self._count_pinned(obj.extents, 1)
         self.counters["puts_committed"] += 1
 
     def put_revoke(self, client_id: str, epoch: int, key: str, put_token: int, now: float) -> None:
@@ -674,7 +677,7 @@ class MasterState:
         """Extents clientds hold reserved ahead of need."""
         return self.reservations.count
 
-    def put_start_batch(self, client_id: str, epoch: int, specs: Iterable[PutStartItem],
+    def put_start_batch(self, client_id: str, epoch: int, specs: Iterable[PutStartArgs],
                         now: float) -> list[ObjectVersion | CxlkvError]:
         """:meth:`put_start` per item; one result (version or error) per position."""
         out: list[ObjectVersion | CxlkvError] = []
@@ -924,12 +927,19 @@ class MasterState:
         if not obj.hard_pin:
             self.tiering.untrack(obj, evicted)
         else:
-            self._pinned.pop(obj.version, None)
+            self._count_pinned(obj.extents, -1)
         obj.state = ObjState.REMOVED
         if obj.leases:
             self._retired[obj.version] = obj
         else:
             self._free_extents(obj)
+
+    def _count_pinned(self, extents: Iterable[Extent], sign: int) -> None:
+        """Add (``sign`` 1) or take away (-1) replicas of a committed hard-pinned
+        version in the per-segment pinned bytes that NO_SPACE reports."""
+        pinned = self._pinned_bytes
+        for sid, _, n in extents:
+            pinned[sid] = pinned.get(sid, 0) + sign * n
 
     def _free_extents(self, obj: ObjectVersion) -> None:
         self.index.ungrant(obj)

@@ -464,6 +464,8 @@ class Tiering:
         obj.extents = [e for e in obj.extents if e not in extents]
         if obj.state == ObjState.COMPLETE and st._objects.get(obj.key) is obj:
             st.index.publish(obj)  # readers leave the detached replicas before they are freed
+            if obj.hard_pin:
+                st._count_pinned(extents, -1)
         if obj.leases:
             obj.detached.extend(extents)
         else:
@@ -796,6 +798,8 @@ class Tiering:
                 self.counters["moves_dropped"] += 1  # removed, replaced or moved meanwhile
             return
         obj.extents.append(task.destination)
+        if obj.hard_pin:
+            st._count_pinned((task.destination,), 1)
         if task.kind == PROMOTE:
             st.index.publish(obj)  # readable from the CXL tier now
         if task.kind == DEMOTE:

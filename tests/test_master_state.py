@@ -14,7 +14,7 @@ from cxlkv.errors import (
 )
 from cxlkv.master.eviction import ArcPolicy, LruPolicy
 from cxlkv.master.objects import ObjState
-from cxlkv.master.objects import PutStartItem
+from cxlkv.master.objects import PutStartArgs
 from cxlkv.master.state import MasterState
 from cxlkv.region import REGION_HEADER_BYTES
 
@@ -306,7 +306,7 @@ def test_invalid_input() -> None:
 def test_batch_answers_per_position() -> None:
     st = make_state()
     c = client(st)
-    res = st.put_start_batch(*c, [PutStartItem("a", 1), PutStartItem("a", 1), PutStartItem("", 1), PutStartItem("b", 8 * MiB)], 0.0)
+    res = st.put_start_batch(*c, [PutStartArgs("a", 1), PutStartArgs("a", 1), PutStartArgs("", 1), PutStartArgs("b", 8 * MiB)], 0.0)
     assert [type(r).__name__ for r in res] == ["ObjectVersion", "NotReady", "InvalidKey", "TooLarge"]
     ends = st.put_end_batch(*c, [("a", res[0].version, 0), ("a", res[0].version, 0)], 0.0)
     assert ends[0] is None and isinstance(ends[1], StaleToken)

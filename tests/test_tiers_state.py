@@ -244,6 +244,42 @@ def test_dram_tier_caches_hot_objects_of_one_host_and_upsert_or_remove_drop_them
     st.check_invariants()
 
 
+def test_hard_pinned_bytes_per_segment_follow_dram_copies_and_unmounts() -> None:
+    """NO_SPACE reports hard-pinned bytes from a per-segment counter, not a scan: the
+    counter follows a pinned object's replicas as they are cached, uncached and unmounted."""
+    st = make_state(ssd_blocks=0)
+    a = client(st, ("cxl0",))
+    dram = st.mount_segment(*a, "dram-a", Tier.DRAM, REGION_HEADER_BYTES + 4 * EXT, "u", "", 0.0)
+    obj = st.put_start(*a, "pin", EXT, 0.0, hard_pin=True)
+    st.put_end(*a, "pin", obj.version, 0.0)
+    for _ in range(2):
+        st.get(a[0], "pin", 0.0)
+    run_all(st, a)
+    assert tiers(st, "pin") == [Tier.CXL, Tier.DRAM]
+    assert st._pinned_bytes[dram.segment_id] == EXT  # noqa: SLF001 - the counter NO_SPACE reads
+    st.check_invariants()
+    for i in range(4):  # hotter objects take the DRAM tier: the pinned copy, least recently read, goes
+        put(st, a, f"k{i}")
+        for _ in range(2):
+            st.get(a[0], f"k{i}", 0.0)
+        run_all(st, a)
+    assert tiers(st, "pin") == [Tier.CXL] and st.counters["dram_uncached"] >= 1
+    st.check_invariants()
+    b = client(st, ("cxl0",))
+    dram_b = st.mount_segment(*b, "dram-b", Tier.DRAM, REGION_HEADER_BYTES + 4 * EXT, "u2", "", 0.0)
+    for _ in range(2):
+        st.get(b[0], "pin", 0.0)
+    run_all(st, b)
+    assert tiers(st, "pin") == [Tier.CXL, Tier.DRAM]
+    assert st._pinned_bytes[dram_b.segment_id] == EXT  # noqa: SLF001
+    st.sweep(100.0)  # the clients expire: their DRAM tiers are unmounted, the pinned object stays in CXL
+    assert tiers(st, "pin") == [Tier.CXL] and not dram.mounted and not dram_b.mounted
+    st.check_invariants()
+    st.remove("pin", 100.0)
+    assert not any(st._pinned_bytes.values())  # noqa: SLF001
+    st.check_invariants()
+
+
 def test_ssd_full_drops_least_recently_read_ssd_only_objects() -> None:
     st = make_state(cxl_blocks=10, ssd_blocks=4)
     c = client(st)
