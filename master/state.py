@@ -190,21 +190,6 @@ class MasterState:
             self.counters["segments_mounted"] += 1
         self.tiering.tiers_changed()
 
-    @property
-    def last_move_failure(self) -> str:
-        """Why the last move task failed ("" if none failed), for Stat and logs."""
-        return self.tiering.last_move_failure
-
-    @property
-    def last_tier_refusal(self) -> str:
-        """The last time a tier was marked full (NO_SPACE from a move), one line ("" if never)."""
-        return self.tiering.last_tier_refusal
-
-    @property
-    def tier_pauses(self) -> int:
-        """Times a tier was paused for a full filesystem (one per backoff period)."""
-        return self.tiering.tier_pauses
-
     # ------------------------------------------------------------------ ids
     def _next_seq(self) -> int:
         n = self._seq
@@ -227,113 +212,6 @@ class MasterState:
     def segment(self, segment_id: int) -> Segment | None:
         """The segment with this id (mounted or not), or ``None``."""
         return self.segment_table.by_id.get(segment_id)
-
-    def mount_segment(
-        self, client_id: str, epoch: int, name: str, tier: int, size_bytes: int,
-        region_uuid: str, device_path: str, now: float,
-    ) -> Segment:
-        """Mount a segment at run time (:meth:`Mounts.mount <cxlkv.master.mounts.Mounts.mount>`).
-
-        Raises:
-            UnknownClient, StaleToken: the caller's registration is not current.
-            InvalidArgument: bad name, tier or size, or another identity under that name.
-        """
-        return self.mounts.mount(client_id, epoch, name, tier, size_bytes, region_uuid, device_path, now)
-
-    def unmount_segment(self, name: str, now: float) -> tuple[int, int]:
-        """Stop allocating from a segment and drop its replicas, in one go, O(objects):
-        ``(replicas_lost, objects_lost)``. The service runs :meth:`unmount_start` instead.
-
-        Raises:
-            NotFound: no mounted segment of that name.
-        """
-        return self.mounts.unmount_by_name(name, now)
-
-    def unmount_start(self, name: str, now: float) -> UnmountCursor:
-        """Begin unmounting a segment, to finish by slices
-        (:meth:`Mounts.start <cxlkv.master.mounts.Mounts.start>`).
-
-        Raises:
-            NotFound: no mounted segment of that name.
-        """
-        return self.mounts.start(name, now)
-
-    # ------------------------------------------- clients, quarantine (parts)
-    def register_client(
-        self, hostname: str, name: str, pid: int, regions: Sequence[RegionReport],
-        previous_client_id: str, metrics_url: str, now: float,
-    ) -> ClientRecord:
-        """Register a clientd (:meth:`Registrations.register <cxlkv.master.clients.Registrations.register>`).
-
-        Raises:
-            InvalidArgument: an unknown segment, a size or uuid mismatch; nothing changes then.
-        """
-        return self.registrations.register(hostname, name, pid, regions, previous_client_id, metrics_url, now)
-
-    def heartbeat(self, client_id: str, epoch: int, now: float) -> ClientRecord:
-        """Record a heartbeat.
-
-        Raises:
-            UnknownClient: unknown or expired (register again).
-            StaleToken: ``epoch`` is not the current registration's.
-        """
-        return self.registrations.writer(client_id, epoch, now)
-
-    def writer(self, client_id: str, epoch: int, now: float) -> ClientRecord:
-        """The live registration ``(client_id, epoch)``; expires it first if overdue
-        (:meth:`Registrations.writer <cxlkv.master.clients.Registrations.writer>`).
-
-        Raises:
-            UnknownClient: unknown or expired client id.
-            StaleToken: the client re-registered since (``epoch`` is fenced).
-        """
-        return self.registrations.writer(client_id, epoch, now)
-
-    def deregister_client(self, client_id: str, epoch: int, now: float) -> ClientRecord:
-        """End a registration at the clientd's own word
-        (:meth:`Registrations.deregister <cxlkv.master.clients.Registrations.deregister>`).
-
-        Raises:
-            UnknownClient: unknown or already expired. StaleToken: a fenced epoch.
-        """
-        return self.registrations.deregister(client_id, epoch, now)
-
-    def clients(self) -> list[ClientRecord]:
-        """Live clients, then recently expired ones."""
-        return self.registrations.listed()
-
-    def release_quarantine(self, client_id: str, epoch: int, upto_epoch: int, now: float,
-                           keep: Iterable[int] = ()) -> int:
-        """Free the space quarantined from ``client_id``'s registrations up to ``upto_epoch``
-        (:meth:`Quarantine.release_for <cxlkv.master.quarantine.Quarantine.release_for>`).
-        Returns bytes freed.
-
-        Raises:
-            UnknownClient, StaleToken: the caller's registration is not current.
-            InvalidArgument: ``upto_epoch`` is not older than the caller's epoch.
-        """
-        return self.quarantine.release_for(client_id, epoch, upto_epoch, now, keep)
-
-    def quarantine_granted(self, segment_id: int, offset_bytes: int, length_bytes: int, put_token: int,
-                           writer_hash: int, now: float) -> bool:
-        """Hold an extent a previous master had granted to a writer
-        (:meth:`Quarantine.hold_granted <cxlkv.master.quarantine.Quarantine.hold_granted>`)."""
-        return self.quarantine.hold_granted(segment_id, offset_bytes, length_bytes, put_token, writer_hash, now)
-
-    def release_quarantine_of(self, client_id: str) -> int:
-        """Free everything quarantined from ``client_id`` (``cxlkv admin release-writer``).
-        Returns bytes freed."""
-        return self.quarantine.release_of(client_id)
-
-    @property
-    def quarantined_count(self) -> int:
-        """Puts and reservations held for writers that may still be writing."""
-        return self.quarantine.count
-
-    @property
-    def quarantined_bytes(self) -> int:
-        """Bytes held for writers that may still be writing."""
-        return self.quarantine.held_bytes
 
     # ----------------------------------------------------------------- puts
     def extent_bytes(self, value_size_bytes: int) -> int:
@@ -635,48 +513,6 @@ class MasterState:
             self._revoked.popitem(last=False)
         self.counters["puts_revoked"] += 1
 
-    # ---------------------------------------- writes in one round trip (part)
-    def reserve(self, client_id: str, epoch: int, need_bytes: int, count: int, now: float) -> list[ObjectVersion]:
-        """Take up to ``count`` extents of ``need_bytes`` ahead of need for a writer
-        (:meth:`Reservations.reserve <cxlkv.master.reservations.Reservations.reserve>`).
-
-        Raises:
-            UnknownClient, StaleToken: the writer's registration is not current.
-            InvalidArgument: a size of 0 or over the largest segment.
-        """
-        return self.reservations.reserve(client_id, epoch, need_bytes, count, now)
-
-    def commit(self, client_id: str, epoch: int, key: str, put_token: int, value_size_bytes: int,
-               header_bytes: int, checksum: int, now: float, *, upsert: bool = False, soft_pin: bool = False,
-               hard_pin: bool = False) -> ObjectVersion:
-        """Name a reserved extent: it becomes ``key``'s committed version
-        (:meth:`Reservations.commit <cxlkv.master.reservations.Reservations.commit>`).
-
-        Raises:
-            StaleToken, UnknownClient, InvalidKey, InvalidArgument, AlreadyExists, NotReady.
-        """
-        return self.reservations.commit(client_id, epoch, key, put_token, value_size_bytes, header_bytes,
-                                        checksum, now, upsert=upsert, soft_pin=soft_pin, hard_pin=hard_pin)
-
-    def unreserve(self, client_id: str, epoch: int, put_token: int, now: float) -> None:
-        """Give a reservation back; its space is freed.
-
-        Raises:
-            StaleToken: not a live reservation of this registration.
-            UnknownClient: the writer's registration is not current.
-        """
-        self.reservations.unreserve(client_id, epoch, put_token, now)
-
-    @property
-    def reserved_bytes(self) -> int:
-        """Bytes clientds hold reserved ahead of need."""
-        return self.reservations.held_bytes
-
-    @property
-    def reserved_count(self) -> int:
-        """Extents clientds hold reserved ahead of need."""
-        return self.reservations.count
-
     def put_start_batch(self, client_id: str, epoch: int, specs: Iterable[PutStartArgs],
                         now: float) -> list[ObjectVersion | CxlkvError]:
         """:meth:`put_start` per item; one result (version or error) per position."""
@@ -703,16 +539,6 @@ class MasterState:
             except CxlkvError as err:
                 out.append(err)
         return out
-
-    def restore_objects(self, segment_id: int, objects: Iterable[RestoredObject],
-                        now: float) -> RestoreReport:
-        """Rebuild committed objects from a region scan
-        (:func:`cxlkv.master.restore.restore_objects`).
-
-        Raises:
-            NotFound: ``segment_id`` is not a mounted segment.
-        """
-        return restore_objects(self, segment_id, objects, now)
 
     # ---------------------------------------------------------------- reads
     def get(self, client_id: str, key: str, now: float, no_lease: bool = False) -> tuple[ObjectVersion, Lease | None]:
@@ -974,34 +800,122 @@ class MasterState:
             self._free_detached(obj)
             self.counters["deferred_frees"] += 1
 
-    # ------------------------------------------------ eviction and tier moves
-    def evict_to_watermark(self, now: float, budget_s: float | None = None) -> int:
-        """Evict in each segment above ``high_watermark`` down to ``low_watermark``
-        (:meth:`Evictor.to_watermark <cxlkv.master.eviction.Evictor.to_watermark>`).
+    # ------------------------------------------------ calls the parts serve
+    # The RPC surface stays here; each part's method documents its rules and errors.
+    def register_client(self, hostname: str, name: str, pid: int, regions: Sequence[RegionReport],
+                        previous_client_id: str, metrics_url: str, now: float) -> ClientRecord:
+        """:meth:`Registrations.register <cxlkv.master.clients.Registrations.register>`."""
+        return self.registrations.register(hostname, name, pid, regions, previous_client_id, metrics_url, now)
 
-        Returns:
-            Objects evicted.
-        """
+    def heartbeat(self, client_id: str, epoch: int, now: float) -> ClientRecord:
+        """Record a heartbeat: :meth:`Registrations.writer <cxlkv.master.clients.Registrations.writer>`."""
+        return self.registrations.writer(client_id, epoch, now)
+
+    def writer(self, client_id: str, epoch: int, now: float) -> ClientRecord:
+        """:meth:`Registrations.writer <cxlkv.master.clients.Registrations.writer>`."""
+        return self.registrations.writer(client_id, epoch, now)
+
+    def deregister_client(self, client_id: str, epoch: int, now: float) -> ClientRecord:
+        """:meth:`Registrations.deregister <cxlkv.master.clients.Registrations.deregister>`."""
+        return self.registrations.deregister(client_id, epoch, now)
+
+    def clients(self) -> list[ClientRecord]:
+        """Live clients, then recently expired ones."""
+        return self.registrations.listed()
+
+    def release_quarantine(self, client_id: str, epoch: int, upto_epoch: int, now: float,
+                           keep: Iterable[int] = ()) -> int:
+        """:meth:`Quarantine.release_for <cxlkv.master.quarantine.Quarantine.release_for>` (bytes freed)."""
+        return self.quarantine.release_for(client_id, epoch, upto_epoch, now, keep)
+
+    def quarantine_granted(self, segment_id: int, offset_bytes: int, length_bytes: int, put_token: int,
+                           writer_hash: int, now: float) -> bool:
+        """:meth:`Quarantine.hold_granted <cxlkv.master.quarantine.Quarantine.hold_granted>`."""
+        return self.quarantine.hold_granted(segment_id, offset_bytes, length_bytes, put_token, writer_hash, now)
+
+    def release_quarantine_of(self, client_id: str) -> int:
+        """:meth:`Quarantine.release_of <cxlkv.master.quarantine.Quarantine.release_of>` (bytes freed)."""
+        return self.quarantine.release_of(client_id)
+
+    @property
+    def quarantined_count(self) -> int:
+        """Puts and reservations held for writers that may still be writing."""
+        return self.quarantine.count
+
+    @property
+    def quarantined_bytes(self) -> int:
+        """Bytes held for writers that may still be writing."""
+        return self.quarantine.held_bytes
+
+    def reserve(self, client_id: str, epoch: int, need_bytes: int, count: int, now: float) -> list[ObjectVersion]:
+        """:meth:`Reservations.reserve <cxlkv.master.reservations.Reservations.reserve>`."""
+        return self.reservations.reserve(client_id, epoch, need_bytes, count, now)
+
+    def commit(self, client_id: str, epoch: int, key: str, put_token: int, value_size_bytes: int,
+               header_bytes: int, checksum: int, now: float, *, upsert: bool = False, soft_pin: bool = False,
+               hard_pin: bool = False) -> ObjectVersion:
+        """:meth:`Reservations.commit <cxlkv.master.reservations.Reservations.commit>`."""
+        return self.reservations.commit(client_id, epoch, key, put_token, value_size_bytes, header_bytes,
+                                        checksum, now, upsert=upsert, soft_pin=soft_pin, hard_pin=hard_pin)
+
+    def unreserve(self, client_id: str, epoch: int, put_token: int, now: float) -> None:
+        """:meth:`Reservations.unreserve <cxlkv.master.reservations.Reservations.unreserve>`."""
+        self.reservations.unreserve(client_id, epoch, put_token, now)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes clientds hold reserved ahead of need."""
+        return self.reservations.held_bytes
+
+    @property
+    def reserved_count(self) -> int:
+        """Extents clientds hold reserved ahead of need."""
+        return self.reservations.count
+
+    def mount_segment(self, client_id: str, epoch: int, name: str, tier: int, size_bytes: int,
+                      region_uuid: str, device_path: str, now: float) -> Segment:
+        """:meth:`Mounts.mount <cxlkv.master.mounts.Mounts.mount>`."""
+        return self.mounts.mount(client_id, epoch, name, tier, size_bytes, region_uuid, device_path, now)
+
+    def unmount_segment(self, name: str, now: float) -> tuple[int, int]:
+        """:meth:`Mounts.unmount_by_name <cxlkv.master.mounts.Mounts.unmount_by_name>`, in one go."""
+        return self.mounts.unmount_by_name(name, now)
+
+    def unmount_start(self, name: str, now: float) -> UnmountCursor:
+        """:meth:`Mounts.start <cxlkv.master.mounts.Mounts.start>`: an unmount by slices."""
+        return self.mounts.start(name, now)
+
+    def restore_objects(self, segment_id: int, objects: Iterable[RestoredObject], now: float) -> RestoreReport:
+        """:func:`cxlkv.master.restore.restore_objects`."""
+        return restore_objects(self, segment_id, objects, now)
+
+    def evict_to_watermark(self, now: float, budget_s: float | None = None) -> int:
+        """:meth:`Evictor.to_watermark <cxlkv.master.eviction.Evictor.to_watermark>` (objects evicted)."""
         return self.evictor.to_watermark(now, budget_s)
 
     def fetch_tasks(self, client_id: str, epoch: int, max_tasks: int, now: float) -> list[MoveTask]:
-        """Give ``client_id`` up to ``max_tasks`` queued move tasks it can run
-        (:meth:`Tiering.fetch_tasks <cxlkv.master.tiering.Tiering.fetch_tasks>`).
-
-        Raises:
-            UnknownClient, StaleToken: the caller's registration is not current.
-        """
+        """:meth:`Tiering.fetch_tasks <cxlkv.master.tiering.Tiering.fetch_tasks>`."""
         return self.tiering.fetch_tasks(client_id, epoch, max_tasks, now)
 
     def complete_tasks(self, client_id: str, epoch: int, results: Iterable[tuple[int, int, str]],
                        now: float) -> list[CxlkvError | None]:
-        """Apply clientd reports ``(task_id, code, message)``; one result per item
-        (:meth:`Tiering.complete_tasks <cxlkv.master.tiering.Tiering.complete_tasks>`).
-
-        Raises:
-            UnknownClient, StaleToken: the caller's registration is not current.
-        """
+        """:meth:`Tiering.complete_tasks <cxlkv.master.tiering.Tiering.complete_tasks>`."""
         return self.tiering.complete_tasks(client_id, epoch, results, now)
+
+    @property
+    def last_move_failure(self) -> str:
+        """Why the last move task failed ("" if none failed), for Stat and logs."""
+        return self.tiering.last_move_failure
+
+    @property
+    def last_tier_refusal(self) -> str:
+        """The last time a tier was marked full (NO_SPACE from a move), one line ("" if never)."""
+        return self.tiering.last_tier_refusal
+
+    @property
+    def tier_pauses(self) -> int:
+        """Times a tier was paused for a full filesystem (one per backoff period)."""
+        return self.tiering.tier_pauses
 
     # ---------------------------------------------------------------- sweep
     def sweep(self, now: float, budget_s: float | None = None) -> dict[str, int]:
