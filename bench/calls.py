@@ -9,7 +9,7 @@ processes as its single-key 4 KiB figures, two ceilings:
   no parsing) and callers doing a blocking ``sendall`` + ``recv`` of 32 bytes on
   a Unix socket. Python on both sides, nothing else: the floor any Python
   daemon pays per call on this machine (kernel wake-ups included).
-* ``noop``: the daemon's own stack doing no work — a :class:`cxlkv.lean.LeanServer`
+* ``noop``: the daemon's own stack doing no work — a :class:`cxlkv.wire.lean.LeanFrameServer`
   on the daemon's event loop answering ClientService ``Exist`` from a coroutine
   (as clientd's routes are run) with a constant, and callers using the SDK's
   :class:`cxlkv.client._conn.LeanConnection`. The figure a clientd could reach if
@@ -66,7 +66,7 @@ class CallLimit:
 # ------------------------------------------------------------------ servers
 def _serve(kind: str, path: str, event_loop: str, ready: Any) -> None:
     """Server process: serve ``kind`` on the Unix socket ``path`` until killed."""
-    from cxlkv.loops import run
+    from cxlkv.runtime.loops import run
 
     run(_server_main(kind, path, ready), event_loop)
 
@@ -84,7 +84,7 @@ async def _server_main(kind: str, path: str, ready: Any) -> None:
         await loop.create_unix_server(Echo, path)
     else:
         from cxlkv.client.framing import METHODS_BY_NAME
-        from cxlkv.lean import LeanRoute, LeanServer
+        from cxlkv.wire.lean import LeanRoute, LeanFrameServer
         from cxlkv.v1 import client_pb2
 
         m = METHODS_BY_NAME["Exist"]
@@ -93,7 +93,7 @@ async def _server_main(kind: str, path: str, ready: Any) -> None:
         async def exist(request: Any) -> Any:
             return answer
 
-        server = LeanServer({m.number: LeanRoute(m.name, m.request_type.FromString, exist, m.request_type)})
+        server = LeanFrameServer({m.number: LeanRoute(m.name, m.request_type.FromString, exist, m.request_type)})
         await server.start_unix(path)
     ready.set()
     await asyncio.Event().wait()

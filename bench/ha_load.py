@@ -41,7 +41,7 @@ class MixedLoad:
     """Writers and readers on the clientds of ``cluster`` until :meth:`stop`.
 
     Args:
-        cluster: a started :class:`~cxlkv.cluster.LocalCluster`.
+        cluster: a started :class:`~cxlkv.deploy.cluster.LocalCluster`.
         prefix: key prefix of this run (keys are ``<prefix>-<writer>-<n>``).
         writers, readers: threads of each kind (spread over the clientds).
         value_bytes: size of each value.

@@ -42,7 +42,7 @@ from cxlkv.errors import ConfigError, CxlkvError, Unavailable
 from cxlkv.master.election import ClusterMeta, Elector, MasterInfo, Term
 from cxlkv.master.etcd import EtcdClient
 from cxlkv.master.publish import NoIndex
-from cxlkv.systemd import Notifier
+from cxlkv.runtime.systemd import Notifier
 
 __all__ = ["HaNode", "run_ha_master", "META_INTERVAL_S"]
 

@@ -539,7 +539,7 @@ def test_direct_mode_turns_off_when_the_daemon_returns_on_another_region(tmp_pat
     instead of failing every direct read against the old mapping."""
     import numpy as np
 
-    from cxlkv.cluster import LocalCluster
+    from cxlkv.deploy.cluster import LocalCluster
 
     run_dir = tmp_path / "same"
     a = LocalCluster(run_dir, clientds=1, region_size_bytes=64 * MiB)
@@ -600,7 +600,7 @@ def test_direct_mode_stays_on_across_a_restart_before_registration(make_cluster)
 
     import numpy as np
 
-    from cxlkv.cluster import wait_for_file
+    from cxlkv.deploy.cluster import wait_for_file
 
     cl = make_cluster(clientds=1)
     big = os.urandom(300_000)

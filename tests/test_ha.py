@@ -182,7 +182,7 @@ def test_masters_talk_to_etcd_over_mutual_tls(make_cluster: Any) -> None:
         load.wait_acked(50, timeout_s=20)
     lost, wrong = load.verify(cl, 0)
     assert lost == 0 and wrong == 0 and not load.stats.read_failures
-    from cxlkv.hastatus import read_masters
+    from cxlkv.cli.hastatus import read_masters
 
     ha = read_masters([cl.etcd_url], cl.etcd_prefix, tls=cl.tls_files("admin"))
     assert ha["leader"]["epoch"] >= 2 and len(ha["standbys"]) == 1

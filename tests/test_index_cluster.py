@@ -34,7 +34,7 @@ import pytest
 import tomli_w
 import xxhash
 
-from cxlkv.cluster import ManagedProcess, wait_for_file
+from cxlkv.deploy.cluster import ManagedProcess, wait_for_file
 from cxlkv.errors import CxlkvError, NotFound
 from cxlkv.v1 import client_pb2, client_pb2_grpc
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cxlkv.errors import AlreadyExists, ErrorCode, InvalidArgument, StaleToken
-from cxlkv.lean import LeanChannel, service_methods
+from cxlkv.wire.lean import LeanChannel, service_methods
 from cxlkv.v1 import common_pb2, master_pb2
 from master_harness import MasterProcess, assert_invariant
 
@@ -147,8 +147,8 @@ def test_inline_routes_answer_in_order_in_one_read(event_loop: str) -> None:
     and a handler's bug (INTERNAL) included, come back in frame order before the
     answer of a task-run route sent in the same read, and the server goes on."""
     from cxlkv.errors import Internal, NotFound
-    from cxlkv.lean import LeanRoute, LeanServer
-    from cxlkv.loops import run
+    from cxlkv.wire.lean import LeanRoute, LeanFrameServer
+    from cxlkv.runtime.loops import run
 
     def exist(req: master_pb2.ExistKeyRequest) -> master_pb2.ExistKeyResponse:
         if req.key == "missing":
@@ -169,7 +169,7 @@ def test_inline_routes_answer_in_order_in_one_read(event_loop: str) -> None:
         return struct.pack("<IHHQ", 12 + len(body), method, 0, rid) + body
 
     async def scenario() -> None:
-        server = LeanServer(routes)
+        server = LeanFrameServer(routes)
         port = await server.start_tcp("127.0.0.1", 0)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(frame(2, 1, "slow") + frame(1, 2, "k") + frame(1, 3, "missing") + frame(1, 4, "bug")
@@ -198,7 +198,7 @@ def test_event_loop_setting() -> None:
 
     from cxlkv.config import ClientdConfig, MasterConfig
     from cxlkv.errors import ConfigError
-    from cxlkv.loops import loop_factory, run
+    from cxlkv.runtime.loops import loop_factory, run
 
     assert MasterConfig().event_loop == ClientdConfig().event_loop == "uvloop"
     with pytest.raises(ConfigError, match="event_loop: must be uvloop or asyncio"):

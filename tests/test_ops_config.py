@@ -20,7 +20,7 @@ import pytest
 import tomli_w
 
 from cxlkv.config import ClientdConfig, MasterConfig, RegionConfig, SegmentConfig
-from cxlkv.configcli import check_config, example_toml
+from cxlkv.cli.config import check_config, example_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "deploy" / "examples"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cxlkv.replay import ReplayOptions, run_replay
+from cxlkv.trace.replay import ReplayOptions, run_replay
 from ops_helpers import METRICS_ON, Scrape, exists_in, metric_urls, promql_metric_names, scrape
 
 ROOT = Path(__file__).resolve().parents[1]

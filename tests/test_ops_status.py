@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cxlkv.statuscli import usage_bar
+from cxlkv.cli.status import usage_bar
 from ops_helpers import METRICS_ON
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from cxlkv.systemd import Notifier
+from cxlkv.runtime.systemd import Notifier
 
 ROOT = Path(__file__).resolve().parents[1]
 UNITS = ROOT / "deploy" / "systemd"

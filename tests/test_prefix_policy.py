@@ -291,7 +291,7 @@ def test_prefix_columns_round_trip_and_refuse_bad_input() -> None:
 # ------------------------------------------------------------------ the real trace
 @pytest.mark.skipif(not TRACE.is_file(), reason="the conversation trace is not beside the checkout")
 def test_on_the_conversation_trace() -> None:
-    from cxlkv.tracesim import load_trace, simulate, simulate_belady, unique_blocks
+    from cxlkv.trace.sim import load_trace, simulate, simulate_belady, unique_blocks
 
     trace = load_trace(TRACE)
     uniq = unique_blocks(trace)

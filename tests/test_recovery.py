@@ -15,7 +15,7 @@ import tomllib
 
 import tomli_w
 
-from cxlkv.cluster import ManagedProcess, wait_for_file
+from cxlkv.deploy.cluster import ManagedProcess, wait_for_file
 from cxlkv.errors import CxlkvError, NotFound
 
 from conftest import TestCluster

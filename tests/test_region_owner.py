@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from cxlkv.cluster import ManagedProcess, wait_for_file
+from cxlkv.deploy.cluster import ManagedProcess, wait_for_file
 from cxlkv.errors import NotFound
 from cxlkv.transport import Region
 from cxlkv.v1 import master_pb2

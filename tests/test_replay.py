@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cxlkv.replay import ReplayOptions, run_embedded
+from cxlkv.trace.replay import ReplayOptions, run_embedded
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
 needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")
@@ -66,7 +66,7 @@ def test_replay_cli_json_concurrent_hosts(tmp_path: Path) -> None:
 def test_replay_cli_errors(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from cxlkv.replay import replay_cmd
+    from cxlkv.trace.replay import replay_cmd
 
     r = CliRunner().invoke(replay_cmd, [str(tmp_path / "missing.jsonl"), "--embedded"])
     assert r.exit_code != 0 and "not found" in r.output
@@ -144,8 +144,8 @@ def test_cluster_down_and_status_never_touch_a_recycled_pid(tmp_path: Path) -> N
     not signalled; the recorded process itself is stopped."""
     from click.testing import CliRunner
 
-    from cxlkv.clustercli import cluster_group
-    from cxlkv.procs import process_start_time
+    from cxlkv.cli.cluster import cluster_group
+    from cxlkv.runtime.procs import process_start_time
 
     run_dir = tmp_path / "c"
     run_dir.mkdir()
@@ -254,7 +254,7 @@ def test_replay_socket_takes_capacity_from_master(cluster, tmp_path: Path) -> No
     """`replay --socket` against a running cluster: the simulations' capacity is the
     cluster's (its CXL segments' bytes ÷ one block's extent, from the master), and
     the report says so — never a made-up ``capacity_fraction`` × unique blocks."""
-    from cxlkv.replay import region_bytes_for, run_replay
+    from cxlkv.trace.replay import region_bytes_for, run_replay
     from cxlkv.v1 import common_pb2
 
     trace = tmp_path / "t.jsonl"
@@ -277,10 +277,10 @@ def test_replay_socket_takes_capacity_from_master(cluster, tmp_path: Path) -> No
 def test_replay_socket_without_master_labels_the_fraction(tmp_path: Path) -> None:
     """The master cannot be asked: the report says its capacity is --capacity-fraction's,
     not the store's, and not comparable."""
-    from cxlkv.replay import cluster_capacity
+    from cxlkv.trace.replay import cluster_capacity
 
     assert cluster_capacity(str(tmp_path / "no.sock"), 4096) is None
-    from cxlkv.replay import ReplayReport
+    from cxlkv.trace.replay import ReplayReport
 
     fields = {f: 0 for f in ReplayReport.__dataclass_fields__}
     fields.update(policy="arc", error_samples=[], other_sim_hit_rates={}, capacity_source="fraction", capacity_fraction=0.1,
@@ -293,7 +293,7 @@ def test_replay_socket_without_master_labels_the_fraction(tmp_path: Path) -> Non
 def test_default_trace_is_found_beside_the_checkout_from_any_directory(tmp_path: Path) -> None:
     """`cxlkv replay` without TRACE, run from another directory, reads
     ../shared/traces/ beside the checkout (README), not beside the current directory."""
-    from cxlkv.replay import resolve_trace
+    from cxlkv.trace.replay import resolve_trace
 
     assert Path(resolve_trace(None)).resolve() == TRACE.resolve()
     out = subprocess.run(
@@ -308,7 +308,7 @@ def test_default_trace_is_found_beside_the_checkout_from_any_directory(tmp_path:
 def test_missing_trace_names_where_it_looked(tmp_path: Path, monkeypatch) -> None:
     from click.testing import CliRunner
 
-    import cxlkv.replay as replay
+    import cxlkv.trace.replay as replay
     from cxlkv.bench.tiering import tiering_cmd
 
     places = [tmp_path / "a" / "t.jsonl", tmp_path / "b" / "t.jsonl"]
@@ -328,7 +328,7 @@ def test_start_line_waits_for_ready_or_stopped_workers() -> None:
     import multiprocessing as mp
     import threading
 
-    from cxlkv.replay import _Start
+    from cxlkv.trace.replay import _Start
 
     class Proc:
         def __init__(self, alive: bool) -> None:
@@ -352,7 +352,7 @@ def test_start_line_stops_a_worker_that_never_gets_ready() -> None:
     deadline, so the replay neither waits for it forever nor for its report."""
     import multiprocessing as mp
 
-    from cxlkv.replay import _Start
+    from cxlkv.trace.replay import _Start
 
     ctx = mp.get_context("spawn")
     start = _Start(ctx.RawArray("b", 2), ctx.Event(), ctx.RawValue("d", 0.0))
@@ -385,7 +385,7 @@ from cxlkv.cli import main
 assert "numpy" not in sys.modules
 main.get_command(click.Context(main), "replay")
 assert "numpy" in sys.modules
-from cxlkv.replay import sigint_held
+from cxlkv.trace.replay import sigint_held
 
 def sigblk(tid):
     return int(next(l for l in open(f"/proc/{os.getpid()}/task/{tid}/status") if l.startswith("SigBlk:")).split()[1], 16)

@@ -25,7 +25,7 @@ import tomli_w
 
 from cxlkv import Client
 from cxlkv.config import default_runtime_dir
-from cxlkv.rundir import UnsafeRuntimeDir, UntrustedDaemon, check_daemon_peer, check_private_dir
+from cxlkv.runtime.rundir import UnsafeRuntimeDir, UntrustedDaemon, check_daemon_peer, check_private_dir
 
 NOBODY_UID = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to give a directory or a socket another owner)")

@@ -31,8 +31,8 @@ import tomli_w
 
 from conftest import TestCluster, TlsCerts, _check_teardown
 from cxlkv.errors import CxlkvError, PermissionDenied, Unavailable, from_rpc_error
-from cxlkv.lean import LeanChannel, service_methods
-from cxlkv.tls import Identity, TlsFiles, client_context, grpc_channel_credentials
+from cxlkv.wire.lean import LeanChannel, service_methods
+from cxlkv.wire.tls import Identity, TlsFiles, client_context, grpc_channel_credentials
 from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 MiB = 1 << 20
@@ -377,7 +377,7 @@ def test_default_configuration_refuses_the_network(cluster: TestCluster) -> None
 
 
 def test_certificates_name_their_holder(tls_certs: TlsCerts) -> None:
-    from cxlkv.tls import _identity_from_pem
+    from cxlkv.wire.tls import _identity_from_pem
 
     admin = _identity_from_pem(Path(tls_certs.files("admin").cert_file).read_bytes())
     clientd = _identity_from_pem(Path(tls_certs.files("clientd-0").cert_file).read_bytes())

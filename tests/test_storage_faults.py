@@ -131,7 +131,7 @@ def test_clientd_refuses_sparse_file_larger_than_filesystem(small_fs: Path, tmp_
 
 
 def test_ssd_tier_larger_than_filesystem_refused_at_cluster_start(small_fs: Path, tmp_path: Path) -> None:
-    from cxlkv.cluster import LocalCluster
+    from cxlkv.deploy.cluster import LocalCluster
 
     cl = LocalCluster(tmp_path / "run", clientds=1, region_size_bytes=4 * MiB, ssd_size_bytes=64 * MiB,
                       ssd_dir=str(small_fs))

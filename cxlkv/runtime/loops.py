@@ -86,7 +86,7 @@ class StallMonitor:
         clock: monotonic clock in seconds (tests pass their own).
 
     Attributes:
-        histogram: every observation, in seconds (:class:`cxlkv.metrics.Histogram`).
+        histogram: every observation, in seconds (:class:`cxlkv.runtime.metrics.Histogram`).
         max_s: the longest stall of the last ``window_s`` seconds (updated at each
             observation; a plain float, safe to read from the metrics thread).
         max_ever_s: the longest stall since start, in seconds.
@@ -97,7 +97,7 @@ class StallMonitor:
 
     def __init__(self, interval_s: float = 0.05, window_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        from cxlkv.metrics import Histogram
+        from cxlkv.runtime.metrics import Histogram
 
         self.interval_s = interval_s
         self.window_s = window_s

@@ -18,7 +18,7 @@ hot-path batch calls when the master advertises one.
 
 This module has the generic pieces: :func:`service_methods`, :class:`LeanRoute`
 (parse + handler), :class:`LeanProtocol` (one served connection),
-:class:`LeanServer` (TCP or Unix socket) and :class:`LeanChannel` (an asyncio,
+:class:`LeanFrameServer` (TCP or Unix socket) and :class:`LeanChannel` (an asyncio,
 pipelined client). clientd serves ClientService with the same pieces.
 """
 
@@ -41,7 +41,7 @@ from cxlkv.client.framing import (
 from cxlkv.errors import CxlkvError, ErrorCode, Internal, InvalidArgument, LimitExceeded, Unavailable, error_for
 from cxlkv.v1 import common_pb2
 
-__all__ = ["service_methods", "LeanRoute", "LeanProtocol", "LeanServer", "LeanChannel", "LeanConnectError",
+__all__ = ["service_methods", "LeanRoute", "LeanProtocol", "LeanFrameServer", "LeanChannel", "LeanConnectError",
            "PEER_CRED", "PEER_IDENTITY", "peer_cred"]
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 #: request the current task serves (``SO_PEERCRED``, taken when the connection was
 #: accepted); ``None`` outside a lean Unix-socket call (TCP, gRPC).
 PEER_CRED: contextvars.ContextVar[tuple[int, int, int] | None] = contextvars.ContextVar("PEER_CRED", default=None)
-#: The :class:`cxlkv.tls.Identity` of the TLS peer whose request is being served
+#: The :class:`cxlkv.wire.tls.Identity` of the TLS peer whose request is being served
 #: (its certificate, checked at the handshake); ``None`` on a plaintext connection.
 PEER_IDENTITY: contextvars.ContextVar[Any] = contextvars.ContextVar("PEER_IDENTITY", default=None)
 
@@ -120,7 +120,7 @@ class LeanProtocol(asyncio.Protocol):
       and so is one with more than ``max_in_flight`` calls running.
     """
 
-    def __init__(self, server: "LeanServer") -> None:
+    def __init__(self, server: "LeanFrameServer") -> None:
         self._server = server
         self._routes = server.routes
         self._max_frame = server.max_frame_bytes
@@ -143,7 +143,7 @@ class LeanProtocol(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         self._peer = peer_cred(sock)
         if self._server.ssl is not None:  # asyncio calls this once the handshake (client cert checked) is done
-            from cxlkv.tls import identity_from_peercert
+            from cxlkv.wire.tls import identity_from_peercert
 
             self._identity = identity_from_peercert(transport.get_extra_info("peercert"))
         if sock is not None:
@@ -228,7 +228,7 @@ class LeanProtocol(asyncio.Protocol):
             try:
                 request = route.parse(payload)
             except (DecodeError, ValueError, TypeError) as exc:
-                from cxlkv.wire import malformed_request_error
+                from cxlkv.wire.parse import malformed_request_error
 
                 self._answer_error(rid, malformed_request_error(route.name, route.request_type, payload, exc)
                                    if route.request_type is not None
@@ -340,14 +340,14 @@ class LeanProtocol(asyncio.Protocol):
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
 
-class LeanServer:
+class LeanFrameServer:
     """Serve ``routes`` (method number → :class:`LeanRoute`) in lean frames.
 
     Args:
         routes: the methods served.
         max_frame_bytes: largest accepted frame (``length`` field), in bytes.
         max_in_flight: calls one connection may have running before it is paused.
-        ssl: a server :class:`ssl.SSLContext` (:func:`cxlkv.tls.server_context`)
+        ssl: a server :class:`ssl.SSLContext` (:func:`cxlkv.wire.tls.server_context`)
             for TCP: every connection is TLS, the peer's certificate checked at
             the handshake, its identity in :data:`PEER_IDENTITY` while its calls
             run; ``None``: plaintext.
@@ -473,7 +473,7 @@ class LeanChannel:
         host: server host.
         port: server port.
         methods: the service's methods (:func:`service_methods`).
-        ssl: a client :class:`ssl.SSLContext` (:func:`cxlkv.tls.client_context`):
+        ssl: a client :class:`ssl.SSLContext` (:func:`cxlkv.wire.tls.client_context`):
             the connection is TLS, the server verified against ``host``; ``None``:
             plaintext.
 

@@ -8,7 +8,7 @@ without TLS (loopback) accepts. A clientd never makes these calls for its
 callers once TLS is on: its certificate is not an admin's.
 
 ``cxlkv certs ca DIR`` makes a CA; ``cxlkv certs issue DIR NAME --role ...``
-a certificate signed by it (:mod:`cxlkv.certs`; docs/operations.md, "Security").
+a certificate signed by it (:mod:`cxlkv.deploy.certs`; docs/operations.md, "Security").
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ def tls_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def tls_files(tls_ca: str, tls_cert: str, tls_key: str) -> Any:
-    """The :class:`cxlkv.tls.TlsFiles` of the three options.
+    """The :class:`cxlkv.wire.tls.TlsFiles` of the three options.
 
     Raises:
         ConfigError: one or two of them given.
     """
-    from cxlkv.tls import TlsFiles
+    from cxlkv.wire.tls import TlsFiles
 
     files = TlsFiles(tls_ca, tls_cert, tls_key)
     files.check()
@@ -60,7 +60,7 @@ def master_channel(address: str, tls: Any = None) -> Any:
 
     options = [("grpc.enable_http_proxy", 0)]
     if tls is not None and tls.enabled:
-        from cxlkv.tls import grpc_channel_credentials
+        from cxlkv.wire.tls import grpc_channel_credentials
 
         return grpc.secure_channel(address, grpc_channel_credentials(tls), options=options)
     return grpc.insecure_channel(address, options=options)
@@ -81,7 +81,7 @@ def _call(address: str, tls: Any, method: str, request: Any) -> Any:
 
 def _run(fn: Callable[[], None]) -> None:
     from cxlkv.errors import CxlkvError
-    from cxlkv.kvcli import exit_code_for
+    from cxlkv.cli.kv import exit_code_for
 
     try:
         fn()
@@ -192,7 +192,7 @@ def certs_group() -> None:
 @click.option("--days", default=3650, show_default=True, type=click.IntRange(min=1), help="Validity in days.")
 def ca_cmd(directory: str, name: str, days: int) -> None:
     """Make a CA in DIRECTORY: ca.pem (give it to every part) and ca-key.pem (keep it offline)."""
-    from cxlkv.certs import make_ca
+    from cxlkv.deploy.certs import make_ca
 
     ca = make_ca(directory, name=name, valid_days=days)
     click.echo(f"{ca.cert_file}\n{ca.key_file}")
@@ -216,7 +216,7 @@ def issue_cmd(directory: str, name: str, roles: tuple[str, ...], hosts: tuple[st
     to, so give each daemon its own (e.g. host1-clientd)."""
     from pathlib import Path
 
-    from cxlkv.certs import CaFiles, issue
+    from cxlkv.deploy.certs import CaFiles, issue
     from cxlkv.errors import CxlkvError
 
     d = Path(ca_dir or directory)

@@ -50,8 +50,8 @@ from typing import Any, Iterator, Sequence
 import click
 import numpy as np
 
-from cxlkv.clisize import Size
-from cxlkv.tracesim import load_trace, simulate, simulate_belady, simulate_unbounded, unique_blocks
+from cxlkv.cli.sizes import Size
+from cxlkv.trace.sim import load_trace, simulate, simulate_belady, simulate_unbounded, unique_blocks
 
 __all__ = ["ReplayOptions", "ReplayReport", "block_content", "fill_blocks", "verify_blocks", "run_replay", "replay_cmd"]
 
@@ -764,7 +764,7 @@ def run_embedded(
     """Start a local cluster sized for ``opts``, replay, stop it (also on Ctrl-C).
 
     With ``tls`` the cluster's links to the master run over mutual TLS
-    (generated certificates, :class:`~cxlkv.cluster.LocalCluster`).
+    (generated certificates, :class:`~cxlkv.deploy.cluster.LocalCluster`).
 
     The region holds ``capacity_fraction × unique blocks`` blocks; the master
     evicts with ``opts.policy`` on allocation failure down to ``opts.low_watermark``.
@@ -773,7 +773,7 @@ def run_embedded(
     then demotes between ``opts.tier_high_watermark`` and ``opts.tier_low_watermark``.
     The report carries the master's counters at the end (``master_counters``).
     """
-    from cxlkv.cluster import LocalCluster
+    from cxlkv.deploy.cluster import LocalCluster
 
     trace = load_trace(opts.trace_path, opts.limit)
     uniq = unique_blocks(trace)
@@ -832,7 +832,7 @@ def _master_counters(address: str, tls: Any = None) -> dict[str, int]:
     """The master's counters (Stat; mutual TLS with ``tls``), or ``{}`` when it cannot be asked."""
     import grpc
 
-    from cxlkv.admincli import master_channel
+    from cxlkv.cli.admin import master_channel
     from cxlkv.v1 import master_pb2, master_pb2_grpc
 
     try:

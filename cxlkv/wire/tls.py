@@ -10,7 +10,7 @@ A certificate names its holder: the identity is the subject's common name (CN),
 or its first DNS subject-alternative name when it has no CN. Roles are the
 subject's organizational-unit (OU) values; ``admin`` is the one the master
 checks (:mod:`cxlkv.master.auth`), ``clientd`` and ``master`` are descriptive.
-``cxlkv certs`` (:mod:`cxlkv.certs`) makes certificates of this shape.
+``cxlkv certs`` (:mod:`cxlkv.deploy.certs`) makes certificates of this shape.
 
 Python's :mod:`ssl` serves the lean link (asyncio ``create_server(ssl=...)`` /
 ``create_connection(ssl=...)``); gRPC takes the same PEM files through

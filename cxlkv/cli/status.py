@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import click
 
-from cxlkv.admincli import tls_options
+from cxlkv.cli.admin import tls_options
 
 from cxlkv.config import format_size
 
@@ -66,7 +66,7 @@ def _tier_name(tier: int) -> str:
 
 def _master_stat(address: str, tls: Any = None) -> dict[str, Any]:
     """The master's Stat as a plain dict (over mutual TLS with ``tls``, a
-    :class:`cxlkv.tls.TlsFiles`; only an admin certificate gets the client table).
+    :class:`cxlkv.wire.tls.TlsFiles`; only an admin certificate gets the client table).
 
     Raises:
         CxlkvError: the master cannot be reached (Unavailable) or refused.
@@ -76,7 +76,7 @@ def _master_stat(address: str, tls: Any = None) -> dict[str, Any]:
     from cxlkv.errors import from_rpc_error
     from cxlkv.v1 import master_pb2, master_pb2_grpc
 
-    from cxlkv.admincli import master_channel
+    from cxlkv.cli.admin import master_channel
 
     with master_channel(address, tls) as channel:
         try:
@@ -128,7 +128,7 @@ def _scrape_prefix(url: str, tls: Any = None) -> dict[str, Any]:
 
     context = None
     if url.startswith("https://") and tls is not None and tls.enabled:
-        from cxlkv.tls import client_context
+        from cxlkv.wire.tls import client_context
 
         context = client_context(tls)  # TLS metrics want a client certificate of the cluster's CA
     with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_S, context=context) as resp:
@@ -191,7 +191,7 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
         socket_path: the local clientd's socket (``None``: ``$CXLKV_SOCKET`` or the
             default) — used when ``master_address`` is ``None``.
         window_s: when > 0, sample again after this many seconds and add rates.
-        tls: :class:`cxlkv.tls.TlsFiles` presented to the master (``None``: plaintext).
+        tls: :class:`cxlkv.wire.tls.TlsFiles` presented to the master (``None``: plaintext).
         etcd: etcd endpoints of a cluster with several masters: the leader, the
             standbys and the epoch are read there (``"ha"``), and the leader is
             the master asked when ``master_address`` is ``None``.
@@ -206,7 +206,7 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
     errors: list[str] = []
     ha: dict[str, Any] | None = None
     if etcd:
-        from cxlkv.hastatus import read_masters
+        from cxlkv.cli.hastatus import read_masters
 
         try:
             ha = read_masters(etcd, etcd_prefix, tls=tls)
@@ -314,7 +314,7 @@ def _render(st: dict[str, Any]) -> str:
     hr = st["hit_rate"]
     summary: list[tuple[str, str]] = []
     if st.get("ha") is not None:
-        from cxlkv.hastatus import render_masters
+        from cxlkv.cli.hastatus import render_masters
 
         summary += render_masters(st["ha"])
     if m is not None:
@@ -404,9 +404,9 @@ def status_cmd(master_address: str | None, socket_path: str | None, window_s: fl
 
     With TLS on, the master shows clients and region identities to an admin
     certificate only (--tls-ca/--tls-cert/--tls-key)."""
-    from cxlkv.admincli import tls_files
+    from cxlkv.cli.admin import tls_files
     from cxlkv.errors import CxlkvError
-    from cxlkv.kvcli import exit_code_for
+    from cxlkv.cli.kv import exit_code_for
 
     try:
         st = collect_status(master_address, socket_path, window_s, tls_files(tls_ca, tls_cert, tls_key),

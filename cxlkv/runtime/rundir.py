@@ -104,7 +104,7 @@ def check_daemon_peer(sock: socket.socket, socket_path: str) -> None:
     Raises:
         UntrustedDaemon: the peer's uid is none of those.
     """
-    from cxlkv.lean import peer_cred
+    from cxlkv.wire.lean import peer_cred
 
     cred = peer_cred(sock)
     if cred is None:

@@ -2,7 +2,7 @@
 
 Built on the ``cryptography`` package (no hand-written ASN.1). Keys are ECDSA
 P-256; files are PEM, private keys written with mode 0600. The shape is the one
-:mod:`cxlkv.tls` reads: the identity in the subject's CN, roles in OU values,
+:mod:`cxlkv.wire.tls` reads: the identity in the subject's CN, roles in OU values,
 host names and addresses in the subject alternative name (a master's certificate
 must name every address clientds and tools dial).
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from cxlkv.errors import ConfigError
-from cxlkv.tls import ADMIN_ROLE
+from cxlkv.wire.tls import ADMIN_ROLE
 
 __all__ = ["CaFiles", "make_ca", "issue", "local_cluster_certs", "DEFAULT_VALID_DAYS"]
 

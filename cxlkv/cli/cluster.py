@@ -23,9 +23,9 @@ from pathlib import Path
 
 import click
 
-from cxlkv.clisize import Size
+from cxlkv.cli.sizes import Size
 from cxlkv.config import format_size
-from cxlkv.procs import same_process
+from cxlkv.runtime.procs import same_process
 
 DEFAULT_RUN_DIR = "run/cluster"
 
@@ -102,7 +102,7 @@ def cluster_group() -> None:
 def up_cmd(run_dir: str, clientds: int, region_size: int, segments: int, prefault: bool, tls: bool,
            masters: int) -> None:
     """Start a local cluster and leave it running (plaintext on loopback, or --tls)."""
-    from cxlkv.cluster import LocalCluster
+    from cxlkv.deploy.cluster import LocalCluster
     from cxlkv.errors import CxlkvError
 
     rd = Path(run_dir)

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import tomli_w
 
 from cxlkv.errors import CxlkvError
-from cxlkv.procs import process_start_time
+from cxlkv.runtime.procs import process_start_time
 
 __all__ = ["ClusterError", "ManagedProcess", "LocalCluster", "wait_for_file"]
 
@@ -150,7 +150,7 @@ class LocalCluster:
             ``ssd_dir``, opened by every clientd with pread/pwrite); 0 = none.
         ssd_dir: where the SSD tier file lives (default: the run directory, on disk).
         tls: generate a CA and certificates in ``<run_dir>/certs``
-            (:func:`cxlkv.certs.local_cluster_certs`: ``master``, ``clientd-<i>``
+            (:func:`cxlkv.deploy.certs.local_cluster_certs`: ``master``, ``clientd-<i>``
             each, ``admin``) and run every link to the master over mutual TLS;
             :meth:`tls_files` names the files of each identity.
         index_objects: objects to size each region's committed-object index for
@@ -241,9 +241,9 @@ class LocalCluster:
         return self.socket_path(i) + ".lean"
 
     def tls_files(self, name: str) -> Any:
-        """The :class:`cxlkv.tls.TlsFiles` of identity ``name`` (``master``,
+        """The :class:`cxlkv.wire.tls.TlsFiles` of identity ``name`` (``master``,
         ``clientd-<i>``, ``admin``) of a ``tls`` cluster."""
-        from cxlkv.tls import TlsFiles
+        from cxlkv.wire.tls import TlsFiles
 
         d = Path(self.certs_dir)
         return TlsFiles(str(d / "ca.pem"), str(d / f"{name}.pem"), str(d / f"{name}-key.pem"))
@@ -276,7 +276,7 @@ class LocalCluster:
         try:
             self._format_regions()
             if self._make_certs:
-                from cxlkv.certs import local_cluster_certs
+                from cxlkv.deploy.certs import local_cluster_certs
 
                 local_cluster_certs(self.certs_dir, [f"clientd-{i}" for i in range(self.n_clientds)])
             if self.n_masters > 1:

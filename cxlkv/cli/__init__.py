@@ -1,4 +1,4 @@
-"""The ``cxlkv`` command line (click).
+"""The ``cxlkv`` command line (click); its commands live beside it in :mod:`cxlkv.cli`.
 
 Subcommands are imported lazily, so ``cxlkv --help`` stays fast and a component's
 import cost is paid only by the command that needs it. Each entry of
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import signal
-import sys
 import threading
 from typing import Any
 
@@ -27,18 +26,18 @@ SUBCOMMANDS: dict[str, str] = {
     "clientd": "cxlkv.clientd.cli:clientd_cmd",
     "bench": "cxlkv.bench.cli:bench_group",
     "region": "cxlkv.transport.cli:region_group",
-    "cluster": "cxlkv.clustercli:cluster_group",
-    "replay": "cxlkv.replay:replay_cmd",
-    "put": "cxlkv.kvcli:put_cmd",
-    "get": "cxlkv.kvcli:get_cmd",
-    "exists": "cxlkv.kvcli:exists_cmd",
-    "rm": "cxlkv.kvcli:rm_cmd",
-    "ls": "cxlkv.kvcli:ls_cmd",
-    "stat": "cxlkv.kvcli:stat_cmd",
-    "config": "cxlkv.configcli:config_group",
-    "status": "cxlkv.statuscli:status_cmd",
-    "admin": "cxlkv.admincli:admin_group",
-    "certs": "cxlkv.admincli:certs_group",
+    "cluster": "cxlkv.cli.cluster:cluster_group",
+    "replay": "cxlkv.trace.replay:replay_cmd",
+    "put": "cxlkv.cli.kv:put_cmd",
+    "get": "cxlkv.cli.kv:get_cmd",
+    "exists": "cxlkv.cli.kv:exists_cmd",
+    "rm": "cxlkv.cli.kv:rm_cmd",
+    "ls": "cxlkv.cli.kv:ls_cmd",
+    "stat": "cxlkv.cli.kv:stat_cmd",
+    "config": "cxlkv.cli.config:config_group",
+    "status": "cxlkv.cli.status:status_cmd",
+    "admin": "cxlkv.cli.admin:admin_group",
+    "certs": "cxlkv.cli.admin:certs_group",
 }
 
 
@@ -113,7 +112,3 @@ def main() -> None:
 
 def _terminated(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)
-
-
-if __name__ == "__main__":  # python -m cxlkv.cli
-    sys.exit(main())

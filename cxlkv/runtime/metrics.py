@@ -236,7 +236,7 @@ def serve_metrics(address: str, registry: CollectorRegistry, *, key: str = "metr
             with this host's name.
         registry: what to serve.
         key: the configuration key named in error messages.
-        tls: a :class:`cxlkv.tls.TlsFiles` with TLS on: served as ``https://``,
+        tls: a :class:`cxlkv.wire.tls.TlsFiles` with TLS on: served as ``https://``,
             scrapers must present a certificate the cluster CA signed; ``None``
             or disabled: plain HTTP.
 
@@ -274,7 +274,7 @@ def serve_metrics(address: str, registry: CollectorRegistry, *, key: str = "metr
 
 
 class StallCollector:
-    """The event loop's stalls (:class:`cxlkv.loops.StallMonitor`) as Prometheus metrics:
+    """The event loop's stalls (:class:`cxlkv.runtime.loops.StallMonitor`) as Prometheus metrics:
     ``cxlkv_event_loop_stall_seconds`` (histogram of every wake-up's delay) and
     ``cxlkv_event_loop_stall_max_seconds`` (gauge: the longest of the last window).
 
