@@ -1,4 +1,4 @@
-"""Mixed load against a cluster with several masters, and what it saw (bench/ha.py, tests/test_ha.py).
+"""Mixed load against a cluster with several masters, and what it saw (bench/ha.py, tests/cluster/test_ha.py).
 
 :class:`MixedLoad` runs writer and reader threads, each with its own
 :class:`cxlkv.Client` on one clientd: writers put unique keys whose bytes are a

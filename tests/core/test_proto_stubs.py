@@ -2,7 +2,7 @@
 
 `make proto` runs the grpcio-tools pinned in the Makefile (the SDK's oldest
 supported runtime, in .venv-oldest), so this test builds that environment with
-`make oldest` when it is missing (tests/test_sdk_oldest.py uses the same one).
+`make oldest` when it is missing (tests/sdk/test_sdk_oldest.py uses the same one).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from oldest_env import oldest_python
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_committed_stubs_are_fresh(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 from cxlkv.trace.replay import ReplayOptions, run_replay
 from ops_helpers import METRICS_ON, Scrape, exists_in, metric_urls, promql_metric_names, scrape
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
 MiB = 1 << 20
 KiB = 1 << 10

@@ -22,7 +22,7 @@ import pytest
 
 from oldest_env import oldest_python
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "mooncake_app.py"
 SUBPROCESS_TIMEOUT_S = 180
 

@@ -21,7 +21,7 @@ from cxlkv.v1 import master_pb2
 
 from master_harness import MiB, MasterProcess, Writer, assert_invariant, stat
 
-PLUGIN_SRC = Path(__file__).parent / "plugin_strategy"
+PLUGIN_SRC = Path(__file__).parents[1] / "plugin_strategy"
 
 
 def test_builtins_are_registered_through_entry_points() -> None:

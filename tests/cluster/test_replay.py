@@ -14,7 +14,7 @@ import pytest
 
 from cxlkv.trace.replay import ReplayOptions, run_embedded
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
+TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
 needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")
 
 

@@ -1,6 +1,6 @@
 """Leader election's pure parts: the fence, the fenced index, the etcd records, config (docs/ha.md).
 
-No network: the clock is passed in. tests/test_ha.py runs the real thing.
+No network: the clock is passed in. tests/cluster/test_ha.py runs the real thing.
 """
 
 from __future__ import annotations

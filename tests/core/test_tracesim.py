@@ -9,7 +9,7 @@ import pytest
 from cxlkv.trace.replay import block_content, fill_blocks, region_bytes_for, verify_blocks
 from cxlkv.trace.sim import Request, load_trace, simulate, simulate_unbounded, unique_blocks
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
+TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
 needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")
 
 

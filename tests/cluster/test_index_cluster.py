@@ -41,7 +41,7 @@ from cxlkv.v1 import client_pb2, client_pb2_grpc
 from conftest import TestCluster
 
 KiB, MiB = 1 << 10, 1 << 20
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 _xxh3 = xxhash.xxh3_64_intdigest
 
 

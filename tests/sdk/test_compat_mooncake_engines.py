@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SUBPROCESS_TIMEOUT_S = 120
 
 # A stand-in for the real Mooncake wheel: its __init__ imports mooncake.store as the

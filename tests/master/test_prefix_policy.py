@@ -25,7 +25,7 @@ from cxlkv.master.eviction import available_policies, load_policy
 from cxlkv.master.prefix_policy import PrefixPolicy
 
 MiB = 1 << 20
-TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "conversation_trace.jsonl"
+TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "conversation_trace.jsonl"
 
 
 def _consistent(p: PrefixPolicy) -> None:

@@ -35,7 +35,7 @@ from cxlkv.errors import ErrorCode as CxlkvCode
 from cxlkv.errors import InvalidArgument, NotFound, error_for
 
 MiB = 1 << 20
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "mooncake_app.py"
 SUBPROCESS_TIMEOUT_S = 180
 

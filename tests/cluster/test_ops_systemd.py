@@ -21,7 +21,7 @@ import tomli_w
 
 from cxlkv.runtime.systemd import Notifier
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 UNITS = ROOT / "deploy" / "systemd"
 MiB = 1 << 20
 

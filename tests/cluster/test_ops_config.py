@@ -22,7 +22,7 @@ import tomli_w
 from cxlkv.config import ClientdConfig, MasterConfig, RegionConfig, SegmentConfig
 from cxlkv.cli.config import check_config, example_toml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "deploy" / "examples"
 MiB = 1 << 20
 
