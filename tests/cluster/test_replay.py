@@ -46,21 +46,37 @@ def test_replay_500_requests_verified_and_matches_simulation(tmp_path: Path, pol
 def test_replay_cli_json_concurrent_hosts(tmp_path: Path) -> None:
     """`cxlkv replay --embedded --json` with several workers over two clientds:
     0 errors and the documented fields; no process or region left behind."""
-    before = set(Path("/dev/shm").glob("cxlkv-*"))
-    out = subprocess.run(
+    # the embedded cluster's run directory goes under tmp_path (TMPDIR); its
+    # cluster.json names the cluster, whose regions are /dev/shm/cxlkv-<id>-*
+    # (other clusters on the machine may come and go meanwhile)
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    proc = subprocess.Popen(
         [sys.executable, "-m", "cxlkv.cli", "replay", str(TRACE), "--embedded", "--json",
          "--limit", "300", "--workers", "4", "--block-bytes", "8KiB"],
-        capture_output=True, text=True, timeout=240,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
-    assert out.returncode == 0, out.stderr[-3000:]
-    rec = json.loads(out.stdout)
+    cluster_ids: set[str] = set()
+    deadline = time.monotonic() + 240
+    while proc.poll() is None and time.monotonic() < deadline:
+        for cj in tmp_path.glob("cxlkv-replay-*/cluster.json"):
+            try:
+                cluster_ids.add(json.loads(cj.read_text())["cluster_id"])
+            except (OSError, ValueError, KeyError):
+                pass  # being written
+        time.sleep(0.05)
+    stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    assert proc.returncode == 0, stderr[-3000:]
+    assert cluster_ids, "the replay's cluster.json was never seen"
+    rec = json.loads(stdout)
     for field in ("errors", "block_hit_rate", "lru_sim_hit_rate", "bound_hit_rate", "requests_per_s",
                   "p50_ms", "p99_ms", "token_hit_rate", "bytes_read", "bytes_written", "verified_blocks",
                   "elapsed_s", "gbps"):
         assert field in rec, field
     assert rec["errors"] == 0 and rec["requests"] == 300
     assert rec["clientds"] == 2 and rec["workers"] == 4
-    assert set(Path("/dev/shm").glob("cxlkv-*")) <= before
+    for cid in cluster_ids:
+        assert not list(Path("/dev/shm").glob(f"cxlkv-{cid}-*")), cid
+    assert not list(tmp_path.glob("cxlkv-replay-*")), "the run directory is left behind"
 
 
 def test_replay_cli_errors(tmp_path: Path) -> None:
