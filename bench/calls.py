@@ -84,7 +84,7 @@ async def _server_main(kind: str, path: str, ready: Any) -> None:
         await loop.create_unix_server(Echo, path)
     else:
         from cxlkv.client.framing import METHODS_BY_NAME
-        from cxlkv.wire.lean import LeanRoute, LeanFrameServer
+        from cxlkv.wire.lean import LeanFrameServer, LeanRoute
         from cxlkv.v1 import client_pb2
 
         m = METHODS_BY_NAME["Exist"]

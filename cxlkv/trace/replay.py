@@ -66,7 +66,7 @@ DEFAULT_TRACE_HELP = "../shared/traces/conversation_trace.jsonl beside the check
 
 def default_trace_candidates() -> list[Path]:
     """The places the default trace is looked for (absolute, without duplicates)."""
-    checkout = Path(__file__).resolve().parents[1]
+    checkout = Path(__file__).resolve().parents[2]  # <checkout>/cxlkv/trace/replay.py
     out: list[Path] = []
     for p in (checkout / DEFAULT_TRACE, Path.cwd() / DEFAULT_TRACE):
         p = Path(os.path.normpath(p))

@@ -147,7 +147,7 @@ def test_inline_routes_answer_in_order_in_one_read(event_loop: str) -> None:
     and a handler's bug (INTERNAL) included, come back in frame order before the
     answer of a task-run route sent in the same read, and the server goes on."""
     from cxlkv.errors import Internal, NotFound
-    from cxlkv.wire.lean import LeanRoute, LeanFrameServer
+    from cxlkv.wire.lean import LeanFrameServer, LeanRoute
     from cxlkv.runtime.loops import run
 
     def exist(req: master_pb2.ExistKeyRequest) -> master_pb2.ExistKeyResponse:
