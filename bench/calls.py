@@ -73,6 +73,7 @@ def _serve(kind: str, path: str, event_loop: str, ready: Any) -> None:
 
 async def _server_main(kind: str, path: str, ready: Any) -> None:
     loop = asyncio.get_running_loop()
+    server: Any
     if kind == "echo":
         class Echo(asyncio.Protocol):
             def connection_made(self, transport: Any) -> None:
@@ -81,7 +82,9 @@ async def _server_main(kind: str, path: str, ready: Any) -> None:
             def data_received(self, data: bytes) -> None:
                 self.transport.write(data)
 
-        await loop.create_unix_server(Echo, path)
+        # keep the server: uvloop closes the listener of a Server object that is
+        # garbage-collected (callers then see ECONNREFUSED)
+        server = await loop.create_unix_server(Echo, path)
     else:
         from cxlkv.client.framing import METHODS_BY_NAME
         from cxlkv.wire.lean import LeanFrameServer, LeanRoute
