@@ -56,7 +56,7 @@ $(STAMP): $(INSTALL_DEPS)
 test: install etcd
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The leader-election tests (tests/test_ha.py) run a real etcd: Debian's etcd-server.
+# The leader-election tests (tests/cluster/test_ha.py) run a real etcd: Debian's etcd-server.
 # Installed here when missing and we may (root with apt-get); else they skip with one line.
 etcd:
 	@command -v etcd >/dev/null 2>&1 || { \
@@ -65,8 +65,8 @@ etcd:
 	    export DEBIAN_FRONTEND=noninteractive; \
 	    apt-get install -y -q --no-install-recommends etcd-server >/dev/null 2>&1 || \
 	      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends etcd-server >/dev/null 2>&1; } || \
-	      echo "etcd could not be installed: tests/test_ha.py skips (apt-get install -y etcd-server)"; \
-	  else echo "etcd not found: tests/test_ha.py skips (sudo apt-get install -y etcd-server)"; fi; }
+	      echo "etcd could not be installed: tests/cluster/test_ha.py skips (apt-get install -y etcd-server)"; \
+	  else echo "etcd not found: tests/cluster/test_ha.py skips (sudo apt-get install -y etcd-server)"; fi; }
 
 run: install
 	$(CXLKV) replay $(TRACE) --embedded
@@ -89,7 +89,7 @@ $(OLDEST_STAMP): $(INSTALL_DEPS) Makefile
 	touch $(OLDEST_STAMP)
 
 test-oldest: install oldest
-	$(PY) -m pytest -q tests/test_sdk_oldest.py $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests/sdk/test_sdk_oldest.py $(PYTEST_ARGS)
 
 # Inference engines beside the SDK, in their own environment (not part of `make
 # test`: large downloads). CPU torch is the local wheel; the import hook's .pth

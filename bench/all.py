@@ -148,7 +148,7 @@ def all_cmd(json_dir: str, quick: bool, only: tuple[str, ...], trace: str, compa
     unknown = set(only) - set(names)
     if unknown:
         raise click.ClickException(f"unknown benchmark(s) {sorted(unknown)}; known: {names}")
-    from cxlkv.replay import resolve_trace
+    from cxlkv.trace.replay import resolve_trace
 
     try:
         trace_path: str | None = resolve_trace(trace)

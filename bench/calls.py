@@ -9,7 +9,7 @@ processes as its single-key 4 KiB figures, two ceilings:
   no parsing) and callers doing a blocking ``sendall`` + ``recv`` of 32 bytes on
   a Unix socket. Python on both sides, nothing else: the floor any Python
   daemon pays per call on this machine (kernel wake-ups included).
-* ``noop``: the daemon's own stack doing no work — a :class:`cxlkv.lean.LeanServer`
+* ``noop``: the daemon's own stack doing no work — a :class:`cxlkv.wire.lean.LeanFrameServer`
   on the daemon's event loop answering ClientService ``Exist`` from a coroutine
   (as clientd's routes are run) with a constant, and callers using the SDK's
   :class:`cxlkv.client._conn.LeanConnection`. The figure a clientd could reach if
@@ -66,13 +66,14 @@ class CallLimit:
 # ------------------------------------------------------------------ servers
 def _serve(kind: str, path: str, event_loop: str, ready: Any) -> None:
     """Server process: serve ``kind`` on the Unix socket ``path`` until killed."""
-    from cxlkv.loops import run
+    from cxlkv.runtime.loops import run
 
     run(_server_main(kind, path, ready), event_loop)
 
 
 async def _server_main(kind: str, path: str, ready: Any) -> None:
     loop = asyncio.get_running_loop()
+    server: Any
     if kind == "echo":
         class Echo(asyncio.Protocol):
             def connection_made(self, transport: Any) -> None:
@@ -81,10 +82,12 @@ async def _server_main(kind: str, path: str, ready: Any) -> None:
             def data_received(self, data: bytes) -> None:
                 self.transport.write(data)
 
-        await loop.create_unix_server(Echo, path)
+        # keep the server: uvloop closes the listener of a Server object that is
+        # garbage-collected (callers then see ECONNREFUSED)
+        server = await loop.create_unix_server(Echo, path)
     else:
         from cxlkv.client.framing import METHODS_BY_NAME
-        from cxlkv.lean import LeanRoute, LeanServer
+        from cxlkv.wire.lean import LeanFrameServer, LeanRoute
         from cxlkv.v1 import client_pb2
 
         m = METHODS_BY_NAME["Exist"]
@@ -93,7 +96,7 @@ async def _server_main(kind: str, path: str, ready: Any) -> None:
         async def exist(request: Any) -> Any:
             return answer
 
-        server = LeanServer({m.number: LeanRoute(m.name, m.request_type.FromString, exist, m.request_type)})
+        server = LeanFrameServer({m.number: LeanRoute(m.name, m.request_type.FromString, exist, m.request_type)})
         await server.start_unix(path)
     ready.set()
     await asyncio.Event().wait()

@@ -79,7 +79,7 @@ def run_gpu(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
 
     Raises:
         RuntimeError: direct mode is unavailable or a call failed.
-        cxlkv.cluster.ClusterError: the cluster did not start.
+        cxlkv.deploy.cluster.ClusterError: the cluster did not start.
     """
     from cxlkv.client._cuda import cuda_available
 
@@ -88,7 +88,7 @@ def run_gpu(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
     import torch
 
     from cxlkv import Client
-    from cxlkv.cluster import LocalCluster
+    from cxlkv.deploy.cluster import LocalCluster
 
     sizes = QUICK_SIZES if quick else SIZES
     runs = 2 if quick else 3

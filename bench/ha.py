@@ -52,7 +52,7 @@ MiB = 1 << 20
 def bench_failover(rounds: int, limit_gbps: float) -> list[Record]:
     """Kill the leader ``rounds`` times under mixed load; one record per round."""
     from cxlkv.bench.ha_load import MixedLoad, follow_leader
-    from cxlkv.cluster import LocalCluster
+    from cxlkv.deploy.cluster import LocalCluster
 
     if shutil.which("etcd") is None:
         return [Record("ha", "failover", 4096, 0.0, 0.0, 0.0, 0.0, limit_gbps, None,
@@ -113,7 +113,7 @@ def bench_rebuild(objects: int, limit_gbps: float, *, warm: bool = False) -> Rec
 
     from cxlkv.config import MasterConfig, SegmentConfig
     from cxlkv.master.server import MasterServer
-    from cxlkv.master.state import RestoredObject
+    from cxlkv.master.objects import RestoredObject
     from cxlkv.objheader import header_bytes_for, pack_header
     from cxlkv.region import format_region
     from cxlkv.transport import Region

@@ -1,4 +1,4 @@
-"""Mixed load against a cluster with several masters, and what it saw (bench/ha.py, tests/test_ha.py).
+"""Mixed load against a cluster with several masters, and what it saw (bench/ha.py, tests/cluster/test_ha.py).
 
 :class:`MixedLoad` runs writer and reader threads, each with its own
 :class:`cxlkv.Client` on one clientd: writers put unique keys whose bytes are a
@@ -41,7 +41,7 @@ class MixedLoad:
     """Writers and readers on the clientds of ``cluster`` until :meth:`stop`.
 
     Args:
-        cluster: a started :class:`~cxlkv.cluster.LocalCluster`.
+        cluster: a started :class:`~cxlkv.deploy.cluster.LocalCluster`.
         prefix: key prefix of this run (keys are ``<prefix>-<writer>-<n>``).
         writers, readers: threads of each kind (spread over the clientds).
         value_bytes: size of each value.

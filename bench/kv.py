@@ -1,6 +1,6 @@
 """``cxlkv bench kv``: end-to-end Put and Get through clientd, writer and reader on two hosts.
 
-One master and two clientds (a :class:`~cxlkv.cluster.LocalCluster` on one
+One master and two clientds (a :class:`~cxlkv.deploy.cluster.LocalCluster` on one
 pre-faulted ``/dev/shm`` region). The writer process talks to clientd A, the
 reader process to clientd B (separate processes, ``multiprocessing`` spawn), so
 every byte read was written by the other "host". Measured:
@@ -416,9 +416,9 @@ def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
 
     Raises:
         RuntimeError: a role process failed (its message says which operation).
-        cxlkv.cluster.ClusterError: the cluster did not start.
+        cxlkv.deploy.cluster.ClusterError: the cluster did not start.
     """
-    from cxlkv.cluster import LocalCluster
+    from cxlkv.deploy.cluster import LocalCluster
 
     runs = 2 if quick else 3
     bytes_per_run = (64 if quick else 256) * MiB
@@ -600,9 +600,9 @@ def run_kv_coherence(*, quick: bool = False, log: Callable[[str], None] = lambda
 
     Raises:
         RuntimeError: a role process failed.
-        cxlkv.cluster.ClusterError: a cluster did not start.
+        cxlkv.deploy.cluster.ClusterError: a cluster did not start.
     """
-    from cxlkv.cluster import LocalCluster
+    from cxlkv.deploy.cluster import LocalCluster
 
     runs = 2 if quick else 5
     bytes_per_run = (64 if quick else 256) * MiB

@@ -71,7 +71,7 @@ class _Master:
     """A master subprocess with a huge virtual segment, and a sync stub on it."""
 
     def __init__(self, run_dir: Path, *, tls: bool = False) -> None:
-        from cxlkv.cluster import ManagedProcess, wait_for_file
+        from cxlkv.deploy.cluster import ManagedProcess, wait_for_file
 
         address_file = run_dir / "master.address"
         conf = run_dir / "master.toml"
@@ -83,8 +83,8 @@ class _Master:
         #: The bench client's TLS files (``None``: plaintext).
         self.tls: Any = None
         if tls:
-            from cxlkv.certs import local_cluster_certs
-            from cxlkv.tls import TlsFiles
+            from cxlkv.deploy.certs import local_cluster_certs
+            from cxlkv.wire.tls import TlsFiles
 
             certs = local_cluster_certs(run_dir / "certs", ["bench"])
             ca = certs["ca"][0]
@@ -101,7 +101,7 @@ class _Master:
 
         self.address = address_file.read_text().strip()
         if self.tls is not None:
-            from cxlkv.tls import grpc_channel_credentials
+            from cxlkv.wire.tls import grpc_channel_credentials
 
             self.channel = grpc.secure_channel(self.address, grpc_channel_credentials(self.tls))
         else:
@@ -418,11 +418,11 @@ def _cpu_s(pid: int) -> float:
 
 def _lean_records(quick: bool, tls: bool = False, log: Callable[[str], None] = lambda _m: None) -> list[Record]:
     """Batched puts and gets over the master's lean link (what clientd uses): an
-    asyncio :class:`~cxlkv.lean.LeanChannel`, ``inflight`` batches in flight;
+    asyncio :class:`~cxlkv.wire.lean.LeanChannel`, ``inflight`` batches in flight;
     with ``tls`` over mutual TLS (generated certificates; ``extra["tls"]``)."""
     import asyncio
 
-    from cxlkv.lean import LeanChannel, service_methods
+    from cxlkv.wire.lean import LeanChannel, service_methods
     from cxlkv.v1 import master_pb2
 
     methods = service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"])
@@ -435,7 +435,7 @@ def _lean_records(quick: bool, tls: bool = False, log: Callable[[str], None] = l
         m = _Master(Path(tmp), tls=tls)
         ssl_ctx = None
         if m.tls is not None:
-            from cxlkv.tls import client_context
+            from cxlkv.wire.tls import client_context
 
             ssl_ctx = client_context(m.tls)
         try:

@@ -99,7 +99,7 @@ def timed_policy_cost(trace: Any, capacity_blocks: int, policy: str) -> tuple[fl
         number of policy calls, the blocks requested and the nanoseconds spent
         inside the policy (timing overhead not subtracted).
     """
-    import cxlkv.tracesim as ts
+    import cxlkv.trace.sim as ts
 
     made: list[_Timed] = []
     real = ts._make_policy
@@ -138,8 +138,8 @@ def policy_cmd(trace: str | None, fractions: tuple[float, ...], policies: tuple[
 
     from cxlkv.config import parse_size
     from cxlkv.master.eviction import available_policies
-    from cxlkv.replay import ReplayOptions, resolve_trace, run_embedded
-    from cxlkv.tracesim import load_trace, simulate_belady, simulate_unbounded, unique_blocks
+    from cxlkv.trace.replay import ReplayOptions, resolve_trace, run_embedded
+    from cxlkv.trace.sim import load_trace, simulate_belady, simulate_unbounded, unique_blocks
 
     try:
         trace = resolve_trace(trace)

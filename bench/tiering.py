@@ -28,7 +28,7 @@ from __future__ import annotations
 import click
 
 from cxlkv.bench.common import Record, emit, output_options
-from cxlkv.clisize import Size
+from cxlkv.cli.sizes import Size
 
 __all__ = ["tiering_cmd", "CONFIGS"]
 
@@ -61,7 +61,7 @@ def tiering_cmd(trace: str, block_bytes: int, capacity_fraction: float, ssd_frac
                 dram_fraction: float, policies: tuple[str, ...], configs: tuple[str, ...], workers: int,
                 limit: int | None, as_json: bool, out: str | None, quick: bool) -> None:
     """Hit rates per tier: CXL-only vs CXL+SSD vs DRAM+CXL+SSD, per policy, on the real trace."""
-    from cxlkv.replay import ReplayOptions, resolve_trace, run_embedded
+    from cxlkv.trace.replay import ReplayOptions, resolve_trace, run_embedded
 
     try:
         trace = resolve_trace(trace)

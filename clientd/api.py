@@ -20,8 +20,8 @@ from cxlkv.clientd.core import ClientdCore, PutSpec, ReadOutcome, ReadTarget
 from cxlkv.clientd.direct import DirectPuts
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument, TooLarge, error_for
 from cxlkv.keys import key_error, prefix_chains, validate_key
-from cxlkv.lean import PEER_CRED
-from cxlkv.limits import BatchLimit
+from cxlkv.wire.lean import PEER_CRED
+from cxlkv.wire.limits import BatchLimit
 from cxlkv.v1 import client_pb2, common_pb2
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Iterable
 
 from cxlkv.errors import CxlkvError, InvalidArgument, OutOfRange, UnknownBuffer
-from cxlkv.procs import process_start_time
+from cxlkv.runtime.procs import process_start_time
 
 __all__ = ["SHM_DIR", "BUFFER_NAME", "SharedBuffer", "BufferRegistry", "process_start_time"]
 

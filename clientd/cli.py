@@ -35,7 +35,7 @@ def clientd_cmd(config_path, name, master_address, socket_path, lean_socket_path
     """
     from cxlkv.config import ClientdConfig, load_config
     from cxlkv.errors import ConfigError
-    from cxlkv.logs import setup_logging
+    from cxlkv.runtime.logs import setup_logging
 
     overrides = {
         "name": name, "master_address": master_address, "socket_path": socket_path,
@@ -59,9 +59,9 @@ def clientd_cmd(config_path, name, master_address, socket_path, lean_socket_path
         sys.exit(2)
     setup_logging(cfg.log_level, json_lines=cfg.log_json, component=cfg.name)
     from cxlkv.clientd.daemon import Daemon
-    from cxlkv.systemd import Notifier
+    from cxlkv.runtime.systemd import Notifier
 
-    from cxlkv.systemd import config_reloader, install_reload
+    from cxlkv.runtime.systemd import config_reloader, install_reload
 
     notifier = Notifier.from_env(os.environ)
     install_reload(notifier, config_reloader(lambda: load_config(
@@ -71,7 +71,7 @@ def clientd_cmd(config_path, name, master_address, socket_path, lean_socket_path
     async def _main() -> int:
         return await Daemon(cfg, notifier=notifier).run()
 
-    from cxlkv.loops import run
+    from cxlkv.runtime.loops import run
 
     try:
         rc = run(_main(), cfg.event_loop)

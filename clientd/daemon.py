@@ -17,7 +17,7 @@ regions are unmapped, sockets and the ready file removed.
 
 Under systemd (``Type=notify``) the daemon sends STATUS= lines through start-up,
 READY=1 after step 3, STOPPING=1 when a stop signal arrives, and watchdog
-pings from its event loop (:class:`cxlkv.systemd.Notifier`).
+pings from its event loop (:class:`cxlkv.runtime.systemd.Notifier`).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from cxlkv.clientd.regions import RegionSet, StartupError
 from cxlkv.clientd.writers import Incarnation, still_running
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError
-from cxlkv.loops import StallMonitor
-from cxlkv.systemd import Notifier
+from cxlkv.runtime.loops import StallMonitor
+from cxlkv.runtime.systemd import Notifier
 
 __all__ = ["Daemon", "SHUTDOWN_GRACE_S", "BUFFER_REAP_INTERVAL_S", "EXIT_STARTUP", "tune_malloc"]
 
@@ -89,7 +89,7 @@ def _prepare_socket_path(path: str) -> None:
 
     A socket in the default runtime directory (:func:`cxlkv.config.default_runtime_dir`)
     gets that directory checked, or created 0700, under the XDG rules
-    (:func:`cxlkv.rundir.check_private_dir`); the directory of an explicitly
+    (:func:`cxlkv.runtime.rundir.check_private_dir`); the directory of an explicitly
     configured path is the operator's choice and only created when missing.
 
     Raises:
@@ -97,7 +97,7 @@ def _prepare_socket_path(path: str) -> None:
             or the runtime directory is unsafe (another owner, group/other-writable).
     """
     from cxlkv.config import default_runtime_dir
-    from cxlkv.rundir import check_private_dir
+    from cxlkv.runtime.rundir import check_private_dir
 
     p = Path(path)
     if p.parent == default_runtime_dir():

@@ -16,14 +16,14 @@ from typing import Any, Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from cxlkv.reflection import enable_reflection
+from cxlkv.wire.reflection import enable_reflection
 from grpc_status import rpc_status
 
 from cxlkv.client.framing import METHODS
 from cxlkv.clientd.api import ClientApi
 from cxlkv.errors import CxlkvError, Internal, rpc_status_for
 from cxlkv.v1 import client_pb2, client_pb2_grpc
-from cxlkv.wire import add_service
+from cxlkv.wire.parse import add_service
 
 __all__ = ["SERVICE_NAME", "make_servicer", "GrpcFrontEnd"]
 
@@ -96,7 +96,7 @@ class GrpcFrontEnd:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
         ])
-        # safe deserializers: a request that does not parse answers INVALID_ARGUMENT/INVALID_KEY (cxlkv.wire)
+        # safe deserializers: a request that does not parse answers INVALID_ARGUMENT/INVALID_KEY (cxlkv.wire.parse)
         add_service(self.server, client_pb2.DESCRIPTOR.services_by_name["ClientService"], make_servicer(api))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         enable_reflection((SERVICE_NAME, health.SERVICE_NAME), self.server)  # v1 and v1alpha

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from cxlkv.client.framing import METHODS
 from cxlkv.clientd.api import ClientApi
-from cxlkv.lean import LeanProtocol, LeanRoute
-from cxlkv.lean import LeanServer as _LeanServer
+from cxlkv.wire.lean import LeanProtocol, LeanRoute
+from cxlkv.wire.lean import LeanFrameServer as _LeanServer
 
 __all__ = ["LeanServer", "LeanProtocol"]
 

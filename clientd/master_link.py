@@ -30,7 +30,7 @@ from cxlkv.clientd.regions import RegionSet, StartupError
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode, Internal, NotReady, StaleToken, Unavailable, UnknownClient, from_rpc_error
 from cxlkv.keys import pack_prefix_chains
-from cxlkv.lean import LeanChannel, LeanConnectError, service_methods
+from cxlkv.wire.lean import LeanChannel, LeanConnectError, service_methods
 from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 _MASTER_METHODS = service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"])
@@ -435,7 +435,7 @@ class MasterLink:
         ]
         tls = self.cfg.tls
         if tls.enabled:
-            from cxlkv.tls import client_context, grpc_channel_credentials
+            from cxlkv.wire.tls import client_context, grpc_channel_credentials
 
             self._ssl = client_context(tls)
             self._channel = grpc.aio.secure_channel(self.address, grpc_channel_credentials(tls), options=options)

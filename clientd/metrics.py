@@ -7,7 +7,7 @@ coalesced kind (their ratio is the mean batch size), registered buffers.
 Requests are counted by :func:`instrument_api`, which wraps each ClientService
 method of the :class:`~cxlkv.clientd.api.ClientApi` once at start (before the
 front-ends look them up): calls by method and result (the error code's name),
-latency and batch-size histograms (:class:`cxlkv.metrics.RequestStats`), about
+latency and batch-size histograms (:class:`cxlkv.runtime.metrics.RequestStats`), about
 1 µs per call. Prefix-match hits and misses (``cxlkv_clientd_prefix_blocks_total``)
 give the cache hit rate; docs/operations.md lists every metric.
 """
@@ -24,7 +24,7 @@ from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Gauge
 from cxlkv.clientd.buffers import BufferRegistry
 from cxlkv.clientd.core import ClientdCore
 from cxlkv.errors import CxlkvError, ErrorCode
-from cxlkv.metrics import MethodStats, RequestStats, StallCollector, build_info, serve_metrics
+from cxlkv.runtime.metrics import MethodStats, RequestStats, StallCollector, build_info, serve_metrics
 
 __all__ = ["ClientdCollector", "start_metrics", "instrument_api", "BATCH_FIELDS"]
 
@@ -194,9 +194,9 @@ def start_metrics(address: str, core: ClientdCore, buffers: BufferRegistry,
         buffers: the shared-buffer registry.
         api: the :class:`~cxlkv.clientd.api.ClientApi` to instrument with
             :func:`instrument_api` (before its front-ends are built), or ``None``.
-        tls: :class:`cxlkv.tls.TlsFiles`: serve https, scrapers need a CA-signed
+        tls: :class:`cxlkv.wire.tls.TlsFiles`: serve https, scrapers need a CA-signed
             certificate (``None`` or disabled: plain HTTP).
-        stalls: the daemon's :class:`cxlkv.loops.StallMonitor` (its event-loop
+        stalls: the daemon's :class:`cxlkv.runtime.loops.StallMonitor` (its event-loop
             stall metrics), or ``None``.
 
     Returns:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, TypeVar
 
 from cxlkv.errors import ConfigError
-from cxlkv.tls import TlsFiles, is_loopback_host
+from cxlkv.wire.tls import TlsFiles, is_loopback_host
 
 __all__ = [
     "parse_size",
@@ -137,7 +137,7 @@ def default_runtime_dir() -> Path:
     ``RuntimeDirectory=``), else ``/tmp/cxlkv-<uid>``.
 
     Only the path: the daemon and the SDK check it before use
-    (:func:`cxlkv.rundir.check_private_dir`: owned by the user or root, not
+    (:func:`cxlkv.runtime.rundir.check_private_dir`: owned by the user or root, not
     writable by group or others).
     """
     xdg = os.environ.get("XDG_RUNTIME_DIR")
@@ -465,8 +465,8 @@ class ClientdConfig:
 
 
 def _check_limits(max_batch_items: int, max_request_bytes: int, *, master: bool) -> None:
-    """Bounds of the per-call limits (cxlkv.limits). Raises :class:`ConfigError`."""
-    from cxlkv.limits import MIN_MASTER_MAX_REQUEST_BYTES, MIN_MAX_BATCH_ITEMS, MIN_MAX_REQUEST_BYTES
+    """Bounds of the per-call limits (cxlkv.wire.limits). Raises :class:`ConfigError`."""
+    from cxlkv.wire.limits import MIN_MASTER_MAX_REQUEST_BYTES, MIN_MAX_BATCH_ITEMS, MIN_MAX_REQUEST_BYTES
 
     if max_batch_items < MIN_MAX_BATCH_ITEMS:
         raise ConfigError(f"max_batch_items: must be >= {MIN_MAX_BATCH_ITEMS} (the batch size of the SDK "

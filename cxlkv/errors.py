@@ -67,7 +67,7 @@ __all__ = [
 class ErrorCode(enum.IntEnum):
     """The wire enum ``cxlkv.v1.ErrorCode`` (common.proto), spelled out for type checkers.
 
-    tests/test_proto_stubs.py checks it equals the generated proto enum member by member.
+    tests/core/test_proto_stubs.py checks it equals the generated proto enum member by member.
     """
 
     OK = 0

@@ -3,7 +3,7 @@
 With TLS on (``tls_*`` in MasterConfig), every caller of the master presents a
 certificate the cluster CA signed (checked at the handshake, gRPC and lean
 alike), and :class:`Authorizer` decides each call from the caller's
-:class:`~cxlkv.tls.Identity`:
+:class:`~cxlkv.wire.tls.Identity`:
 
 * **client binding**: ``RegisterClient`` binds the client id it answers to the
   caller's identity (its certificate's CN). Every later call naming that client
@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from cxlkv.errors import PermissionDenied
-from cxlkv.tls import Identity
+from cxlkv.wire.tls import Identity
 from cxlkv.v1 import common_pb2, master_pb2
 
 __all__ = ["Authorizer", "ADMIN_METHODS"]

@@ -16,7 +16,7 @@ import click
 
 from cxlkv.config import MasterConfig, load_config
 from cxlkv.errors import ConfigError
-from cxlkv.logs import setup_logging
+from cxlkv.runtime.logs import setup_logging
 
 __all__ = ["master_cmd"]
 
@@ -54,11 +54,11 @@ def master_cmd(config_path: str | None, listen: str | None, address_file: str | 
         click.echo(f"cxlkv master: {exc}", err=True)
         sys.exit(EXIT_CONFIG)
     setup_logging(cfg.log_level, json_lines=cfg.log_json, component="master")
-    from cxlkv.loops import run
+    from cxlkv.runtime.loops import run
     from cxlkv.master.server import run_master  # grpc import only once the config is good
-    from cxlkv.systemd import Notifier
+    from cxlkv.runtime.systemd import Notifier
 
-    from cxlkv.systemd import config_reloader, install_reload
+    from cxlkv.runtime.systemd import config_reloader, install_reload
 
     notifier = Notifier.from_env(os.environ)
     install_reload(notifier, config_reloader(lambda: load_config(

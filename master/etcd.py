@@ -79,7 +79,7 @@ class EtcdClient:
             ``http://host:port`` (plaintext), ``https://host:port`` (mutual TLS
             with ``tls``: etcd started with ``--client-cert-auth`` and the
             cluster CA as ``--trusted-ca-file``).
-        tls: this part's :class:`cxlkv.tls.TlsFiles` (used for https endpoints).
+        tls: this part's :class:`cxlkv.wire.tls.TlsFiles` (used for https endpoints).
 
     Raises:
         ConfigError: https endpoints without TLS files.
@@ -103,7 +103,7 @@ class EtcdClient:
         ]
         if self.tls_required:
             from cxlkv.errors import ConfigError
-            from cxlkv.tls import grpc_channel_credentials
+            from cxlkv.wire.tls import grpc_channel_credentials
 
             if tls is None or not tls.enabled:
                 raise ConfigError("etcd_endpoints: https:// endpoints need this part's TLS files "

@@ -12,6 +12,10 @@ methods are called on the master's event-loop thread and must be O(1) or O(log n
 per call (``candidates(n)``: O(n); ``on_prefix``: O(len(keys)), times log n at most). The prefix-aware policy
 ``prefix`` lives in :mod:`cxlkv.master.prefix_policy`; docs/master.md "Choosing an
 eviction policy" compares them.
+
+:class:`Evictor` is the other half: the master's eviction loop, which asks the
+policy for candidates, skips what may not go and evicts (or, with an SSD tier,
+demotes) under the time budget.
 """
 
 from __future__ import annotations
@@ -20,13 +24,19 @@ import abc
 import itertools
 import math
 from collections import OrderedDict
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from cxlkv.config import MasterConfig
 from cxlkv.errors import ConfigError
 from cxlkv.master.plugins import POLICY_GROUP, available, load_plugin
+from cxlkv.master.segments import Tier
 
-__all__ = ["EvictionPolicy", "LruPolicy", "ArcPolicy", "load_policy", "available_policies"]
+if TYPE_CHECKING:
+    from cxlkv.master.objects import ObjectVersion
+    from cxlkv.master.segments import Segment
+    from cxlkv.master.state import MasterState
+
+__all__ = ["EvictionPolicy", "LruPolicy", "ArcPolicy", "Evictor", "load_policy", "available_policies"]
 
 
 class EvictionPolicy(abc.ABC):
@@ -221,3 +231,172 @@ def load_policy(name: str, config: MasterConfig | None = None) -> EvictionPolicy
         raise ConfigError(f"eviction policy {name!r} failed to start: {type(exc).__name__}: {exc}") from exc
     policy.name = name
     return policy
+
+
+class Evictor:
+    """The master's eviction loop: a part of :class:`~cxlkv.master.state.MasterState`.
+
+    The policy nominates (:meth:`EvictionPolicy.candidates`); the evictor skips
+    what may not go (leased, hard-pinned, moving; soft-pinned only in a second
+    pass), drops the rest through the state (``_drop_committed``) or, into an SSD
+    tier, demotes them (:class:`~cxlkv.master.tiering.Tiering`), and watches the
+    work-clock budget. The state calls :meth:`until_fits` (a put found no room),
+    :meth:`drain` (a put passed the high watermark), :meth:`to_watermark`
+    (sweeps) and marks segments in :attr:`draining`. Pure, ``now`` passed in; the
+    budget is measured on the state's ``_work_clock``. Event-loop thread only.
+    """
+
+    def __init__(self, state: "MasterState") -> None:
+        self._st = state
+        self.config = state.config
+        self.counters = state.counters
+        #: Segment ids evicting down to the low watermark (over several sweeps if needed).
+        self.draining: set[int] = set()
+
+    def _evictable(self, obj: ObjectVersion, now: float, soft_ok: bool,
+                   segment_ids: frozenset[int] | None) -> bool:
+        st = self._st
+        if obj.leases or obj.hard_pin:
+            return False
+        if obj.version in st.tiering.tasks.by_version:
+            return False  # a move is reading or writing it
+        if not soft_ok and obj.soft_pin_until > now:
+            return False
+        return segment_ids is None or any(e[0] in segment_ids for e in obj.extents)
+
+    def evict(self, now: float, done: Callable[[], bool], segment_ids: frozenset[int] | None,
+               deadline: float | None, *, cold: bool = False, demote: bool = False,
+               sync_only: bool = False) -> int:
+        """Evict policy candidates until ``done()`` or the deadline (work clock).
+
+        Unpinned objects go first; soft-pinned ones only in a second pass.
+        Never leased, PROCESSING, hard-pinned or moving objects.
+
+        Args:
+            cold: take candidates from the SSD-only objects (least recently used
+                first) instead of the eviction policy.
+            demote: move each candidate to the SSD tier instead of dropping it
+                (:meth:`Tiering.demote <cxlkv.master.tiering.Tiering.demote>`); an object is dropped only when the SSD tier
+                has no room even after its own eviction.
+            sync_only: with ``demote``, only candidates that already have an
+                SSD replica (their CXL replica is freed at once); others are skipped.
+
+        Returns:
+            Objects evicted or demoted.
+        """
+        st = self._st
+        evicted = 0
+        policy = st.policy
+        objects = st._objects
+        cold_keys = st.tiering.cold
+        source = (lambda n: list(itertools.islice(cold_keys, n))) if cold else policy.candidates
+        for soft_ok in (False, True):
+            # A put usually needs one victim (same-sized blocks): ask for a few
+            # candidates first, more each round (the policies build the list per call).
+            base = 4
+            n = base
+            while not done():
+                cands = source(n)
+                skipped = 0
+                progressed = False
+                for key in cands:
+                    obj = objects.get(key)
+                    if obj is None or not self._evictable(obj, now, soft_ok, segment_ids) or (
+                            sync_only and not st.tiering.has_tier(obj, Tier.SSD)):
+                        skipped += 1
+                        continue
+                    if demote and st.tiering.demote(obj, now):
+                        evicted += 1
+                        progressed = True
+                        if done():
+                            return evicted
+                        continue
+                    if cold:
+                        self.counters["ssd_evictions"] += 1
+                    self.counters["evicted_bytes"] += sum(e[2] for e in obj.extents)
+                    st._drop_committed(obj, evicted=True)
+                    self.counters["evictions"] += 1
+                    evicted += 1
+                    progressed = True
+                    if done():
+                        return evicted
+                    if deadline is not None and evicted % 16 == 0 and st._work_clock() > deadline:
+                        return evicted
+                if deadline is not None and st._work_clock() > deadline:
+                    return evicted
+                base = min(2 * base, 64)
+                if progressed:
+                    n = skipped + base  # the skipped ones stay at the front: look past them
+                elif len(cands) < n:
+                    break  # the policy has nothing more to offer in this pass
+                else:
+                    n *= 2
+        return evicted
+
+    def until_fits(self, candidates: Sequence[Segment], need: int, now: float) -> int:
+        """Evict in ``candidates`` until one has a free extent of ``need`` bytes (a put
+        that found no room: not limited by the budget). SSD-only objects go first
+        when an SSD segment is among them. Returns objects evicted."""
+        st = self._st
+        if not candidates:
+            return 0
+        ids = frozenset(s.segment_id for s in candidates)
+        fits = lambda: any(s.allocator.free_bytes >= need and s.allocator.largest_free_bytes >= need  # noqa: E731
+                           for s in candidates)
+        n = 0
+        if st.tiering.cold and any(s.tier == Tier.SSD for s in candidates):
+            n = self.evict(now, fits, ids, None, cold=True)  # SSD-only objects first
+        return n + self.evict(now, fits, ids, None)
+
+    def to_watermark(self, now: float, budget_s: float | None = None) -> int:
+        """Evict in each segment above ``high_watermark`` down to ``low_watermark``.
+
+        A segment that crossed the high watermark keeps draining in later
+        calls (when the budget cut a pass short) until it is at or below the
+        low watermark, or nothing in it is evictable.
+
+        Args:
+            now: master clock, seconds.
+            budget_s: most work-clock time to spend (default ``evict_budget_s``).
+
+        Returns:
+            Objects evicted.
+        """
+        st = self._st
+        budget = self.config.evict_budget_s if budget_s is None else budget_s
+        deadline = st._work_clock() + budget
+        high, low = self.config.high_watermark, self.config.low_watermark
+        evicted = 0
+        draining = self.draining
+        for seg in list(st.segment_table.mounted):
+            cap = seg.capacity_bytes
+            sid = seg.segment_id
+            if sid not in draining:
+                if not cap or seg.used_bytes <= high * cap:
+                    continue
+                draining.add(sid)  # above high: drain down to low, over several passes if needed
+            if seg.tier == Tier.DRAM or (seg.tier == Tier.SSD and st.tiering.has_ssd):
+                # DRAM caches make room on demand (_cache); the SSD tier drops objects
+                # only when full (_alloc_in, _evict_until_fits), never at a watermark
+                draining.discard(sid)
+                continue
+            evicted += self.drain(seg, now, deadline)
+            if seg.allocator.used_bytes - st.tiering.moving_out.get(sid, 0) <= low * cap:
+                draining.discard(sid)
+            if st._work_clock() > deadline:
+                break
+        draining.intersection_update(s.segment_id for s in st.segment_table.mounted)
+        return evicted
+
+    def drain(self, seg: Segment, now: float, deadline: float) -> int:
+        """Evict (CXL with an SSD tier: demote) in ``seg`` down to ``low_watermark``,
+        counting bytes already being demoted as gone."""
+        st = self._st
+        sid = seg.segment_id
+        alloc = seg.allocator
+        target = self.config.low_watermark * seg.capacity_bytes
+        moving = st.tiering.moving_out
+        done = lambda: alloc.used_bytes - moving.get(sid, 0) <= target  # noqa: E731
+        if seg.tier == Tier.SSD:
+            return self.evict(now, done, frozenset((sid,)), deadline, cold=True)
+        return self.evict(now, done, frozenset((sid,)), deadline, demote=st.tiering.has_ssd)

@@ -42,7 +42,7 @@ from cxlkv.errors import ConfigError, CxlkvError, Unavailable
 from cxlkv.master.election import ClusterMeta, Elector, MasterInfo, Term
 from cxlkv.master.etcd import EtcdClient
 from cxlkv.master.publish import NoIndex
-from cxlkv.systemd import Notifier
+from cxlkv.runtime.systemd import Notifier
 
 __all__ = ["HaNode", "run_ha_master", "META_INTERVAL_S"]
 
@@ -364,7 +364,7 @@ def restore_overflow(server: Any, records: list[list[Any]]) -> int:
     from types import SimpleNamespace
 
     from cxlkv.master.recovery import _verified_key
-    from cxlkv.master.state import RestoredObject
+    from cxlkv.master.objects import RestoredObject
     from cxlkv.objheader import OBJECT_HEADER_BYTES, key_hash, parse_header
 
     st = server.state

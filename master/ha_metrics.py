@@ -23,7 +23,7 @@ from typing import Any, Iterator
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from cxlkv.metrics import RequestStats, StallCollector, serve_metrics
+from cxlkv.runtime.metrics import RequestStats, StallCollector, serve_metrics
 
 __all__ = ["HaCollector", "HaMetrics", "lone_master_families"]
 

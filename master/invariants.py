@@ -57,10 +57,15 @@ def check_invariants(state: "MasterState") -> None:
         if not obj.extents:
             raise AssertionError(f"committed {obj!r} has no replica")
         add(obj, "committed")
-    pinned = {o.version: o for o in state._objects.values() if o.hard_pin}
-    if pinned.keys() != state._pinned.keys() or any(state._pinned[v] is not o for v, o in pinned.items()):
-        raise AssertionError(f"hard-pinned versions {sorted(state._pinned)} are not the committed hard-pinned "
-                             f"ones {sorted(pinned)}")
+    pinned: dict[int, int] = {}  # segment id → bytes of committed hard-pinned replicas
+    for obj in state._objects.values():
+        if obj.hard_pin:
+            for sid, _, n in obj.extents:
+                pinned[sid] = pinned.get(sid, 0) + n
+    counted = {sid: n for sid, n in state._pinned_bytes.items() if n}
+    if counted != pinned:
+        raise AssertionError(f"hard-pinned bytes per segment {counted} are not the committed hard-pinned "
+                             f"replicas' {pinned}")
     for token, obj in state._puts.items():
         if obj.version != token or obj.state != ObjState.PROCESSING or state._pending.get(obj.key) is not obj:
             raise AssertionError(f"in-flight put {token} inconsistent: {obj!r}")
@@ -73,17 +78,17 @@ def check_invariants(state: "MasterState") -> None:
         if token in state._puts:
             raise AssertionError(f"fenced put {token} is also in flight")
         add(obj, "fenced")
-    for token, obj in state._reserved.items():
+    for token, obj in state.reservations.held.items():
         if obj.version != token or obj.state != ObjState.PROCESSING or obj.key or not obj.extents:
             raise AssertionError(f"reservation {token} inconsistent: {obj!r}")
         c = state._clients.get(obj.client_id)
         if c is None or c.reserved.get(token) is not obj:
             raise AssertionError(f"reservation {token} is not its live client's: {obj!r}")
         add(obj, "reserved")
-    for token, obj in state._quarantine.items():
+    for token, obj in state.quarantine.held.items():
         if obj.version != token or obj.state != ObjState.FAILED or not obj.extents:
             raise AssertionError(f"quarantined {token} inconsistent: {obj!r}")
-        if token in state._puts or token in state._fenced or token in state._reserved:
+        if token in state._puts or token in state._fenced or token in state.reservations.held:
             raise AssertionError(f"quarantined {token} is also live elsewhere")
         add(obj, "quarantined")
     for version, obj in state._retired.items():
@@ -103,7 +108,7 @@ def check_invariants(state: "MasterState") -> None:
             raise AssertionError(f"{task!r} is not indexed by its object version")
     for seg in state.segment_table.by_id.values():
         if not seg.mounted:
-            if seg.segment_id in state._unmounting:  # by slices: its replicas go slice by slice
+            if seg.segment_id in state.mounts.unmounting:  # by slices: its replicas go slice by slice
                 continue
             if seg.used_bytes or seg.object_count:
                 raise AssertionError(f"unmounted {seg!r} still holds extents")
@@ -125,7 +130,7 @@ def check_invariants(state: "MasterState") -> None:
         if seg.used_bytes + seg.free_bytes != seg.capacity_bytes:
             raise AssertionError(f"{seg!r}: used + free != capacity")
     for sid in per_seg:
-        if not state.segment_table.by_id[sid].mounted and sid not in state._unmounting:
+        if not state.segment_table.by_id[sid].mounted and sid not in state.mounts.unmounting:
             raise AssertionError(f"an object still has a replica in unmounted segment {sid}")
     if state._keys is not None and (
         len(state._keys) != len(state._objects) or any(k not in state._objects for k in state._keys)
@@ -137,16 +142,16 @@ def check_invariants(state: "MasterState") -> None:
     for obj in list(state._objects.values()) + list(state._retired.values()):
         if obj.leases != counts.get(id(obj), 0):
             raise AssertionError(f"{obj!r}: lease count {obj.leases} != {counts.get(id(obj), 0)} leases")
-    upper = {k for k, o in state._objects.items() if not o.hard_pin and state._has_cxl(o)}
+    upper = {k for k, o in state._objects.items() if not o.hard_pin and state.tiering.has_cxl(o)}
     cold = {k for k, o in state._objects.items() if not o.hard_pin} - upper
-    if not state._tiered:
+    if not state.tiering.active:
         upper |= cold
         cold = set()
     if len(state.policy) != len(upper):
         raise AssertionError(f"eviction policy tracks {len(state.policy)} keys, {len(upper)} are evictable "
                              "with a CXL replica")
-    if set(state._cold) != cold:
-        raise AssertionError(f"SSD-only LRU tracks {len(state._cold)} keys, {len(cold)} objects have no "
+    if set(state.tiering.cold) != cold:
+        raise AssertionError(f"SSD-only LRU tracks {len(state.tiering.cold)} keys, {len(cold)} objects have no "
                              "CXL replica")
     for client in state._clients.values():
         for token, obj in client.puts.items():

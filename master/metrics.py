@@ -3,7 +3,7 @@
 Nothing here instruments the state machine: :class:`MasterCollector` reads
 :attr:`MasterState.counters`, the segments, the clients and the gauges of
 :class:`~cxlkv.master.state.MasterState` at scrape time, and
-:class:`~cxlkv.metrics.RequestStats` is fed by an observer the servicer calls
+:class:`~cxlkv.runtime.metrics.RequestStats` is fed by an observer the servicer calls
 once per RPC (method, result code, seconds, batch size).
 
 The state is confined to the event-loop thread, while prometheus-client serves
@@ -42,7 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from cxlkv.master.segments import Tier
 from cxlkv.master.state import MasterState
-from cxlkv.metrics import RequestStats, StallCollector, build_info, serve_metrics
+from cxlkv.runtime.metrics import RequestStats, StallCollector, build_info, serve_metrics
 
 __all__ = ["MasterCollector", "RpcObserver", "COUNTER_HELP", "BATCH_FIELDS", "start_master_metrics"]
 
@@ -310,7 +310,7 @@ def start_master_metrics(address: str, state: MasterState, loop: asyncio.Abstrac
                          lone_epoch: Any = None) -> tuple[Any, str, RpcObserver]:
     """Serve the master's /metrics on ``address`` (call on the event-loop thread).
 
-    ``stalls`` (a :class:`cxlkv.loops.StallMonitor`, or ``None``) adds the event
+    ``stalls`` (a :class:`cxlkv.runtime.loops.StallMonitor`, or ``None``) adds the event
     loop's stall metrics.
 
     Returns:

@@ -1,4 +1,4 @@
-"""Metadata records of the master: object versions and clients.
+"""Metadata records of the master: object versions, clients, and the records its calls take.
 
 Plain ``__slots__`` classes, no behaviour beyond small helpers: the rules live in
 :class:`~cxlkv.master.state.MasterState`.
@@ -7,13 +7,26 @@ Plain ``__slots__`` classes, no behaviour beyond small helpers: the rules live i
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple, Protocol
 
 from cxlkv.v1 import common_pb2
 
-__all__ = ["ObjState", "ObjectVersion", "ClientRecord", "Extent"]
+__all__ = [
+    "ObjState", "ObjectVersion", "ClientRecord", "Extent", "PutStartArgs", "RegionReport", "RestoredObject",
+    "RestoreReport", "MAX_HEADER_BYTES", "short_key",
+]
 
 #: ``(segment_id, offset_bytes, length_bytes)`` of one replica.
 Extent = tuple[int, int, int]
+
+
+#: Largest per-extent header a writer may ask for, in bytes (object header + a 4096-byte key).
+MAX_HEADER_BYTES = 64 + 4096
+
+
+def short_key(key: str) -> str:
+    """``key`` for a message: quoted, cut at 80 characters."""
+    return repr(key if len(key) <= 80 else key[:80] + "…")
 
 
 class ObjState(enum.IntEnum):
@@ -134,3 +147,68 @@ class ClientRecord:
         self.puts: dict[int, ObjectVersion] = {}
         self.reserved: dict[int, ObjectVersion] = {}
         self.mapped: set[str] = set()
+
+
+class RegionReport(Protocol):
+    """A region a clientd maps (duck-typed: ``cxlkv.v1.RegionIdentity`` fits)."""
+
+    segment_name: str
+    region_uuid: str
+    size_bytes: int
+    device_path: str
+
+
+class PutStartArgs(NamedTuple):
+    """One item of :meth:`MasterState.put_start_batch`."""
+
+    key: str
+    value_size_bytes: int
+    replica_num: int = 1
+    upsert: bool = False
+    soft_pin: bool = False
+    hard_pin: bool = False
+    preferred_segment: str = ""
+    header_bytes: int = 0
+
+
+class RestoredObject(NamedTuple):
+    """One committed object found in a region, for :meth:`MasterState.restore_objects`.
+
+    Attributes:
+        key: the key.
+        offset_bytes: the extent's offset in the region, in bytes.
+        value_size_bytes: value length in bytes.
+        header_bytes: bytes before the value in the extent (object header and key).
+        version: the version the writer recorded (readers check it).
+        checksum: xxh3_64 of the value the writer recorded.
+    """
+
+    key: str
+    offset_bytes: int
+    value_size_bytes: int
+    header_bytes: int
+    version: int
+    checksum: int
+
+
+class RestoreReport(NamedTuple):
+    """What :meth:`MasterState.restore_objects` did with one segment's objects.
+
+    Attributes:
+        restored: objects committed under their key (new keys or newer versions).
+        replicas: extents added as another replica of an already restored
+            version (the same version found in another segment).
+        superseded: objects dropped because a newer version of the key was
+            already restored (from another segment).
+        conflicts: objects dropped because their extent is misaligned, outside
+            the segment or overlaps an extent already claimed.
+        invalid: objects dropped for a key or size the master would refuse.
+        restored_bytes: bytes of the extents claimed (restored and replicas).
+    """
+
+    restored: int
+    replicas: int
+    superseded: int
+    conflicts: int
+    invalid: int
+    restored_bytes: int

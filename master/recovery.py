@@ -23,8 +23,9 @@ import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 from cxlkv.errors import ConfigError, CxlkvError
+from cxlkv.master.objects import RestoredObject
 from cxlkv.master.segments import Segment, Tier
-from cxlkv.master.state import MasterState, RestoredObject
+from cxlkv.master.state import MasterState
 
 __all__ = ["RegionRecovery", "parse_recover_spec", "recover_regions"]
 

@@ -14,7 +14,7 @@ drain in-flight calls (``grace_s``), exit 0.
 With ``metrics_address`` set, Prometheus ``/metrics`` is served too
 (:mod:`cxlkv.master.metrics`); under systemd (``Type=notify``) the master
 reports READY=1 once both are bound, STATUS= lines, STOPPING=1 on SIGTERM and
-watchdog pings (:class:`cxlkv.systemd.Notifier`).
+watchdog pings (:class:`cxlkv.runtime.systemd.Notifier`).
 
 With ``tls_ca_file``/``tls_cert_file``/``tls_key_file`` set, the gRPC port, the
 lean port and /metrics take only mutual-TLS connections from certificates the
@@ -38,20 +38,20 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from cxlkv.reflection import enable_reflection
+from cxlkv.wire.reflection import enable_reflection
 
 from cxlkv.config import MasterConfig, format_size
 from cxlkv.errors import ConfigError
-from cxlkv.lean import LeanServer
-from cxlkv.loops import StallMonitor
+from cxlkv.wire.lean import LeanFrameServer
+from cxlkv.runtime.loops import StallMonitor
 from cxlkv.master.owner import Deposed, RegionOwnership
 from cxlkv.master.recovery import parse_recover_spec, recover_regions
 from cxlkv.master.service import MasterServicer
 from cxlkv.master.publish import NoIndex
 from cxlkv.master.state import MasterState
-from cxlkv.systemd import Notifier
+from cxlkv.runtime.systemd import Notifier
 from cxlkv.v1 import master_pb2
-from cxlkv.wire import add_service
+from cxlkv.wire.parse import add_service
 
 __all__ = ["MasterServer", "ListenError", "run_master", "SERVICE_NAME"]
 
@@ -185,7 +185,7 @@ class MasterServer:
         self.metrics_url = ""
         self._metrics: Any = None
         self._server: grpc.aio.Server | None = None
-        self._lean: LeanServer | None = None
+        self._lean: LeanFrameServer | None = None
         self._health: health.aio.HealthServicer | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._owner_task: asyncio.Task[None] | None = None
@@ -214,7 +214,7 @@ class MasterServer:
             ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
         ])
-        # safe deserializers: a request that does not parse answers INVALID_ARGUMENT/INVALID_KEY (cxlkv.wire)
+        # safe deserializers: a request that does not parse answers INVALID_ARGUMENT/INVALID_KEY (cxlkv.wire.parse)
         add_service(server, master_pb2.DESCRIPTOR.services_by_name["MasterService"], self.servicer)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -222,7 +222,7 @@ class MasterServer:
         tls = cfg.tls
         ssl_ctx = None
         if tls.enabled:
-            from cxlkv.tls import grpc_server_credentials, server_context
+            from cxlkv.wire.tls import grpc_server_credentials, server_context
 
             creds = grpc_server_credentials(tls)
             ssl_ctx = server_context(tls)
@@ -239,7 +239,7 @@ class MasterServer:
         if cfg.lean_listen_address != "off":
             lean_host, lean_port = (_split_host_port(cfg.lean_listen_address) if cfg.lean_listen_address
                                     else (host, 0))
-            self._lean = LeanServer(self.servicer.lean_routes(), ssl=ssl_ctx, max_frame_bytes=cfg.max_request_bytes)
+            self._lean = LeanFrameServer(self.servicer.lean_routes(), ssl=ssl_ctx, max_frame_bytes=cfg.max_request_bytes)
             try:
                 self.servicer.lean_port = await self._lean.start_tcp(lean_host, lean_port)
             except OSError as exc:

@@ -5,7 +5,7 @@ never await in the middle of state work), so the state needs no lock; ``now`` is
 ``time.monotonic()`` read once per call. The O(keys) calls (RemoveAll,
 RemoveByRegex, UnmountSegment) run by slices of at most ``slice_s`` and await between them, so
 no call holds the loop (heartbeats are answered within 100 ms throughout); batch
-calls over ``max_batch_items`` are refused before any work (:mod:`cxlkv.limits`).
+calls over ``max_batch_items`` are refused before any work (:mod:`cxlkv.wire.limits`).
 
 Errors: single-item RPCs abort with the cxlkv error packed in the gRPC status
 details (:func:`cxlkv.errors.rpc_status_for`); batch RPCs answer a per-item
@@ -33,10 +33,10 @@ from grpc_status import rpc_status
 
 from cxlkv import __version__
 from cxlkv.errors import CxlkvError, Internal, InvalidArgument, rpc_status_for
-from cxlkv.lean import PEER_IDENTITY, LeanRoute, service_methods
+from cxlkv.wire.lean import PEER_IDENTITY, LeanRoute, service_methods
 from cxlkv.keys import prefix_chains
-from cxlkv.limits import BatchLimit
-from cxlkv.tls import identity_from_auth_context
+from cxlkv.wire.limits import BatchLimit
+from cxlkv.wire.tls import identity_from_auth_context
 from cxlkv.master.objects import ObjectVersion
 from cxlkv.master.segments import Segment, Tier
 from cxlkv.master.state import MasterState
@@ -299,7 +299,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             ev.set()
 
     def lean_routes(self) -> dict[int, LeanRoute]:
-        """Every MasterService RPC as a lean-framing route (:mod:`cxlkv.lean`): the
+        """Every MasterService RPC as a lean-framing route (:mod:`cxlkv.wire.lean`): the
         same handlers, errors and metrics hook as the gRPC path, without HTTP/2."""
         routes: dict[int, LeanRoute] = {}
         for m in service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"]):
@@ -878,7 +878,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return response
 
     async def _remove_all(self, name: str, request: Any, pattern: str | None) -> tuple[Any, CxlkvError | None]:
-        """RemoveAll / RemoveByRegex by slices (:class:`~cxlkv.master.state.RemoveAllCursor`)."""
+        """RemoveAll / RemoveByRegex by slices (:class:`~cxlkv.master.cursors.RemoveAllCursor`)."""
         return await self._sliced(
             name, request, lambda: self.state.remove_all_start(request.force, pattern),
             lambda c: master_pb2.RemoveAllResponse(removed=c.removed, skipped_leased=c.skipped))

@@ -19,6 +19,25 @@ free) until its last lease ends. :meth:`MasterState.check_invariants` verifies
 ``used == sum of live extents``, no overlap, ``free + used == capacity`` and
 ``key count == committed objects`` from scratch.
 
+The state keeps the object lifecycle (puts, commits, reads, removal, frees,
+sweeps). The rest lives in parts, one module each, attributes of the state that
+work on its tables under the same rules (pure, ``now`` passed in)::
+
+    registrations  master/clients.py       clientd ids, epochs, heartbeats, expiry
+    quarantine     master/quarantine.py    space held for writers that may still write
+    reservations   master/reservations.py  extents taken ahead of need; commit in one round trip
+    mounts         master/mounts.py        run-time mounts; unmounts by slices
+    tiering        master/tiering.py       demotion, promotion, DRAM caching, move tasks
+    evictor        master/eviction.py      the eviction loop (policies only nominate)
+    leases         master/leases.py        read leases of the RPC path
+    segment_table  master/segments.py      segments and their allocators
+    index          master/publish.py       the committed-object index in the region
+
+with :mod:`~cxlkv.master.cursors` (RemoveAll and unmounts by slices),
+:mod:`~cxlkv.master.restore` (objects found in a region) and
+:mod:`~cxlkv.master.invariants` (the auditor). The RPC surface stays on the state:
+calls that belong to a part are one-line delegates.
+
 Not thread-safe: the service calls it from its event-loop thread only.
 Counters live in one dict (:attr:`MasterState.counters`) so metrics can wrap
 the state without touching it.
@@ -26,29 +45,37 @@ the state without touching it.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
+from typing import Callable, Iterable, Sequence
 
 from sortedcontainers import SortedList
 
 from cxlkv.config import MasterConfig
 from cxlkv.errors import (
-    AlreadyExists, CxlkvError, ErrorCode, InvalidArgument, InvalidKey, NoSpace, NotFound, NotReady,
+    AlreadyExists, CxlkvError, InvalidArgument, InvalidKey, NoSpace, NotFound, NotReady,
     StaleToken, TooLarge, Unavailable, UnknownClient, HasLease,
 )
 from cxlkv.keys import compile_key_pattern, key_error
-from cxlkv.master.eviction import EvictionPolicy, load_policy
+from cxlkv.master.clients import Registrations
+from cxlkv.master.cursors import RemoveAllCursor, UnmountCursor
+from cxlkv.master.eviction import EvictionPolicy, Evictor, load_policy
 from cxlkv.master.invariants import check_invariants
 from cxlkv.master.leases import Lease, LeaseTable
-from cxlkv.master.objects import ClientRecord, Extent, ObjectVersion, ObjState
+from cxlkv.master.mounts import Mounts
+from cxlkv.master.objects import (
+    MAX_HEADER_BYTES, ClientRecord, Extent, ObjectVersion, ObjState, PutStartArgs, RegionReport, RestoredObject,
+    RestoreReport, short_key as _short,
+)
 from cxlkv.master.publish import NoIndex, ObjectIndex
+from cxlkv.master.quarantine import Quarantine
+from cxlkv.master.reservations import Reservations
+from cxlkv.master.restore import restore_objects
 from cxlkv.master.segments import Segment, SegmentTable, Tier, tier_from_name
 from cxlkv.master.strategies import AllocationStrategy, PlacementRequest, load_strategy
-from cxlkv.master.tiering import CACHE, COPY, DEMOTE, PROMOTE, AccessSketch, MoveTask, TaskTable
+from cxlkv.master.tiering import MoveTask, Tiering
 
-__all__ = ["MasterState", "RemoveAllCursor", "UnmountCursor", "PutSpec", "RegionReport", "RestoredObject", "RestoreReport", "COUNTERS", "Lease"]
+__all__ = ["MasterState", "COUNTERS"]
 
 #: Names of :attr:`MasterState.counters` (all start at 0 and only grow).
 COUNTERS = (
@@ -72,96 +99,10 @@ COUNTERS = (
 _MAX_LIST_PAGE = 10000
 _DEFAULT_LIST_PAGE = 1000
 _REVOKE_REASONS_KEPT = 4096
-_EXPIRED_CLIENTS_KEPT = 256
 _INDEX_IDLE_S = 60.0  # drop the ListKeys index after this long without ListKeys
-#: Largest per-extent header a writer may ask for, in bytes (object header + a 4096-byte key).
-_MAX_HEADER_BYTES = 64 + 4096
 
 
-class RegionReport(Protocol):
-    """A region a clientd maps (duck-typed: ``cxlkv.v1.RegionIdentity`` fits)."""
-
-    segment_name: str
-    region_uuid: str
-    size_bytes: int
-    device_path: str
-
-
-class PutSpec(NamedTuple):
-    """One item of :meth:`MasterState.put_start_batch`."""
-
-    key: str
-    value_size_bytes: int
-    replica_num: int = 1
-    upsert: bool = False
-    soft_pin: bool = False
-    hard_pin: bool = False
-    preferred_segment: str = ""
-    header_bytes: int = 0
-
-
-class RestoredObject(NamedTuple):
-    """One committed object found in a region, for :meth:`MasterState.restore_objects`.
-
-    Attributes:
-        key: the key.
-        offset_bytes: the extent's offset in the region, in bytes.
-        value_size_bytes: value length in bytes.
-        header_bytes: bytes before the value in the extent (object header and key).
-        version: the version the writer recorded (readers check it).
-        checksum: xxh3_64 of the value the writer recorded.
-    """
-
-    key: str
-    offset_bytes: int
-    value_size_bytes: int
-    header_bytes: int
-    version: int
-    checksum: int
-
-
-class RestoreReport(NamedTuple):
-    """What :meth:`MasterState.restore_objects` did with one segment's objects.
-
-    Attributes:
-        restored: objects committed under their key (new keys or newer versions).
-        replicas: extents added as another replica of an already restored
-            version (the same version found in another segment).
-        superseded: objects dropped because a newer version of the key was
-            already restored (from another segment).
-        conflicts: objects dropped because their extent is misaligned, outside
-            the segment or overlaps an extent already claimed.
-        invalid: objects dropped for a key or size the master would refuse.
-        restored_bytes: bytes of the extents claimed (restored and replicas).
-    """
-
-    restored: int
-    replicas: int
-    superseded: int
-    conflicts: int
-    invalid: int
-    restored_bytes: int
-
-
-_ABSENT = object()
-#: Policy candidates a put looks at to free CXL space at once (objects with an SSD copy).
-_ROOM_CANDIDATES = 64
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
-
-
-def _grant_owner(writer_hash: int) -> str:
-    """The owner recorded for space a previous master had granted (its writer known by hash)."""
-    return f"#grant:{writer_hash:016x}"
-
-
-def _client_hash(client_id: str) -> int:
-    from cxlkv.index import client_hash
-
-    return client_hash(client_id)
-
-
-def _short(key: str) -> str:
-    return repr(key if len(key) <= 80 else key[:80] + "…")
 
 
 class MasterState:
@@ -214,65 +155,32 @@ class MasterState:
         self._pending: dict[str, ObjectVersion] = {}
         self._puts: dict[int, ObjectVersion] = {}  # insertion order == start order == timeout order
         self._retired: dict[int, ObjectVersion] = {}
-        # version → a committed hard-pinned version (never evicted; NO_SPACE reports them
-        # without a scan of every object)
-        self._pinned: dict[int, ObjectVersion] = {}
+        # segment id → bytes of committed hard-pinned replicas there (never evicted;
+        # NO_SPACE reports them from this counter, not from a scan)
+        self._pinned_bytes: dict[int, int] = {}
         self._revoked: OrderedDict[int, str] = OrderedDict()
         # token → a put revoked by put_timeout_s while its writer was still
         # registered: its extents stay allocated ("fenced") until the writer ends
         # the attempt with PutRevoke or its registration ends, so a writer that
         # is still copying never lands in space given to another object.
         self._fenced: dict[int, ObjectVersion] = {}
-        #: (task id, clientd) -> fence token of a move destination held for a clientd
-        #: that did not report in time (freed when it reports, or with its registration).
-        self._fenced_moves: dict[tuple[int, str], int] = {}
-        # token → extents taken ahead of need (:meth:`reserve`): keyless PROCESSING
-        # versions owned by a registration until :meth:`commit` names them.
-        self._reserved: dict[int, ObjectVersion] = {}
-        # token → space taken back from a registration that ended (expired,
-        # re-registered, its master link lost) while it may still be writing:
-        # in-flight puts, fenced puts and reservations. It stays allocated until
-        # the writer is known to have stopped (:meth:`release_quarantine`, which
-        # clientd calls once its copies and its direct writers of that registration
-        # are over) or ``writer_reclaim_s`` has passed: a stalled writer, however
-        # long, never lands in space given to another object (docs/master.md).
-        self._quarantine: dict[int, ObjectVersion] = {}
-        self._quarantined_at: dict[int, float] = {}
-        self._draining: set[int] = set()  # segment ids evicting down to the low watermark
-        #: Segments being unmounted by slices (id → segment): unmounted, their replicas
-        #: still listed on the objects not reached yet (UnmountCursor).
-        self._unmounting: dict[int, Segment] = {}
-        # clients
-        self._clients: dict[str, ClientRecord] = {}
-        self._expired_clients: OrderedDict[str, ClientRecord] = OrderedDict()
-        self._client_seq = 0
-        # tiers (docs/tiers.md)
-        #: Read-frequency estimates per key (promotion) and per (client, key) (DRAM caching).
-        self.sketch = AccessSketch(config.access_sketch_width, config.access_sketch_depth,
-                                   config.access_sketch_reset_adds)
-        self.host_sketch = AccessSketch(config.access_sketch_width, config.access_sketch_depth,
-                                        config.access_sketch_reset_adds)
-        #: Queued and running move tasks.
-        self.tasks = TaskTable()
-        # Committed, unpinned objects without a CXL replica (SSD-only), least recently
-        # used first: SSD eviction drops from the front. The eviction policy tracks
-        # the objects with a CXL replica.
-        self._cold: OrderedDict[str, None] = OrderedDict()
-        self._moving_out: dict[int, int] = {}  # CXL segment id → bytes of its extents being demoted
-        self._dram_of: dict[str, Segment] = {}  # client id → its mounted DRAM tier
-        self._dram_lru: dict[int, OrderedDict[str, ObjectVersion]] = {}  # DRAM segment id → cached objects
-        self._has_ssd = False
-        self._tiered = False
+        #: Registrations of clientds; space quarantined for writers that may still
+        #: write; extents reserved ahead of need (writes in one round trip).
+        self.registrations = Registrations(self)
+        self._clients = self.registrations.live  # read on every write: the registrations' table
+        self.quarantine = Quarantine(self)
+        self.reservations = Reservations(self)
+        #: Segment mounts at run time and unmounts by slices.
+        self.mounts = Mounts(self)
+        #: Tiering decisions and move tasks (docs/tiers.md); the eviction loop.
+        self.tiering = Tiering(self)
+        self.evictor = Evictor(self)
+        #: Queued and running move tasks (``tiering.tasks``).
+        self.tasks = self.tiering.tasks
         #: The committed-object index in the region (master/publish.py): told of
         #: every commit and readable-replica change, and of every retirement
         #: before an extent is freed. :class:`NoIndex` until the server maps a region.
         self.index: ObjectIndex = NoIndex()
-        #: Why the last move task failed ("" if none failed), for Stat and logs.
-        self.last_move_failure = ""  # an SSD or DRAM segment is mounted: reads feed the sketches
-        #: The last time a tier was marked full (NO_SPACE from a move), one line ("" if never).
-        self.last_tier_refusal = ""
-        #: Times a tier was paused for a full filesystem (one per backoff period).
-        self.tier_pauses = 0
         for sc in config.segments:
             try:
                 tier = tier_from_name(sc.tier)
@@ -280,7 +188,7 @@ class MasterState:
                 raise InvalidArgument(f"segments[{sc.name}].tier: {exc}") from None
             self.segment_table.mount(sc.name, tier, sc.size_bytes, sc.region_uuid, sc.path)
             self.counters["segments_mounted"] += 1
-        self._tiers_changed()
+        self.tiering.tiers_changed()
 
     # ------------------------------------------------------------------ ids
     def _next_seq(self) -> int:
@@ -304,401 +212,6 @@ class MasterState:
     def segment(self, segment_id: int) -> Segment | None:
         """The segment with this id (mounted or not), or ``None``."""
         return self.segment_table.by_id.get(segment_id)
-
-    def mount_segment(
-        self, client_id: str, epoch: int, name: str, tier: int, size_bytes: int,
-        region_uuid: str, device_path: str, now: float,
-    ) -> Segment:
-        """Mount a segment at run time (idempotent for an identical mounted segment).
-
-        Host-local tiers (DRAM, SSD) are owned by the calling client and are
-        unmounted when it expires.
-
-        Raises:
-            UnknownClient, StaleToken: the caller's registration is not current.
-            InvalidArgument: bad name, tier or size, or a mounted segment of that
-                name with another identity (the message names both).
-        """
-        client = self.writer(client_id, epoch, now)
-        if any(s.name == name for s in self._unmounting.values()):
-            raise NotReady(f"segment {name!r} is being unmounted; mount it again once that is done")
-        table = self.segment_table
-        seg = table.check_mount(name, tier, size_bytes, region_uuid, device_path)
-        if seg is not None:
-            return seg
-        owner = client.client_id if tier == Tier.DRAM else ""
-        if tier == Tier.DRAM and client.client_id in self._dram_of:
-            raise InvalidArgument(f"client {client.client_id} already has a DRAM tier "
-                                  f"({self._dram_of[client.client_id].name!r})")
-        seg = table.mount(name, tier, size_bytes, region_uuid, device_path, owner)
-        self.counters["segments_mounted"] += 1
-        client.mapped.add(name)
-        if tier == Tier.DRAM:
-            self._dram_of[client.client_id] = seg
-            self._dram_lru[seg.segment_id] = OrderedDict()
-        self._tiers_changed()
-        return seg
-
-    def _tiers_changed(self) -> None:
-        mounted = self.segment_table.mounted
-        self._has_ssd = any(s.tier == Tier.SSD for s in mounted)
-        self._tiered = any(s.tier != Tier.CXL for s in mounted)
-
-    def unmount_segment(self, name: str, now: float) -> tuple[int, int]:
-        """Stop allocating from a segment and drop its replicas, in one go.
-
-        Objects with a replica elsewhere stay readable; objects without one are
-        removed; puts left without any replica are revoked. O(objects). The
-        service runs :meth:`unmount_start` by slices instead.
-
-        Returns:
-            ``(replicas_lost, objects_lost)``.
-
-        Raises:
-            NotFound: no mounted segment of that name.
-        """
-        cursor = self.unmount_start(name, now)
-        while not cursor.step(now, None):
-            pass
-        return cursor.replicas_lost, cursor.objects_lost
-
-    def unmount_start(self, name: str, now: float) -> "UnmountCursor":
-        """Begin unmounting a segment, to finish by slices (:meth:`UnmountCursor.step`).
-
-        At once: the segment takes no new extents, puts and tier moves that use it
-        are revoked or trimmed. Then, slice by slice, committed objects lose their
-        replica there (an object left without one is removed). Until an object's
-        slice comes its replica there stays listed: the bytes are untouched (nothing
-        is freed or allocated in the segment meanwhile), so reads of it still get
-        the object. The segment's name cannot be mounted again until the end.
-
-        Raises:
-            NotFound: no mounted segment of that name.
-        """
-        seg = self.segment_table.by_name(name)
-        if seg is None or not seg.mounted:
-            raise NotFound(f"segment {name!r} is not mounted")
-        return UnmountCursor(self, seg, now)
-
-    def _unmount(self, seg: Segment, now: float) -> tuple[int, int]:
-        cursor = UnmountCursor(self, seg, now)
-        while not cursor.step(now, None):
-            pass
-        return cursor.replicas_lost, cursor.objects_lost
-
-    def _unmount_begin(self, seg: Segment, now: float) -> None:
-        sid = seg.segment_id
-        seg.mounted = False  # frees below must not touch its allocator; strategies skip it
-        self._unmounting[sid] = seg
-        self.segment_table.refresh()
-        self._tiers_changed()
-        self._unmount_side_tables(seg)
-
-    def _unmount_side_tables(self, seg: Segment) -> None:
-        """Drop ``seg`` from the tables that are not O(objects): tasks, puts,
-        removed-but-leased and fenced versions (at the start and again at the end
-        of a sliced unmount: calls between slices may have added some)."""
-        sid = seg.segment_id
-        for task in self.tasks.all():
-            if task.source[0] == sid or task.destination[0] == sid:
-                self._end_task(task, None, f"segment {seg.name!r} was unmounted")
-        for obj in list(self._puts.values()):
-            kept = [e for e in obj.extents if e[0] != sid]
-            if len(kept) != len(obj.extents):
-                obj.extents = kept
-                if not kept:
-                    self._revoke(obj, f"segment {seg.name!r} was unmounted during the put")
-        for obj in list(self._retired.values()):
-            obj.extents = [e for e in obj.extents if e[0] != sid]
-            obj.detached = [e for e in obj.detached if e[0] != sid]
-        for token, obj in list(self._fenced.items()):
-            obj.extents = [e for e in obj.extents if e[0] != sid]
-            if not obj.extents:
-                del self._fenced[token]
-        for held in (self._quarantine, self._reserved):
-            for token, obj in list(held.items()):
-                obj.extents = [e for e in obj.extents if e[0] != sid]
-                if not obj.extents:
-                    del held[token]
-                    self._quarantined_at.pop(token, None)
-                    c = self._clients.get(obj.client_id)
-                    if c is not None:
-                        c.reserved.pop(token, None)
-
-    def _unmount_object(self, obj: ObjectVersion, sid: int) -> tuple[int, int]:
-        """Drop ``obj``'s replica in segment ``sid``: (replicas lost, objects lost)."""
-        if obj.detached:
-            obj.detached = [e for e in obj.detached if e[0] != sid]
-        kept = [e for e in obj.extents if e[0] != sid]
-        if len(kept) == len(obj.extents):
-            return 0, 0
-        lost = len(obj.extents) - len(kept)
-        upper = self._has_cxl(obj)
-        obj.extents = kept
-        if not kept:
-            self._drop_committed(obj, evicted=False)
-            return lost, 1
-        self.index.publish(obj)  # readers leave the replica in the unmounted segment
-        if upper and not self._has_cxl(obj) and not obj.hard_pin:
-            self.policy.on_remove(obj.key, False)
-            self._cold[obj.key] = None
-        return lost, 0
-
-    def _unmount_end(self, seg: Segment, replicas_lost: int, objects_lost: int) -> None:
-        sid = seg.segment_id
-        self._unmount_side_tables(seg)
-        self._dram_lru.pop(sid, None)
-        if self._dram_of.get(seg.owner_client_id) is seg:
-            del self._dram_of[seg.owner_client_id]
-        self._moving_out.pop(sid, None)
-        self._unmounting.pop(sid, None)
-        self.segment_table.unmount(seg)
-        self._tiers_changed()
-        self.counters["segments_unmounted"] += 1
-        self.counters["replicas_lost"] += replicas_lost
-        self.counters["objects_lost"] += objects_lost
-
-    # -------------------------------------------------------------- clients
-    def register_client(
-        self, hostname: str, name: str, pid: int, regions: Sequence[RegionReport],
-        previous_client_id: str, metrics_url: str, now: float,
-    ) -> ClientRecord:
-        """Register a clientd; returns its record (``client_id``, new ``epoch``).
-
-        Each reported region is checked against the mounted segment of that
-        name: the size must equal ``size_bytes`` and the uuid the segment's (a
-        segment with no uuid adopts the first one reported). With
-        ``previous_client_id`` the client keeps its id under a new epoch, and
-        the old registration's in-flight puts are revoked (fenced).
-
-        Raises:
-            InvalidArgument: an unknown segment, a size or uuid mismatch (the
-                message names the segment, both values and the path); nothing
-                changes then.
-        """
-        adopt: dict[str, str] = {}
-        for r in regions:
-            seg = self.segment_table.by_name(r.segment_name)
-            if seg is None or not seg.mounted:
-                known = ", ".join(s.name for s in self.segment_table.mounted) or "(none)"
-                raise InvalidArgument(
-                    f"region at {r.device_path or '?'}: segment {r.segment_name!r} is not mounted "
-                    f"on the master (mounted: {known})"
-                )
-            SegmentTable.check_identity(seg, r.region_uuid, r.size_bytes, r.device_path)
-            if not seg.region_uuid and adopt.setdefault(seg.name, r.region_uuid) != r.region_uuid:
-                raise InvalidArgument(
-                    f"segment {seg.name!r}: two regions reported with uuids "
-                    f"{adopt[seg.name]!r} and {r.region_uuid!r} ({r.device_path or '?'})"
-                )
-        for seg_name, uuid in adopt.items():
-            self.segment_table.by_name(seg_name).region_uuid = uuid  # type: ignore[union-attr]
-        old = self._clients.get(previous_client_id) if previous_client_id else None
-        if old is not None:
-            self._end_registration(old, f"client {old.client_id} re-registered (epoch {old.epoch} fenced)", now)
-        if previous_client_id:
-            client_id = previous_client_id
-            self._expired_clients.pop(client_id, None)
-        else:
-            self._client_seq += 1
-            client_id = f"{self.master_id}-{self._client_seq}"
-        client = ClientRecord(client_id, self._next_seq(), hostname, name, pid, metrics_url, now)
-        client.mapped = {r.segment_name for r in regions}
-        self._clients[client_id] = client
-        self.counters["clients_registered"] += 1
-        return client
-
-    def heartbeat(self, client_id: str, epoch: int, now: float) -> ClientRecord:
-        """Record a heartbeat.
-
-        Raises:
-            UnknownClient: unknown or expired (register again).
-            StaleToken: ``epoch`` is not the current registration's.
-        """
-        return self.writer(client_id, epoch, now)
-
-    def writer(self, client_id: str, epoch: int, now: float) -> ClientRecord:
-        """The live registration ``(client_id, epoch)``; expires it first if overdue.
-
-        Any successful call of a client counts as a heartbeat.
-
-        Raises:
-            UnknownClient: unknown or expired client id.
-            StaleToken: the client re-registered since (``epoch`` is fenced).
-        """
-        client = self._clients.get(client_id)
-        if client is None:
-            raise UnknownClient(f"client {client_id!r} is unknown or expired: register again")
-        if now - client.last_heartbeat > self.config.client_ttl_s:
-            self._expire_client(client, now)
-            raise UnknownClient(f"client {client_id!r} expired (no heartbeat for "
-                                f"{now - client.last_heartbeat:.1f} s): register again")
-        if epoch != client.epoch:
-            raise StaleToken(f"client {client_id!r} epoch {epoch} is fenced (current epoch {client.epoch})")
-        client.last_heartbeat = now
-        return client
-
-    def _expire_client(self, client: ClientRecord, now: float) -> None:
-        self._drop_client(client, f"writer client {client.client_id} expired", now)
-        self._expired_clients[client.client_id] = client
-        while len(self._expired_clients) > _EXPIRED_CLIENTS_KEPT:
-            self._expired_clients.popitem(last=False)
-        self.counters["clients_expired"] += 1
-
-    def deregister_client(self, client_id: str, epoch: int, now: float) -> ClientRecord:
-        """End the registration ``(client_id, epoch)`` at the clientd's own word (a
-        planned stop): the same clean-up as an expiry — its in-flight puts revoked
-        and, with its reservations, quarantined until its next process (or
-        ``writer_reclaim_s``) says its writers stopped; its DRAM tier unmounted —
-        but it is counted in ``clients_deregistered``, not ``clients_expired``, and
-        no longer listed by :meth:`clients`.
-
-        Raises:
-            UnknownClient: unknown or already expired (nothing to end).
-            StaleToken: ``epoch`` is not the current registration's.
-        """
-        client = self.writer(client_id, epoch, now)
-        self._drop_client(client, f"writer client {client_id} deregistered", now)
-        self.counters["clients_deregistered"] += 1
-        return client
-
-    def _drop_client(self, client: ClientRecord, why: str, now: float) -> None:
-        self._end_registration(client, why, now)
-        del self._clients[client.client_id]
-        for seg in list(self.segment_table.mounted):
-            if seg.owner_client_id == client.client_id:
-                self._unmount(seg, now)
-
-    def _end_registration(self, client: ClientRecord, why: str, now: float = 0.0) -> None:
-        """End a registration: its puts are revoked and, with its reservations and
-        fenced puts, quarantined — the writer may still be copying (stopped,
-        partitioned): the space is reused only once it is known to have stopped."""
-        client.alive = False
-        for obj in list(client.puts.values()):
-            self._revoke(obj, why, quarantine=True, now=now)
-            self.counters["puts_reclaimed"] += 1
-        client.puts.clear()
-        for token, obj in list(client.reserved.items()):
-            del self._reserved[token]
-            obj.state = ObjState.FAILED
-            self._quarantine_obj(obj, now)
-        client.reserved.clear()
-        if self._fenced:
-            for token in [t for t, o in self._fenced.items() if o.client_id == client.client_id]:
-                self._quarantine_obj(self._fenced.pop(token), now)
-        if self.tasks:  # moves it was running: their destinations held with its registration
-            for task in [t for t in self.tasks.running_tasks() if t.assigned_to == client.client_id]:
-                self._fence_destination(task, now, f"client {client.client_id}'s registration ended "
-                                                   "while it ran the move")
-
-    def _quarantine_obj(self, obj: ObjectVersion, now: float) -> None:
-        if not obj.extents:
-            return
-        self._quarantine[obj.version] = obj
-        self._quarantined_at[obj.version] = now
-        self.counters["quarantined"] += 1
-
-    def release_quarantine(self, client_id: str, epoch: int, upto_epoch: int, now: float,
-                           keep: Iterable[int] = ()) -> int:
-        """Free the space quarantined from ``client_id``'s registrations up to
-        ``upto_epoch``: the caller, that client's current registration, says every
-        writer of those registrations has stopped (clientd drained its copies, or
-        proved its previous process and its direct writers gone). The puts in
-        ``keep`` stay quarantined: their writers (direct-mode processes) still run;
-        each is freed when its writer ends it (PutRevoke) or is found dead.
-
-        Returns:
-            Bytes freed.
-
-        Raises:
-            UnknownClient, StaleToken: the caller's registration is not current.
-            InvalidArgument: ``upto_epoch`` is not older than the caller's epoch.
-        """
-        client = self.writer(client_id, epoch, now)
-        if upto_epoch >= client.epoch:
-            raise InvalidArgument(f"release_quarantine: epoch {upto_epoch} is not older than the current "
-                                  f"registration's ({client.epoch})")
-        kept = frozenset(keep)
-        inherited = _grant_owner(_client_hash(client_id))  # held from a previous master's grants
-        return self._release(lambda o: (o.client_id == client_id or o.client_id == inherited)
-                             and o.epoch <= upto_epoch and o.version not in kept)
-
-    def quarantine_granted(self, segment_id: int, offset_bytes: int, length_bytes: int, put_token: int,
-                           writer_hash: int, now: float) -> bool:
-        """Hold an extent a previous master had handed to a writer (a grant slot found
-        in the region at start): quarantined for that writer (known by the xxh3_64
-        of its client id) until its clientd says it stopped writing.
-
-        Returns:
-            False when the extent is not free here (an object restored from the
-            index owns it: the grant's put was committed), so nothing is held.
-        """
-        seg = self.segment_table.by_id.get(segment_id)
-        if seg is None or not seg.mounted:
-            return False
-        try:
-            need = seg.allocator.claim(offset_bytes, length_bytes)
-        except ValueError:
-            return False
-        seg.object_count += 1
-        obj = ObjectVersion("", need, put_token, [(segment_id, offset_bytes, need)], _grant_owner(writer_hash),
-                            0, now)
-        obj.state = ObjState.FAILED
-        self._quarantine_obj(obj, now)
-        self.counters["grants_recovered"] += 1
-        if put_token >= self._seq:
-            self._seq = put_token + 1
-        return True
-
-    def release_quarantine_of(self, client_id: str) -> int:
-        """Free everything quarantined from ``client_id`` (an operator's word that
-        the host is gone: ``cxlkv admin release-writer``). Returns bytes freed."""
-        inherited = _grant_owner(_client_hash(client_id))
-        return self._release(lambda o: o.client_id == client_id or o.client_id == inherited)
-
-    def _release(self, match: Callable[[ObjectVersion], bool]) -> int:
-        freed = 0
-        for token in [t for t, o in self._quarantine.items() if match(o)]:
-            obj = self._quarantine.pop(token)
-            self._quarantined_at.pop(token, None)
-            freed += sum(e[2] for e in obj.extents)
-            self._free_extents(obj)
-        if freed:
-            self.counters["quarantine_released_bytes"] += freed
-        return freed
-
-    def _reclaim_quarantine(self, now: float) -> None:
-        """With ``writer_reclaim_s`` > 0, free quarantined space older than that."""
-        limit = self.config.writer_reclaim_s
-        if not limit or not self._quarantine:
-            return
-        old = {t for t, at in self._quarantined_at.items() if now - at >= limit}
-        if old:
-            self._release(lambda o: o.version in old)
-
-    @property
-    def quarantined_count(self) -> int:
-        """Puts and reservations held for writers that may still be writing."""
-        return len(self._quarantine)
-
-    @property
-    def reserved_bytes(self) -> int:
-        """Bytes clientds hold reserved ahead of need."""
-        return sum(e[2] for o in self._reserved.values() for e in o.extents)
-
-    @property
-    def reserved_count(self) -> int:
-        """Extents clientds hold reserved ahead of need."""
-        return len(self._reserved)
-
-    @property
-    def quarantined_bytes(self) -> int:
-        """Bytes held for writers that may still be writing."""
-        return sum(e[2] for o in self._quarantine.values() for e in o.extents)
-
-    def clients(self) -> list[ClientRecord]:
-        """Live clients, then recently expired ones."""
-        return list(self._clients.values()) + list(self._expired_clients.values())
 
     # ----------------------------------------------------------------- puts
     def extent_bytes(self, value_size_bytes: int) -> int:
@@ -740,9 +253,9 @@ class MasterState:
             raise InvalidKey(bad, key=key[:64] if isinstance(key, str) else None)
         if value_size_bytes < 0:
             raise InvalidArgument(f"value_size_bytes must be >= 0, got {value_size_bytes}", key=key)
-        if not 0 <= header_bytes <= _MAX_HEADER_BYTES:
+        if not 0 <= header_bytes <= MAX_HEADER_BYTES:
             raise InvalidArgument(
-                f"header_bytes must be in [0, {_MAX_HEADER_BYTES}], got {header_bytes}", key=key)
+                f"header_bytes must be in [0, {MAX_HEADER_BYTES}], got {header_bytes}", key=key)
         if not upsert and key in self._objects:
             raise AlreadyExists(f"key {_short(key)} is already committed (use upsert to replace it)", key=key)
         pend = self._pending.get(key)
@@ -773,26 +286,27 @@ class MasterState:
             replica_num = 1
         mounted = table.mounted
         fitting = mounted if need <= table.min_capacity else [s for s in mounted if s.capacity_bytes >= need]
-        if self._tiered:  # DRAM tiers are host-local caches: never the home of a new object;
+        if self.tiering.active:  # DRAM tiers are host-local caches: never the home of a new object;
             # a tier whose filesystem refused a write waits out its backoff
             fitting = [s for s in fitting if s.tier != Tier.DRAM and s.refused_until <= now]
         request = _new_tuple(PlacementRequest, (need, replica_num, preferred_segment, 0))
         candidates = self.strategy.select(fitting, request)
-        if self._has_ssd and candidates and candidates[0].tier == Tier.CXL:
-            self._room_in_cxl(candidates[0], need, now)
+        tiering = self.tiering
+        if tiering.has_ssd and candidates and candidates[0].tier == Tier.CXL:
+            tiering.room_in_cxl(candidates[0], need, now)
         extents = self._place(candidates, need, replica_num)
         if not extents:
-            self._evict_until_fits(candidates, need, now)
+            self.evictor.until_fits(candidates, need, now)
             extents = self._place(candidates, need, replica_num)
             if not extents:
                 self.counters["no_space"] += 1
                 raise self._no_space(key, value_size_bytes, need, candidates, now)
-        if self._has_ssd:
+        if tiering.has_ssd:
             seg = table.by_id[extents[0][0]]
             if seg.tier == Tier.SSD:
                 self.counters["ssd_puts"] += 1  # CXL had no room while demotions run
             elif seg.tier == Tier.CXL and seg.used_bytes > self.config.high_watermark * seg.capacity_bytes:
-                self._drain(seg, now, self._work_clock() + self.config.evict_budget_s)
+                self.evictor.drain(seg, now, self._work_clock() + self.config.evict_budget_s)
         version = self._seq
         self._seq = version + 1
         obj = ObjectVersion(
@@ -848,15 +362,18 @@ class MasterState:
             return NoSpace(f"key {_short(key)}: the allocation strategy offered no segment for "
                            f"{need} B", key=key, requested_bytes=size, free_bytes=0)
         best = max(candidates, key=lambda s: s.largest_free_bytes)
-        # held: hard-pinned versions and leased committed ones (each once); never a scan of
-        # every object (this answer comes on every NO_SPACE of a full cache)
-        holders = dict(self._pinned)
+        # held: the segment's hard-pinned bytes (a counter) and its leased committed
+        # unpinned versions (each once); in flight and deferred: those tables. Never a
+        # scan of every object (this answer comes on every NO_SPACE of a full cache).
+        sid = best.segment_id
+        leased = {}
         for lease in self.leases.leases():
-            if lease.obj.state == ObjState.COMPLETE:
-                holders[lease.obj.version] = lease.obj
-        held = sum(e[2] for o in holders.values() for e in o.extents if e[0] == best.segment_id)
-        inflight = sum(e[2] for o in self._puts.values() for e in o.extents if e[0] == best.segment_id)
-        deferred = sum(e[2] for o in self._retired.values() for e in o.extents if e[0] == best.segment_id)
+            o = lease.obj
+            if o.state == ObjState.COMPLETE and not o.hard_pin:
+                leased[o.version] = o
+        held = self._pinned_bytes.get(sid, 0) + sum(e[2] for o in leased.values() for e in o.extents if e[0] == sid)
+        inflight = sum(e[2] for o in self._puts.values() for e in o.extents if e[0] == sid)
+        deferred = sum(e[2] for o in self._retired.values() for e in o.extents if e[0] == sid)
         return NoSpace(
             f"key {_short(key)}: no free extent of {need} B even after eviction; segment "
             f"{best.name!r} has {best.free_bytes} B free, largest free extent "
@@ -873,7 +390,7 @@ class MasterState:
         if client is None or client.epoch != obj.epoch:
             return f"writer client {obj.client_id} is gone"
         if now - client.last_heartbeat > self.config.client_ttl_s:
-            self._expire_client(client, now)
+            self.registrations.expire(client, now)
             return f"writer client {obj.client_id} expired"
         return None
 
@@ -936,11 +453,11 @@ class MasterState:
             self._keys.add(key)
         self._objects[key] = obj
         if not obj.hard_pin:
-            self._track(obj)
-            if self._has_ssd:
-                self._copy_ahead(obj, now)
+            self.tiering.track(obj)
+            if self.tiering.has_ssd:
+                self.tiering.copy_ahead(obj, now)
         else:
-            self._pinned[obj.version] = obj
+            self._count_pinned(obj.extents, 1)
         self.counters["puts_committed"] += 1
 
     def put_revoke(self, client_id: str, epoch: int, key: str, put_token: int, now: float) -> None:
@@ -949,12 +466,11 @@ class MasterState:
         Raises:
             StaleToken, UnknownClient: as for :meth:`put_end`.
         """
-        held = self._quarantine.get(put_token)
+        held = self.quarantine.held.get(put_token)
         if held is not None and held.key == key and held.client_id == client_id:
             # The writer of an ended registration ends its attempt itself: it has
             # stopped writing there, so that space is free to reuse.
-            del self._quarantine[put_token]
-            self._quarantined_at.pop(put_token, None)
+            self.quarantine.take(put_token)
             self.counters["quarantine_released_bytes"] += sum(e[2] for e in held.extents)
             self._free_extents(held)
             raise StaleToken(f"key {_short(key)}: put token {put_token} had been revoked "
@@ -989,7 +505,7 @@ class MasterState:
             self._fenced[token] = obj
             self.counters["puts_fenced"] += 1
         elif quarantine:
-            self._quarantine_obj(obj, now)
+            self.quarantine.hold(obj, now)
         else:
             self._free_extents(obj)
         self._revoked[token] = why
@@ -997,136 +513,7 @@ class MasterState:
             self._revoked.popitem(last=False)
         self.counters["puts_revoked"] += 1
 
-    # ------------------------------------------------- writes in one round trip
-    def reserve(self, client_id: str, epoch: int, need_bytes: int, count: int, now: float) -> list[ObjectVersion]:
-        """Take up to ``count`` extents of ``need_bytes`` (object header and value,
-        before alignment) ahead of need for a writer, in the CXL tier; each has the
-        token (= version) its object will have.
-
-        A reserved extent is owned by the writer's registration like an in-flight
-        put (counted as used, never evicted); :meth:`commit` names it, in one round
-        trip; :meth:`unreserve` gives it back. When the registration ends its
-        reservations are quarantined (the writer may still be writing).
-
-        Returns:
-            The reservations granted (fewer than ``count`` when space ran out even
-            after eviction, or the writer holds ``reserve_max_extents``; none while
-            an SSD tier is mounted: puts there may land in either tier).
-
-        Raises:
-            UnknownClient, StaleToken: the writer's registration is not current.
-            InvalidArgument: a size of 0 or over the largest segment.
-        """
-        client = self.writer(client_id, epoch, now)
-        a = self._align
-        need = (need_bytes + a - 1) & ~(a - 1)
-        table = self.segment_table
-        if need_bytes <= 0 or need > table.max_capacity:
-            raise InvalidArgument(f"reserve: {need_bytes} B must be > 0 and fit a segment "
-                                  f"({table.max_capacity} B)")
-        count = max(0, min(count, self.config.reserve_max_extents - len(client.reserved)))
-        if self._has_ssd:
-            # With an SSD tier a put may land there while CXL makes room by demotion
-            # (put_start): reserving CXL space would evict instead. Two round trips.
-            return []
-        fitting = [s for s in table.mounted if s.tier == Tier.CXL and s.capacity_bytes >= need]
-        if not fitting or not count:
-            return []
-        candidates = self.strategy.select(fitting, _new_tuple(PlacementRequest, (need, 1, "", Tier.CXL)))
-        out: list[ObjectVersion] = []
-        for _ in range(count):
-            extents = self._place(candidates, need, 1)
-            if not extents:
-                self._evict_until_fits(candidates, need, now)
-                extents = self._place(candidates, need, 1)
-                if not extents:
-                    break
-            version = self._seq
-            self._seq = version + 1
-            obj = ObjectVersion("", need_bytes, version, extents, client_id, epoch, now)
-            if not self.index.grant(obj, ahead=True):  # no room to record it (or the reservations'
-                # share of the index is used up): a master taking over could not know of it
-                obj.state = ObjState.FAILED
-                self._free_extents(obj)
-                break
-            self._reserved[version] = obj
-            client.reserved[version] = obj
-            out.append(obj)
-        self.counters["reservations"] += len(out)
-        if out:
-            seg = table.by_id[out[0].extents[0][0]]
-            if seg.used_bytes > self.config.high_watermark * seg.capacity_bytes:
-                self._draining.add(seg.segment_id)
-        return out
-
-    def commit(self, client_id: str, epoch: int, key: str, put_token: int, value_size_bytes: int,
-               header_bytes: int, checksum: int, now: float, *, upsert: bool = False, soft_pin: bool = False,
-               hard_pin: bool = False) -> ObjectVersion:
-        """Name a reserved extent: the writer wrote the object into it; it becomes
-        ``key``'s committed version (the put in one round trip, replacing any older
-        version when ``upsert``). On any error but a stale token the reservation is
-        consumed (its space freed: the writer is done with it).
-
-        Raises:
-            StaleToken: not a live reservation of this registration.
-            UnknownClient: the writer's registration is not current.
-            InvalidKey: bad key. InvalidArgument: a size unlike the reservation's.
-            AlreadyExists: committed key without ``upsert``.
-            NotReady: a two-phase put of the key is in flight.
-        """
-        client = self.writer(client_id, epoch, now)
-        res = self._reserved.get(put_token)
-        if res is None or res.client_id != client_id or res.epoch != epoch:
-            raise StaleToken(f"key {_short(key)}: {put_token} is not a live reservation of client "
-                             f"{client_id} epoch {epoch}", key=key if isinstance(key, str) else None)
-        del self._reserved[put_token]
-        del client.reserved[put_token]
-        try:
-            bad = key_error(key)
-            if bad is not None:
-                raise InvalidKey(bad, key=key[:64] if isinstance(key, str) else None)
-            if (value_size_bytes < 0 or not 0 < header_bytes <= _MAX_HEADER_BYTES
-                    or value_size_bytes + header_bytes != res.size_bytes):
-                raise InvalidArgument(f"key {_short(key)}: a {value_size_bytes}-B value with {header_bytes} B "
-                                      f"of header does not fill reservation {put_token} of {res.size_bytes} B",
-                                      key=key)
-            old = self._objects.get(key)
-            if old is not None and not upsert:
-                raise AlreadyExists(f"key {_short(key)} is already committed (use upsert to replace it)", key=key)
-            if key in self._pending:
-                raise NotReady(f"key {_short(key)}: a put of it is in flight", key=key)
-        except CxlkvError:
-            res.state = ObjState.FAILED
-            self._free_extents(res)
-            raise
-        obj = res
-        obj.key = key
-        obj.size_bytes = value_size_bytes
-        obj.header_bytes = header_bytes
-        obj.hard_pin = hard_pin
-        obj.soft_pin_until = now + self.config.soft_pin_ttl_s if soft_pin and not hard_pin else 0.0
-        self._install(obj, old, checksum, now)
-        self.counters["commits"] += 1
-        return obj
-
-    def unreserve(self, client_id: str, epoch: int, put_token: int, now: float) -> None:
-        """Give a reservation back (the writer will not use it); its space is freed.
-
-        Raises:
-            StaleToken: not a live reservation of this registration.
-            UnknownClient: the writer's registration is not current.
-        """
-        client = self.writer(client_id, epoch, now)
-        res = self._reserved.get(put_token)
-        if res is None or res.client_id != client_id or res.epoch != epoch:
-            raise StaleToken(f"{put_token} is not a live reservation of client {client_id} epoch {epoch}")
-        del self._reserved[put_token]
-        del client.reserved[put_token]
-        res.state = ObjState.FAILED
-        self._free_extents(res)
-        self.counters["reservations_returned"] += 1
-
-    def put_start_batch(self, client_id: str, epoch: int, specs: Iterable[PutSpec],
+    def put_start_batch(self, client_id: str, epoch: int, specs: Iterable[PutStartArgs],
                         now: float) -> list[ObjectVersion | CxlkvError]:
         """:meth:`put_start` per item; one result (version or error) per position."""
         out: list[ObjectVersion | CxlkvError] = []
@@ -1153,87 +540,6 @@ class MasterState:
                 out.append(err)
         return out
 
-    def restore_objects(self, segment_id: int, objects: Iterable[RestoredObject],
-                        now: float) -> RestoreReport:
-        """Rebuild committed objects from a region scan (the master lost its metadata).
-
-        Each object's extent is claimed exactly where it lies
-        (:meth:`ExtentAllocator.claim`, ``header_bytes + value_size_bytes``
-        aligned) and the object becomes COMPLETE under its recorded version and
-        checksum, unleased and unpinned, with no writer. Per key the newest
-        version wins, across calls too: an older restored version is retired
-        (its extents freed); the same version found in another segment becomes
-        another replica. Versions and put tokens continue above the highest
-        restored version. Claims go in ascending offset order (O(1) each on a
-        fresh segment); objects reach the eviction policy oldest version first,
-        so eviction after a recovery starts with the oldest objects.
-
-        Args:
-            segment_id: a mounted segment whose region the objects come from.
-            objects: the live objects of one region scan, any order.
-            now: master clock, seconds.
-
-        Returns:
-            What was restored and what was dropped, and why.
-
-        Raises:
-            NotFound: ``segment_id`` is not a mounted segment.
-        """
-        seg = self.segment_table.by_id.get(segment_id)
-        if seg is None or not seg.mounted:
-            raise NotFound(f"segment id {segment_id} is not mounted")
-        alloc = seg.allocator
-        restored: list[ObjectVersion] = []
-        replicas = superseded = conflicts = invalid = restored_bytes = 0
-        newest: dict[str, RestoredObject] = {}  # one object per key from this segment
-        for o in objects:
-            if (key_error(o.key) is not None or o.value_size_bytes < 0
-                    or not 0 <= o.header_bytes <= _MAX_HEADER_BYTES or o.version <= 0):
-                invalid += 1
-                continue
-            best = newest.setdefault(o.key, o)
-            if best is not o:
-                superseded += 1
-                if o.version > best.version:
-                    newest[o.key] = o
-        for o in sorted(newest.values(), key=lambda o: o.offset_bytes):
-            old = self._objects.get(o.key)
-            same = old is not None and old.version == o.version
-            if old is not None and (old.version > o.version or (same and (
-                    old.size_bytes != o.value_size_bytes or old.checksum != o.checksum
-                    or any(e[0] == segment_id for e in old.extents)))):
-                superseded += 1
-                continue
-            try:
-                need = alloc.claim(o.offset_bytes, o.header_bytes + o.value_size_bytes)
-            except ValueError:
-                conflicts += 1
-                continue
-            seg.object_count += 1
-            restored_bytes += need
-            extent = (segment_id, o.offset_bytes, need)
-            if same:
-                old.extents.append(extent)  # type: ignore[union-attr]
-                replicas += 1
-                continue
-            if old is not None:
-                self._drop_committed(old, evicted=False)
-            obj = ObjectVersion(o.key, o.value_size_bytes, o.version, [extent], "", 0, now,
-                                header_bytes=o.header_bytes)
-            obj.state = ObjState.COMPLETE
-            obj.checksum = o.checksum
-            self._objects[o.key] = obj
-            if self._keys is not None:
-                self._keys.add(o.key)
-            restored.append(obj)
-            if o.version >= self._seq:
-                self._seq = o.version + 1
-        for obj in sorted(restored, key=lambda ob: ob.version):
-            self._track(obj)
-            self.index.publish(obj)
-        self.counters["objects_recovered"] += len(restored)
-        return RestoreReport(len(restored), replicas, superseded, conflicts, invalid, restored_bytes)
-
     # ---------------------------------------------------------------- reads
     def get(self, client_id: str, key: str, now: float, no_lease: bool = False) -> tuple[ObjectVersion, Lease | None]:
         """Locate a committed object and (unless ``no_lease``) lease this version.
@@ -1249,15 +555,9 @@ class MasterState:
         if not no_lease:
             lease = self.leases.grant(obj, client_id, now)
             self.counters["lease_grants"] += 1
-        if self._tiered:
-            if not obj.hard_pin:
-                cold = self._cold
-                if key in cold:
-                    cold.move_to_end(key)
-                else:
-                    self.policy.on_hit(key)
-            if not no_lease:
-                self._on_read(client_id, obj, now)
+        tiering = self.tiering
+        if tiering.active:
+            tiering.on_hit(client_id, obj, now, not no_lease)
         elif not obj.hard_pin:
             self.policy.on_hit(key)
         return obj, lease
@@ -1277,8 +577,8 @@ class MasterState:
         """
         objects = self._objects
         policy = self.policy
-        tiered = self._tiered
-        cold = self._cold
+        tiering = self.tiering
+        tiered = tiering.active
         n = 0
         for key in keys:
             obj = objects.get(key)
@@ -1288,11 +588,7 @@ class MasterState:
             if obj.hard_pin:
                 continue
             if tiered:
-                if key in cold:
-                    cold.move_to_end(key)
-                else:
-                    policy.on_hit(key)
-                self._on_read(client_id, obj, now)
+                tiering.on_hit(client_id, obj, now)
             else:
                 policy.on_hit(key)
         for chain, matched in prefixes:
@@ -1430,7 +726,7 @@ class MasterState:
             pass
         return cursor.removed, cursor.skipped
 
-    def remove_all_start(self, force: bool = False, pattern: str | None = None) -> "RemoveAllCursor":
+    def remove_all_start(self, force: bool = False, pattern: str | None = None) -> RemoveAllCursor:
         """Begin a RemoveAll / RemoveByRegex to run by slices (:meth:`RemoveAllCursor.step`).
 
         The objects committed now are the ones considered; each is removed when its
@@ -1455,15 +751,21 @@ class MasterState:
         """Mark a committed version REMOVED: free now, or when its last lease ends."""
         self.index.retire(obj)
         if not obj.hard_pin:
-            if self._cold.pop(obj.key, _ABSENT) is _ABSENT:
-                self.policy.on_remove(obj.key, evicted)
+            self.tiering.untrack(obj, evicted)
         else:
-            self._pinned.pop(obj.version, None)
+            self._count_pinned(obj.extents, -1)
         obj.state = ObjState.REMOVED
         if obj.leases:
             self._retired[obj.version] = obj
         else:
             self._free_extents(obj)
+
+    def _count_pinned(self, extents: Iterable[Extent], sign: int) -> None:
+        """Add (``sign`` 1) or take away (-1) replicas of a committed hard-pinned
+        version in the per-segment pinned bytes that NO_SPACE reports."""
+        pinned = self._pinned_bytes
+        for sid, _, n in extents:
+            pinned[sid] = pinned.get(sid, 0) + sign * n
 
     def _free_extents(self, obj: ObjectVersion) -> None:
         self.index.ungrant(obj)
@@ -1474,7 +776,7 @@ class MasterState:
                 seg.allocator.free(off)
                 seg.object_count -= 1
                 if seg.tier == Tier.DRAM:
-                    lru = self._dram_lru.get(sid)
+                    lru = self.tiering.dram_lru.get(sid)
                     if lru is not None and lru.get(obj.key) is obj:
                         del lru[obj.key]
         obj.extents = []
@@ -1498,555 +800,122 @@ class MasterState:
             self._free_detached(obj)
             self.counters["deferred_frees"] += 1
 
-    # ------------------------------------------------------------- eviction
-    def _evictable(self, obj: ObjectVersion, now: float, soft_ok: bool,
-                   segment_ids: frozenset[int] | None) -> bool:
-        if obj.leases or obj.hard_pin:
-            return False
-        if obj.version in self.tasks.by_version:
-            return False  # a move is reading or writing it
-        if not soft_ok and obj.soft_pin_until > now:
-            return False
-        return segment_ids is None or any(e[0] in segment_ids for e in obj.extents)
+    # ------------------------------------------------ calls the parts serve
+    # The RPC surface stays here; each part's method documents its rules and errors.
+    def register_client(self, hostname: str, name: str, pid: int, regions: Sequence[RegionReport],
+                        previous_client_id: str, metrics_url: str, now: float) -> ClientRecord:
+        """:meth:`Registrations.register <cxlkv.master.clients.Registrations.register>`."""
+        return self.registrations.register(hostname, name, pid, regions, previous_client_id, metrics_url, now)
 
-    def _evict(self, now: float, done: Callable[[], bool], segment_ids: frozenset[int] | None,
-               deadline: float | None, *, cold: bool = False, demote: bool = False,
-               sync_only: bool = False) -> int:
-        """Evict policy candidates until ``done()`` or the deadline (work clock).
+    def heartbeat(self, client_id: str, epoch: int, now: float) -> ClientRecord:
+        """Record a heartbeat: :meth:`Registrations.writer <cxlkv.master.clients.Registrations.writer>`."""
+        return self.registrations.writer(client_id, epoch, now)
 
-        Unpinned objects go first; soft-pinned ones only in a second pass.
-        Never leased, PROCESSING, hard-pinned or moving objects.
+    def writer(self, client_id: str, epoch: int, now: float) -> ClientRecord:
+        """:meth:`Registrations.writer <cxlkv.master.clients.Registrations.writer>`."""
+        return self.registrations.writer(client_id, epoch, now)
 
-        Args:
-            cold: take candidates from the SSD-only objects (least recently used
-                first) instead of the eviction policy.
-            demote: move each candidate to the SSD tier instead of dropping it
-                (:meth:`_demote`); an object is dropped only when the SSD tier
-                has no room even after its own eviction.
-            sync_only: with ``demote``, only candidates that already have an
-                SSD replica (their CXL replica is freed at once); others are skipped.
+    def deregister_client(self, client_id: str, epoch: int, now: float) -> ClientRecord:
+        """:meth:`Registrations.deregister <cxlkv.master.clients.Registrations.deregister>`."""
+        return self.registrations.deregister(client_id, epoch, now)
 
-        Returns:
-            Objects evicted or demoted.
-        """
-        evicted = 0
-        policy = self.policy
-        objects = self._objects
-        cold_keys = self._cold
-        source = (lambda n: list(itertools.islice(cold_keys, n))) if cold else policy.candidates
-        for soft_ok in (False, True):
-            # A put usually needs one victim (same-sized blocks): ask for a few
-            # candidates first, more each round (the policies build the list per call).
-            base = 4
-            n = base
-            while not done():
-                cands = source(n)
-                skipped = 0
-                progressed = False
-                for key in cands:
-                    obj = objects.get(key)
-                    if obj is None or not self._evictable(obj, now, soft_ok, segment_ids) or (
-                            sync_only and not self._has_tier(obj, Tier.SSD)):
-                        skipped += 1
-                        continue
-                    if demote and self._demote(obj, now):
-                        evicted += 1
-                        progressed = True
-                        if done():
-                            return evicted
-                        continue
-                    if cold:
-                        self.counters["ssd_evictions"] += 1
-                    self.counters["evicted_bytes"] += sum(e[2] for e in obj.extents)
-                    self._drop_committed(obj, evicted=True)
-                    self.counters["evictions"] += 1
-                    evicted += 1
-                    progressed = True
-                    if done():
-                        return evicted
-                    if deadline is not None and evicted % 16 == 0 and self._work_clock() > deadline:
-                        return evicted
-                if deadline is not None and self._work_clock() > deadline:
-                    return evicted
-                base = min(2 * base, 64)
-                if progressed:
-                    n = skipped + base  # the skipped ones stay at the front: look past them
-                elif len(cands) < n:
-                    break  # the policy has nothing more to offer in this pass
-                else:
-                    n *= 2
-        return evicted
+    def clients(self) -> list[ClientRecord]:
+        """Live clients, then recently expired ones."""
+        return self.registrations.listed()
 
-    def _evict_until_fits(self, candidates: Sequence[Segment], need: int, now: float) -> int:
-        if not candidates:
-            return 0
-        ids = frozenset(s.segment_id for s in candidates)
-        fits = lambda: any(s.allocator.free_bytes >= need and s.allocator.largest_free_bytes >= need  # noqa: E731
-                           for s in candidates)
-        n = 0
-        if self._cold and any(s.tier == Tier.SSD for s in candidates):
-            n = self._evict(now, fits, ids, None, cold=True)  # SSD-only objects first
-        return n + self._evict(now, fits, ids, None)
+    def release_quarantine(self, client_id: str, epoch: int, upto_epoch: int, now: float,
+                           keep: Iterable[int] = ()) -> int:
+        """:meth:`Quarantine.release_for <cxlkv.master.quarantine.Quarantine.release_for>` (bytes freed)."""
+        return self.quarantine.release_for(client_id, epoch, upto_epoch, now, keep)
+
+    def quarantine_granted(self, segment_id: int, offset_bytes: int, length_bytes: int, put_token: int,
+                           writer_hash: int, now: float) -> bool:
+        """:meth:`Quarantine.hold_granted <cxlkv.master.quarantine.Quarantine.hold_granted>`."""
+        return self.quarantine.hold_granted(segment_id, offset_bytes, length_bytes, put_token, writer_hash, now)
+
+    def release_quarantine_of(self, client_id: str) -> int:
+        """:meth:`Quarantine.release_of <cxlkv.master.quarantine.Quarantine.release_of>` (bytes freed)."""
+        return self.quarantine.release_of(client_id)
+
+    @property
+    def quarantined_count(self) -> int:
+        """Puts and reservations held for writers that may still be writing."""
+        return self.quarantine.count
+
+    @property
+    def quarantined_bytes(self) -> int:
+        """Bytes held for writers that may still be writing."""
+        return self.quarantine.held_bytes
+
+    def reserve(self, client_id: str, epoch: int, need_bytes: int, count: int, now: float) -> list[ObjectVersion]:
+        """:meth:`Reservations.reserve <cxlkv.master.reservations.Reservations.reserve>`."""
+        return self.reservations.reserve(client_id, epoch, need_bytes, count, now)
+
+    def commit(self, client_id: str, epoch: int, key: str, put_token: int, value_size_bytes: int,
+               header_bytes: int, checksum: int, now: float, *, upsert: bool = False, soft_pin: bool = False,
+               hard_pin: bool = False) -> ObjectVersion:
+        """:meth:`Reservations.commit <cxlkv.master.reservations.Reservations.commit>`."""
+        return self.reservations.commit(client_id, epoch, key, put_token, value_size_bytes, header_bytes,
+                                        checksum, now, upsert=upsert, soft_pin=soft_pin, hard_pin=hard_pin)
+
+    def unreserve(self, client_id: str, epoch: int, put_token: int, now: float) -> None:
+        """:meth:`Reservations.unreserve <cxlkv.master.reservations.Reservations.unreserve>`."""
+        self.reservations.unreserve(client_id, epoch, put_token, now)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes clientds hold reserved ahead of need."""
+        return self.reservations.held_bytes
+
+    @property
+    def reserved_count(self) -> int:
+        """Extents clientds hold reserved ahead of need."""
+        return self.reservations.count
+
+    def mount_segment(self, client_id: str, epoch: int, name: str, tier: int, size_bytes: int,
+                      region_uuid: str, device_path: str, now: float) -> Segment:
+        """:meth:`Mounts.mount <cxlkv.master.mounts.Mounts.mount>`."""
+        return self.mounts.mount(client_id, epoch, name, tier, size_bytes, region_uuid, device_path, now)
+
+    def unmount_segment(self, name: str, now: float) -> tuple[int, int]:
+        """:meth:`Mounts.unmount_by_name <cxlkv.master.mounts.Mounts.unmount_by_name>`, in one go."""
+        return self.mounts.unmount_by_name(name, now)
+
+    def unmount_start(self, name: str, now: float) -> UnmountCursor:
+        """:meth:`Mounts.start <cxlkv.master.mounts.Mounts.start>`: an unmount by slices."""
+        return self.mounts.start(name, now)
+
+    def restore_objects(self, segment_id: int, objects: Iterable[RestoredObject], now: float) -> RestoreReport:
+        """:func:`cxlkv.master.restore.restore_objects`."""
+        return restore_objects(self, segment_id, objects, now)
 
     def evict_to_watermark(self, now: float, budget_s: float | None = None) -> int:
-        """Evict in each segment above ``high_watermark`` down to ``low_watermark``.
-
-        A segment that crossed the high watermark keeps draining in later
-        calls (when the budget cut a pass short) until it is at or below the
-        low watermark, or nothing in it is evictable.
-
-        Args:
-            now: master clock, seconds.
-            budget_s: most work-clock time to spend (default ``evict_budget_s``).
-
-        Returns:
-            Objects evicted.
-        """
-        budget = self.config.evict_budget_s if budget_s is None else budget_s
-        deadline = self._work_clock() + budget
-        high, low = self.config.high_watermark, self.config.low_watermark
-        evicted = 0
-        draining = self._draining
-        for seg in list(self.segment_table.mounted):
-            cap = seg.capacity_bytes
-            sid = seg.segment_id
-            if sid not in draining:
-                if not cap or seg.used_bytes <= high * cap:
-                    continue
-                draining.add(sid)  # above high: drain down to low, over several passes if needed
-            if seg.tier == Tier.DRAM or (seg.tier == Tier.SSD and self._has_ssd):
-                # DRAM caches make room on demand (_cache); the SSD tier drops objects
-                # only when full (_alloc_in, _evict_until_fits), never at a watermark
-                draining.discard(sid)
-                continue
-            evicted += self._drain(seg, now, deadline)
-            if seg.allocator.used_bytes - self._moving_out.get(sid, 0) <= low * cap:
-                draining.discard(sid)
-            if self._work_clock() > deadline:
-                break
-        draining.intersection_update(s.segment_id for s in self.segment_table.mounted)
-        return evicted
-
-    # ---------------------------------------------------------------- tiers
-    def _has_cxl(self, obj: ObjectVersion) -> bool:
-        by_id = self.segment_table.by_id
-        return any(by_id[e[0]].tier == Tier.CXL for e in obj.extents)
-
-    def _track(self, obj: ObjectVersion) -> None:
-        """Hand a committed, unpinned version to the eviction policy (it has a CXL
-        replica) or to the SSD-only LRU (it has none)."""
-        if not self._tiered or self._has_cxl(obj):
-            self.policy.on_put(obj.key)
-        else:
-            self._cold[obj.key] = None
-            self._cold.move_to_end(obj.key)
-
-    def _has_tier(self, obj: ObjectVersion, tier: int) -> bool:
-        by_id = self.segment_table.by_id
-        return any(by_id[e[0]].tier == tier for e in obj.extents)
-
-    def _room_in_cxl(self, seg: Segment, need: int, now: float) -> None:
-        """Free ``need`` bytes in a full CXL segment: the least recently used
-        objects (a bounded look) are demoted — at once for those that already
-        have an SSD copy (:meth:`_copy_ahead`), through a DEMOTE task for others
-        (the put then lands on SSD if nothing was freed at once)."""
-        alloc = seg.allocator
-        if alloc.largest_free_bytes >= need:
-            return
-        sid = seg.segment_id
-        objects = self._objects
-        by_version = self.tasks.by_version
-        for key in self.policy.candidates(_ROOM_CANDIDATES):  # O(1) per put: a bounded look
-            obj = objects.get(key)
-            if (obj is None or obj.leases or obj.hard_pin or obj.soft_pin_until > now
-                    or obj.version in by_version or not any(e[0] == sid for e in obj.extents)):
-                continue
-            # with an SSD copy: its CXL space is free now; without: a DEMOTE task frees it soon
-            if not self._demote(obj, now):
-                break  # the SSD tier is full
-            if alloc.largest_free_bytes >= need:
-                return
-
-    def _copy_ahead(self, obj: ObjectVersion, now: float) -> None:
-        """Queue a COPY of a new CXL object to the SSD tier once its CXL segment is
-        past ``copy_ahead_watermark``: when it is later demoted, its CXL space is
-        freed at once (no copy on the eviction path, so CXL can run full). Skipped
-        when the SSD tier has no room without evicting."""
-        by_id = self.segment_table.by_id
-        src = obj.extents[0]
-        seg = by_id[src[0]]
-        if seg.tier != Tier.CXL or seg.used_bytes < self.config.copy_ahead_watermark * seg.capacity_bytes:
-            return
-        if obj.version in self.tasks.by_version or self._has_tier(obj, Tier.SSD):
-            return
-        dst = self._alloc_in(obj, Tier.SSD, now)
-        if dst is not None:
-            self.tasks.add(COPY, obj, src, dst, "", now)
-            self.counters["ssd_copies_started"] += 1
-
-    def _drain(self, seg: Segment, now: float, deadline: float) -> int:
-        """Evict (CXL with an SSD tier: demote) in ``seg`` down to ``low_watermark``,
-        counting bytes already being demoted as gone."""
-        sid = seg.segment_id
-        alloc = seg.allocator
-        target = self.config.low_watermark * seg.capacity_bytes
-        moving = self._moving_out
-        done = lambda: alloc.used_bytes - moving.get(sid, 0) <= target  # noqa: E731
-        if seg.tier == Tier.SSD:
-            return self._evict(now, done, frozenset((sid,)), deadline, cold=True)
-        return self._evict(now, done, frozenset((sid,)), deadline, demote=self._has_ssd)
-
-    def _detach(self, obj: ObjectVersion, extents: list) -> None:
-        """Take replicas out of ``obj.extents``: freed now, or when the last lease ends."""
-        obj.extents = [e for e in obj.extents if e not in extents]
-        if obj.state == ObjState.COMPLETE and self._objects.get(obj.key) is obj:
-            self.index.publish(obj)  # readers leave the detached replicas before they are freed
-        if obj.leases:
-            obj.detached.extend(extents)
-        else:
-            segments = self.segment_table.by_id
-            for sid, off, _ in extents:
-                seg = segments[sid]
-                if seg.mounted:
-                    seg.allocator.free(off)
-                    seg.object_count -= 1
-
-    def _alloc_in(self, obj: ObjectVersion, tier: int, now: float, *, evict_cold: bool = False) -> Extent | None:
-        """An extent for another replica of ``obj`` in ``tier`` (a segment without
-        one of its replicas), or ``None``. With ``evict_cold``, SSD-only objects are
-        dropped (least recently used first) until it fits."""
-        need = obj.extents[0][2] if obj.extents else self.extent_bytes(obj.size_bytes + obj.header_bytes)
-        have = {e[0] for e in obj.extents}
-        pool = [s for s in self.segment_table.mounted
-                if s.tier == tier and s.segment_id not in have and s.capacity_bytes >= need
-                and s.refused_until <= now]
-        if not pool:
-            return None
-        request = _new_tuple(PlacementRequest, (need, 1, "", tier))
-        cands = self.strategy.select(pool, request)
-        ext = self._place(cands, need, 1)
-        if not ext and evict_cold and self._cold:
-            ids = frozenset(s.segment_id for s in cands)
-            self._evict(now, lambda: any(s.allocator.largest_free_bytes >= need for s in cands), ids, None,
-                        cold=True)
-            ext = self._place(cands, need, 1)
-        return ext[0] if ext else None
-
-    def _demote(self, obj: ObjectVersion, now: float) -> bool:
-        """Move ``obj``'s CXL replicas to the SSD tier instead of dropping it.
-
-        An object that already has an SSD replica (promoted earlier) just loses
-        its CXL replicas. Otherwise an SSD extent is allocated (dropping SSD-only
-        objects if the tier is full) and a DEMOTE task queued; the CXL replica
-        stays readable until a clientd has copied and verified the bytes.
-
-        Returns:
-            False when the SSD tier has no room even after eviction (the caller drops it).
-        """
-        by_id = self.segment_table.by_id
-        cxl = [e for e in obj.extents if by_id[e[0]].tier == Tier.CXL]
-        if not cxl:
-            return False
-        if any(by_id[e[0]].tier == Tier.SSD for e in obj.extents):
-            self.policy.on_remove(obj.key, True)
-            self._detach(obj, cxl)
-            self._cold[obj.key] = None
-            self.counters["demotions"] += 1
-            self.counters["demotions_no_copy"] += 1  # no task: demotions_started not counted
-            return True
-        dst = self._alloc_in(obj, Tier.SSD, now, evict_cold=True)
-        if dst is None:
-            return False
-        src = cxl[0]
-        self.tasks.add(DEMOTE, obj, src, dst, "", now)
-        self._moving_out[src[0]] = self._moving_out.get(src[0], 0) + src[2]
-        self.counters["demotions_started"] += 1
-        return True
-
-    def _on_read(self, client_id: str, obj: ObjectVersion, now: float) -> None:
-        """Feed the access statistics; start a promotion or a DRAM caching when warranted.
-
-        Never delays the read: the bytes are served from where they are now.
-        """
-        cfg = self.config
-        key = obj.key
-        if obj.version in self.tasks.by_version or obj.state != ObjState.COMPLETE:
-            return
-        by_id = self.segment_table.by_id
-        tiers = [by_id[e[0]].tier for e in obj.extents]
-        if cfg.promotion_threshold and Tier.CXL not in tiers:
-            if self.sketch.add(key) >= cfg.promotion_threshold:
-                self._promote(obj, now)
-            return
-        dram = self._dram_of.get(client_id)
-        if dram is None or not cfg.dram_promotion_threshold:
-            return
-        sid = dram.segment_id
-        if any(e[0] == sid for e in obj.extents):
-            lru = self._dram_lru.get(sid)
-            if lru is not None and key in lru:
-                lru.move_to_end(key)
-            return
-        if self.host_sketch.add(client_id + "\0" + key) >= cfg.dram_promotion_threshold:
-            self._cache(obj, dram, client_id, now)
-
-    def _promote(self, obj: ObjectVersion, now: float) -> bool:
-        dst = self._alloc_in(obj, Tier.CXL, now)
-        if dst is None:
-            need = obj.extents[0][2]
-            for seg in self.segment_table.mounted:
-                if seg.tier == Tier.CXL and seg.capacity_bytes >= need:
-                    self._room_in_cxl(seg, need, now)
-                    break
-            dst = self._alloc_in(obj, Tier.CXL, now)
-        if dst is None:
-            self.counters["promotions_skipped"] += 1
-            return False
-        by_id = self.segment_table.by_id
-        src = next(e for e in obj.extents if by_id[e[0]].tier != Tier.DRAM) if any(
-            by_id[e[0]].tier != Tier.DRAM for e in obj.extents) else obj.extents[0]
-        self.tasks.add(PROMOTE, obj, src, dst, "", now)
-        self.counters["promotions_started"] += 1
-        return True
-
-    def _cache(self, obj: ObjectVersion, dram: Segment, client_id: str, now: float) -> bool:
-        """Copy ``obj`` into ``client_id``'s DRAM tier (least recently read cached
-        objects there are dropped to make room, never leased ones)."""
-        need = obj.extents[0][2]
-        if need > dram.capacity_bytes // 4:
-            return False  # a DRAM tier keeps many small hot objects, not a few large ones
-        lru = self._dram_lru.setdefault(dram.segment_id, OrderedDict())
-        alloc = dram.allocator
-        if alloc.largest_free_bytes < need:
-            for key, victim in list(itertools.islice(lru.items(), 64)):
-                if alloc.largest_free_bytes >= need:
-                    break
-                del lru[key]
-                self._detach(victim, [e for e in victim.extents if e[0] == dram.segment_id])
-                self.counters["dram_uncached"] += 1
-        off = alloc.alloc(need)
-        if off < 0:
-            return False
-        dram.object_count += 1
-        by_id = self.segment_table.by_id
-        src = min(obj.extents, key=lambda e: 0 if by_id[e[0]].tier == Tier.CXL else 1)
-        self.tasks.add(CACHE, obj, src, (dram.segment_id, off, need), client_id, now)
-        self.counters["dram_caches_started"] += 1
-        return True
+        """:meth:`Evictor.to_watermark <cxlkv.master.eviction.Evictor.to_watermark>` (objects evicted)."""
+        return self.evictor.to_watermark(now, budget_s)
 
     def fetch_tasks(self, client_id: str, epoch: int, max_tasks: int, now: float) -> list[MoveTask]:
-        """Give ``client_id`` up to ``max_tasks`` queued move tasks it can run (it
-        maps both segments; CACHE tasks only to the DRAM tier's owner).
-
-        Raises:
-            UnknownClient, StaleToken: the caller's registration is not current.
-        """
-        client = self.writer(client_id, epoch, now)
-        if not self.tasks:
-            return []
-        by_id = self.segment_table.by_id
-        mapped = client.mapped
-
-        def can_run(task: MoveTask) -> bool:
-            return by_id[task.source[0]].name in mapped and by_id[task.destination[0]].name in mapped
-
-        given = self.tasks.give(client_id, max_tasks or 64, now, self.config.task_timeout_s, can_run)
-        out: list[MoveTask] = []
-        for task in given:
-            # The writer's hold on the destination, recorded in the region (a grant
-            # slot) before it learns of it: a master taking over keeps it too.
-            token = self._seq
-            self._seq = token + 1
-            n = task.destination[2]
-            fence = ObjectVersion("", n, token, [task.destination], client_id, client.epoch, now)
-            fence.state = ObjState.FAILED
-            if not self.index.grant(fence):
-                self.tasks.requeue(task)  # no slot to record it in: not given
-                continue
-            task.fence = fence
-            out.append(task)
-        return out
-
-    def _unfence(self, task: MoveTask) -> None:
-        """The writer of ``task`` reported: it no longer writes the destination."""
-        if task.fence is not None:
-            self.index.ungrant(task.fence)
-            task.fence = None
-
-    def _fence_held(self, task: MoveTask, now: float = 0.0) -> None:
-        """Hand ``task``'s destination to its writer's fence: ``_fenced`` while the
-        writer's registration lives (freed when it reports the task, quarantined
-        when the registration ends), else quarantined at once."""
-        fence = task.fence
-        task.fence = None
-        if fence is None:
-            return
-        client = self._clients.get(fence.client_id)
-        if client is not None and client.alive and client.epoch == fence.epoch:
-            self._fenced[fence.version] = fence
-            self._fenced_moves[(task.task_id, fence.client_id)] = fence.version
-            if len(self._fenced_moves) > 4 * len(self._fenced) + 1024:  # forget released ones
-                self._fenced_moves = {k: t for k, t in self._fenced_moves.items() if t in self._fenced}
-        else:
-            self._quarantine_obj(fence, now)
-        self.counters["moves_fenced"] += 1
-
-    def _fence_destination(self, task: MoveTask, now: float, why: str) -> None:
-        """``task``'s writer did not report (or its registration ended): hold the
-        destination for it (:meth:`_fence_held`) and give the task again with a new
-        destination, or fail it."""
-        if task.fence is None:  # not given: nothing to hold
-            self._retry_or_fail(task, why)
-            return
-        self._fence_held(task, now)
-        seg = self.segment_table.by_id[task.destination[0]]
-        off = -1
-        if task.attempts < self.config.task_retries and seg.mounted:
-            off = seg.allocator.alloc(task.destination[2])
-        if off >= 0:
-            seg.object_count += 1
-            task.destination = (seg.segment_id, off, task.destination[2])
-            self.tasks.requeue(task)
-            self.counters["moves_retried"] += 1
-        else:
-            self._end_task(task, None, why, destination_held=True)
+        """:meth:`Tiering.fetch_tasks <cxlkv.master.tiering.Tiering.fetch_tasks>`."""
+        return self.tiering.fetch_tasks(client_id, epoch, max_tasks, now)
 
     def complete_tasks(self, client_id: str, epoch: int, results: Iterable[tuple[int, int, str]],
                        now: float) -> list[CxlkvError | None]:
-        """Apply clientd reports ``(task_id, code, message)``; one result per item.
+        """:meth:`Tiering.complete_tasks <cxlkv.master.tiering.Tiering.complete_tasks>`."""
+        return self.tiering.complete_tasks(client_id, epoch, results, now)
 
-        A success adds the destination replica to the object, if the version is
-        still the key's committed one (else the destination is freed), and for a
-        demotion drops the CXL replica (freed when its last lease ends). A failure
-        is given again until ``task_retries`` attempts, then counted and its
-        destination freed — unless the object was removed, replaced or moved
-        meanwhile (the likely cause: its source was rewritten): then the move is
-        dropped (``moves_dropped``, not ``moves_failed``) and that item answers
-        ``NotFound``.
+    @property
+    def last_move_failure(self) -> str:
+        """Why the last move task failed ("" if none failed), for Stat and logs."""
+        return self.tiering.last_move_failure
 
-        Raises:
-            UnknownClient, StaleToken: the caller's registration is not current.
-        """
-        self.writer(client_id, epoch, now)
-        out: list[CxlkvError | None] = []
-        for task_id, code, message in results:
-            task = self.tasks.tasks.get(task_id)
-            if task is None or task.assigned_to != client_id:
-                held = self._fenced_moves.pop((task_id, client_id), None)
-                if held is not None and held in self._fenced:  # a late writer is done: free its destination
-                    self._free_extents(self._fenced.pop(held))
-                    self.counters["moves_fence_released"] += 1
-                out.append(StaleToken(f"task {task_id} is not running on client {client_id} "
-                                      "(timed out and given again, or finished)"))
-                continue
-            self._unfence(task)
-            if code == ErrorCode.NO_SPACE:
-                self._refused(task, now, f"client {client_id}: {message}")
-            elif code and not self._move_current(task):
-                # the copy failed because its source changed under it (removed, replaced,
-                # moved): nothing to retry, nothing failed — the move is dropped
-                self._end_task(task, now, "")
-                out.append(NotFound(f"key {_short(task.obj.key)} was removed or replaced during the move: "
-                                    "move dropped", key=task.obj.key))
-                continue
-            elif code:
-                self._retry_or_fail(task, f"client {client_id}: {message}")
-            else:
-                self.segment_table.by_id[task.destination[0]].refusals = 0
-                self._end_task(task, now, "")
-            out.append(None)
-        return out
+    @property
+    def last_tier_refusal(self) -> str:
+        """The last time a tier was marked full (NO_SPACE from a move), one line ("" if never)."""
+        return self.tiering.last_tier_refusal
 
-    def _refused(self, task: MoveTask, now: float, why: str) -> None:
-        """A clientd could not write ``task``'s destination: its tier's filesystem is
-        full. The task fails at once (retrying into a full tier only repeats the
-        failure; the object stays where it was) and the destination segment takes
-        nothing new (puts, demotions, copies) for ``full_tier_backoff_s``, doubled
-        with each refusal in a row up to ``full_tier_backoff_max_s``; then it is
-        tried again, and a successful write resets the backoff. Moves still queued
-        into the tier fail with it (their destinations freed)."""
-        seg = self.segment_table.by_id[task.destination[0]]
-        cfg = self.config
-        if seg.refused_until <= now:  # tasks given before the mark do not lengthen it
-            backoff = min(cfg.full_tier_backoff_max_s, cfg.full_tier_backoff_s * (2 ** min(seg.refusals, 30)))
-            seg.refused_until = now + backoff
-            seg.refusals += 1
-            self.tier_pauses += 1
-            self.last_tier_refusal = (f"segment {seg.name} ({Tier(seg.tier).name.lower()}) refused a write, "
-                                      f"no new objects there for {backoff:g} s: {why}")
-            # moves still queued into the tier would only meet the same full filesystem
-            sid = seg.segment_id
-            for queued in self.tasks.all():
-                if queued is not task and not queued.assigned_to and queued.destination[0] == sid:
-                    self._end_task(queued, None, f"segment {seg.name} paused: its filesystem is full")
-        self.counters["tier_write_refusals"] += 1
-        self._end_task(task, None, why)
-
-    def _move_current(self, task: MoveTask) -> bool:
-        """Whether ``task``'s object is still the key's committed version with its source extent."""
-        obj = task.obj
-        return self._objects.get(obj.key) is obj and task.source in obj.extents
-
-    def _retry_or_fail(self, task: MoveTask, why: str) -> None:
-        if task.attempts < self.config.task_retries:
-            self.tasks.requeue(task)
-            self.counters["moves_retried"] += 1
-        else:
-            self._end_task(task, None, why)
-
-    def _end_task(self, task: MoveTask, now: float | None, why: str, *, destination_held: bool = False) -> None:
-        """Finish ``task``: committed (``now`` given, no ``why``) or failed. With
-        ``destination_held`` the destination belongs to a fence (not freed here)."""
-        if task.fence is not None:  # a given move ended otherwise (a segment unmounted): held for its writer
-            self._fence_held(task)
-            destination_held = True
-        self.tasks.finish(task)
-        obj = task.obj
-        by_id = self.segment_table.by_id
-        if task.kind == DEMOTE and task.source[0] in self._moving_out:
-            sid = task.source[0]
-            self._moving_out[sid] = max(0, self._moving_out[sid] - task.source[2])
-        dst_seg = by_id[task.destination[0]]
-        current = (not why and self._objects.get(obj.key) is obj and dst_seg.mounted
-                   and task.source in obj.extents)
-        if not current:
-            if dst_seg.mounted and not destination_held:
-                dst_seg.allocator.free(task.destination[1])
-                dst_seg.object_count -= 1
-            if why:
-                self.counters["moves_failed"] += 1
-                self.last_move_failure = why
-            else:
-                self.counters["moves_dropped"] += 1  # removed, replaced or moved meanwhile
-            return
-        obj.extents.append(task.destination)
-        if task.kind == PROMOTE:
-            self.index.publish(obj)  # readable from the CXL tier now
-        if task.kind == DEMOTE:
-            cxl = [e for e in obj.extents if by_id[e[0]].tier == Tier.CXL]
-            self._detach(obj, cxl)
-            if not obj.hard_pin:
-                self.policy.on_remove(obj.key, True)
-                self._cold[obj.key] = None
-            self.counters["demotions"] += 1
-        elif task.kind == COPY:
-            self.counters["ssd_copies"] += 1
-        elif task.kind == PROMOTE:
-            if not obj.hard_pin and self._cold.pop(obj.key, _ABSENT) is not _ABSENT:
-                self.policy.on_put(obj.key)
-            self.counters["promotions"] += 1
-            seg = by_id[task.destination[0]]
-            if seg.used_bytes > self.config.high_watermark * seg.capacity_bytes:
-                self._draining.add(seg.segment_id)
-        else:
-            self._dram_lru.setdefault(dst_seg.segment_id, OrderedDict())[obj.key] = obj
-            self.counters["dram_caches"] += 1
-
-    def _sweep_tasks(self, now: float) -> None:
-        """Give again (or fail) tasks whose clientd did not report in time."""
-        for task in self.tasks.overdue(now):
-            self._fence_destination(task, now, f"no report within task_timeout_s "
-                                               f"({self.config.task_timeout_s:g} s) from client {task.assigned_to}")
+    @property
+    def tier_pauses(self) -> int:
+        """Times a tier was paused for a full filesystem (one per backoff period)."""
+        return self.tiering.tier_pauses
 
     # ---------------------------------------------------------------- sweep
     def sweep(self, now: float, budget_s: float | None = None) -> dict[str, int]:
@@ -2062,7 +931,7 @@ class MasterState:
         expired_clients = 0
         for client in list(self._clients.values()):
             if now - client.last_heartbeat > ttl:
-                self._expire_client(client, now)
+                self.registrations.expire(client, now)
                 expired_clients += 1
         timeout = self.config.put_timeout_s
         stale = []
@@ -2077,10 +946,10 @@ class MasterState:
         reclaimed = self.counters["puts_reclaimed"] - reclaimed_before
         leases_expired = self.leases.expire(now)
         self.counters["lease_expiries"] += leases_expired
-        self._reclaim_quarantine(now)
+        self.quarantine.reclaim(now)
         if self.tasks:
-            self._sweep_tasks(now)
-        evicted = self.evict_to_watermark(now, budget_s)
+            self.tiering.sweep_tasks(now)
+        evicted = self.evictor.to_watermark(now, budget_s)
         if self._keys is not None and now - self._keys_used_at > _INDEX_IDLE_S:
             self._keys = None
         return {"clients_expired": expired_clients, "puts_reclaimed": reclaimed,
@@ -2159,127 +1028,3 @@ class MasterState:
         except AssertionError as exc:
             return str(exc) or "invariant violated"
         return ""
-
-
-class RemoveAllCursor:
-    """One RemoveAll / RemoveByRegex in progress (:meth:`MasterState.remove_all_start`).
-
-    Taking the snapshot of committed objects costs O(n) list work (a few ms per
-    million keys); each :meth:`step` removes objects for at most its budget, so
-    the caller (the service) answers other calls between slices.
-
-    Attributes:
-        removed: objects removed so far.
-        skipped: leased objects left in place (not ``force``).
-        done: every object of the snapshot has been considered.
-    """
-
-    #: Objects handled between two looks at the work clock.
-    CHECK_EVERY = 256
-
-    def __init__(self, state: MasterState, matcher: object | None, force: bool) -> None:
-        self._state = state
-        self._search = matcher.search if matcher is not None else None  # type: ignore[attr-defined]
-        self._force = force
-        self._todo: list[Any] = list(state._objects.values())  # ObjectVersion, None once handled
-        self._pos = 0
-        self.removed = 0
-        self.skipped = 0
-        self.done = not self._todo
-
-    def step(self, now: float, budget_s: float | None) -> bool:
-        """Handle the next objects for at most ``budget_s`` seconds of the state's
-        work clock (``None``: all of them). Returns :attr:`done`."""
-        st = self._state
-        objects = st._objects
-        todo = self._todo
-        search = self._search
-        clock = st._work_clock
-        deadline = None if budget_s is None else clock() + budget_s
-        pos = self._pos
-        end = len(todo)
-        removed = 0
-        while pos < end:
-            stop = min(end, pos + self.CHECK_EVERY)
-            for i in range(pos, stop):
-                obj: ObjectVersion = todo[i]
-                todo[i] = None  # freed in its slice, not all at once when the snapshot goes
-                if objects.get(obj.key) is not obj:  # removed or replaced since the start
-                    continue
-                if search is not None and search(obj.key) is None:
-                    continue
-                if obj.leases and not self._force:
-                    self.skipped += 1
-                    continue
-                st._drop_committed(obj, evicted=False)
-                removed += 1
-            pos = stop
-            if deadline is not None and clock() >= deadline:
-                break
-        self._pos = pos
-        self.removed += removed
-        st.counters["removes"] += removed
-        if pos >= end:
-            self.done = True
-            self._todo = []
-        return self.done
-
-
-class UnmountCursor:
-    """One segment unmount in progress (:meth:`MasterState.unmount_start`).
-
-    Construction does the bounded part (the segment stops taking extents; puts,
-    tasks, leased and fenced versions drop it); each :meth:`step` takes committed
-    objects' replicas off the segment for at most its budget; the last one
-    finishes (the segment's allocator is reset, counters added).
-
-    Attributes:
-        segment: the segment being unmounted.
-        replicas_lost: replicas dropped so far.
-        objects_lost: objects removed so far (their only replica was there).
-        done: finished.
-    """
-
-    CHECK_EVERY = 256
-
-    def __init__(self, state: MasterState, seg: Segment, now: float) -> None:
-        self._state = state
-        self.segment = seg
-        state._unmount_begin(seg, now)
-        self._todo: list[Any] = list(state._objects.values())  # ObjectVersion, None once handled
-        self._pos = 0
-        self.replicas_lost = 0
-        self.objects_lost = 0
-        self.done = False
-
-    def step(self, now: float, budget_s: float | None) -> bool:
-        """Handle the next objects for at most ``budget_s`` seconds of the state's
-        work clock (``None``: all of them), finishing after the last. Returns :attr:`done`."""
-        if self.done:
-            return True
-        st = self._state
-        objects = st._objects
-        sid = self.segment.segment_id
-        todo = self._todo
-        clock = st._work_clock
-        deadline = None if budget_s is None else clock() + budget_s
-        pos, end = self._pos, len(todo)
-        while pos < end:
-            stop = min(end, pos + self.CHECK_EVERY)
-            for i in range(pos, stop):
-                obj: ObjectVersion = todo[i]
-                todo[i] = None  # freed in its slice
-                if objects.get(obj.key) is not obj:  # removed or replaced meanwhile
-                    continue
-                lost, gone = st._unmount_object(obj, sid)
-                self.replicas_lost += lost
-                self.objects_lost += gone
-            pos = stop
-            if deadline is not None and clock() >= deadline:
-                break
-        self._pos = pos
-        if pos >= end:
-            self._todo = []
-            st._unmount_end(self.segment, self.replicas_lost, self.objects_lost)
-            self.done = True
-        return self.done

@@ -42,8 +42,9 @@ from cxlkv.errors import CxlkvError
 from cxlkv.index import (
     BUCKET_SLOTS, SLOT_BYTES, SLOT_ELSEWHERE, SLOT_LIVE, _Placed, read_index_header, unpack_slot,
 )
+from cxlkv.master.objects import RestoredObject
 from cxlkv.master.publish import NoIndex
-from cxlkv.master.state import MasterState, RestoredObject
+from cxlkv.master.state import MasterState
 
 __all__ = ["WarmState"]
 

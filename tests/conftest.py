@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 import grpc
 import pytest
 
-from cxlkv.cluster import LocalCluster, ManagedProcess, wait_for_file
+from cxlkv.deploy.cluster import LocalCluster, ManagedProcess, wait_for_file
 from cxlkv.errors import from_rpc_error
 from cxlkv.v1 import master_pb2, master_pb2_grpc
 
@@ -55,7 +55,7 @@ class TestCluster(LocalCluster):
         On a TLS cluster the channel presents ``identity``'s certificate
         (``admin`` by default); plaintext clusters ignore it."""
         if self.tls:
-            from cxlkv.tls import grpc_channel_credentials
+            from cxlkv.wire.tls import grpc_channel_credentials
 
             chans = self._tls_channels = self._tls_channels or {}
             if identity not in chans:
@@ -244,7 +244,7 @@ class TlsCerts:
     """
 
     def __init__(self, base: Path) -> None:
-        from cxlkv.certs import issue, local_cluster_certs, make_ca
+        from cxlkv.deploy.certs import issue, local_cluster_certs, make_ca
 
         self.dir = base / "ca"
         local_cluster_certs(self.dir, ["clientd-0", "clientd-1", "clientd-2"])
@@ -255,8 +255,8 @@ class TlsCerts:
         Path(key).rename(self.rogue_dir / "rogue-key.pem")
 
     def files(self, name: str) -> Any:
-        """:class:`cxlkv.tls.TlsFiles` of ``name`` (``rogue``: the other CA's)."""
-        from cxlkv.tls import TlsFiles
+        """:class:`cxlkv.wire.tls.TlsFiles` of ``name`` (``rogue``: the other CA's)."""
+        from cxlkv.wire.tls import TlsFiles
 
         if name == "rogue":
             d = self.rogue_dir

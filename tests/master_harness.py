@@ -1,8 +1,9 @@
 """Test harness for the master: a real ``cxlkv master`` subprocess over real gRPC.
 
 ``MasterProcess`` writes a TOML config, starts ``python -m cxlkv.cli master
---listen 127.0.0.1:0 --address-file …``, waits for the address file, and stops
-with SIGTERM → SIGKILL (a master that had to be killed fails the test).
+--listen 127.0.0.1:0 --address-file …`` as a :class:`~cxlkv.deploy.cluster.ManagedProcess`
+(the one process harness the cluster fixtures use too), waits for the address file, and
+stops with SIGTERM → SIGKILL (a master that had to be killed fails the test).
 ``assert_invariant`` checks the space accounting from outside (Stat, ListKeys,
 BatchGetReplicaList) and asks the master to verify it from scratch too.
 """
@@ -10,16 +11,14 @@ BatchGetReplicaList) and asks the master to verify it from scratch too.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import grpc
 import tomli_w
 
+from cxlkv.deploy.cluster import ClusterError, ManagedProcess, wait_for_file
 from cxlkv.errors import CxlkvError, from_rpc_error
 from cxlkv.region import REGION_HEADER_BYTES
 from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
@@ -48,7 +47,7 @@ class MasterProcess:
         self.address_file = tmp_path / "master.address"
         self.log_path = tmp_path / "master.log"
         self.env = dict(env or {})
-        self.proc: subprocess.Popen | None = None
+        self.process: ManagedProcess | None = None
         self.address = ""
         self.channel: grpc.Channel | None = None
         self.stub: master_pb2_grpc.MasterServiceStub | None = None
@@ -65,18 +64,12 @@ class MasterProcess:
         """
         self.config_path.write_text(tomli_w.dumps(self.config))
         self.address_file.unlink(missing_ok=True)
-        env = dict(os.environ)
-        env.update(self.env)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env)
-        deadline = time.monotonic() + timeout_s
-        while not self.address_file.exists():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"master exited with {self.proc.returncode}:\n{self.log()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"master not serving after {timeout_s} s:\n{self.log()}")
-            time.sleep(0.02)
+        self.process = ManagedProcess("master", self.argv(), self.log_path, env=self.env)
+        self.process.start()
+        try:
+            wait_for_file(self.address_file, timeout_s, self.process)
+        except ClusterError as exc:
+            raise AssertionError(f"{exc}\n{self.log()}") from None
         self.address = self.address_file.read_text().strip()
         self.channel = grpc.insecure_channel(self.address)
         self.stub = master_pb2_grpc.MasterServiceStub(self.channel)
@@ -97,17 +90,12 @@ class MasterProcess:
         if self.channel is not None:
             self.channel.close()
             self.channel = None
-        if self.proc is None:
+        if self.process is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-                raise AssertionError(f"master ignored SIGTERM and was killed:\n{self.log()}")
-        return self.proc.returncode
+        rc, killed = self.process.stop(timeout_s)
+        if killed:
+            raise AssertionError(f"master ignored SIGTERM and was killed:\n{self.log()}")
+        return rc or 0
 
     def __enter__(self) -> "MasterProcess":
         return self.start()

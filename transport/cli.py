@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 
 import click
 
-from cxlkv.clisize import Size
+from cxlkv.cli.sizes import Size
 from cxlkv.config import format_size
 from cxlkv.errors import CxlkvError
 from cxlkv.region import REGION_HEADER_BYTES, RegionIdentity, format_region, read_identity

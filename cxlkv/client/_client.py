@@ -26,14 +26,14 @@ from cxlkv.client._index import FALLBACK as _IX_FALLBACK
 from cxlkv.client._index import MISS as _IX_MISS
 from cxlkv.client._index import IndexPath
 from cxlkv.client._memory import address_of, dst_array, src_array
-from cxlkv.client._pool import BufferPool, Segment
+from cxlkv.client._pool import BufferPool, PoolBuffer
 from cxlkv.client.framing import METHODS_BY_NAME
 from cxlkv.errors import (
     CxlkvError, DaemonUnreachable, Internal, InvalidArgument, InvalidKey, NotFound, NotReady, OutOfRange,
     TooLarge, UnknownBuffer, error_for,
 )
 from cxlkv.keys import key_error, validate_key, validate_replica_num
-from cxlkv.limits import SDK_BATCH_INLINE_BYTES, SDK_BATCH_ITEMS
+from cxlkv.wire.limits import SDK_BATCH_INLINE_BYTES, SDK_BATCH_ITEMS
 from cxlkv.v1 import client_pb2, common_pb2
 
 __all__ = ["Client", "Result", "KeyInfo", "DEFAULT_POOL_BYTES", "default_socket_path"]
@@ -49,7 +49,7 @@ _NO_KEY = object()  # _index_path: a batch call (keys checked per item)
 #: ones are staged through the shared-buffer pool.
 DEFAULT_INLINE_BYTES = 64 << 10
 #: Most items in one batch request (the daemons' ``max_batch_items`` is never
-#: below it: larger batches are split into several calls, cxlkv.limits).
+#: below it: larger batches are split into several calls, cxlkv.wire.limits).
 BATCH_ITEMS = SDK_BATCH_ITEMS
 #: Most inline value bytes in one batch request.
 BATCH_INLINE_BYTES = SDK_BATCH_INLINE_BYTES
@@ -67,13 +67,13 @@ def default_socket_path() -> str:
 
     Raises:
         UnsafeRuntimeDir: the runtime directory exists but another user owns it or
-            may write into it (:func:`cxlkv.rundir.check_private_dir`).
+            may write into it (:func:`cxlkv.runtime.rundir.check_private_dir`).
     """
     env = os.environ.get("CXLKV_SOCKET")
     if env:
         return env
     from cxlkv.config import default_runtime_dir
-    from cxlkv.rundir import check_private_dir
+    from cxlkv.runtime.rundir import check_private_dir
 
     run = default_runtime_dir()
     try:
@@ -362,9 +362,9 @@ class _Staged:
 
     def __init__(self, pool: BufferPool) -> None:
         self.pool = pool
-        self.ranges: list[tuple[Segment, int]] = []
+        self.ranges: list[tuple[PoolBuffer, int]] = []
 
-    def take(self, nbytes: int) -> tuple[Segment, int]:
+    def take(self, nbytes: int) -> tuple[PoolBuffer, int]:
         seg, off = self.pool.alloc(nbytes)
         self.pool.staged_bytes += nbytes
         self.ranges.append((seg, off))
@@ -1336,12 +1336,12 @@ class Client:
 
     def _targets(
         self, dsts: Sequence[Any], st: _Staged
-    ) -> tuple[list[np.ndarray], list[tuple[int, int, int]], list[tuple[int, Segment, int]]]:
+    ) -> tuple[list[np.ndarray], list[tuple[int, int, int]], list[tuple[int, PoolBuffer, int]]]:
         """Destinations as arrays, their ``(buffer_id, offset, length)`` targets, and the
         staged ones to copy back (memory outside the pool borrows a pool range)."""
         arrays = [dst_array(d) for d in dsts]
         targets: list[tuple[int, int, int]] = []
-        copy_back: list[tuple[int, Segment, int]] = []
+        copy_back: list[tuple[int, PoolBuffer, int]] = []
         locate = self._pool.locate
         for i, a in enumerate(arrays):
             n = a.nbytes
@@ -1478,7 +1478,7 @@ class Client:
         Raises:
             Unavailable: the daemon cannot be reached.
         """
-        from cxlkv.protodict import message_dict
+        from cxlkv.wire.protodict import message_dict
 
         return message_dict(self._call("Stat", client_pb2.ClientStatRequest()))
 

@@ -32,7 +32,7 @@ from google.protobuf.message import DecodeError
 
 from cxlkv.client.framing import HEADER, HEADER_BYTES, LENGTH_BYTES, MIN_LENGTH, Method
 from cxlkv.errors import CxlkvError, DaemonUnreachable, Internal, Unavailable, error_for
-from cxlkv.rundir import UntrustedDaemon, check_daemon_peer
+from cxlkv.runtime.rundir import UntrustedDaemon, check_daemon_peer
 from cxlkv.v1 import common_pb2
 
 __all__ = ["LeanConnection", "GrpcConnection"]
@@ -514,7 +514,7 @@ def _timeval(seconds: float) -> bytes:
 
 
 #: How the daemon's socket is named to the user in error messages: the SDK's
-#: argument; the command line (cxlkv.kvcli) sets ``"--socket"``.
+#: argument; the command line (cxlkv.cli.kv) sets ``"--socket"``.
 SOCKET_SETTING = "socket_path"
 
 

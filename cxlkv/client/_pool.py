@@ -37,7 +37,7 @@ from cxlkv.client._memory import address_of
 from cxlkv.client._shared import SharedHostMemory, find_shared
 from cxlkv.errors import CxlkvError, InvalidArgument, NoSpace
 
-__all__ = ["Segment", "BufferPool", "SHM_DIR"]
+__all__ = ["PoolBuffer", "BufferPool", "SHM_DIR"]
 
 SHM_DIR = "/dev/shm"
 _SMALL_ALIGN = 64          # cache line
@@ -51,7 +51,7 @@ def _round_up(n: int, a: int) -> int:
 
 
 @dataclass(eq=False)
-class Segment:
+class PoolBuffer:
     """One registered shared-memory mapping.
 
     Attributes:
@@ -147,14 +147,14 @@ class BufferPool:
         self._unregister = unregister
         self.pool_bytes = _round_up(pool_bytes, _LARGE_ALIGN)
         self._mode = 0o660 if share_with_group else 0o600
-        self._segments: list[Segment] = []
+        self._segments: list[PoolBuffer] = []
         # Never held across a call to the daemon (registering a segment may
         # reconnect, and a reconnection revalidates the segments).
         self._lock = threading.Lock()
         # Ranges released by garbage collection (free_later): a finalizer may run in
         # any thread at any allocation, also inside this pool's own methods, so it
         # only queues here; the next alloc/free/revalidate applies them.
-        self._pending: deque[tuple[Segment, int]] = deque()
+        self._pending: deque[tuple[PoolBuffer, int]] = deque()
         self._closed = False
         # One registration of a SharedHostMemory at a time (a daemon call: not under _lock).
         self._adopt_lock = threading.Lock()
@@ -164,7 +164,7 @@ class BufferPool:
         self.staged_bytes = 0
 
     # -- segments -----------------------------------------------------------
-    def _new_segment(self, size: int, dedicated: bool) -> Segment:
+    def _new_segment(self, size: int, dedicated: bool) -> PoolBuffer:
         path = os.path.join(SHM_DIR, f"cxlkv-buf-{os.getpid()}-{uuid.uuid4().hex[:12]}")
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, self._mode)
@@ -190,13 +190,13 @@ class BufferPool:
             except FileNotFoundError:
                 pass
         arr = np.frombuffer(mm, dtype=np.uint8)
-        seg = Segment(buffer_id, size, mm, arr, address_of(arr), dedicated)
+        seg = PoolBuffer(buffer_id, size, mm, arr, address_of(arr), dedicated)
         seg.free_offsets.append(0)
         seg.free_lengths.append(size)
         return seg
 
     # -- ranges -------------------------------------------------------------
-    def alloc(self, nbytes: int) -> tuple[Segment, int]:
+    def alloc(self, nbytes: int) -> tuple[PoolBuffer, int]:
         """Reserve ``nbytes`` of shared memory.
 
         Returns:
@@ -228,7 +228,7 @@ class BufferPool:
         assert off is not None
         return seg, off
 
-    def _fit(self, nbytes: int) -> tuple[Segment, int] | None:
+    def _fit(self, nbytes: int) -> tuple[PoolBuffer, int] | None:
         """A range in an existing shared segment (under the lock), or ``None``."""
         for seg in self._segments:
             if not seg.dedicated:
@@ -237,7 +237,7 @@ class BufferPool:
                     return seg, off
         return None
 
-    def free(self, seg: Segment, offset: int) -> None:
+    def free(self, seg: PoolBuffer, offset: int) -> None:
         """Release a range from :meth:`alloc`; a dedicated segment goes back to the daemon.
 
         A no-op once the pool is closed (views may outlive their client), and for a
@@ -249,12 +249,12 @@ class BufferPool:
                 release.append(seg)
         self._release_all(release)
 
-    def free_later(self, seg: Segment, offset: int) -> None:
+    def free_later(self, seg: PoolBuffer, offset: int) -> None:
         """:meth:`free` for a finalizer (garbage collection may run it anywhere):
         only queued, applied by the next alloc/free."""
         self._pending.append((seg, offset))
 
-    def _free_locked(self, seg: Segment, offset: int) -> bool:
+    def _free_locked(self, seg: PoolBuffer, offset: int) -> bool:
         """Free under the lock; whether ``seg`` is now to be released (dedicated, idle)."""
         if self._closed or seg not in self._segments:
             return False
@@ -264,9 +264,9 @@ class BufferPool:
         self._segments.remove(seg)
         return True
 
-    def _apply_pending(self) -> list[Segment]:
+    def _apply_pending(self) -> list[PoolBuffer]:
         """Apply the queued frees (under the lock); the segments to release after it."""
-        release: list[Segment] = []
+        release: list[PoolBuffer] = []
         pending = self._pending
         while pending:
             seg, offset = pending.popleft()
@@ -274,11 +274,11 @@ class BufferPool:
                 release.append(seg)
         return release
 
-    def _release_all(self, segs: list[Segment]) -> None:
+    def _release_all(self, segs: list[PoolBuffer]) -> None:
         for seg in segs:
             self._release_segment(seg)
 
-    def _release_segment(self, seg: Segment) -> None:
+    def _release_segment(self, seg: PoolBuffer) -> None:
         try:
             self._unregister(seg.buffer_id)
         except Exception:  # daemon gone: its reaper drops the buffer when we exit
@@ -330,7 +330,7 @@ class BufferPool:
                 return adopted.buffer_id, addr - adopted.base
         return None
 
-    def _adopt(self, mem: SharedHostMemory) -> Segment | None:
+    def _adopt(self, mem: SharedHostMemory) -> PoolBuffer | None:
         """Register ``mem`` with the daemon as an external segment (once); ``None`` if refused."""
         with self._adopt_lock:
             for seg in self._segments:
@@ -345,7 +345,7 @@ class BufferPool:
                 log.warning("shared host memory %r not registered with the daemon (%s): its values are staged",
                             mem, exc)
                 return None
-            seg = Segment(buffer_id, mem.mapped_bytes, mem.mm, mem.array, mem.address, external=True)
+            seg = PoolBuffer(buffer_id, mem.mapped_bytes, mem.mm, mem.array, mem.address, external=True)
             with self._lock:
                 added = not self._closed
                 if added:
@@ -367,7 +367,7 @@ class BufferPool:
             self._release_segment(seg)
 
     @property
-    def segments(self) -> list[Segment]:
+    def segments(self) -> list[PoolBuffer]:
         """The live segments (a copy)."""
         with self._lock:
             return list(self._segments)

@@ -1,0 +1,235 @@
+"""The master's lean-framing MasterService: same handlers and errors as gRPC, fewer µs."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from pathlib import Path
+
+import pytest
+
+from cxlkv.errors import AlreadyExists, ErrorCode, InvalidArgument, StaleToken
+from cxlkv.wire.lean import LeanChannel, service_methods
+from cxlkv.v1 import common_pb2, master_pb2
+from master_harness import MasterProcess, assert_invariant
+
+METHODS = service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"])
+
+
+def _recv_exactly(s: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        assert chunk, "connection closed early"
+        data += chunk
+    return data
+
+
+def _lean_port(mp: MasterProcess) -> int:
+    resp = mp.stub.RegisterClient(master_pb2.RegisterClientRequest(hostname="h", name="probe"))
+    assert resp.lean_port > 0
+    return resp.lean_port
+
+
+def test_lean_calls_match_grpc_semantics(tmp_path: Path) -> None:
+    with MasterProcess(tmp_path) as mp:
+        port = _lean_port(mp)
+
+        async def scenario() -> None:
+            ch = LeanChannel("127.0.0.1", port, METHODS)
+            reg = await ch.call("RegisterClient", master_pb2.RegisterClientRequest(hostname="h", name="w"))
+            cid, epoch = reg.client_id, reg.epoch
+            req = master_pb2.BatchPutStartRequest(client_id=cid, epoch=epoch)
+            for k in ("a", "b", "a"):
+                req.items.add(key=k, value_size_bytes=4096)
+            started = await ch.call("BatchPutStart", req, timeout=10)
+            codes = [r.status.code for r in started.results]
+            assert codes[:2] == [0, 0] and codes[2] != 0  # duplicate answered per position
+            end = master_pb2.BatchPutEndRequest(client_id=cid, epoch=epoch)
+            for k, r in zip(("a", "b"), started.results):
+                end.items.add(key=k, put_token=r.put_token)
+            ended = await ch.call("BatchPutEnd", end, timeout=10)
+            assert [s.code for s in ended.results] == [0, 0]
+            # single-item errors arrive as typed exceptions (ErrorDetail frames)
+            with pytest.raises(AlreadyExists):
+                await ch.call("PutStart", master_pb2.PutStartRequest(
+                    client_id=cid, epoch=epoch, item=master_pb2.PutStartItem(key="a", value_size_bytes=1)))
+            with pytest.raises(StaleToken):
+                await ch.call("PutEnd", master_pb2.PutEndRequest(
+                    client_id=cid, epoch=epoch, item=master_pb2.PutEndItem(key="b", put_token=1)))
+            # pipelined: many calls in flight on one connection
+            many = await asyncio.gather(*(ch.call("ExistKey", master_pb2.ExistKeyRequest(key=k))
+                                          for k in ("a", "b", "zz") * 50))
+            assert [m.exists for m in many[:3]] == [True, True, False]
+            ch.close()
+
+        asyncio.run(scenario())
+        st = assert_invariant(mp.stub)
+        assert st.key_count == 2
+
+
+def test_lean_port_survives_garbage(tmp_path: Path) -> None:
+    with MasterProcess(tmp_path) as mp:
+        port = _lean_port(mp)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(struct.pack("<IHHQ", 12 + 3, 999, 0, 7) + b"xyz")  # unknown method
+            head = s.recv(16)
+            length, code, _f, rid = struct.unpack("<IHHQ", head)
+            assert rid == 7 and code == int(InvalidArgument.code)
+            s.recv(length - 12)
+            s.sendall(struct.pack("<IHHQ", 1 << 31, 1, 0, 8))  # absurd length: answered, then closed
+            data = s.recv(16)
+            length, code, _f, rid = struct.unpack("<IHHQ", data)
+            assert rid == 8 and code == int(ErrorCode.TOO_LARGE)  # over max_request_bytes: its own error
+            detail = common_pb2.ErrorDetail.FromString(_recv_exactly(s, length - 12))
+            assert "max_request_bytes" in detail.message and detail.requested_bytes == 1 << 31
+        # still serving, over both framings
+        assert mp.stub.ExistKey(master_pb2.ExistKeyRequest(key="x")).exists is False
+        assert _lean_port(mp) == port
+
+
+def test_lean_can_be_turned_off(tmp_path: Path) -> None:
+    with MasterProcess(tmp_path, {"lean_listen_address": "off"}) as mp:
+        resp = mp.stub.RegisterClient(master_pb2.RegisterClientRequest(hostname="h", name="p"))
+        assert resp.lean_port == 0
+
+
+def test_clientd_falls_back_to_grpc_when_the_lean_port_is_unreachable(make_cluster) -> None:
+    """The master's lean port bound where clients cannot reach it (127.0.0.2, while
+    they dial 127.0.0.1): every call still works, over gRPC, and the clientd says so once."""
+    cl = make_cluster(clientds=1, master_options={"lean_listen_address": "127.0.0.2:0"})
+    with cl.client(0) as c:
+        for i in range(20):
+            c.put(f"fallback/{i}", b"v%d" % i)
+        assert [r.value for r in c.get_many([f"fallback/{i}" for i in range(20)])] == [b"v%d" % i for i in range(20)]
+    log = cl.clientds[0].log_path.read_text()
+    assert log.count("using gRPC for every master call") == 1
+    cl.assert_invariants()
+
+
+def test_lean_call_times_out_against_a_silent_server() -> None:
+    """A server that accepts but never answers: the call fails with Unavailable after
+    its timeout, forgets the request, and a late answer for it is dropped."""
+    from cxlkv.errors import Unavailable
+
+    async def scenario() -> None:
+        accepted: list[asyncio.StreamWriter] = []
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(writer)
+            await reader.read(1 << 16)  # swallow the request, answer nothing
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        ch = LeanChannel("127.0.0.1", port, METHODS)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(Unavailable, match=r"ExistKey to 127\.0\.0\.1:\d+: no answer within 0\.2 s"):
+            await ch.call("ExistKey", master_pb2.ExistKeyRequest(key="k"), timeout=0.2)
+        assert 0.15 < loop.time() - t0 < 2.0
+        assert ch._pending == {}
+        # A late answer to the expired request id 1 is ignored (no exception, no leak).
+        payload = master_pb2.ExistKeyResponse(exists=True).SerializeToString()
+        accepted[0].write(struct.pack("<IHHQ", 12 + len(payload), 0, 0, 1) + payload)
+        await accepted[0].drain()
+        await asyncio.sleep(0.05)
+        ch.close()
+        server.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_inline_routes_answer_in_order_in_one_read(event_loop: str) -> None:
+    """Inline routes (plain functions, the master's handlers) are answered while
+    their frames are parsed: the answers of frames that arrived together, errors
+    and a handler's bug (INTERNAL) included, come back in frame order before the
+    answer of a task-run route sent in the same read, and the server goes on."""
+    from cxlkv.errors import Internal, NotFound
+    from cxlkv.wire.lean import LeanFrameServer, LeanRoute
+    from cxlkv.runtime.loops import run
+
+    def exist(req: master_pb2.ExistKeyRequest) -> master_pb2.ExistKeyResponse:
+        if req.key == "missing":
+            raise NotFound("no such key", key=req.key)
+        if req.key == "bug":
+            raise ValueError("a handler bug")
+        return master_pb2.ExistKeyResponse(exists=True)
+
+    async def slow_exist(req: master_pb2.ExistKeyRequest) -> master_pb2.ExistKeyResponse:
+        await asyncio.sleep(0)
+        return master_pb2.ExistKeyResponse(exists=req.key == "slow")
+
+    parse = master_pb2.ExistKeyRequest.FromString
+    routes = {1: LeanRoute("Exist", parse, exist, inline=True), 2: LeanRoute("SlowExist", parse, slow_exist)}
+
+    def frame(method: int, rid: int, key: str) -> bytes:
+        body = master_pb2.ExistKeyRequest(key=key).SerializeToString()
+        return struct.pack("<IHHQ", 12 + len(body), method, 0, rid) + body
+
+    async def scenario() -> None:
+        server = LeanFrameServer(routes)
+        port = await server.start_tcp("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(frame(2, 1, "slow") + frame(1, 2, "k") + frame(1, 3, "missing") + frame(1, 4, "bug")
+                     + frame(1, 5, "k2"))
+        answers = []
+        for _ in range(5):
+            length, code, _f, rid = struct.unpack("<IHHQ", await reader.readexactly(16))
+            answers.append((rid, code, await reader.readexactly(length - 12)))
+        assert [(rid, code) for rid, code, _ in answers] == [
+            (2, 0), (3, int(NotFound.code)), (4, int(Internal.code)), (5, 0), (1, 0)]
+        assert master_pb2.ExistKeyResponse.FromString(answers[0][2]).exists is True
+        assert master_pb2.ExistKeyResponse.FromString(answers[4][2]).exists is True
+        # still serving on the same connection
+        writer.write(frame(1, 6, "k"))
+        assert struct.unpack("<IHHQ", await reader.readexactly(16))[3] == 6
+        writer.close()
+        await server.stop(1.0)
+
+    run(scenario(), event_loop)
+
+
+def test_event_loop_setting() -> None:
+    """``event_loop``: uvloop by default, asyncio on request, a clear error for
+    anything else or for uvloop when it cannot be imported."""
+    import sys
+
+    from cxlkv.config import ClientdConfig, MasterConfig
+    from cxlkv.errors import ConfigError
+    from cxlkv.runtime.loops import loop_factory, run
+
+    assert MasterConfig().event_loop == ClientdConfig().event_loop == "uvloop"
+    with pytest.raises(ConfigError, match="event_loop: must be uvloop or asyncio"):
+        MasterConfig(event_loop="tokio").validate()
+    with pytest.raises(ConfigError, match="event_loop"):
+        loop_factory("tokio")
+    assert loop_factory("asyncio") is None
+
+    async def kind() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    assert run(kind(), "uvloop").startswith("uvloop")
+    assert run(kind(), "asyncio").startswith("asyncio")
+    saved = sys.modules.get("uvloop")
+    sys.modules["uvloop"] = None  # type: ignore[assignment]  # import fails as if not installed
+    try:
+        with pytest.raises(ConfigError, match=r'set event_loop = "asyncio"'):
+            run(kind(), "uvloop")
+    finally:
+        if saved is None:
+            del sys.modules["uvloop"]
+        else:
+            sys.modules["uvloop"] = saved
+
+
+def test_master_and_clientd_serve_on_the_standard_loop(make_cluster) -> None:
+    """``event_loop = "asyncio"`` (the fallback where uvloop is missing) serves the same API."""
+    cl = make_cluster(clientds=1, master_options={"event_loop": "asyncio"},
+                      clientd_options={"event_loop": "asyncio"})
+    with cl.client(0) as c:
+        c.put("std/a", b"x" * 5000)
+        assert c.get("std/a") == b"x" * 5000
+        assert c.exists_many(["std/a", "std/b"]) == [True, False]
+    cl.assert_invariants()
