@@ -6,13 +6,13 @@ unique blocks) and each policy registered in ``cxlkv.eviction_policies``
 (``--policy`` to choose):
 
 * ``sim_hit_rate``: the in-process simulation with the store's own policy code
-  (:func:`cxlkv.tracesim.simulate`: hit = longest cached prefix, 512-token blocks);
+  (:func:`cxlkv.trace.sim.simulate`: hit = longest cached prefix, 512-token blocks);
 * ``store_hit_rate``: the store itself — an embedded cluster (a real master and two
   clientds, a region sized for exactly that many blocks) replaying the whole trace
-  (:func:`cxlkv.replay.run_embedded`), every hit verified byte for byte; ``errors``
+  (:func:`cxlkv.trace.replay.run_embedded`), every hit verified byte for byte; ``errors``
   must be 0; ``store_minus_sim_points`` is the gap in percentage points;
 * ``belady_hit_rate``: the offline optimum at the same capacity
-  (:func:`cxlkv.tracesim.simulate_belady`) and ``bound_hit_rate`` (a cache that
+  (:func:`cxlkv.trace.sim.simulate_belady`) and ``bound_hit_rate`` (a cache that
   never evicts);
 * ``policy_us_per_block``: the policy's own CPU cost on the master, microseconds per
   requested block of the trace — every policy call (``on_put``, ``on_hit``,

@@ -7,7 +7,7 @@ a response ``u32 length | u16 code | u16 flags | u64 request_id | message``
 request runs as its own task and answers when done, in any order.
 
 The connection handling (partial and oversized frames, flow control,
-disconnects) is :class:`cxlkv.lean.LeanProtocol`, shared with the master's lean
+disconnects) is :class:`cxlkv.wire.lean.LeanProtocol`, shared with the master's lean
 link; this module only maps ClientService method numbers onto :class:`ClientApi`.
 """
 
