@@ -172,6 +172,7 @@ def test_remove_and_put_reusing_space_never_mixes_bytes(cluster) -> None:
             mapped.region = region  # type: ignore[attr-defined]
             core = ClientdCore.__new__(ClientdCore)
             core.flush_mode = True
+            core.verify_first = True
             ext = old.replicas[0].extent
             buf = bytearray(size)
             c = _Copy(0, mapped, ext.offset_bytes + old.header_bytes, size, buf, 0)  # type: ignore[arg-type]
