@@ -20,18 +20,25 @@ from cxlkv.errors import CxlkvError, NotFound, NotReady, StaleToken
 MiB = 1 << 20
 
 
-def test_a_stalled_direct_writer_never_lands_in_reused_space(make_cluster, monkeypatch) -> None:
-    cl = make_cluster(region_size_bytes=64 * MiB, master_options={"put_timeout_s": 1.0})
+def _stall_the_first_direct_copy(monkeypatch, seconds: float) -> threading.Event:
+    """Make this process's first direct-mode copy into the region wait ``seconds``
+    before it starts (a writer stopped mid-put); the event is set when it waits."""
     real_copy_in = direct_mod._copy_in
     stalled = threading.Event()
 
     def copy_in_after_a_stall(*args, **kwargs):
         if not stalled.is_set():
             stalled.set()
-            time.sleep(3.0)  # past put_timeout_s: the master revokes the put meanwhile
+            time.sleep(seconds)  # the master may revoke the put meanwhile
         return real_copy_in(*args, **kwargs)
 
     monkeypatch.setattr(direct_mod, "_copy_in", copy_in_after_a_stall)
+    return stalled
+
+
+def test_a_stalled_direct_writer_never_lands_in_reused_space(make_cluster, monkeypatch) -> None:
+    cl = make_cluster(region_size_bytes=64 * MiB, master_options={"put_timeout_s": 1.0})
+    stalled = _stall_the_first_direct_copy(monkeypatch, 3.0)  # past put_timeout_s
     late = np.full(20 * MiB, 0x11, np.uint8)
     good = np.full(20 * MiB, 0x22, np.uint8)
     outcome: list[object] = []
@@ -77,16 +84,7 @@ def test_a_stalled_upsert_is_refused_not_redone_over_a_newer_value(make_cluster,
     value with the older one (a redo is only for a daemon that re-registered:
     UNKNOWN_CLIENT)."""
     cl = make_cluster(region_size_bytes=64 * MiB, master_options={"put_timeout_s": 1.0})
-    real_copy_in = direct_mod._copy_in
-    stalled = threading.Event()
-
-    def copy_in_after_a_stall(*args, **kwargs):
-        if not stalled.is_set():
-            stalled.set()
-            time.sleep(3.0)  # past put_timeout_s: the master revokes the put meanwhile
-        return real_copy_in(*args, **kwargs)
-
-    monkeypatch.setattr(direct_mod, "_copy_in", copy_in_after_a_stall)
+    stalled = _stall_the_first_direct_copy(monkeypatch, 3.0)  # past put_timeout_s
     older = np.full(8 * MiB, 0xEE, np.uint8)
     newer = np.full(8 * MiB, 0x11, np.uint8)
     outcome: list[object] = []
