@@ -752,7 +752,6 @@ class ClientdCore:
             c = plan(i, keys[i], loc, targets[i], out)
             if c is None:
                 continue
-            c.checked = bool(loc.header_bytes or loc.checksum)
             ttl_ms = loc.lease_ttl_ms
             meta.append((i, loc, t0 + ttl_ms / 1000.0 if ttl_ms else math.inf))
             copies.append(c)
@@ -846,16 +845,17 @@ class ClientdCore:
                 out[i] = ReadOutcome(_UNAVAILABLE, (
                     f"no replica of key {key!r} is on a segment mapped by this clientd"))
             return None
+        checked = bool(loc.header_bytes or loc.checksum)  # flush mode may verify first
         if target is None:
             if size == 0:
                 out[i] = ReadOutcome(size=0, version=loc.version, value=b"")
                 return None
-            return _Copy(i, mapped, ext.offset_bytes + loc.header_bytes, size, None, 0)
+            return _Copy(i, mapped, ext.offset_bytes + loc.header_bytes, size, None, 0, checked=checked)
         if size == 0:
             out[i] = ReadOutcome(size=0, version=loc.version)
             return None
         return _Copy(i, mapped, ext.offset_bytes + loc.header_bytes, size, target.buf, target.offset,
-                     FUSED_HASH_MIN_BYTES <= size < 2 * SPLIT_COPY_BYTES)
+                     FUSED_HASH_MIN_BYTES <= size < 2 * SPLIT_COPY_BYTES, checked=checked)
 
     def _copy_out(self, copies: list[_Copy], *, again: bool = False) -> dict[int, CxlkvError]:
         """Copy extents out; inline reads become bytes. Every copy is checked
