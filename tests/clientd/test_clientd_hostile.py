@@ -411,11 +411,23 @@ def test_disconnect_mid_frame_and_mid_call(module_cluster) -> None:
         r.frame(1, client_pb2.PutRequest(key=f"h/gone/{i}", value=b"q" * 300_000).SerializeToString())
     r.sock.shutdown(socket.SHUT_RDWR)
     r.close()
-    module_cluster.wait_until(lambda: module_cluster.master_stat(False).processing_count == 0,
-                              what="no put left PROCESSING")
+    keys = [f"h/gone/{i}" for i in range(20)]
     with module_cluster.client(1) as c:
-        present = [k for k, e in zip([f"h/gone/{i}" for i in range(20)],
-                                     c.exists_many([f"h/gone/{i}" for i in range(20)])) if e]
+        # the daemon goes on with the frames already in its socket buffer after the close,
+        # so a put can reach the master after an earlier one was seen committed: wait until
+        # nothing is PROCESSING and the set of committed keys has stopped growing
+        seen: list[list[str]] = []
+
+        def settled() -> bool:
+            if module_cluster.master_stat(False).processing_count:
+                seen.clear()
+                return False
+            seen.append([k for k, e in zip(keys, c.exists_many(keys)) if e])
+            time.sleep(0.5)
+            return len(seen) >= 3 and seen[-1] == seen[-2] == seen[-3]
+
+        module_cluster.wait_until(settled, timeout_s=60.0, what="no put left PROCESSING, the key set settled")
+        present = seen[-1]
         assert present, "the daemon had received at least the first put"
         for k in present:
             assert c.get(k) == b"q" * 300_000
