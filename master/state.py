@@ -3,7 +3,7 @@
 Every method that depends on time takes ``now`` (seconds on the master's
 monotonic clock), so tests advance time instead of sleeping. Per-key work is
 constant-time dictionary work plus the O(log n)-or-better allocator; nothing on
-the hot path is proportional to the number of keys (RemoveAll, RemoveByRegex and
+the hot path is proportional to the number of keys (RemoveAll and
 UnmountSegment are O(n) by nature). Batch methods process their items one by one
 and answer one result per position: a failing item never fails the others.
 
@@ -727,7 +727,7 @@ class MasterState:
         return cursor.removed, cursor.skipped
 
     def remove_all_start(self, force: bool = False, pattern: str | None = None) -> RemoveAllCursor:
-        """Begin a RemoveAll / RemoveByRegex to run by slices (:meth:`RemoveAllCursor.step`).
+        """Begin a RemoveAll (with or without a pattern) to run by slices (:meth:`RemoveAllCursor.step`).
 
         The objects committed now are the ones considered; each is removed when its
         slice comes unless it was removed or replaced (upsert) meanwhile. Objects
