@@ -174,7 +174,7 @@ def test_pathological_pattern_finishes_at_once(cluster) -> None:
         assert sum(c.exists_many(long_keys)) == 10
     # the master's own Pattern path (gRPC, as a tool would call it)
     stub = cluster.master_stub()
-    assert stub.RemoveByRegex(master_pb2.RemoveByRegexRequest(pattern="(a+)+$"), timeout=10).removed == 0
+    assert stub.RemoveAll(master_pb2.RemoveAllRequest(pattern="(a+)+$"), timeout=10).removed == 0
     cluster.assert_invariants()
 
 
@@ -232,14 +232,14 @@ def test_oversized_calls_get_their_own_error_and_the_daemons_go_on(make_cluster)
     assert _stalls_over(clientd_url, STALL_BOUND_S)[0] == clientd_over_before
     # the master refuses the same way (gRPC; its lean port shares the handler)
     with pytest.raises(grpc.RpcError) as info:
-        cluster.master_stub().BatchExistKey(master_pb2.BatchExistKeyRequest(keys=too_many), timeout=30)
+        cluster.master_stub().ExistKey(master_pb2.ExistKeyRequest(keys=too_many), timeout=30)
     err = from_rpc_error(info.value)
     assert err.code == ErrorCode.TOO_LARGE and "max_batch_items" in err.message, err
-    # nested items count too: two queries of a BatchMatchPrefix, each under the limit
+    # nested items count too: two queries of a MatchPrefix, each under the limit
     half = MasterConfig().max_batch_items // 2 + 1
     queries = [master_pb2.PrefixQuery(keys=[f"q/{i}" for i in range(half)]) for _ in range(2)]
     with pytest.raises(grpc.RpcError) as info:
-        cluster.master_stub().BatchMatchPrefix(master_pb2.BatchMatchPrefixRequest(queries=queries), timeout=30)
+        cluster.master_stub().MatchPrefix(master_pb2.MatchPrefixRequest(queries=queries), timeout=30)
     assert f"{2 * half} items" in from_rpc_error(info.value).message
     assert cluster.master_stat().key_count == 0  # the master answers
     # the SDK splits a larger batch into calls under the limit: the user never sees it
