@@ -47,7 +47,6 @@ __all__ = ["MasterServicer", "segment_info"]
 
 log = logging.getLogger("cxlkv.master.service")
 
-_COMPLETE = common_pb2.COMPLETE
 #: Longest ExchangeTasks wait a clientd may ask for, in milliseconds.
 _MAX_TASK_WAIT_MS = 5000
 _TIER_RANK = {Tier.DRAM: 0, Tier.CXL: 1, Tier.SSD: 2}

@@ -270,7 +270,6 @@ def test_oversized_calls_get_their_own_error_and_the_daemons_go_on(make_cluster)
 
 def _state_with(n: int, segments: int = 1):
     from cxlkv.config import SegmentConfig
-    from cxlkv.master.objects import PutStartArgs
     from cxlkv.master.state import MasterState
 
     cfg = MasterConfig(segments=[SegmentConfig(name=f"cxl{i}", size_bytes=16 * MiB) for i in range(segments)])
@@ -281,14 +280,13 @@ def _state_with(n: int, segments: int = 1):
     keys = [f"k/{i:05d}" for i in range(n)]
     for j, seg in enumerate(f"cxl{i}" for i in range(segments)):
         part = keys[j::segments]
-        res = st.put_start_batch(c.client_id, c.epoch, [PutStartArgs(k, 10, preferred_segment=seg) for k in part], 0.0)
-        st.put_end_batch(c.client_id, c.epoch, [(k, r.version, 0) for k, r in zip(part, res)], 0.0)
+        for k in part:
+            obj = st.put_start(c.client_id, c.epoch, k, 10, 0.0, preferred_segment=seg)
+            st.put_end(c.client_id, c.epoch, k, obj.version, 0.0)
     return st, c, clock
 
 
 def test_remove_all_cursor_runs_by_budget_and_sees_changes_between_slices() -> None:
-    from cxlkv.master.objects import PutStartArgs
-
     st, c, clock = _state_with(1000)
     cursor = st.remove_all_start(pattern=r"^k/0")  # every key
     # a work clock that advances 1 ms per look: a 2 ms budget ends a slice at the second look
@@ -300,8 +298,8 @@ def test_remove_all_cursor_runs_by_budget_and_sees_changes_between_slices() -> N
     st.remove("k/00999", 0.0)
     obj = st.put_start(c.client_id, c.epoch, "k/00998", 5, 0.0, upsert=True)
     st.put_end(c.client_id, c.epoch, "k/00998", obj.version, 0.0)
-    res = st.put_start_batch(c.client_id, c.epoch, [PutStartArgs("k/0new", 1)], 0.0)
-    st.put_end_batch(c.client_id, c.epoch, [("k/0new", res[0].version, 0)], 0.0)
+    new = st.put_start(c.client_id, c.epoch, "k/0new", 1, 0.0)
+    st.put_end(c.client_id, c.epoch, "k/0new", new.version, 0.0)
     st.check_invariants()  # consistent between slices
     while not cursor.step(0.0, 0.002):
         st.check_invariants()
