@@ -508,5 +508,5 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None) -> list[R
 @click.command("master")
 @output_options
 def master_cmd(as_json: bool, out: str | None, quick: bool) -> None:
-    """Master metadata ops over gRPC (single and batched) and the allocator at 1M objects."""
+    """Master metadata ops over gRPC (batches of one key and of 128) and the allocator at 1M objects."""
     emit(run(quick, log=lambda m: click.echo(m, err=True)), as_json=as_json, out=out)
