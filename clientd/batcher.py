@@ -2,7 +2,7 @@
 
 The master's cost per gRPC call (hundreds of microseconds in Python) dwarfs its
 cost per key, so clientd gathers the items of every concurrent caller into one
-batch call per kind (BatchPutStart, BatchPutEnd, BatchGetReplicaList, …), the way
+batch call per kind (PutStart, PutEnd, GetReplicaList, …), the way
 a database groups commits:
 
 * an idle :class:`Coalescer` sends at once (on the next turn of the event loop,
@@ -45,7 +45,7 @@ class Coalescer(Generic[I, R]):
     """Coalesces concurrent :meth:`submit` calls into batched ``send`` calls.
 
     Args:
-        name: the kind of call, for logs and stats (e.g. ``"BatchPutStart"``).
+        name: the kind of call, for logs and stats (e.g. ``"PutStart"``).
         send: ``async send(items) -> results``, one result per item in order. An
             exception fails every submitter of that call.
         max_items: most items in one ``send`` (a single larger submission still

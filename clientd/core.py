@@ -1,17 +1,17 @@
 """clientd's logic, independent of its front-ends: the put and read protocols.
 
 * **Put** (all items of one call, and of concurrent callers, coalesced):
-  ``BatchPutStart`` (asking for the value's size plus the object header's, see
+  ``PutStart`` (asking for the value's size plus the object header's, see
   :mod:`cxlkv.objheader`) → copy the value into every replica's extent (C, GIL
   released; large copies in a thread pool) while hashing the source (xxh3_64) →
   in ``coherence = "flush"`` mode with the transport's non-coherent copies
   (streaming stores, partial lines written back, SFENCE: in memory on return) →
   write the header and key after the value (and flush them) →
-  ``BatchPutEnd`` with the checksum. An item
-  whose copy failed is revoked (``BatchPutRevoke``) so its space is freed at once.
+  ``PutEnd`` with the checksum. An item
+  whose copy failed is revoked (``PutRevoke``) so its space is freed at once.
   A put whose ``PutEnd`` is refused because the daemon re-registered meanwhile
   (new epoch) is retried once from the start.
-* **Read**: ``BatchGetReplicaList`` (or ``BatchMatchPrefix``) grants a lease →
+* **Read**: ``GetReplicaList`` (or ``MatchPrefix``) grants a lease →
   copy out of a replica mapped on this host → check that the lease had not
   ended before the copy finished (else the space may have been reused: the read
   is retried once, then reported as LEASE_EXPIRED — never wrong bytes) → verify
@@ -81,7 +81,7 @@ FUSED_HASH_MIN_BYTES = 256 << 10
 #: seconds: reads hold their lease only while they copy.
 REMOVE_LEASE_WAIT_S = 0.05
 REMOVE_RETRY_FIRST_S = 0.002
-#: Deadline of a RemoveAll / RemoveByRegex call to the master, in seconds (it runs by slices).
+#: Deadline of a RemoveAll call to the master, in seconds (it runs by slices).
 REMOVE_ALL_TIMEOUT_S = 120.0
 
 _OK = int(ErrorCode.OK)
@@ -299,7 +299,7 @@ class ClientdCore:
         *,
         retry_allowed: bool,
     ) -> list[int]:
-        """One round for ``todo``: reserved extents (copy → PackedCommit: one master
+        """One round for ``todo``: reserved extents (copy → Commit: one master
         round trip) where the pool has them, PutStart → copy → PutEnd for the rest;
         returns the positions to retry."""
         link = self.link
@@ -354,7 +354,7 @@ class ClientdCore:
         todo = [i for i in todo if i in by_pos]
         starts = [by_pos[i] for i in todo]
 
-        accepted: list[tuple[int, master_pb2.PutStartResult]] = []
+        accepted: list[tuple[int, StartedPut]] = []
         failed: dict[int, CxlkvError] = {}
         copies: list[_Copy] = []
         total = 0
@@ -424,8 +424,8 @@ class ClientdCore:
         if _guard_total_hits() != faults_before:  # a region file shrank under these copies
             self._fail_broken(accepted, failed)
 
-        ends: list[tuple[int, master_pb2.PutStartResult]] = []
-        revokes: list[tuple[int, master_pb2.PutStartResult]] = []
+        ends: list[tuple[int, StartedPut]] = []
+        revokes: list[tuple[int, StartedPut]] = []
         commits: list[tuple[int, Any]] = []
         for i, r in accepted:
             if i in reserved:
@@ -834,9 +834,9 @@ class ClientdCore:
         mapped = None
         ext = None
         for rep in loc.replicas:
-            mapped = self.regions.by_segment_id(rep.extent.segment_id)
+            mapped = self.regions.by_segment_id(rep.segment_id)
             if mapped is not None:
-                ext = rep.extent
+                ext = rep
                 break
         if mapped is None or ext is None:
             if not loc.replicas:
@@ -1213,13 +1213,8 @@ class ClientdCore:
         delay = REMOVE_RETRY_FIRST_S
         waited = 0.0
         while True:
-            if regex:
-                r = await self.link.call(
-                    "RemoveByRegex", lambda: master_pb2.RemoveByRegexRequest(pattern=regex, force=force),
-                    timeout=timeout)
-            else:
-                r = await self.link.call("RemoveAll", lambda: master_pb2.RemoveAllRequest(force=force),
-                                         timeout=timeout)
+            r = await self.link.call("RemoveAll", lambda: master_pb2.RemoveAllRequest(force=force, pattern=regex),
+                                     timeout=timeout)
             total.removed += r.removed
             total.skipped_leased = r.skipped_leased
             if not r.skipped_leased or waited >= REMOVE_LEASE_WAIT_S:

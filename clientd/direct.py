@@ -16,7 +16,7 @@ itself; the daemon does no copy (docs/sdk.md "Direct mode"):
   (magic, key, version, length, checksum): a buggy writer cannot commit garbage.
   An item placed on a segment the caller cannot map (another tier, or a region
   not offered) is revoked at once and answered ``fallback``.
-* ``DirectGet`` grants a lease per key (the master's BatchGetReplicaList) and
+* ``DirectGet`` grants a lease per key (the master's GetReplicaList) and
   answers the extents; the caller copies, verifies, and ends the lease with
   ``DirectRelease`` (or piggy-backed on its next ``DirectGet``). Releases go to
   the master batched, like the daemon's own.
@@ -85,7 +85,7 @@ class _Pending:
     pid_start: int | None
     generation: int
     started: float = field(default_factory=time.monotonic)
-    #: The reserved extent this put writes (committed with PackedCommit, given back to
+    #: The reserved extent this put writes (committed with Commit, given back to
     #: the pool on revoke), or ``None``: a PutStart put (PutEnd / PutRevoke).
     reservation: "Reservation | None" = None
     flags: int = 0
@@ -262,7 +262,7 @@ class DirectPuts:
         """Start from the daemon's reservations what may use one (as its own puts do:
         :meth:`~cxlkv.clientd.reserve.ReservePool.take_for`); returns the positions
         left for PutStart. A direct put from a reservation costs the master one round
-        trip in all (the PackedCommit of DirectPutEnd)."""
+        trip in all (the Commit of DirectPutEnd)."""
         pool = self.core.reserve
         got = pool.take_for([(items[i].key, items[i].value_size_bytes,
                               items[i].options if items[i].HasField("options") else None, hbs[i]) for i in todo])
@@ -382,7 +382,7 @@ class DirectPuts:
         return client_pb2.DirectPutEndResponse(results=out)  # type: ignore[arg-type]
 
     async def _commit(self, commits: list[tuple[int, _Pending, int]], out: list[common_pb2.Status | None]) -> None:
-        """PackedCommit the reserved direct puts; one status each into ``out``. A
+        """Commit the reserved direct puts; one status each into ``out``. A
         commit that fails leaves the reservation with the master: it is consumed
         (an error of the item) or stays this registration's (the call failed; the
         master quarantines it when the registration ends)."""
@@ -508,7 +508,7 @@ class DirectPuts:
                         if loc.lease_id:
                             link.release_leases([loc.lease_id])
                         continue
-                    reps = [self._extent(r.extent, int(r.tier)) for r in loc.replicas]
+                    reps = [self._extent(r, int(r.tier)) for r in loc.replicas]
                     reps.sort(key=lambda e: not e.direct)
                     results[i] = client_pb2.DirectGetResult(
                         value_size_bytes=loc.value_size_bytes, version=loc.version, checksum=loc.checksum,

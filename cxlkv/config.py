@@ -211,7 +211,7 @@ class MasterConfig:
                               "(docs/protocol.md, Limits)", unit="items")
     max_request_bytes: int = _f(16 << 20, "largest request accepted (gRPC message, lean frame); larger is "
                                 "refused with TOO_LARGE", unit="bytes")
-    slice_s: float = _f(0.01, "long operations (RemoveAll, RemoveByRegex, UnmountSegment) run in slices of "
+    slice_s: float = _f(0.01, "long operations (RemoveAll, UnmountSegment) run in slices of "
                         "at most this much event-loop time, so heartbeats are answered between them", unit="s")
     log_level: str = _f("info", "debug, info, warning or error")
     log_json: bool = _f(False, "log JSON lines instead of text")

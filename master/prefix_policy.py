@@ -68,7 +68,7 @@ opaque to the master, so chains are learnt from **prefix queries** — a reader 
 for the longest cached prefix of ``keys`` names the whole chain, head first, and how
 much of it matched. :meth:`PrefixPolicy.on_prefix` takes that (the master calls it for
 its own ``MatchPrefix`` and for the prefix queries readers report with their index
-hits, ``ReportHits.prefix_*``). Reports are asynchronous: a query's report may come
+hits, ``ReportReadsRequest.prefix_*``). Reports are asynchronous: a query's report may come
 before or after the puts of its misses; links for keys not resident yet wait in a
 bounded table (as many entries as resident keys) until their put, with whether they
 skip probation or enter main as a query's head. Ablations, simulated on the trace at

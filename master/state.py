@@ -3,9 +3,10 @@
 Every method that depends on time takes ``now`` (seconds on the master's
 monotonic clock), so tests advance time instead of sleeping. Per-key work is
 constant-time dictionary work plus the O(log n)-or-better allocator; nothing on
-the hot path is proportional to the number of keys (RemoveAll, RemoveByRegex and
-UnmountSegment are O(n) by nature). Batch methods process their items one by one
-and answer one result per position: a failing item never fails the others.
+the hot path is proportional to the number of keys (RemoveAll and
+UnmountSegment are O(n) by nature). Operations take one item; the service
+(:mod:`cxlkv.master.service`) runs a batch call's items one by one and answers one
+result per position, so a failing item never fails the others.
 
 Object lifecycle (DESIGN.md, master.proto)::
 
@@ -64,7 +65,7 @@ from cxlkv.master.invariants import check_invariants
 from cxlkv.master.leases import Lease, LeaseTable
 from cxlkv.master.mounts import Mounts
 from cxlkv.master.objects import (
-    MAX_HEADER_BYTES, ClientRecord, Extent, ObjectVersion, ObjState, PutStartArgs, RegionReport, RestoredObject,
+    MAX_HEADER_BYTES, ClientRecord, Extent, ObjectVersion, ObjState, RegionReport, RestoredObject,
     RestoreReport, short_key as _short,
 )
 from cxlkv.master.publish import NoIndex, ObjectIndex
@@ -513,33 +514,6 @@ class MasterState:
             self._revoked.popitem(last=False)
         self.counters["puts_revoked"] += 1
 
-    def put_start_batch(self, client_id: str, epoch: int, specs: Iterable[PutStartArgs],
-                        now: float) -> list[ObjectVersion | CxlkvError]:
-        """:meth:`put_start` per item; one result (version or error) per position."""
-        out: list[ObjectVersion | CxlkvError] = []
-        for s in specs:
-            try:
-                out.append(self.put_start(
-                    client_id, epoch, s.key, s.value_size_bytes, now, replica_num=s.replica_num,
-                    upsert=s.upsert, soft_pin=s.soft_pin, hard_pin=s.hard_pin,
-                    preferred_segment=s.preferred_segment, header_bytes=s.header_bytes,
-                ))
-            except CxlkvError as err:
-                out.append(err)
-        return out
-
-    def put_end_batch(self, client_id: str, epoch: int, items: Iterable[tuple[str, int, int]],
-                      now: float) -> list[CxlkvError | None]:
-        """:meth:`put_end` per ``(key, put_token, checksum)``; ``None`` for success."""
-        out: list[CxlkvError | None] = []
-        for key, token, checksum in items:
-            try:
-                self.put_end(client_id, epoch, key, token, now, checksum)
-                out.append(None)
-            except CxlkvError as err:
-                out.append(err)
-        return out
-
     # ---------------------------------------------------------------- reads
     def get(self, client_id: str, key: str, now: float, no_lease: bool = False) -> tuple[ObjectVersion, Lease | None]:
         """Locate a committed object and (unless ``no_lease``) lease this version.
@@ -627,18 +601,6 @@ class MasterState:
             return NotFound(f"key {_short(key)} is not committed yet (put in flight)", key=key)
         return NotFound(f"key {_short(key)} not found", key=key)
 
-    def get_batch(self, client_id: str, keys: Iterable[str], now: float, no_lease: bool = False,
-                  release_lease_ids: Iterable[int] = ()) -> list[tuple[ObjectVersion, Lease | None] | CxlkvError]:
-        """Release ``release_lease_ids``, then :meth:`get` per key (one result per position)."""
-        self.release_leases(client_id, release_lease_ids)
-        out: list[tuple[ObjectVersion, Lease | None] | CxlkvError] = []
-        for key in keys:
-            try:
-                out.append(self.get(client_id, key, now, no_lease))
-            except CxlkvError as err:
-                out.append(err)
-        return out
-
     def match_prefix(self, client_id: str, keys: Sequence[str], now: float, no_lease: bool = False,
                      release_lease_ids: Iterable[int] = ()) -> list[tuple[ObjectVersion, Lease | None]]:
         """The longest committed prefix of ``keys``, each leased (unless ``no_lease``).
@@ -697,17 +659,6 @@ class MasterState:
         self._drop_committed(obj, evicted=False)
         self.counters["removes"] += 1
 
-    def remove_batch(self, keys: Iterable[str], now: float, force: bool = False) -> list[CxlkvError | None]:
-        """:meth:`remove` per key; ``None`` for success."""
-        out: list[CxlkvError | None] = []
-        for key in keys:
-            try:
-                self.remove(key, now, force)
-                out.append(None)
-            except CxlkvError as err:
-                out.append(err)
-        return out
-
     def remove_all(self, now: float, force: bool = False, pattern: str | None = None) -> tuple[int, int]:
         """Remove every committed object (whose key matches ``pattern``, an RE2
         pattern searched in the key, when given) in one go. In-flight puts are untouched.
@@ -727,7 +678,7 @@ class MasterState:
         return cursor.removed, cursor.skipped
 
     def remove_all_start(self, force: bool = False, pattern: str | None = None) -> RemoveAllCursor:
-        """Begin a RemoveAll / RemoveByRegex to run by slices (:meth:`RemoveAllCursor.step`).
+        """Begin a RemoveAll (with or without a pattern) to run by slices (:meth:`RemoveAllCursor.step`).
 
         The objects committed now are the ones considered; each is removed when its
         slice comes unless it was removed or replaced (upsert) meanwhile. Objects

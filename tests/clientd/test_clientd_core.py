@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 
 from cxlkv.clientd.batcher import Coalescer
-from cxlkv.clientd.master_link import Located
+from cxlkv.clientd.master_link import Located, LocatedReplica, Location, PrefixMatch
 from cxlkv.clientd.core import SPLIT_COPY_BYTES, ClientdCore, ReadTarget, _Copy, _partition
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import ErrorCode
 from cxlkv.transport import Region
-from cxlkv.v1 import master_pb2
+from cxlkv.v1 import common_pb2
 
 MiB = 1 << 20
+#: The one replica every fake location points at: 64 bytes at 4096 of segment 1.
+_REPLICA = LocatedReplica(1, 4096, 64, common_pb2.CXL)
 
 
 class _Mapped:
@@ -63,11 +65,8 @@ class _Link:
         t0 = self.clock.now
         for _ in keys:
             self.lease += 1
-            loc = master_pb2.ObjectLocation(value_size_bytes=5, version=7, lease_id=self.lease, lease_ttl_ms=1000)
-            r = loc.replicas.add()
-            r.extent.segment_id = 1
-            r.extent.offset_bytes = 4096
-            r.extent.length_bytes = 64
+            loc = Location(common_pb2.Status(), value_size_bytes=5, version=7, replicas=(_REPLICA,),
+                           lease_id=self.lease, lease_ttl_ms=1000, checksum=0, header_bytes=0)
             if self.slow_reads > 0:
                 self.slow_reads -= 1
                 self.clock.now += 2.0  # the lease (1 s) ends before the copy is done
@@ -117,12 +116,12 @@ def test_prefix_ends_where_a_lease_expired_twice(region: Region) -> None:
     async def match(queries):
         out = []
         for keys in queries:
-            resp = master_pb2.MatchPrefixResponse(matched=len(keys))
+            locs = []
             for _ in keys:
                 link.lease += 1
-                loc = resp.locations.add(value_size_bytes=5, version=1, lease_id=link.lease, lease_ttl_ms=1000)
-                r = loc.replicas.add()
-                r.extent.segment_id, r.extent.offset_bytes, r.extent.length_bytes = 1, 4096, 64
+                locs.append(Location(common_pb2.Status(), value_size_bytes=5, version=1, replicas=(_REPLICA,),
+                                     lease_id=link.lease, lease_ttl_ms=1000, checksum=0, header_bytes=0))
+            resp = PrefixMatch(len(keys), locs)
             t0 = link.clock.now
             link.clock.now += 2.0  # every attempt's leases end before the copies are done
             out.append((resp, t0))

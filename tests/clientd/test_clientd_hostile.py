@@ -332,7 +332,7 @@ def test_requests_that_do_not_parse_over_grpc(module_cluster) -> None:
     from cxlkv.v1 import master_pb2
 
     with grpc.insecure_channel(module_cluster.master_address) as ch:
-        key_field = _field(master_pb2.ExistKeyRequest, "key")
+        key_field = _field(master_pb2.ExistKeyRequest, "keys")
         status, err = _raw_grpc(ch, "cxlkv.v1.MasterService", "ExistKey", _string_field(key_field, bad))
         assert status == grpc.StatusCode.INVALID_ARGUMENT and err.code == CODE.INVALID_KEY, err
         status, err = _raw_grpc(ch, "cxlkv.v1.MasterService", "Stat", b"\xff\xff\xff")

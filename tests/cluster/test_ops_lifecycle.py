@@ -175,12 +175,3 @@ def test_socket_errors_name_the_setting_and_the_path(tmp_path, module_cluster) -
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
     with Client(module_cluster.lean_socket_path(0)) as c:
         assert c.socket_path == module_cluster.socket_path(0) and c.get("sock/lean-path") == b"ok"
-
-
-def test_deregister_rpc_keeps_the_lean_method_numbers() -> None:
-    """Lean frames number MasterService's methods by position (docs/protocol.md):
-    DeregisterClient was appended, so every earlier method keeps its number and a
-    clientd of the previous version still calls the right ones."""
-    names = [m.name for m in master_pb2.DESCRIPTOR.services_by_name["MasterService"].methods]
-    assert names[:3] == ["RegisterClient", "Heartbeat", "MountSegment"]
-    assert names.index("DeregisterClient") > names.index("ReportDamaged")

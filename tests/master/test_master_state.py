@@ -14,7 +14,6 @@ from cxlkv.errors import (
 )
 from cxlkv.master.eviction import ArcPolicy, LruPolicy
 from cxlkv.master.objects import ObjState
-from cxlkv.master.objects import PutStartArgs
 from cxlkv.master.state import MasterState
 from cxlkv.region import REGION_HEADER_BYTES
 
@@ -298,22 +297,6 @@ def test_invalid_input() -> None:
     with pytest.raises(NotFound):
         st.unmount_segment("nope", 0.0)
     assert st.processing_count == 0
-    st.check_invariants()
-
-
-# ------------------------------------------------------------------------- batch
-
-def test_batch_answers_per_position() -> None:
-    st = make_state()
-    c = client(st)
-    res = st.put_start_batch(*c, [PutStartArgs("a", 1), PutStartArgs("a", 1), PutStartArgs("", 1), PutStartArgs("b", 8 * MiB)], 0.0)
-    assert [type(r).__name__ for r in res] == ["ObjectVersion", "NotReady", "InvalidKey", "TooLarge"]
-    ends = st.put_end_batch(*c, [("a", res[0].version, 0), ("a", res[0].version, 0)], 0.0)
-    assert ends[0] is None and isinstance(ends[1], StaleToken)
-    got = st.get_batch(c[0], ["a", "zz", "a"], 0.0)
-    assert isinstance(got[1], NotFound) and got[0][1].lease_id != got[2][1].lease_id
-    rm = st.remove_batch(["a", "a"], 0.0, force=True)
-    assert rm[0] is None and isinstance(rm[1], NotFound)
     st.check_invariants()
 
 

@@ -8,7 +8,7 @@
 * the simulation on the real conversation trace: the issue's targets at 1 % and 3 %,
   no worse than ARC at 10 % and 30 %, Belady above every policy;
 * a real cluster: a prefix query read from the index by the SDK reaches the master's
-  policy through clientd (``ReportHits`` prefix columns), and the block that ended
+  policy through clientd (``ReportReads`` prefix columns), and the block that ended
   the query is the first one evicted.
 """
 
@@ -365,17 +365,17 @@ def test_a_prefix_query_reaches_the_policy_and_its_tail_goes_first(make_cluster)
     cl.assert_invariants()
 
 
-def test_report_hits_prefix_columns_are_checked(cluster) -> None:
+def test_report_reads_prefix_columns_are_checked(cluster) -> None:
     import grpc
 
     from cxlkv.v1 import master_pb2
 
     stub = cluster.master_stub()
-    ok = stub.ReportHits(master_pb2.ReportHitsRequest(
+    ok = stub.ReportReads(master_pb2.ReportReadsRequest(
         client_id="x", keys=[], prefix_keys=["a", "b"], prefix_lengths=[2], prefix_matched=[0]), timeout=10)
     assert ok.applied == 0
     with pytest.raises(grpc.RpcError) as info:
-        stub.ReportHits(master_pb2.ReportHitsRequest(
+        stub.ReportReads(master_pb2.ReportReadsRequest(
             client_id="x", prefix_keys=["a"], prefix_lengths=[2], prefix_matched=[0]), timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "prefix lengths" in info.value.details()
