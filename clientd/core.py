@@ -33,11 +33,10 @@ from cxlkv.clientd.master_link import MasterLink
 from cxlkv.clientd.reads import ReadProtocol
 from cxlkv.clientd.regions import RegionSet
 from cxlkv.clientd.reserve import ReservePool
-from cxlkv.clientd.results import KeyEntry, KeyPage, MasterStat, Outcome, Removed
+from cxlkv.clientd.results import KeyEntry, KeyPage, MasterStat, Outcome, Removed, valid_positions
 from cxlkv.clientd.writes import PutProtocol
 from cxlkv.config import ClientdConfig
-from cxlkv.errors import CxlkvError, ErrorCode, InvalidKey, error_for
-from cxlkv.keys import key_error
+from cxlkv.errors import CxlkvError, ErrorCode, error_for
 from cxlkv.transport.index import IX_ELSEWHERE, IX_HIT, IX_MISS, IX_TOO_SMALL
 from cxlkv.v1 import master_pb2
 
@@ -163,13 +162,7 @@ class ClientdCore(PutProtocol, ReadProtocol):
             Unavailable, NotReady: the master cannot be reached.
         """
         out: list[Outcome[bool] | None] = [None] * len(keys)
-        todo: list[int] = []
-        for i, k in enumerate(keys):
-            why = key_error(k)
-            if why is not None:
-                out[i] = InvalidKey(why, key=k if isinstance(k, str) else None)
-            else:
-                todo.append(i)
+        todo = valid_positions(keys, out)
         self.counters["exist_items"] += len(keys)
         ix = self.index.reader() if todo else None
         if ix is not None:
@@ -197,13 +190,7 @@ class ClientdCore(PutProtocol, ReadProtocol):
             Unavailable, NotReady: the master cannot be reached.
         """
         out: list[CxlkvError | None] = [None] * len(keys)
-        todo: list[int] = []
-        for i, k in enumerate(keys):
-            why = key_error(k)
-            if why is not None:
-                out[i] = InvalidKey(why, key=k if isinstance(k, str) else None)
-            else:
-                todo.append(i)
+        todo = valid_positions(keys, out)
         self.counters["remove_items"] += len(keys)
         if todo:
             await self.link.flush_releases()

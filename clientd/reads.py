@@ -28,7 +28,7 @@ from cxlkv.clientd.copies import (
     FUSED_HASH_MIN_BYTES, SPLIT_COPY_BYTES, URGENT_BYTES, CoreParts, _Copy, _concat, _run_reads, _xxh3,
 )
 from cxlkv.clientd.master_link import MAX_BATCH_ITEMS, Located, Location
-from cxlkv.clientd.results import Outcome, Read, ReadTarget
+from cxlkv.clientd.results import Outcome, Read, ReadTarget, valid_positions
 from cxlkv.errors import (
     ChecksumMismatch, CxlkvError, ErrorCode, Internal, InvalidKey, LeaseExpired, NotFound, OutOfRange, TooLarge,
     Unavailable,
@@ -67,13 +67,7 @@ class ReadProtocol(CoreParts):
         """
         n = len(keys)
         out: list[Outcome[Read] | None] = [None] * n
-        todo: list[int] = []
-        for i, k in enumerate(keys):
-            why = key_error(k)
-            if why is not None:
-                out[i] = InvalidKey(why, key=k if isinstance(k, str) else None)
-            else:
-                todo.append(i)
+        todo = valid_positions(keys, out)
         self.counters["get_items"] += n
         if todo:
             todo = self._get_from_index(keys, targets, todo, out)

@@ -20,19 +20,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence, TypeVar, Union
 
-from cxlkv.errors import CxlkvError
+from cxlkv.errors import CxlkvError, InvalidKey
+from cxlkv.keys import key_error
 
 __all__ = ["PutSpec", "ReadTarget", "Stored", "Read", "Removed", "KeyEntry", "KeyPage", "MasterStat",
-           "Outcome", "failed"]
+           "Outcome", "valid_positions"]
 
 T = TypeVar("T")
 #: One item's answer: its record, or the error it failed with.
 Outcome = Union[T, CxlkvError]
 
 
-def failed(entry: object) -> bool:
-    """Whether a per-item entry is an error (a :class:`~cxlkv.errors.CxlkvError`)."""
-    return isinstance(entry, CxlkvError)
+def valid_positions(keys: Sequence[Any], out: list[Any]) -> list[int]:
+    """The positions of the valid keys; each invalid key's entry in ``out`` (one
+    per key) becomes its :class:`~cxlkv.errors.InvalidKey`."""
+    todo: list[int] = []
+    for i, k in enumerate(keys):
+        why = key_error(k)
+        if why is None:
+            todo.append(i)
+        else:
+            out[i] = InvalidKey(why, key=k if isinstance(k, str) else None)
+    return todo
 
 
 @dataclass(slots=True)
