@@ -29,7 +29,7 @@ from cxlkv.client._memory import address_of, dst_array, src_array
 from cxlkv.client._pool import BufferPool, PoolBuffer
 from cxlkv.client.framing import METHODS_BY_NAME
 from cxlkv.errors import (
-    CxlkvError, DaemonUnreachable, Internal, InvalidArgument, InvalidKey, NotFound, NotReady, OutOfRange,
+    CxlkvError, DaemonUnreachable, ErrorCode, Internal, InvalidArgument, InvalidKey, NotFound, NotReady, OutOfRange,
     TooLarge, UnknownBuffer, error_for,
 )
 from cxlkv.keys import key_error, validate_key, validate_replica_num
@@ -308,11 +308,15 @@ def _number(name: str, value: Any, kind: type, *, least: float | None = None, ab
 
 def _registered(conn: Any, buffer_ids: list[int]) -> list[bool]:
     """BufferStatus over ``conn``: whether the daemon knows each id. A daemon older
-    than BufferStatus cannot tell: every id counts as known then."""
+    than BufferStatus cannot tell: every id counts as known then.
+
+    Decided by code: BufferStatus itself never answers INVALID_ARGUMENT (too many
+    ids is TOO_LARGE), so INVALID_ARGUMENT is the lean server refusing a method
+    number it does not know, i.e. an older daemon."""
     try:
         resp = conn.call(_M["BufferStatus"], client_pb2.BufferStatusRequest(buffer_ids=buffer_ids))
     except InvalidArgument as exc:
-        if "unknown method number" in exc.message:
+        if exc.code == ErrorCode.INVALID_ARGUMENT:  # not a subclass with its own code
             return [True] * len(buffer_ids)
         raise
     known = list(resp.registered)
@@ -782,9 +786,9 @@ class Client:
     def _put_inline(self, key: str, value: bytes, opts: common_pb2.PutOptions | None) -> int:
         try:
             return self._call("Put", _PutRequest(key=key, value=value, options=opts)).version
-        except TooLarge as exc:
-            if not _over_inline_limit(exc):  # larger than every segment
-                raise
+        except TooLarge:
+            # over the daemon's inline limit: through shared memory (a value larger
+            # than every segment answers TOO_LARGE there too, and that is raised)
             return self._put_staged(key, src_array(value), opts)
 
     @_utf8_keys
@@ -1122,7 +1126,7 @@ class Client:
             # Inline items refused as too large for this daemon go through the pool.
             for i in inline:
                 r = results[i]
-                if r is not None and isinstance(r.error, TooLarge) and _over_inline_limit(r.error):
+                if r is not None and isinstance(r.error, TooLarge):  # a final one fails again there
                     staged.append((i, src_array(values[i])))
         with _Staged(self._pool) as st:
             for i, a in staged:
@@ -1506,12 +1510,6 @@ def _host_copy(t: Any) -> np.ndarray:
     if not t.is_contiguous():
         raise InvalidArgument("source CUDA tensor is not contiguous; pass tensor.contiguous()")
     return t.detach().reshape(-1).view(torch.uint8).cpu().numpy()
-
-
-def _over_inline_limit(err: TooLarge) -> bool:
-    """Whether TOO_LARGE means "over the daemon's inline limit" (retry through shared
-    memory) rather than "larger than every segment" (final)."""
-    return "inline" in err.message
 
 
 def _daemon_uid(socket_path: str) -> int | None:

@@ -11,9 +11,11 @@ import pytest
 
 from cxlkv.clientd.batcher import Coalescer
 from cxlkv.clientd.master_link import Located, LocatedReplica, Location, PrefixMatch
-from cxlkv.clientd.core import SPLIT_COPY_BYTES, ClientdCore, ReadTarget, _Copy, _partition
+from cxlkv.clientd.copies import SPLIT_COPY_BYTES, _Copy, _partition
+from cxlkv.clientd.core import ClientdCore
+from cxlkv.clientd.results import Read, ReadTarget
 from cxlkv.config import ClientdConfig
-from cxlkv.errors import ErrorCode
+from cxlkv.errors import CxlkvError, ErrorCode
 from cxlkv.transport import Region
 from cxlkv.v1 import common_pb2
 
@@ -97,7 +99,7 @@ def _core(region: Region, slow_reads: int) -> tuple[ClientdCore, _Link]:
 def test_read_whose_lease_expired_is_retried_once(region: Region) -> None:
     core, link = _core(region, slow_reads=1)
     (o,) = asyncio.run(core.get(["k"], [None]))
-    assert o.code == 0 and o.value == b"hello"
+    assert isinstance(o, Read) and o.value == b"hello"
     assert link.released == [1, 2]  # both leases released, the expired one too
 
 
@@ -105,7 +107,7 @@ def test_read_never_returns_bytes_after_two_expired_leases(region: Region) -> No
     core, link = _core(region, slow_reads=2)
     buf = bytearray(16)
     (o,) = asyncio.run(core.get(["k"], [ReadTarget(memoryview(buf), 0, 16)]))
-    assert o.code == ErrorCode.LEASE_EXPIRED and o.value is None
+    assert isinstance(o, CxlkvError) and o.code == ErrorCode.LEASE_EXPIRED and o.key == "k"
     assert "lease" in o.message
     assert link.released == [1, 2]
 
@@ -138,11 +140,12 @@ def test_inline_limit_and_small_targets(region: Region) -> None:
     core, _ = _core(region, slow_reads=0)
     core.max_inline_bytes = 4
     (o,) = asyncio.run(core.get(["k"], [None]))
-    assert o.code == ErrorCode.TOO_LARGE and o.size == 5
+    assert isinstance(o, CxlkvError) and o.code == ErrorCode.TOO_LARGE and o.requested_bytes == 5
     (o,) = asyncio.run(core.get(["k"], [ReadTarget(memoryview(bytearray(4)), 0, 4)]))
-    assert o.code == ErrorCode.OUT_OF_RANGE and o.size == 5
+    assert isinstance(o, CxlkvError) and o.code == ErrorCode.OUT_OF_RANGE and o.requested_bytes == 5
     outs = asyncio.run(core.get(["", "k"], [None, ReadTarget(memoryview(bytearray(8)), 0, 8)]))
-    assert [x.code for x in outs] == [ErrorCode.INVALID_KEY, 0]
+    assert isinstance(outs[0], CxlkvError) and outs[0].code == ErrorCode.INVALID_KEY
+    assert isinstance(outs[1], Read) and outs[1].size_bytes == 5
 
 
 def test_partition_spreads_bytes_and_splits_large_copies() -> None:

@@ -151,7 +151,8 @@ def test_leased_space_is_not_handed_to_a_new_writer(how: str) -> None:
 def test_remove_and_put_reusing_space_never_mixes_bytes(cluster) -> None:
     """A reader that raced a Remove + Put into the same space (its location is
     stale) finds another key's header and version: a miss, never the new bytes."""
-    from cxlkv.clientd.core import ClientdCore, _Copy
+    from cxlkv.clientd.copies import _Copy
+    from cxlkv.clientd.core import ClientdCore
 
     size = 64 * KiB
     with cluster.client(0) as a:
