@@ -31,6 +31,7 @@ work on its tables under the same rules (pure, ``now`` passed in)::
     tiering        master/tiering.py       demotion, promotion, DRAM caching, move tasks
     evictor        master/eviction.py      the eviction loop (policies only nominate)
     leases         master/leases.py        read leases of the RPC path
+    listing        master/listing.py       the sorted key index of ListKeys
     segment_table  master/segments.py      segments and their allocators
     index          master/publish.py       the committed-object index in the region
 
@@ -50,8 +51,6 @@ import time
 from collections import OrderedDict
 from typing import Callable, Iterable, Sequence
 
-from sortedcontainers import SortedList
-
 from cxlkv.config import MasterConfig
 from cxlkv.errors import (
     AlreadyExists, CxlkvError, InvalidArgument, InvalidKey, NoSpace, NotFound, NotReady,
@@ -63,6 +62,7 @@ from cxlkv.master.cursors import RemoveAllCursor, UnmountCursor
 from cxlkv.master.eviction import EvictionPolicy, Evictor, load_policy
 from cxlkv.master.invariants import check_invariants
 from cxlkv.master.leases import Lease, LeaseTable
+from cxlkv.master.listing import KeyListing
 from cxlkv.master.mounts import Mounts
 from cxlkv.master.objects import (
     MAX_HEADER_BYTES, ClientRecord, Extent, ObjectVersion, ObjState, RegionReport, RestoredObject,
@@ -72,7 +72,7 @@ from cxlkv.master.publish import NoIndex, ObjectIndex
 from cxlkv.master.quarantine import Quarantine
 from cxlkv.master.reservations import Reservations
 from cxlkv.master.restore import restore_objects
-from cxlkv.master.segments import Segment, SegmentTable, Tier, tier_from_name
+from cxlkv.master.segments import Segment, SegmentTable, Tier, place_extents, tier_from_name
 from cxlkv.master.strategies import AllocationStrategy, PlacementRequest, load_strategy
 from cxlkv.master.tiering import MoveTask, Tiering
 
@@ -97,10 +97,7 @@ COUNTERS = (
     "tier_write_refusals",
 )
 
-_MAX_LIST_PAGE = 10000
-_DEFAULT_LIST_PAGE = 1000
 _REVOKE_REASONS_KEPT = 4096
-_INDEX_IDLE_S = 60.0  # drop the ListKeys index after this long without ListKeys
 
 
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
@@ -148,11 +145,8 @@ class MasterState:
         self.segment_table = SegmentTable(config.alignment_bytes, config.segments)
         # objects
         self._objects: dict[str, ObjectVersion] = {}
-        # Sorted index of committed keys for ListKeys: built on first use and
-        # dropped after _INDEX_IDLE_S without ListKeys, so puts and removes pay
-        # for it (O(log n) string compares) only while someone is listing.
-        self._keys: SortedList | None = None
-        self._keys_used_at = 0.0
+        #: The sorted key index of ListKeys (built while someone lists).
+        self.listing = KeyListing(self._objects)
         self._pending: dict[str, ObjectVersion] = {}
         self._puts: dict[int, ObjectVersion] = {}  # insertion order == start order == timeout order
         self._retired: dict[int, ObjectVersion] = {}
@@ -295,10 +289,10 @@ class MasterState:
         tiering = self.tiering
         if tiering.has_ssd and candidates and candidates[0].tier == Tier.CXL:
             tiering.room_in_cxl(candidates[0], need, now)
-        extents = self._place(candidates, need, replica_num)
+        extents = place_extents(candidates, need, replica_num)
         if not extents:
             self.evictor.until_fits(candidates, need, now)
-            extents = self._place(candidates, need, replica_num)
+            extents = place_extents(candidates, need, replica_num)
             if not extents:
                 self.counters["no_space"] += 1
                 raise self._no_space(key, value_size_bytes, need, candidates, now)
@@ -329,33 +323,6 @@ class MasterState:
         client.puts[version] = obj
         self.counters["puts_started"] += 1
         return obj
-
-    @staticmethod
-    def _place(candidates: Sequence[Segment], need: int, replica_num: int) -> list[Extent]:
-        """Allocate up to ``replica_num`` extents on distinct candidates, in order."""
-        # A full segment is skipped without asking its allocator (a failing alloc
-        # searches its size class: the common case of a cache that evicts on put).
-        if replica_num == 1:
-            for seg in candidates:
-                allocator = seg.allocator
-                if allocator.capacity_bytes - allocator.used_bytes < need:
-                    continue
-                off = allocator.alloc(need)
-                if off >= 0:
-                    seg.object_count += 1
-                    return [(seg.segment_id, off, need)]
-            return []
-        extents: list[Extent] = []
-        for seg in candidates:
-            if seg.allocator.free_bytes < need:
-                continue
-            off = seg.allocator.alloc(need)
-            if off >= 0:
-                seg.object_count += 1
-                extents.append((seg.segment_id, off, need))
-                if len(extents) >= replica_num:
-                    break
-        return extents
 
     def _no_space(self, key: str, size: int, need: int, candidates: Sequence[Segment],
                   now: float) -> NoSpace:
@@ -450,8 +417,8 @@ class MasterState:
         if old is not None:
             self._retire(old, evicted=False)
             self.counters["upserts"] += 1
-        elif self._keys is not None:
-            self._keys.add(key)
+        else:
+            self.listing.added(key)
         self._objects[key] = obj
         if not obj.hard_pin:
             self.tiering.track(obj)
@@ -694,8 +661,7 @@ class MasterState:
     def _drop_committed(self, obj: ObjectVersion, evicted: bool) -> None:
         """Take a committed version out of the key space and retire it."""
         del self._objects[obj.key]
-        if self._keys is not None:
-            self._keys.remove(obj.key)
+        self.listing.removed(obj.key)
         self._retire(obj, evicted)
 
     def _retire(self, obj: ObjectVersion, evicted: bool) -> None:
@@ -901,44 +867,15 @@ class MasterState:
         if self.tasks:
             self.tiering.sweep_tasks(now)
         evicted = self.evictor.to_watermark(now, budget_s)
-        if self._keys is not None and now - self._keys_used_at > _INDEX_IDLE_S:
-            self._keys = None
+        self.listing.sweep(now)
         return {"clients_expired": expired_clients, "puts_reclaimed": reclaimed,
                 "leases_expired": leases_expired, "evicted": evicted}
 
     # ----------------------------------------------------------- inspection
     def list_keys(self, prefix: str = "", page_size: int = 0, after: str | None = None,
                   now: float = 0.0) -> tuple[list[ObjectVersion], str | None]:
-        """Committed objects in key order, starting after ``after``, with ``prefix``.
-
-        The first call after the index was dropped (idle for ``_INDEX_IDLE_S``)
-        sorts every key once, O(n log n); later pages are O(log n + page).
-
-        Args:
-            prefix: only keys starting with it.
-            page_size: 0 means 1000; capped at 10000.
-            after: the last key of the previous page, or ``None``.
-            now: master clock, seconds (keeps the index alive).
-
-        Returns:
-            ``(objects, last_key)``; ``last_key`` is ``None`` on the last page.
-        """
-        size = _DEFAULT_LIST_PAGE if page_size <= 0 else min(page_size, _MAX_LIST_PAGE)
-        if self._keys is None:
-            self._keys = SortedList(self._objects)
-        self._keys_used_at = now
-        if after is not None and after >= prefix:
-            it = self._keys.irange(minimum=after, inclusive=(False, True))
-        else:
-            it = self._keys.irange(minimum=prefix)
-        out: list[ObjectVersion] = []
-        for key in it:
-            if not key.startswith(prefix):
-                return out, None
-            if len(out) == size:
-                return out, out[-1].key
-            out.append(self._objects[key])
-        return out, None
+        """A ListKeys page: ``(objects, last_key)`` (:meth:`KeyListing.page`)."""
+        return self.listing.page(prefix, page_size, after, now)
 
     def get_object(self, key: str) -> ObjectVersion | None:
         """The committed version of ``key`` (no lease, no policy hit), or ``None``."""

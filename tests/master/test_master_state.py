@@ -458,7 +458,7 @@ def test_list_keys_pages_in_order_with_prefix() -> None:
     assert [o.key for o in st.list_keys("p/", 3, "p/005")[0]] == ["p/006", "p/007", "p/008"]
     st.check_invariants()
     st.sweep(1000.0)
-    assert st._keys is None
+    assert st.listing.keys is None
     c = client(st, 1000.0)  # the old registration expired during the idle time
     put(st, c, "a0", 1, now=1000.0)
     assert [o.key for o in st.list_keys("a", 0, None, 1000.0)[0]] == ["a", "a0"]
