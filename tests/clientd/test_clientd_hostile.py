@@ -367,6 +367,27 @@ def test_oversized_inline_values(stub, raw, module_cluster) -> None:
     raw.call("BatchRemove", client_pb2.ClientBatchRemoveRequest(keys=["h/ok", "h/large"]))
 
 
+def test_batches_over_the_masters_limit_are_served_per_item(stub, raw, module_cluster) -> None:
+    """clientd accepts batches up to its own max_batch_items (16,384), eight times the
+    master's (2,048): it must never forward one as a single master call (which the
+    master refused with TOO_LARGE naming *its* limit, failing every item)."""
+    n = 4100  # over the master's 2,048; under clientd's 16,384
+    keys = [f"hb/{i}" for i in range(n)]
+    resp = stub.BatchPut(client_pb2.BatchPutRequest(items=[
+        client_pb2.PutRequest(key=k, value=k.encode()) for k in keys]), timeout=60)
+    assert [r.status.message for r in resp.results if r.status.code] == []
+    code, got = raw.call("BatchGet", client_pb2.BatchGetRequest(keys=keys))
+    assert code == 0 and [r.value for r in got.results] == [k.encode() for k in keys]
+    resp = stub.BatchExist(client_pb2.BatchExistRequest(keys=keys), timeout=60)
+    assert all(resp.exists)
+    resp = stub.BatchRemove(client_pb2.ClientBatchRemoveRequest(keys=keys), timeout=60)
+    assert [r.message for r in resp.results if r.code] == []
+    code, got = raw.call("BatchRemove", client_pb2.ClientBatchRemoveRequest(keys=keys))
+    assert code == 0 and {r.code for r in got.results} == {CODE.NOT_FOUND}
+    assert module_cluster.master_stat().key_count == 0 or not any(
+        e.key.startswith("hb/") for e in module_cluster.list_master_keys())
+
+
 # -------------------------------------------------------------------- frames
 def test_unknown_method_and_garbage_payload_keep_the_connection(raw) -> None:
     rid = raw.frame(999, b"")
