@@ -467,9 +467,11 @@ class MasterState:
             StaleToken, UnknownClient: as for :meth:`put_end`.
         """
         held = self.quarantine.held.get(put_token)
-        if held is not None and held.key == key and held.client_id == client_id:
+        if held is not None and held.key in (key, "") and held.client_id == client_id:
             # The writer of an ended registration ends its attempt itself: it has
-            # stopped writing there, so that space is free to reuse.
+            # stopped writing there, so that space is free to reuse. A reservation
+            # carries no key (the writer named it only at PackedCommit): its
+            # token and client identify it.
             self.quarantine.take(put_token)
             self.counters["quarantine_released_bytes"] += sum(e[2] for e in held.extents)
             self._free_extents(held)
