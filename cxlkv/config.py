@@ -441,6 +441,11 @@ class ClientdConfig:
             raise ConfigError("region_check_interval_s: must be > 0")
         if self.task_batch < 0:
             raise ConfigError(f"task_batch: must be >= 0, got {self.task_batch}")
+        if not 0 <= self.socket_mode <= 0o777:
+            # chmod(-1) would give the sockets mode 7777 (anyone on the host reads and
+            # writes every key); larger values overflowed into a traceback at start
+            raise ConfigError(f"socket_mode: must be permission bits from 0o000 to 0o777 (e.g. 0o660), "
+                              f"got {self.socket_mode!r}")
         if self.master_timeout_s <= 0:
             raise ConfigError("master_timeout_s: must be > 0")
         _check_limits(self.max_batch_items, self.max_request_bytes, master=False)

@@ -111,3 +111,13 @@ def test_integral_floats_and_plain_numbers_still_load(tmp_path: Path) -> None:
     assert cfg.high_watermark == 1.0 and cfg.lease_ttl_s == 2.5
     with pytest.raises(ConfigError, match="dram_tier_bytes: size must be a finite number"):
         load_config(ClientdConfig, overrides={"dram_tier_bytes": float("inf")})
+
+
+@pytest.mark.parametrize("mode", [-1, 0o7777, 0o1000, 99999999999])
+def test_socket_mode_outside_the_permission_bits_is_refused(mode: int) -> None:
+    """socket_mode = -1 gave both sockets mode 7777 (world read-write: anyone on the
+    host could read and write every key); 99999999999 crashed the daemon's start with
+    an OverflowError traceback."""
+    with pytest.raises(ConfigError, match="socket_mode: must be permission bits"):
+        load_config(ClientdConfig, overrides={"socket_mode": mode})
+    assert load_config(ClientdConfig, overrides={"socket_mode": 0o600}).socket_mode == 0o600
