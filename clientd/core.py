@@ -421,8 +421,8 @@ class ClientdCore:
         # The header goes in after the value is in memory (flushed, in flush mode).
         failed.update(self._write_headers(
             [(i, r) for i, r in accepted if i not in failed], key_bytes, specs, checksums))
-        if _guard_total_hits() != faults_before:  # a region file shrank under these copies
-            self._fail_broken(accepted, failed)
+        if _guard_total_hits() != faults_before:  # a region or buffer file shrank under these copies
+            self._fail_broken(accepted, failed, specs)
 
         ends: list[tuple[int, master_pb2.PutStartResult]] = []
         revokes: list[tuple[int, master_pb2.PutStartResult]] = []
@@ -528,15 +528,25 @@ class ClientdCore:
                 errs.setdefault(i, exc)
         return errs
 
-    def _fail_broken(self, accepted: list[tuple[int, Any]], failed: dict[int, CxlkvError]) -> None:
+    def _fail_broken(self, accepted: list[tuple[int, Any]], failed: dict[int, CxlkvError],
+                     specs: list[PutSpec] | None = None) -> None:
         """After copies during which the SIGBUS guard absorbed a fault: retire the
         regions whose file shrank (:meth:`RegionSet.check_files`) and fail every put
-        with a replica there (its bytes went to zero memory, not to the region)."""
+        with a replica there (its bytes went to zero memory, not to the region), or
+        whose source is a shared buffer whose file its owner truncated (the copy
+        read zeros past the new end, not the value)."""
+        from cxlkv.clientd.buffers import source_shrank
+        from cxlkv.errors import OutOfRange
+
         for why in self.regions.check_files():
             log.error("%s", why)
         by_id = self.regions.by_segment_id
         for i, r in accepted:
             if i in failed:
+                continue
+            if specs is not None and source_shrank(specs[i].src):
+                failed[i] = OutOfRange(f"key {specs[i].key!r}: its source buffer's file shrank under the daemon "
+                                       "(truncated by its owner) while the value was copied; nothing was stored")
                 continue
             for ext in r.extents:
                 m = by_id(ext.segment_id)

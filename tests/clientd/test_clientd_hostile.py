@@ -262,6 +262,44 @@ def test_register_buffer_refusals(raw, tmp_path) -> None:
         mm.close()
 
 
+def test_a_buffer_file_truncated_by_its_owner_never_kills_the_daemon(raw, module_cluster) -> None:
+    """The owner of a registered buffer keeps its file descriptor and truncates the
+    file under the daemon's mapping: a PutFrom then made the daemon read past the
+    file's end, and the SIGBUS killed it (every caller of the host lost its daemon).
+    The SIGBUS guard covers buffers now: the put fails (nothing is stored: the copy
+    read zeros, not the value), a GetInto does not kill the daemon either, and every
+    later use of the buffer is refused with OUT_OF_RANGE."""
+    size = 1 * MiB
+    path = f"/dev/shm/cxlkv-buf-{os.getpid()}-{os.urandom(6).hex()}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        os.pwrite(fd, b"v" * size, 0)
+        code, resp = raw.call("RegisterBuffer", client_pb2.RegisterBufferRequest(
+            path=path, size_bytes=size, pid=os.getpid()))
+        assert code == 0, resp
+        os.unlink(path)
+        bid = resp.buffer_id
+        os.ftruncate(fd, 0)  # shrink it under the daemon's mapping
+        code, err = raw.call("PutFrom", client_pb2.PutFromRequest(key="trunc/put", source=BR(bid, 0, size)))
+        assert code == CODE.OUT_OF_RANGE and "shrank" in err.message, (code, err)
+        code, err = raw.call("Get", client_pb2.GetRequest(key="trunc/put"))
+        assert code == CODE.NOT_FOUND, "a value read from a truncated buffer was stored"
+        code, _ = raw.call("Put", client_pb2.PutRequest(key="trunc/get", value=b"g" * 4096))
+        assert code == 0
+        code, err = raw.call("GetInto", client_pb2.GetIntoRequest(key="trunc/get", target=BR(bid, 0, 4096)))
+        assert code == CODE.OUT_OF_RANGE and "shrank" in err.message, (code, err)
+        code, resp = raw.call("BatchPutFrom", client_pb2.BatchPutFromRequest(items=[
+            client_pb2.PutFromRequest(key="trunc/again", source=BR(bid, 0, 4096))]))
+        assert code == 0 and resp.results[0].status.code == CODE.OUT_OF_RANGE, resp
+        raw.call("UnregisterBuffer", client_pb2.UnregisterBufferRequest(buffer_id=bid))
+        raw.call("BatchRemove", client_pb2.ClientBatchRemoveRequest(keys=["trunc/get"]))
+    finally:
+        os.close(fd)
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 # ---------------------------------------------------------------------- keys
 @pytest.mark.parametrize("key", ["", "k" * 4097, "a\x00b"])
 def test_bad_keys_over_grpc(stub, key: str) -> None:
