@@ -292,14 +292,15 @@ class DirectPuts:
 
     def _give_back(self, pending: list[_Pending]) -> list[_Pending]:
         """Return the reserved extents of ended writers to the pool (the writer is done
-        with them: it said so, or it exited); returns the other (PutStart) puts."""
+        with them: it said so, or it exited); returns the puts to revoke with the
+        master: PutStart puts, and reservations taken under a registration that
+        ended (the master quarantined them; PutRevoke frees them, the writer is done)."""
         rest: list[_Pending] = []
         for p in pending:
-            if p.reservation is None:
+            if p.reservation is None or p.generation != self.core.link.generation:
                 rest.append(p)
-            elif p.generation == self.core.link.generation:
+            else:
                 self.core.reserve.give_back(p.header_bytes + p.size, [p.reservation])
-            # else: taken under a registration that ended; the master quarantined it
         return rest
 
     async def put_end(self, req: client_pb2.DirectPutEndRequest) -> client_pb2.DirectPutEndResponse:
@@ -347,7 +348,13 @@ class DirectPuts:
                 if self._give_back([p]):
                     revokes.append((i, (p.key, p.token, 0)))
                 continue
-            if p.reservation is not None:
+            if p.reservation is not None and p.generation != link.generation:
+                # reserved under a registration that ended: the master quarantined the
+                # extent, a commit would only be refused. The writer is done with it:
+                # PutRevoke frees it (answered STALE_TOKEN, i.e. UNKNOWN_CLIENT below:
+                # nothing was committed, the SDK starts the put again)
+                revokes.append((i, (p.key, p.token, 0)))
+            elif p.reservation is not None:
                 commits.append((i, p, it.checksum))
             else:
                 ends.append((i, (p.key, p.token, it.checksum)))

@@ -27,7 +27,8 @@ from cxlkv.clientd.master_link import _OK_STATUS, StartedExtent, StartedPut
 from cxlkv.clientd.regions import MappedRegion
 from cxlkv.clientd.reserve import Reservation, commit_flags
 from cxlkv.clientd.results import Outcome, PutSpec, Stored
-from cxlkv.errors import CxlkvError, ErrorCode, Internal, InvalidArgument, InvalidKey, RegionError, Unavailable, error_for
+from cxlkv.errors import (CxlkvError, ErrorCode, Internal, InvalidArgument, InvalidKey, OutOfRange, RegionError, Unavailable,
+                          error_for)
 from cxlkv.keys import key_error, options_error
 from cxlkv.objheader import header_bytes_for
 from cxlkv.transport.bindings import cxlkv_guard_total_hits as _guard_total_hits
@@ -217,8 +218,8 @@ class PutProtocol(CoreParts):
         # The header goes in after the value is in memory (flushed, in flush mode).
         failed.update(self._write_headers(
             [(i, r) for i, r in accepted if i not in failed], key_bytes, specs, checksums))
-        if _guard_total_hits() != faults_before:  # a region file shrank under these copies
-            self._fail_broken(accepted, failed)
+        if _guard_total_hits() != faults_before:  # a region or buffer file shrank under these copies
+            self._fail_broken(accepted, failed, specs)
 
         ends: list[tuple[int, StartedPut]] = []
         revokes: list[tuple[int, StartedPut]] = []
@@ -306,15 +307,24 @@ class PutProtocol(CoreParts):
         except CxlkvError as exc:
             log.warning("PutRevoke of %d timed-out put(s) failed: %s", len(items), exc.message)
 
-    def _fail_broken(self, accepted: list[tuple[int, Any]], failed: dict[int, CxlkvError]) -> None:
+    def _fail_broken(self, accepted: list[tuple[int, Any]], failed: dict[int, CxlkvError],
+                     specs: list[PutSpec] | None = None) -> None:
         """After copies during which the SIGBUS guard absorbed a fault: retire the
         regions whose file shrank (:meth:`RegionSet.check_files`) and fail every put
-        with a replica there (its bytes went to zero memory, not to the region)."""
+        with a replica there (its bytes went to zero memory, not to the region), or
+        whose source is a shared buffer whose file its owner truncated (the copy
+        read zeros past the new end, not the value)."""
+        from cxlkv.clientd.buffers import source_shrank
+
         for why in self.regions.check_files():
             log.error("%s", why)
         by_id = self.regions.by_segment_id
         for i, r in accepted:
             if i in failed:
+                continue
+            if specs is not None and source_shrank(specs[i].src):
+                failed[i] = OutOfRange(f"key {specs[i].key!r}: its source buffer's file shrank under the daemon "
+                                       "(truncated by its owner) while the value was copied; nothing was stored")
                 continue
             for ext in r.extents:
                 m = by_id(ext.segment_id)

@@ -13,6 +13,7 @@ A field's unit lives in its name (``*_bytes``, ``*_s``) and in its metadata
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -70,6 +71,8 @@ def parse_size(value: int | float | str, *, name: str = "size") -> int:
     """
     if isinstance(value, bool):
         raise ConfigError(f"{name}: expected a size, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}: size must be a finite number, got {value!r}")
     if isinstance(value, (int, float)):
         if value < 0:
             raise ConfigError(f"{name}: size must be >= 0, got {value!r}")
@@ -84,7 +87,10 @@ def parse_size(value: int | float | str, *, name: str = "size") -> int:
         raise ConfigError(
             f"{name}: cannot parse size {value!r} (examples: 4096, \"64KiB\", \"16MiB\", \"2GiB\")"
         )
-    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+    n = float(m.group(1)) * _SIZE_UNITS[unit]
+    if not math.isfinite(n):
+        raise ConfigError(f"{name}: size must be a finite number, got {value!r}")
+    return int(n)
 
 
 def size_note(value: int | float | str, n_bytes: int) -> str | None:
@@ -108,6 +114,8 @@ def parse_duration(value: int | float | str, *, name: str = "duration") -> float
     """
     if isinstance(value, bool):
         raise ConfigError(f"{name}: expected a duration, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}: duration must be a finite number of seconds, got {value!r}")
     if isinstance(value, (int, float)):
         if value < 0:
             raise ConfigError(f"{name}: duration must be >= 0, got {value!r}")
@@ -118,7 +126,10 @@ def parse_duration(value: int | float | str, *, name: str = "duration") -> float
         raise ConfigError(
             f"{name}: cannot parse duration {value!r} (examples: 5, \"30s\", \"250ms\", \"2m\")"
         )
-    return float(m.group(1)) * _DURATION_UNITS[unit]
+    seconds = float(m.group(1)) * _DURATION_UNITS[unit]
+    if not math.isfinite(seconds):
+        raise ConfigError(f"{name}: duration must be a finite number of seconds, got {value!r}")
+    return seconds
 
 
 def format_size(n_bytes: int) -> str:
@@ -430,6 +441,11 @@ class ClientdConfig:
             raise ConfigError("region_check_interval_s: must be > 0")
         if self.task_batch < 0:
             raise ConfigError(f"task_batch: must be >= 0, got {self.task_batch}")
+        if not 0 <= self.socket_mode <= 0o777:
+            # chmod(-1) would give the sockets mode 7777 (anyone on the host reads and
+            # writes every key); larger values overflowed into a traceback at start
+            raise ConfigError(f"socket_mode: must be permission bits from 0o000 to 0o777 (e.g. 0o660), "
+                              f"got {self.socket_mode!r}")
         if self.master_timeout_s <= 0:
             raise ConfigError("master_timeout_s: must be > 0")
         _check_limits(self.max_batch_items, self.max_request_bytes, master=False)
@@ -534,15 +550,24 @@ def _coerce(cls: type, f: dataclasses.Field, value: Any, where: str) -> Any:
             return value.lower() in ("1", "true", "yes", "on")
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
     if hint is int:
+        # bool is an int in Python and a float may be inf, nan or fractional: none is an integer
+        if isinstance(value, bool) or (isinstance(value, float) and not (math.isfinite(value)
+                                                                          and value.is_integer())):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
         try:
             return int(value, 0) if isinstance(value, str) else int(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
     if hint is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+        return number
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, got {value!r}")

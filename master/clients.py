@@ -115,6 +115,7 @@ class Registrations:
         client = self.live.get(client_id)
         if client is None:
             raise UnknownClient(f"client {client_id!r} is unknown or expired: register again")
+        self._st.credit_stall(now)  # the master's own pause is not the client's silence
         if now - client.last_heartbeat > self.config.client_ttl_s:
             self.expire(client, now)
             raise UnknownClient(f"client {client_id!r} expired (no heartbeat for "

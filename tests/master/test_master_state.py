@@ -534,3 +534,34 @@ def test_random_operations_keep_the_invariants(seed: int) -> None:
     st.sweep(now + 100.0)
     st.check_invariants()
     assert st.processing_count == 0 and len(st.leases) == 0 and st.deferred_count == 0
+
+
+def test_a_stall_of_the_master_itself_is_not_taken_for_silence_of_its_clients() -> None:
+    """A master stopped (SIGSTOP, a VM pause) past client_ttl_s used to expire every
+    clientd on resuming — their puts revoked, their reservations quarantined — though
+    they heartbeated all along. The time the master did not run is credited to the
+    clients; a client that is silent while the master runs still expires."""
+    st = make_state(client_ttl_s=2.0, heartbeat_interval_s=0.5, sweep_interval_s=0.5)
+    st.loop_tick = 0.0  # run by a server: stalls are measured
+    a, b = client(st, 0.0), client(st, 0.0)
+    obj = st.put_start(*a, "k", 100, 0.0)
+    for t in (0.5, 1.0):
+        st.sweep(t)
+        st.heartbeat(*a, t)
+        st.heartbeat(*b, t)
+    # the master stops at t=1 and resumes at t=11; its first act is the sweep
+    assert st.sweep(11.0)["clients_expired"] == 0
+    st.heartbeat(*a, 11.0)
+    st.heartbeat(*b, 11.0)  # no UnknownClient
+    st.put_end(*a, "k", obj.version, 11.0)  # the put was not revoked
+    # a stall noticed first by a call (a queued heartbeat) is credited as well
+    st.heartbeat(*a, 30.0)
+    st.heartbeat(*b, 30.1)
+    assert st.stall_credited_s > 25
+    # while the master runs, a silent client still expires
+    for i in range(1, 8):
+        st.sweep(30.0 + 0.5 * i)
+        st.heartbeat(*a, 30.0 + 0.5 * i)
+    assert st.counters["clients_expired"] == 1
+    with pytest.raises(UnknownClient):
+        st.heartbeat(*b, 34.0)
