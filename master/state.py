@@ -163,12 +163,6 @@ class MasterState:
         #: write; extents reserved ahead of need (writes in one round trip).
         self.registrations = Registrations(self)
         self._clients = self.registrations.live  # read on every write: the registrations' table
-        #: When the master last ran (monotonic; set by the server and moved by every
-        #: expiry check), or ``None``: the caller passes time in and no stall is
-        #: credited (:meth:`credit_stall`).
-        self.loop_tick: float | None = None
-        #: Seconds of the master's own stalls credited to its clients so far.
-        self.stall_credited_s = 0.0
         self.quarantine = Quarantine(self)
         self.reservations = Reservations(self)
         #: Segment mounts at run time and unmounts by slices.
@@ -356,34 +350,6 @@ class MasterState:
             key=key, requested_bytes=size, free_bytes=best.free_bytes,
         )
 
-    def credit_stall(self, now: float) -> float:
-        """Credit the master's own stall to its clients' heartbeats.
-
-        While the master process is stopped (SIGSTOP, a VM pause, a loop held by a
-        long call) it hears no heartbeat, so on resuming every clientd looked silent
-        for longer than ``client_ttl_s`` and was expired — its puts revoked, its
-        reservations quarantined — although it heartbeated all along. A gap of more
-        than a second beyond ``sweep_interval_s`` since the master last ran (a sweep,
-        or a call that checks expiry) is added to every live client's last heartbeat
-        first. A partition is not a stall (the sweep keeps running), so silent
-        clients still expire. Called before every expiry check; no-op when
-        :attr:`loop_tick` is ``None``.
-
-        Returns:
-            The seconds credited now (0 when there was no stall).
-        """
-        tick = self.loop_tick
-        if tick is None:
-            return 0.0
-        self.loop_tick = now
-        gap = now - tick - self.config.sweep_interval_s
-        if gap <= 1.0:
-            return 0.0
-        for client in self._clients.values():
-            client.last_heartbeat = min(now, client.last_heartbeat + gap)
-        self.stall_credited_s += gap
-        return gap
-
     def _abandoned(self, obj: ObjectVersion, now: float) -> str | None:
         """Why an in-flight put may be revoked now, or ``None`` if it is live."""
         if now - obj.started_at >= self.config.put_timeout_s:
@@ -391,7 +357,7 @@ class MasterState:
         client = self._clients.get(obj.client_id)
         if client is None or client.epoch != obj.epoch:
             return f"writer client {obj.client_id} is gone"
-        self.credit_stall(now)
+        self.registrations.credit_stall(now)
         if now - client.last_heartbeat > self.config.client_ttl_s:
             self.registrations.expire(client, now)
             return f"writer client {obj.client_id} expired"
@@ -880,7 +846,7 @@ class MasterState:
             What this sweep did: ``clients_expired``, ``puts_reclaimed`` (of
             expired writers and timed out), ``leases_expired``, ``evicted``.
         """
-        self.credit_stall(now)
+        self.registrations.credit_stall(now)
         ttl = self.config.client_ttl_s
         reclaimed_before = self.counters["puts_reclaimed"]
         expired_clients = 0

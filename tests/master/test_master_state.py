@@ -542,7 +542,7 @@ def test_a_stall_of_the_master_itself_is_not_taken_for_silence_of_its_clients() 
     they heartbeated all along. The time the master did not run is credited to the
     clients; a client that is silent while the master runs still expires."""
     st = make_state(client_ttl_s=2.0, heartbeat_interval_s=0.5, sweep_interval_s=0.5)
-    st.loop_tick = 0.0  # run by a server: stalls are measured
+    st.registrations.loop_tick = 0.0  # run by a server: stalls are measured
     a, b = client(st, 0.0), client(st, 0.0)
     obj = st.put_start(*a, "k", 100, 0.0)
     for t in (0.5, 1.0):
@@ -557,7 +557,7 @@ def test_a_stall_of_the_master_itself_is_not_taken_for_silence_of_its_clients() 
     # a stall noticed first by a call (a queued heartbeat) is credited as well
     st.heartbeat(*a, 30.0)
     st.heartbeat(*b, 30.1)
-    assert st.stall_credited_s > 25
+    assert st.registrations.stall_credited_s > 25
     # while the master runs, a silent client still expires
     for i in range(1, 8):
         st.sweep(30.0 + 0.5 * i)
