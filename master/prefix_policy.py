@@ -204,8 +204,10 @@ class PrefixPolicy(EvictionPolicy):
                  reach_span: float = 0.5, reach_keep: float = 0.25, lru_reach: float = 0.7,
                  lru_floor: float = 0.8, reach_alpha: float = 1 / 1024, reach_init: float = 1.0,
                  use_credit: float = 1.0, uses_cap: int = 16, head_keep: int = 8,
-                 head_reach: float = 0.25) -> None:
+                 head_reach: float = 0.25, late_ghost_factor: float = 12.0,
+                 return_window: float = 3.0) -> None:
         super().__init__(config)
+        self._late_ghost_factor, self._return_window = float(late_ghost_factor), float(return_window)
         self._head_keep, self._head_reach = int(head_keep), float(head_reach)
         self._use_credit, self._uses_cap = float(use_credit), int(uses_cap)
         self._reach_span, self._reach_keep = float(reach_span), float(reach_keep)
@@ -220,8 +222,8 @@ class PrefixPolicy(EvictionPolicy):
         self._uses = 0  # the use clock
         self._victim: OrderedDict[str, None] = OrderedDict()
         # ghost: hash(key) -> (came from main, eviction number of its origin, put number of a
-        # first-time key not reused yet or -1, its uses)
-        self._ghost: OrderedDict[int, tuple[bool, int, int, int]] = OrderedDict()
+        # first-time key not reused yet or -1, its uses, eviction number of all origins)
+        self._ghost: OrderedDict[int, tuple[bool, int, int, int, int]] = OrderedDict()
         self._ghost_factor = float(ghost_factor)
         self._small_target = -1.0  # keys; < 0 until the first put sets it from small_init
         self._small_init, self._small_min, self._small_max = small_init, small_min, small_max
@@ -235,7 +237,7 @@ class PrefixPolicy(EvictionPolicy):
         # clock at the query)
         self._pending: OrderedDict[str, tuple[str | None, bool, list[str] | None, int, int, int]] = OrderedDict()
         self.counters = {"ghost_hits": 0, "orphans": 0, "query_tails": 0, "promotions": 0, "bypassed": 0,
-                         "heads_kept": 0}
+                         "heads_kept": 0, "late_returns": 0}
 
     # ------------------------------------------------------------------ queues
     def _queue(self, q: int) -> OrderedDict[str, None]:
@@ -361,6 +363,18 @@ class PrefixPolicy(EvictionPolicy):
             self._balance()
             return
         g = self._ghost.pop(hash(key), None) if self._ghost_factor > 0 else None
+        since = self._drops_small + self._drops_main - g[4] if g is not None else 0
+        if g is not None and self._reach_full < self._head_reach and since > self._return_window * len(entries) * g[3]:
+            # Back too late for its record (main cannot hold a query's first misses, so
+            # it takes returns only at a rate: within return_window resident counts of
+            # evictions per use it has had): its uses are counted, it is not admitted.
+            self.counters["late_returns"] += 1
+            self._forget(g[0])
+            e.uses = g[3] + 1
+            if g[2] >= 0 and since <= self._ghost_factor * len(entries):
+                self._first_reuse(self._puts - g[2])  # measured over the ghost's usual span only
+            e.born = -1
+            g = None
         if g is not None:
             self.counters["ghost_hits"] += 1
             self._adapt(g[0], g[1])
@@ -456,12 +470,15 @@ class PrefixPolicy(EvictionPolicy):
             if e.from_main or e.queue == _MAIN:
                 self._drops_main += 1
                 self._ghosts_main += 1
-                ghost[h] = (True, self._drops_main, e.born, e.uses)
+                ghost[h] = (True, self._drops_main, e.born, e.uses, self._drops_small + self._drops_main)
             else:
                 self._drops_small += 1
                 self._ghosts_small += 1
-                ghost[h] = (False, self._drops_small, e.born, e.uses)
-            limit = self._ghost_factor * max(1, len(self._entries))
+                ghost[h] = (False, self._drops_small, e.born, e.uses, self._drops_small + self._drops_main)
+            factor = self._ghost_factor
+            if self._reach_full < self._head_reach:  # returns are admitted at a rate: a longer record
+                factor = max(factor, self._late_ghost_factor)
+            limit = factor * max(1, len(self._entries))
             while len(ghost) > limit:
                 self._forget(ghost.popitem(last=False)[1][0])
         self._unlink(key, e)
