@@ -7,7 +7,8 @@ What a prefix cache knows and plain LRU/ARC do not use:
   after more than 2 minutes (median gap 135 s). A new block therefore enters a small
   probationary FIFO (S3-FIFO's *small* queue) and leaves it quickly unless it is hit
   while there; a long *ghost* list of recently evicted keys (four times the resident
-  count by default; a ghost is a key hash and two counts) recognises a block that comes back after a
+  count by default, twelve while returns are admitted at a rate, below; a ghost is a
+  key hash and a few counts) recognises a block that comes back after a
   long gap, which is then admitted to the protected *main* queue. Main evicts the
   lowest *rank*: a block's last use plus a credit per use it has had (its uses are
   remembered through the ghost), as GreedyDual-Size-Frequency and LFU with dynamic
@@ -135,13 +136,16 @@ blocks outlast tail blocks, workload-aware eviction beats LRU/LFU).
 
 Measured on the conversation trace, 512-token blocks, hit = longest cached prefix
 (docs/master.md "Choosing an eviction policy", ``bench/results/policy.json``),
-simulated: 10.82 / 18.88 / 29.40 / 35.56 % at 1 / 3 / 10 / 30 % of the unique blocks
-(the store 10.72 / 18.75 / 29.39 / 35.59; ARC 7.53 / 14.56 / 28.64 / 34.92; LRU 5.23 /
-12.52 / 27.87 / 35.77; Belady 24.30 / 34.55 / 36.64 / 36.64). That is at least 10 % at
-1 % and 16 % at 3 %, above ARC at every capacity, and closes 21.6 % of the gap from
-ARC to Belady at 3 % (a fifth: 18.56 %) but 19.7 % at 1 % (a fifth would be 10.88 %).
-Per block it costs the master 2.7-6.3x ARC's CPU (8.1-11.8 against 1.3-4.1 us in a
-quiet run, ``bench/results/policy_cost.json``).
+simulated: 11.22 / 18.86 / 29.40 / 35.56 % at 1 / 3 / 10 / 30 % of the unique blocks
+(the store 11.05 / 18.70 / 29.42 / 35.55; ARC 7.53 / 14.56 / 28.64 / 34.92, on the store
+7.38 / 14.49 / 28.64 / 34.84; LRU 5.23 / 12.52 / 27.87 / 35.77; Belady 24.30 / 34.55 /
+36.64 / 36.64). That is at least 10 % at 1 % and 16 % at 3 %, above ARC at every
+capacity, and closes 22.0 % of the gap from ARC to Belady at 1 % (a fifth: 10.88 %;
+the store 21.7 %, against 10.76 % from the store's ARC) and 21.5 % at 3 % (a fifth:
+18.56 %; the store 21.0 %, against 18.50 %). Per block it costs the master 2.7-6.3x
+ARC's CPU (8.1-11.8 against 1.3-4.1 us in a quiet run before the late-return rule,
+``bench/results/policy_cost.json``; the rule adds one comparison per ghost hit, and
+timed with and without it under the same load the two were alike within the noise).
 
 Cost: main is a ``SortedList`` keyed by (rank, depth): a use, a move into or out
 of main is O(log n); everything else is O(1) amortised per key (an orphan is
