@@ -63,7 +63,7 @@ What a prefix cache knows and plain LRU/ARC do not use:
   ghost admitting every return -0.78; a window of 2.5 / 3.5 +0.23 / +0.16; a ghost of
   10x / 14x +0.39 / +0.45); on either half of the trace at 1 % / 3 % of its unique
   blocks +0.12 / +0.26 and +0.16 / -0.17 points; at 3 % of the whole trace -0.02, at 10
-  and 30 % (``reach_full`` 0.64 / 0.94) nothing.
+  and 30 % (``reach_full`` 0.64 / 0.94) nothing; at 0.5 / 2 / 5 % +0.29 / +0.06 / 0.00.
 * **The reverse holds when the cache is large.** When most first reuses (``lru_reach``,
   0.7) come within one resident count of puts, probation is given a floor of up to
   ``lru_floor`` (0.8) of the cache: newcomers are kept about as long as LRU would keep
