@@ -488,6 +488,8 @@ class ClientApi:
         resp.key_count = ms.key_count
         resp.capacity_bytes = ms.capacity_bytes
         resp.used_bytes = ms.used_bytes
+        resp.reserved_bytes = ms.reserved_bytes
+        resp.quarantined_bytes = ms.quarantined_bytes
         del resp.segments[:]
         resp.segments.extend(ms.segments)
         return resp

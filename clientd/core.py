@@ -265,4 +265,5 @@ class ClientdCore(PutProtocol, ReadProtocol):
             Unavailable, NotReady: the master cannot be reached.
         """
         r = await self.link.call("Stat", master_pb2.StatRequest)
-        return MasterStat(int(r.key_count), int(r.capacity_bytes), int(r.used_bytes), list(r.segments))
+        return MasterStat(int(r.key_count), int(r.capacity_bytes), int(r.used_bytes), list(r.segments),
+                          int(r.reserved_bytes), int(r.quarantined_bytes))

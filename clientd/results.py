@@ -138,6 +138,8 @@ class MasterStat(NamedTuple):
         key_count: committed objects.
         capacity_bytes: bytes of every mounted segment.
         used_bytes: bytes allocated.
+        reserved_bytes: of ``used_bytes``, held ahead of need by clientds.
+        quarantined_bytes: of ``used_bytes``, held for writers of ended registrations.
         segments: the master's segment descriptions as it sent them (``cxlkv.v1.SegmentInfo``).
     """
 
@@ -145,3 +147,5 @@ class MasterStat(NamedTuple):
     capacity_bytes: int
     used_bytes: int
     segments: Sequence[Any]
+    reserved_bytes: int = 0
+    quarantined_bytes: int = 0

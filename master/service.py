@@ -816,7 +816,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         resp = master_pb2.StatResponse(
             master_id=st.master_id, version=__version__,
             key_count=st.key_count, processing_count=st.processing_count, lease_count=len(st.leases),
-            fenced_count=st.fenced_count, reserved_count=st.reserved_count,
+            fenced_count=st.fenced_count, reserved_count=st.reserved_count, reserved_bytes=st.reserved_bytes,
             quarantined_count=st.quarantined_count, quarantined_bytes=st.quarantined_bytes,
             capacity_bytes=sum(s.capacity_bytes for s in mounted),
             used_bytes=sum(s.used_bytes for s in mounted),

@@ -499,7 +499,7 @@ class ClientInfo(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., hostname: _Optional[str] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., alive: bool = ..., last_heartbeat_age_s: _Optional[float] = ..., metrics_url: _Optional[str] = ...) -> None: ...
 
 class StatResponse(_message.Message):
-    __slots__ = ("master_id", "version", "segments", "key_count", "processing_count", "lease_count", "clients", "capacity_bytes", "used_bytes", "counters", "high_watermark", "low_watermark", "allocation_strategy", "eviction_policy", "uptime_s", "metrics_url", "invariant_violation", "fenced_count", "reserved_count", "quarantined_count", "quarantined_bytes")
+    __slots__ = ("master_id", "version", "segments", "key_count", "processing_count", "lease_count", "clients", "capacity_bytes", "used_bytes", "counters", "high_watermark", "low_watermark", "allocation_strategy", "eviction_policy", "uptime_s", "metrics_url", "invariant_violation", "fenced_count", "reserved_count", "quarantined_count", "quarantined_bytes", "reserved_bytes")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -528,6 +528,7 @@ class StatResponse(_message.Message):
     RESERVED_COUNT_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_COUNT_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     master_id: str
     version: str
     segments: _containers.RepeatedCompositeFieldContainer[_common_pb2.SegmentInfo]
@@ -549,7 +550,8 @@ class StatResponse(_message.Message):
     reserved_count: int
     quarantined_count: int
     quarantined_bytes: int
-    def __init__(self, master_id: _Optional[str] = ..., version: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., key_count: _Optional[int] = ..., processing_count: _Optional[int] = ..., lease_count: _Optional[int] = ..., clients: _Optional[_Iterable[_Union[ClientInfo, _Mapping]]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., high_watermark: _Optional[float] = ..., low_watermark: _Optional[float] = ..., allocation_strategy: _Optional[str] = ..., eviction_policy: _Optional[str] = ..., uptime_s: _Optional[float] = ..., metrics_url: _Optional[str] = ..., invariant_violation: _Optional[str] = ..., fenced_count: _Optional[int] = ..., reserved_count: _Optional[int] = ..., quarantined_count: _Optional[int] = ..., quarantined_bytes: _Optional[int] = ...) -> None: ...
+    reserved_bytes: int
+    def __init__(self, master_id: _Optional[str] = ..., version: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., key_count: _Optional[int] = ..., processing_count: _Optional[int] = ..., lease_count: _Optional[int] = ..., clients: _Optional[_Iterable[_Union[ClientInfo, _Mapping]]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., high_watermark: _Optional[float] = ..., low_watermark: _Optional[float] = ..., allocation_strategy: _Optional[str] = ..., eviction_policy: _Optional[str] = ..., uptime_s: _Optional[float] = ..., metrics_url: _Optional[str] = ..., invariant_violation: _Optional[str] = ..., fenced_count: _Optional[int] = ..., reserved_count: _Optional[int] = ..., quarantined_count: _Optional[int] = ..., quarantined_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ...) -> None: ...
 
 class MoveTask(_message.Message):
     __slots__ = ("task_id", "kind", "key", "version", "value_size_bytes", "header_bytes", "checksum", "source", "destination", "deadline_ms")
