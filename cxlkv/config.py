@@ -254,7 +254,8 @@ class MasterConfig:
         "reused once the writer says it stopped, or after this long; 0 = never on time alone (an operator's "
         "`cxlkv admin release-writer` frees it)", unit="s")
     reserve_max_extents: int = _f(
-        4096, "most extents one clientd may hold reserved ahead of need (writes in one round trip)")
+        4096, "most extents one clientd may hold reserved ahead of need (writes in one round trip); "
+        "0 = none (every put costs PutStart + PutEnd)")
     owner_lease_ttl_s: float = _f(
         5.0, "the owner lease this master records in each region it maps lapses this long after its last "
         "heartbeat (heartbeats every quarter of it); another master takes a region over only once lapsed",
@@ -331,6 +332,8 @@ class MasterConfig:
             raise ConfigError(f"access_sketch_depth: must be in [1, 16], got {self.access_sketch_depth}")
         if self.access_sketch_reset_adds < 0:
             raise ConfigError(f"access_sketch_reset_adds: must be >= 0, got {self.access_sketch_reset_adds}")
+        if self.reserve_max_extents < 0:
+            raise ConfigError(f"reserve_max_extents: must be >= 0 (0 = no reservations), got {self.reserve_max_extents}")
         if not 0.0 <= self.copy_ahead_watermark <= 1.0:
             raise ConfigError(f"copy_ahead_watermark: must be in [0, 1], got {self.copy_ahead_watermark}")
         if self.task_timeout_s <= 0:

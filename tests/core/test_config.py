@@ -121,3 +121,12 @@ def test_socket_mode_outside_the_permission_bits_is_refused(mode: int) -> None:
     with pytest.raises(ConfigError, match="socket_mode: must be permission bits"):
         load_config(ClientdConfig, overrides={"socket_mode": mode})
     assert load_config(ClientdConfig, overrides={"socket_mode": 0o600}).socket_mode == 0o600
+
+
+def test_a_negative_reservation_count_is_refused() -> None:
+    """reserve_max_extents = -1 was taken as 0 without a word."""
+    from cxlkv.config import MasterConfig
+
+    with pytest.raises(ConfigError, match="reserve_max_extents: must be >= 0"):
+        load_config(MasterConfig, overrides={"reserve_max_extents": -1})
+    assert load_config(MasterConfig, overrides={"reserve_max_extents": 0}).reserve_max_extents == 0
