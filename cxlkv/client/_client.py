@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -27,21 +26,17 @@ from cxlkv.client._api import (
     MAX_SHARED_BYTES, MAX_TIMEOUT_S, KeyInfo, Result, _check_keys, _number, _options, _retried, _utf8_keys,
     default_socket_path,
 )
-from cxlkv.client._conn import Connection, connector
+from cxlkv.client._conn import connector
 from cxlkv.client._cuda import CudaCopier, CudaSource, CudaTarget, host_copy, read_through_host
-from cxlkv.client._daemon import DaemonPath, registered
+from cxlkv.client._daemon import DaemonPath
 from cxlkv.client._direct import FALLBACK, DirectPath
 from cxlkv.client._index import FALLBACK as _IX_FALLBACK
-from cxlkv.client._index import MISS as _IX_MISS
-from cxlkv.client._index import IndexPath
+from cxlkv.client._link import DaemonLink
 from cxlkv.client._memory import dst_array, src_array
 from cxlkv.client._paths import Memory, Offers, Op, Path, daemon_path, memory_of, plan
 from cxlkv.client._pool import BufferPool
 from cxlkv.client.framing import METHODS_BY_NAME
-from cxlkv.errors import (
-    CxlkvError, DaemonUnreachable, InvalidArgument, InvalidKey, NotFound, NotReady, OutOfRange, UnknownBuffer,
-)
-from cxlkv.keys import key_error
+from cxlkv.errors import CxlkvError, InvalidArgument
 from cxlkv.v1 import client_pb2, common_pb2
 
 __all__ = ["Client", "Result", "KeyInfo", "DEFAULT_POOL_BYTES", "default_socket_path"]
@@ -49,10 +44,6 @@ __all__ = ["Client", "Result", "KeyInfo", "DEFAULT_POOL_BYTES", "default_socket_
 MiB = 1 << 20
 #: Default size of the managed shared-buffer pool, in bytes.
 DEFAULT_POOL_BYTES = 64 * MiB
-#: How often reads from the index check the daemon connection (seconds): a
-#: daemon restarted on another region is noticed within this long.
-INDEX_CHECK_S = 0.2
-_NO_KEY = object()  # _index_path: a batch call (keys checked per item)
 #: Values up to this size travel inside the message by default, in bytes; larger
 #: ones are staged through the shared-buffer pool.
 DEFAULT_INLINE_BYTES = 64 << 10
@@ -65,16 +56,7 @@ _M = METHODS_BY_NAME
 Opts = common_pb2.PutOptions | None
 
 
-def _not_found(key: str) -> NotFound:
-    return NotFound(f"key {key!r} not found", key=key)
-
-
-def _too_small(key: str, value_bytes: int, dst_bytes: int) -> OutOfRange:
-    return OutOfRange(f"value of key {key!r} is {value_bytes} bytes, the destination holds {dst_bytes}",
-                      key=key, requested_bytes=value_bytes)
-
-
-class Client:
+class Client(DaemonLink):
     """A connection to the clientd of this host.
 
     Args:
@@ -129,7 +111,6 @@ class Client:
     child must create its own ``Client`` (the parent's connections and buffers
     belong to the parent; the child's copy refuses to be used).
     """
-
 
     def __init__(
         self,
@@ -197,144 +178,13 @@ class Client:
         """Whether direct mode is in use (see :attr:`direct_status` for why not)."""
         return self._direct is not None and not self._direct.disabled
 
-    def _index_path(self, key: Any = _NO_KEY) -> IndexPath | None:
-        """The index reader when reads may use it now, else ``None`` (the daemon path).
-
-        ``key`` (single-key calls) must be a valid key, else the daemon path says
-        why. Every :data:`INDEX_CHECK_S` the daemon connection is checked as any
-        call checks it (a restarted daemon on another region turns direct mode
-        off); a daemon that is down does not stop reads from the index."""
-        d = self._direct
-        if d is None or d.index is None or d.disabled or self._closed or self._pid != os.getpid():
-            return None
-        if key is not _NO_KEY and (type(key) is not str or key_error(key) is not None):
-            return None
-        now = time.monotonic()
-        if now >= self._index_check_at:
-            self._index_check_at = now + INDEX_CHECK_S
-            try:
-                self._conn(check=True)
-            except CxlkvError:
-                pass
-            if d.disabled:
-                return None
-        return d.index
-
-    def _offers(self, index: bool = False, batch: bool = False) -> Offers:
-        """What this Client may use now (:class:`~cxlkv.client._paths.Offers`):
-        ``index`` as :meth:`_index_path` found it, direct mode when on."""
-        d = self._direct
-        k = (index, d is not None and not d.disabled, batch, self.inline_threshold_bytes, self.direct_threshold_bytes)
-        o = self._offer_cache.get(k)
-        if o is None:
-            o = self._offer_cache[k] = Offers(index=k[0], direct=k[1], batch=batch, inline_threshold_bytes=k[3],
-                                              direct_threshold_bytes=k[4])
-        return o
-
-    def _check_direct(self, conn: Connection) -> None:
-        """On a new connection (the daemon may have restarted): if the daemon now
-        maps other regions than the ones direct mode mapped here (it came back on
-        a reformatted or another region), turn direct mode off for this Client —
-        its values go through the daemon — instead of failing every direct read
-        with CHECKSUM_MISMATCH. A daemon that cannot tell yet (not registered)
-        is asked again at the next call."""
-        d = self._direct
-        if d is None or d.disabled:
-            return
-        try:
-            info = conn.call(_M["DirectInfo"], client_pb2.DirectInfoRequest())
-        except CxlkvError:
-            return  # cannot tell (an older daemon): the identity checks of each copy still hold
-        why = d.changed(info)
-        self._direct_unsure = why is None
-        if why:
-            d.disable(why)
-            self.direct_status = f"off: {why} since this Client mapped it (make a new Client to map it again)"
-
-    def _forgotten_buffers(self) -> bool:
-        """Whether the daemon forgot some of the pool's buffers — it restarted and
-        this connection has not noticed yet (gRPC tells of a reconnection only
-        after its first call). They are dropped from the pool, and direct mode is
-        checked too."""
-        conn = self._conn()
-        if not self._pool.revalidate(lambda ids: registered(conn, ids)):
-            return False
-        self._check_direct(conn)
-        return True
-
     def _copier(self) -> CudaCopier:
+        """The CUDA copier, made on the first CUDA tensor."""
         if self._cuda is None:
             with self._lock:
                 if self._cuda is None:
                     self._cuda = CudaCopier(register=self._cuda_register)
         return self._cuda
-
-    # ================================================================ plumbing
-    def _conn(self, check: bool = False) -> Connection:
-        """This thread's connection, made (again) when needed.
-
-        Args:
-            check: first see whether the daemon closed an idle connection or
-                connected again (:meth:`Connector.get`; done once per public
-                call). A connection to a daemon that may be a new one asks it
-                which of the pool's buffers it knows (BufferStatus) and drops the
-                others: a restarted daemon has forgotten them all; in direct
-                mode it also checks that the daemon still maps the regions this
-                process mapped (:meth:`_check_direct`).
-        """
-        if self._pid != os.getpid():
-            raise InvalidArgument("this Client was created in the parent process; create a new one after fork")
-        if self._closed:
-            raise InvalidArgument("this Client is closed")
-        conn, fresh = self._links.get(check)
-        if fresh:
-            try:
-                self._pool.revalidate(lambda ids: registered(conn, ids))
-                self._check_direct(conn)
-            except BaseException:
-                self._links.unchecked(conn)  # the next call asks again
-                raise
-        elif check and self._direct_unsure:
-            self._check_direct(conn)
-        return conn
-
-    def _recheck_buffers_next_call(self) -> None:
-        """The daemon went away during a call: check the pool's buffers before the
-        next one (a new lean connection does so anyway; the gRPC channel only once
-        it has told us it reconnected, which may come after that call)."""
-        self._links.lost()
-
-    def _items_lost(self, out: Any, lost: bool) -> bool:
-        """Whether a batch answer holds items to read again under ``retry_s``
-        (see :func:`~cxlkv.client._api._retried`); ``lost``: an earlier try of this call failed."""
-        if not isinstance(out, list):
-            return False
-        errors = [getattr(r, "error", None) for r in out]
-        if any(isinstance(e, (DaemonUnreachable, NotReady)) for e in errors):
-            return True
-        return any(isinstance(e, UnknownBuffer) for e in errors) and (lost or self._forgotten_buffers())
-
-    def _call(self, name: str, request: Any) -> Any:
-        return self._conn().call(_M[name], request)
-
-    def _send(self, name: str, request: Any) -> None:
-        """Send without waiting for the answer where the framing allows (lean), else call."""
-        self._conn().send(_M[name], request)
-
-    def _call_many(self, name: str, requests: list[Any]) -> list[Any]:
-        m = _M[name]
-        return self._conn().call_many([(m, r) for r in requests])
-
-    def _register_buffer(self, path: str, size_bytes: int, pid: int) -> int:
-        r = self._call("RegisterBuffer", client_pb2.RegisterBufferRequest(path=path, size_bytes=size_bytes, pid=pid))
-        return r.buffer_id
-
-    def _unregister_buffer(self, buffer_id: int) -> None:
-        if self._pid != os.getpid():
-            return
-        # A connection idle since a daemon restart is replaced first: else the
-        # request is lost and the new daemon keeps the buffer for this process's life.
-        self._conn(check=True).call(_M["UnregisterBuffer"], client_pb2.UnregisterBufferRequest(buffer_id=buffer_id))
 
     def close(self) -> None:
         """Unregister the pool's buffers and close every connection (idempotent).
@@ -503,9 +353,7 @@ class Client:
         """
         ix = self._index_path(key)
         if plan(Op.GET, Memory.NONE, None, self._offers(ix is not None))[0] is Path.INDEX:
-            v = ix.get(key)  # type: ignore[union-attr]
-            if v is _IX_MISS:
-                raise _not_found(key)
+            v = ix.get_value(key)  # type: ignore[union-attr]
             if v is not _IX_FALLBACK:
                 return v  # type: ignore[return-value]
         return self._get_daemon(key)
@@ -614,13 +462,8 @@ class Client:
         # The index step is planned here; what follows once the daemon connection is
         # checked (it may turn direct mode off), in _get_into_rest.
         if ix is not None and plan(Op.GET_INTO, memory_of(dst), None, self._offers(True))[0] is Path.INDEX:
-            a = dst_array(dst)
-            n = ix.get_into(key, a)
-            if n is _IX_MISS:
-                raise _not_found(key)
+            n = ix.get_into_size(key, dst_array(dst))
             if n is not _IX_FALLBACK:
-                if n < 0:  # type: ignore[operator]
-                    raise _too_small(key, -n, a.nbytes)  # type: ignore[operator]
                 return n  # type: ignore[return-value]
         return self._get_into_rest(key, dst)
 
@@ -770,15 +613,7 @@ class Client:
         keys = _check_keys(keys)
         ix = self._index_path()
         if keys and plan(Op.GET, Memory.NONE, None, self._offers(ix is not None))[0] is Path.INDEX:
-            out: list[Result | None] = [None] * len(keys)
-            rest: list[int] = []
-            for i, v in enumerate(ix.get_many(keys)):  # type: ignore[union-attr]
-                if v is _IX_FALLBACK:
-                    rest.append(i)
-                elif v is _IX_MISS:
-                    out[i] = Result(False, error=_not_found(keys[i]))
-                else:
-                    out[i] = Result(True, value=v)
+            out, rest = ix.get_many_results(keys)  # type: ignore[union-attr]
             if rest:
                 for i, r in zip(rest, self._get_many_daemon([keys[i] for i in rest])):
                     out[i] = r
@@ -814,17 +649,7 @@ class Client:
         # A batch is read from the index whole or not at all (Offers.index).
         index = ix is not None and bool(keys) and not any(memory_of(d) is Memory.CUDA for d in dsts)
         if index and plan(Op.GET_INTO, Memory.HOST, None, self._offers(True))[0] is Path.INDEX:
-            arrays = [dst_array(d) for d in dsts]
-            rest = []
-            for i, v in enumerate(ix.get_into_many(keys, arrays)):  # type: ignore[union-attr]
-                if v is _IX_FALLBACK:
-                    rest.append(i)
-                elif v is _IX_MISS:
-                    results[i] = Result(False, error=_not_found(keys[i]))
-                elif v < 0:  # type: ignore[operator]
-                    results[i] = Result(False, error=_too_small(keys[i], -v, arrays[i].nbytes))  # type: ignore[operator]
-                else:
-                    results[i] = Result(True, v)
+            results, rest = ix.get_into_many_results(keys, [dst_array(d) for d in dsts])  # type: ignore[union-attr]
             if not rest:
                 return results  # type: ignore[return-value]
             sub = self._get_into_many_rest([keys[i] for i in rest], [dsts[i] for i in rest])
@@ -925,16 +750,7 @@ class Client:
         # A prefix is read from the index whole or not at all (Offers.index).
         cuda = ix is not None and any(memory_of(d) is Memory.CUDA for d in dsts)
         if plan(Op.PREFIX, Memory.CUDA if cuda else Memory.HOST, None, self._offers(ix is not None))[0] is Path.INDEX:
-            bad = next((k for k in keys if key_error(k) is not None), None)
-            if bad is not None:
-                raise InvalidKey(key_error(bad) or "invalid key", key=bad[:64] if isinstance(bad, str) else None)
-            arrays = [dst_array(d) for d in dsts]
-            matched, too_large, done = ix.get_prefix_into(keys, arrays)  # type: ignore[union-attr]
-            if too_large:
-                raise OutOfRange(f"value of key {keys[matched]!r} is {too_large} bytes, the destination holds "
-                                 f"{arrays[matched].nbytes}", key=keys[matched], requested_bytes=too_large)
-            if tiers is not None:
-                tiers.extend([common_pb2.CXL] * matched)
+            matched, done = ix.get_prefix_checked(keys, [dst_array(d) for d in dsts], tiers)  # type: ignore[union-attr]
             if done:
                 return matched
             return matched + self._get_prefix_daemon(list(keys[matched:]), list(dsts[matched:]), tiers)

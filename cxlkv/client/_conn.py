@@ -31,7 +31,7 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 from google.protobuf.message import DecodeError
 
@@ -68,6 +68,7 @@ def _error_from_detail(code: int, body: Any) -> CxlkvError:
                      requested_bytes=d.requested_bytes or None, free_bytes=d.free_bytes or None)
 
 
+@runtime_checkable
 class Connection(Protocol):
     """One link to the daemon, in either framing (both raise as the module says).
 
