@@ -11,7 +11,6 @@ Client may use now (:class:`~cxlkv.client._paths.Offers`).
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Any
 
@@ -43,7 +42,7 @@ class DaemonLink:
         _pool: the shared-buffer pool.
         _direct: direct mode's mapped regions (with the index reader), or ``None``.
         _direct_unsure: the daemon could not yet say whether it maps the regions direct mode mapped.
-        _closed, _pid, _lock: closed; the creating process; guards lazy state.
+        _closed, _pid: closed; the creating process.
     """
 
     _links: Connector
@@ -51,10 +50,9 @@ class DaemonLink:
     _direct: DirectPath | None
     _direct_unsure: bool
     _index_check_at: float
-    _offer_cache: dict[tuple[bool, bool, bool, int, int], Offers]
+    _offer_table: list[Offers | None]
     _closed: bool
     _pid: int
-    _lock: threading.Lock
     inline_threshold_bytes: int
     direct_threshold_bytes: int
     direct_status: str
@@ -86,11 +84,14 @@ class DaemonLink:
         """What this Client may use now (:class:`~cxlkv.client._paths.Offers`):
         ``index`` as :meth:`_index_path` found it, direct mode when on."""
         d = self._direct
-        k = (index, d is not None and not d.disabled, batch, self.inline_threshold_bytes, self.direct_threshold_bytes)
-        o = self._offer_cache.get(k)
-        if o is None:
-            o = self._offer_cache[k] = Offers(index=k[0], direct=k[1], batch=batch, inline_threshold_bytes=k[3],
-                                              direct_threshold_bytes=k[4])
+        on = d is not None and not d.disabled
+        slot = (index << 2) | (on << 1) | batch  # one made Offers per state: this runs on every call
+        o = self._offer_table[slot]
+        if o is None or o.inline_threshold_bytes != self.inline_threshold_bytes or \
+                o.direct_threshold_bytes != self.direct_threshold_bytes:  # not made yet, or a threshold set since
+            o = self._offer_table[slot] = Offers(index=index, direct=on, batch=batch,
+                                                 inline_threshold_bytes=self.inline_threshold_bytes,
+                                                 direct_threshold_bytes=self.direct_threshold_bytes)
         return o
 
     def _check_direct(self, conn: Connection) -> None:

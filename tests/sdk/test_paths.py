@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cxlkv.client._paths import Memory, Offers, Op, Path, daemon_path, memory_of, plan
+from cxlkv.client._paths import Memory, Offers, Op, Path, daemon_path, memory_of, plan, starts_at_index
 
 I, D = 64 << 10, (64 << 10) + 1  # the default inline and direct thresholds
 OFF = Offers(inline_threshold_bytes=I, direct_threshold_bytes=D)
@@ -31,7 +31,7 @@ DIR, CUDA_DIRECT, CUDA_HOST, DAEMON = Path.DIRECT, Path.CUDA_DIRECT, Path.CUDA_H
     (Memory.CUDA, 16, DIRECT, (CUDA_DIRECT, CUDA_HOST)),  # CUDA tensors use direct mode at any size
     (Memory.CUDA, 1 << 20, OFF, (CUDA_HOST,)),
 ])
-def test_put_plans(memory: Memory, nbytes: int, offers: Offers, paths: tuple[Path, ...]) -> None:
+def test_put_plans(memory: str, nbytes: int, offers: Offers, paths: tuple[str, ...]) -> None:
     assert plan(Op.PUT, memory, nbytes, offers) == paths
 
 
@@ -52,7 +52,7 @@ def test_put_with_a_direct_threshold_under_the_inline_limit() -> None:
     (Memory.NONE, D - 1, ALL, (STAGED,)),
     (Memory.NONE, 1 << 20, OFF, (STAGED,)),
 ])
-def test_get_plans(memory: Memory, nbytes: int | None, offers: Offers, paths: tuple[Path, ...]) -> None:
+def test_get_plans(memory: str, nbytes: int | None, offers: Offers, paths: tuple[str, ...]) -> None:
     assert plan(Op.GET, memory, nbytes, offers) == paths
 
 
@@ -65,7 +65,7 @@ def test_get_plans(memory: Memory, nbytes: int | None, offers: Offers, paths: tu
     (Memory.CUDA, 1 << 20, ALL, (CUDA_DIRECT, CUDA_HOST)),  # the index copies into host memory only
     (Memory.CUDA, 16, OFF, (CUDA_HOST,)),
 ])
-def test_get_into_plans(memory: Memory, nbytes: int | None, offers: Offers, paths: tuple[Path, ...]) -> None:
+def test_get_into_plans(memory: str, nbytes: int | None, offers: Offers, paths: tuple[str, ...]) -> None:
     assert plan(Op.GET_INTO, memory, nbytes, offers) == paths
 
 
@@ -98,8 +98,8 @@ def test_every_plan_ends_in_a_path_that_answers() -> None:
     sizes = (None, 0, 1, I, I + 1, 1 << 20)
     offers = [Offers(index=x, direct=y, batch=z, inline_threshold_bytes=I, direct_threshold_bytes=t)
               for x in (False, True) for y in (False, True) for z in (False, True) for t in (0, D)]
-    for op in Op:
-        for memory in Memory:
+    for op in Op.ALL:
+        for memory in Memory.ALL:
             for n in sizes:
                 for o in offers:
                     paths = plan(op, memory, n, o)
@@ -108,8 +108,18 @@ def test_every_plan_ends_in_a_path_that_answers() -> None:
 
 
 def test_memory_of() -> None:
-    assert memory_of(b"x", put_value=True) is Memory.BYTES
-    assert memory_of(b"x") is Memory.HOST  # put_from: the source's memory, not a bytes value
-    assert memory_of(bytearray(3), put_value=True) is Memory.HOST
-    assert memory_of(np.zeros(4, np.uint8)) is Memory.HOST
-    assert memory_of(memoryview(b"ab"), put_value=True) is Memory.HOST
+    assert memory_of(b"x", put_value=True) == Memory.BYTES
+    assert memory_of(b"x") == Memory.HOST  # put_from: the source's memory, not a bytes value
+    assert memory_of(bytearray(3), put_value=True) == Memory.HOST
+    assert memory_of(np.zeros(4, np.uint8)) == Memory.HOST
+    assert memory_of(memoryview(b"ab"), put_value=True) == Memory.HOST
+
+
+def test_starts_at_index_is_plans_first_step() -> None:
+    """The reads' first question, asked alone on every call, answers as plan() does."""
+    valid = [(Op.GET, Memory.NONE), (Op.EXISTS, Memory.NONE)] + \
+        [(op, m) for op in (Op.GET_INTO, Op.PREFIX) for m in (Memory.HOST, Memory.CUDA)] + \
+        [(Op.PUT, m) for m in (Memory.BYTES, Memory.HOST, Memory.CUDA)]
+    for op, memory in valid:
+        for o in (OFF, DIRECT, ALL):
+            assert starts_at_index(op, memory, o.index) == (plan(op, memory, None, o)[0] == INDEX), (op, memory, o)
