@@ -214,6 +214,39 @@ def memcpy_timing(
     return time_op(lambda: np.copyto(dst, src), ops=ops, runs=runs, warmup=warmup)
 
 
+#: The source pool of :func:`measure_cold_memcpy_gbps`, bytes: several times any
+#: last-level cache of the machines we run on (this one's L3 is 32 MiB).
+COLD_POOL_BYTES = 256 << 20
+
+
+def measure_cold_memcpy_gbps(size_bytes: int, *, runs: int = 3, pool_bytes: int = COLD_POOL_BYTES) -> float:
+    """The memcpy bandwidth for ``size_bytes``-byte copies whose source is not in
+    this core's caches, GB/s (1e9 B/s): the physical limit of a read of memory
+    another process or host has just written, as a get of the region is.
+
+    Each copy reads the next ``size_bytes`` of a pre-faulted ``pool_bytes`` pool
+    (at least 8 copies' worth), round-robin, into one warm destination, so by the
+    time a source comes round again it has left the caches. ``runs`` passes over
+    the pool; the median pass.
+
+    Raises:
+        ValueError: ``size_bytes`` < 1.
+    """
+    if size_bytes < 1:
+        raise ValueError("size_bytes must be >= 1")
+    n = max(8, pool_bytes // size_bytes)
+    pool = _faulted(n * size_bytes)
+    dst = _faulted(size_bytes)
+    srcs = [pool[i * size_bytes:(i + 1) * size_bytes] for i in range(n)]
+    it = iter(range(1 << 62))
+
+    def one() -> None:
+        np.copyto(dst, srcs[next(it) % n])
+
+    timing = time_op(one, ops=n, runs=runs, warmup=n)
+    return size_bytes * timing.ops_per_s / 1e9
+
+
 def measure_memcpy_gbps(
     size_bytes: int,
     *,

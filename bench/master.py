@@ -6,11 +6,12 @@ over the master's lean link (``transport: "lean"``, what clientd uses on its hot
 path) for the batched forms:
 
 * ``put``: PutStart + PutEnd per key, one key per call pair;
-* ``put_batch``: a batched put of ``batch`` (128) keys: PackedPutStart +
-  PackedPutEnd (``form: "packed"``, one packed array per field: what clientd
-  sends) or BatchPutStart + BatchPutEnd (``form: "items"``, one message per key);
+* ``put_batch``: a batched put of ``batch`` (128) keys: PutStart + PutEnd with
+  one packed array per field (``form: "packed"``, what clientd sends; the
+  one-message-per-key form of older results, ``form: "items"``, is gone from the
+  master's API);
 * ``get``: GetReplicaList (with a lease) per key;
-* ``get_batch``: BatchGetReplicaList of 128 keys, releasing the previous
+* ``get_batch``: GetReplicaList of 128 keys, releasing the previous
   batch's leases piggy-backed (what clientd does);
 
 and in-process (the allocator never touches bytes, so a huge virtual segment is
@@ -161,62 +162,31 @@ def _packed_put_requests(cid: str, epoch: int) -> tuple[Callable[[list[str]], An
 
     def start(keys: list[str]) -> Any:
         n = len(keys)
-        return master_pb2.PackedPutStartRequest(
+        return master_pb2.PutStartRequest(
             client_id=cid, epoch=epoch, keys=keys, value_size_bytes=[_VALUE_BYTES] * n)
 
     def end(keys: list[str], started: Any) -> Any:
         if started.error_positions:
             i = started.error_positions[0]
-            raise RuntimeError(f"PackedPutStart {keys[i]}: {started.messages[0]}")
-        return master_pb2.PackedPutEndRequest(client_id=cid, epoch=epoch, keys=keys, put_tokens=started.put_tokens)
+            raise RuntimeError(f"PutStart {keys[i]}: {started.messages[0]}")
+        return master_pb2.PutEndRequest(client_id=cid, epoch=epoch, keys=keys, put_tokens=started.put_tokens)
 
     return start, end
 
 
 def _check_packed_end(done: Any) -> None:
     if done.error_positions:
-        raise RuntimeError(f"PackedPutEnd: {done.messages[0]}")
+        raise RuntimeError(f"PutEnd: {done.messages[0]}")
 
 
-def _put_work(m: _Master, batch: int, form: str = "packed") -> Callable[[list[str]], None]:
-    from cxlkv.v1 import master_pb2
+def _put_work(m: _Master, batch: int) -> Callable[[list[str]], None]:
+    """One put call pair per job (``batch`` keys: 1 for the per-key record)."""
+    stub = m.stub
+    start, end = _packed_put_requests(m.client_id, m.epoch)
 
-    stub, cid, epoch = m.stub, m.client_id, m.epoch
-    if batch > 1 and form == "packed":
-        start, end = _packed_put_requests(cid, epoch)
-
-        def put_packed(keys: list[str]) -> None:
-            _check_packed_end(stub.PackedPutEnd(end(keys, stub.PackedPutStart(start(keys)))))
-        return put_packed
-    if batch == 1:
-        def put_one(keys: list[str]) -> None:
-            (key,) = keys
-            res = stub.PutStart(master_pb2.PutStartRequest(
-                client_id=cid, epoch=epoch,
-                item=master_pb2.PutStartItem(key=key, value_size_bytes=_VALUE_BYTES))).result
-            stub.PutEnd(master_pb2.PutEndRequest(
-                client_id=cid, epoch=epoch, item=master_pb2.PutEndItem(key=key, put_token=res.put_token)))
-        return put_one
-
-    def put_batch(keys: list[str]) -> None:
-        # Items are added in place (`.add`): building them apart and passing a
-        # list copies each one, twice the client's cost per key.
-        req = master_pb2.BatchPutStartRequest(client_id=cid, epoch=epoch)
-        add = req.items.add
-        for k in keys:
-            add(key=k, value_size_bytes=_VALUE_BYTES)
-        started = stub.BatchPutStart(req)
-        end = master_pb2.BatchPutEndRequest(client_id=cid, epoch=epoch)
-        add_end = end.items.add
-        for k, r in zip(keys, started.results):
-            if r.status.code:
-                raise RuntimeError(f"BatchPutStart {k}: {r.status.message}")
-            add_end(key=k, put_token=r.put_token)
-        done = stub.BatchPutEnd(end)
-        for st in done.results:
-            if st.code:
-                raise RuntimeError(f"BatchPutEnd: {st.message}")
-    return put_batch
+    def put(keys: list[str]) -> None:
+        _check_packed_end(stub.PutEnd(end(keys, stub.PutStart(start(keys)))))
+    return put
 
 
 def _get_work(m: _Master, batch: int) -> Callable[[list[str]], None]:
@@ -226,20 +196,20 @@ def _get_work(m: _Master, batch: int) -> Callable[[list[str]], None]:
     if batch == 1:
         def get_one(keys: list[str]) -> None:
             # One call per key; its lease ends by TTL (clientd would piggy-back the release).
-            stub.GetReplicaList(master_pb2.GetReplicaListRequest(client_id=cid, key=keys[0]))
+            resp = stub.GetReplicaList(master_pb2.GetReplicaListRequest(client_id=cid, keys=keys))
+            if resp.error_positions:
+                raise RuntimeError(f"GetReplicaList: {resp.messages[0]}")
         return get_one
 
     mine = threading.local()  # each caller releases its own previous batch's leases
 
     def get_batch(keys: list[str]) -> None:
         held = getattr(mine, "held", [])
-        resp = stub.BatchGetReplicaList(master_pb2.BatchGetReplicaListRequest(
+        resp = stub.GetReplicaList(master_pb2.GetReplicaListRequest(
             client_id=cid, keys=keys, release_lease_ids=held))
-        mine.held = held = []
-        for loc in resp.locations:
-            if loc.status.code:
-                raise RuntimeError(f"BatchGetReplicaList: {loc.status.message}")
-            held.append(loc.lease_id)
+        if resp.error_positions:
+            raise RuntimeError(f"GetReplicaList: {resp.messages[0]}")
+        mine.held = list(resp.lease_ids)
     return get_batch
 
 
@@ -255,14 +225,13 @@ def _grpc_records(quick: bool, log: Callable[[str], None] = lambda _m: None) -> 
         try:
             for op, batch, threads, n, form in (
                     ("put", 1, 1, n_single, "single"), ("put_batch", 128, 1, n_batched, "packed"),
-                    ("put_batch", 128, 2, n_batched, "packed"), ("put_batch", 128, 4, n_batched, "packed"),
-                    ("put_batch", 128, 4, n_batched, "items")):
+                    ("put_batch", 128, 2, n_batched, "packed"), ("put_batch", 128, 4, n_batched, "packed")):
                 res = []
                 for r in range(runs):
                     m.heartbeat()
                     keys = [f"{op}/{form}/{threads}/{r}/{i}" for i in range(n)]
                     jobs = [keys[i:i + batch] for i in range(0, n, batch)]
-                    wall, lat = _threaded(jobs, _put_work(m, batch, form), threads)
+                    wall, lat = _threaded(jobs, _put_work(m, batch), threads)
                     res.append((wall, n, lat))
                 rec = _record(op, _timing(res), batch, threads, limits["put"],
                               TARGET_BATCH_PUT_KEYS_PER_S if batch > 1 else None)
@@ -446,8 +415,8 @@ def _lean_records(quick: bool, tls: bool = False, log: Callable[[str], None] = l
             start, end = _packed_put_requests(cid, epoch)
 
             async def put_batch(ch: LeanChannel, keys: list[str]) -> None:
-                started = await ch.call("PackedPutStart", start(keys))
-                _check_packed_end(await ch.call("PackedPutEnd", end(keys, started)))
+                started = await ch.call("PutStart", start(keys))
+                _check_packed_end(await ch.call("PutEnd", end(keys, started)))
 
             held: dict[int, list[int]] = {}
             #: (master CPU s, this process's CPU s, keys) per timed run: what TLS costs
@@ -461,9 +430,9 @@ def _lean_records(quick: bool, tls: bool = False, log: Callable[[str], None] = l
                 return rec
 
             async def get_batch(ch: LeanChannel, keys: list[str], lane: int) -> None:
-                resp = await ch.call("BatchGetReplicaList", master_pb2.BatchGetReplicaListRequest(
+                resp = await ch.call("GetReplicaList", master_pb2.GetReplicaListRequest(
                     client_id=cid, keys=keys, release_lease_ids=held.get(lane, [])))
-                held[lane] = [loc.lease_id for loc in resp.locations if not loc.status.code]
+                held[lane] = [lease for lease in resp.lease_ids if lease]
 
             async def timed(jobs: list[list[str]], inflight: int, work: Any) -> tuple[float, int, np.ndarray]:
                 ch = LeanChannel(host, reg.lean_port, methods, ssl=ssl_ctx)
@@ -539,5 +508,5 @@ def run(quick: bool = False, log: Callable[[str], None] | None = None) -> list[R
 @click.command("master")
 @output_options
 def master_cmd(as_json: bool, out: str | None, quick: bool) -> None:
-    """Master metadata ops over gRPC (single and batched) and the allocator at 1M objects."""
+    """Master metadata ops over gRPC (batches of one key and of 128) and the allocator at 1M objects."""
     emit(run(quick, log=lambda m: click.echo(m, err=True)), as_json=as_json, out=out)

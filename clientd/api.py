@@ -5,6 +5,11 @@ request message and returns the response message; a failed single-item call
 raises the :class:`~cxlkv.errors.CxlkvError` it stands for, a batch call answers
 per position. The gRPC servicer and the lean server only move these messages
 on and off their sockets.
+
+This is the one place (with :mod:`cxlkv.clientd.direct`) where the core's
+records (:mod:`cxlkv.clientd.results`) become messages: a record becomes its
+result message, a per-item error its ``cxlkv.v1.Status``
+(:meth:`~cxlkv.errors.CxlkvError.to_status`).
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from cxlkv import __version__
 from cxlkv.clientd.buffers import BufferRegistry, SharedBuffer
-from cxlkv.clientd.core import ClientdCore, PutSpec, ReadOutcome, ReadTarget
+from cxlkv.clientd.core import ClientdCore
+from cxlkv.clientd.results import Outcome, PutSpec, Read, ReadTarget, Stored
 from cxlkv.clientd.direct import DirectPuts
-from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument, TooLarge, error_for
+from cxlkv.errors import CxlkvError, InvalidArgument, TooLarge
 from cxlkv.keys import key_error, prefix_chains, validate_key
 from cxlkv.wire.lean import PEER_CRED
 from cxlkv.wire.limits import BatchLimit
@@ -34,10 +40,10 @@ log = logging.getLogger(__name__)
 #: Largest List page, in entries.
 MAX_LIST_PAGE = 10_000
 
-_Status = common_pb2.Status
 _PutResult = client_pb2.PutResult
 _GetResult = client_pb2.GetResult
 _GetIntoResult = client_pb2.GetIntoResult
+_OK_STATUS = common_pb2.Status()
 
 
 def _limited(handler: Any, name: str, limit: BatchLimit) -> Any:
@@ -53,9 +59,20 @@ def _limited(handler: Any, name: str, limit: BatchLimit) -> Any:
     return call
 
 
-def _raise_put(result: client_pb2.PutResult, key: str) -> None:
-    if result.status.code:
-        raise error_for(result.status.code, result.status.message, key=key)
+def _raised(entry: Any, key: str) -> Any:
+    """``entry`` when it is a record; raise it (naming ``key``) when it is an error."""
+    if isinstance(entry, CxlkvError):
+        if entry.key is None:
+            entry.key = key
+        raise entry
+    return entry
+
+
+def _put_result(r: Outcome[Stored]) -> client_pb2.PutResult:
+    """A put's per-item result message."""
+    if isinstance(r, CxlkvError):
+        return _PutResult(status=r.to_status())
+    return _PutResult(version=r.version, replicas_placed=r.replicas_placed)
 
 
 class ClientApi:
@@ -87,34 +104,31 @@ class ClientApi:
             setattr(self, name, _limited(getattr(self, name), name, self.batch_limit))
 
     # -- inline values ------------------------------------------------------
-    def _inline_spec(self, req: client_pb2.PutRequest, upsert: bool) -> PutSpec | client_pb2.PutResult:
+    def _inline_spec(self, req: client_pb2.PutRequest, upsert: bool) -> PutSpec | CxlkvError:
+        """The put of an inline value, or TooLarge when it is over ``max_inline_bytes``."""
         value = req.value
         if len(value) > self.max_inline_bytes:
-            return _PutResult(status=_Status(code=int(ErrorCode.TOO_LARGE), message=(  # type: ignore[arg-type]
+            return TooLarge(
                 f"inline value of {len(value)} bytes is over the limit of {self.max_inline_bytes} "
-                "bytes: use PutFrom with a shared buffer")))
+                "bytes: use PutFrom with a shared buffer", key=req.key, requested_bytes=len(value))
         opts = req.options if req.HasField("options") else None
         if upsert:
             opts = _with_upsert(opts)
         return PutSpec(req.key, len(value), opts, value, 0)
 
-    async def _put_specs(self, items: list[PutSpec | client_pb2.PutResult]) -> list[client_pb2.PutResult]:
+    async def _put_specs(self, items: list[PutSpec | CxlkvError]) -> list[Outcome[Stored]]:
+        """Put the specs among ``items``; the errors stand for their item."""
         specs = [s for s in items if isinstance(s, PutSpec)]
         done = await self.core.put(specs) if specs else []
         if len(specs) == len(items):
             return done
-        out: list[client_pb2.PutResult] = []
         it = iter(done)
-        for s in items:
-            out.append(next(it) if isinstance(s, PutSpec) else s)
-        return out
+        return [next(it) if isinstance(s, PutSpec) else s for s in items]
 
     async def _put_one(self, req: client_pb2.PutRequest, upsert: bool) -> client_pb2.PutResponse:
-        spec = self._inline_spec(req, upsert)
-        if not isinstance(spec, PutSpec):
-            raise TooLarge(spec.status.message, key=req.key, requested_bytes=len(req.value))
+        spec = _raised(self._inline_spec(req, upsert), req.key)
         (r,) = await self.core.put([spec])
-        _raise_put(r, req.key)
+        r = _raised(r, req.key)
         return client_pb2.PutResponse(version=r.version, replicas_placed=r.replicas_placed)
 
     async def Put(self, req: client_pb2.PutRequest) -> client_pb2.PutResponse:
@@ -128,13 +142,12 @@ class ClientApi:
     async def BatchPut(self, req: client_pb2.BatchPutRequest) -> client_pb2.BatchPutResponse:
         """Put inline values; one result per item."""
         results = await self._put_specs([self._inline_spec(it, False) for it in req.items])
-        return client_pb2.BatchPutResponse(results=results)
+        return client_pb2.BatchPutResponse(results=[_put_result(r) for r in results])
 
     async def Get(self, req: client_pb2.GetRequest) -> client_pb2.GetResponse:
         """Read a value inline. Raises NOT_FOUND, TOO_LARGE (``requested_bytes`` = value size), …"""
         (o,) = await self.core.get([req.key], [None])
-        if o.code:
-            raise o.error(req.key)
+        o = _raised(o, req.key)
         return client_pb2.GetResponse(value=o.value or b"", version=o.version)
 
     async def BatchGet(self, req: client_pb2.BatchGetRequest) -> client_pb2.BatchGetResponse:
@@ -144,8 +157,8 @@ class ClientApi:
         resp = client_pb2.BatchGetResponse()
         add = resp.results.add
         for o in outs:
-            if o.code:
-                add().status.CopyFrom(_Status(code=o.code, message=o.message))
+            if isinstance(o, CxlkvError):
+                add(status=o.to_status())
             else:
                 add(value=o.value or b"", version=o.version)
         return resp
@@ -154,27 +167,28 @@ class ClientApi:
     async def Exist(self, req: client_pb2.ExistRequest) -> client_pb2.ExistResponse:
         """Whether a key is committed. Raises INVALID_KEY."""
         validate_key(req.key)
-        ((exists, st),) = await self.core.exist([req.key])
-        if st.code:
-            raise error_for(st.code, st.message, key=req.key)
-        return client_pb2.ExistResponse(exists=exists)
+        (exists,) = await self.core.exist([req.key])
+        return client_pb2.ExistResponse(exists=_raised(exists, req.key))
 
     async def BatchExist(self, req: client_pb2.BatchExistRequest) -> client_pb2.BatchExistResponse:
         """Existence of each key; invalid keys answer false with INVALID_KEY."""
         res = await self.core.exist(list(req.keys))
-        return client_pb2.BatchExistResponse(exists=[e for e, _ in res], results=[s for _, s in res])
+        return client_pb2.BatchExistResponse(
+            exists=[r is True for r in res],
+            results=[r.to_status() if isinstance(r, CxlkvError) else _OK_STATUS for r in res])
 
     async def Remove(self, req: client_pb2.ClientRemoveRequest) -> client_pb2.ClientRemoveResponse:
         """Remove a key. Raises NOT_FOUND, HAS_LEASE (without force), INVALID_KEY."""
         validate_key(req.key)
-        (st,) = await self.core.remove([req.key], req.force)
-        if st.code:
-            raise error_for(st.code, st.message, key=req.key)
+        (err,) = await self.core.remove([req.key], req.force)
+        _raised(err, req.key)
         return client_pb2.ClientRemoveResponse()
 
     async def BatchRemove(self, req: client_pb2.ClientBatchRemoveRequest) -> client_pb2.ClientBatchRemoveResponse:
         """Remove keys; one status per key."""
-        return client_pb2.ClientBatchRemoveResponse(results=await self.core.remove(list(req.keys), req.force))
+        errs = await self.core.remove(list(req.keys), req.force)
+        return client_pb2.ClientBatchRemoveResponse(
+            results=[_OK_STATUS if e is None else e.to_status() for e in errs])
 
     async def RemoveAll(self, req: client_pb2.ClientRemoveAllRequest) -> client_pb2.ClientRemoveAllResponse:
         """Remove every committed object (or those matching ``regex``)."""
@@ -207,7 +221,7 @@ class ClientApi:
             (r,) = await self.core.put([PutSpec(req.key, src.length_bytes, opts, buf.view, src.offset_bytes)])
         finally:
             self.buffers.release(buf)
-        _raise_put(r, req.key)
+        r = _raised(r, req.key)
         return client_pb2.PutFromResponse(version=r.version, replicas_placed=r.replicas_placed)
 
     # -- buffer ranges, in message form or packed: one implementation each --
@@ -216,20 +230,19 @@ class ClientApi:
         return self.buffers.acquire_many(list(zip(ids, offs, lens)))
 
     async def _put_from(self, keys: list[str], offs: list[int], lens: list[int],
-                        got: list[SharedBuffer | CxlkvError], opts: list[Any]) -> list[client_pb2.PutResult]:
+                        got: list[SharedBuffer | CxlkvError], opts: list[Any]) -> list[Outcome[Stored]]:
         """Put every held range (a bad one fails only its item); releases them."""
         held = [b for b in got if isinstance(b, SharedBuffer)]
         try:
-            items: list[PutSpec | client_pb2.PutResult] = [
-                _PutResult(status=buf.to_status()) if isinstance(buf, CxlkvError)
-                else PutSpec(key, ln, opt, buf.view, off)
+            items: list[PutSpec | CxlkvError] = [
+                buf if isinstance(buf, CxlkvError) else PutSpec(key, ln, opt, buf.view, off)
                 for key, off, ln, buf, opt in zip(keys, offs, lens, got, opts)]
             return await self._put_specs(items)
         finally:
             self.buffers.release_many(held)
 
     async def _get_into(self, keys: list[str], offs: list[int], lens: list[int],
-                        got: list[SharedBuffer | CxlkvError]) -> list[ReadOutcome]:
+                        got: list[SharedBuffer | CxlkvError]) -> list[Outcome[Read]]:
         """Read every key into its held range (a bad one fails only its item); releases them."""
         positions = [i for i, buf in enumerate(got) if not isinstance(buf, CxlkvError)]
         try:
@@ -238,14 +251,13 @@ class ClientApi:
                 [ReadTarget(got[i].view, offs[i], lens[i]) for i in positions]) if positions else []  # type: ignore[union-attr]
         finally:
             self.buffers.release_many([got[i] for i in positions])  # type: ignore[misc]
-        result: list[ReadOutcome] = [ReadOutcome(int(b.code), b.message) if isinstance(b, CxlkvError)
-                                     else None for b in got]  # type: ignore[misc]
+        result: list[Outcome[Read]] = [b if isinstance(b, CxlkvError) else None for b in got]  # type: ignore[misc]
         for i, o in zip(positions, outs):
             result[i] = o
         return result
 
     async def _get_prefix(self, keys: list[str], offs: list[int], lens: list[int],
-                          got: list[SharedBuffer | CxlkvError]) -> tuple[int, list[ReadOutcome]]:
+                          got: list[SharedBuffer | CxlkvError]) -> tuple[int, list[Read]]:
         """The longest cached prefix copied into the held ranges; releases them.
 
         Raises:
@@ -278,7 +290,7 @@ class ClientApi:
         keys, ids, offs, lens = self._columns(req.items, source=True)
         opts = [it.options if it.HasField("options") else None for it in req.items]
         results = await self._put_from(keys, offs, lens, self._hold(ids, offs, lens), opts)
-        return client_pb2.BatchPutFromResponse(results=results)
+        return client_pb2.BatchPutFromResponse(results=[_put_result(r) for r in results])
 
     async def GetInto(self, req: client_pb2.GetIntoRequest) -> client_pb2.GetIntoResponse:
         """Copy a value into a buffer range. Raises NOT_FOUND, OUT_OF_RANGE (value larger
@@ -289,9 +301,8 @@ class ClientApi:
             (o,) = await self.core.get([req.key], [ReadTarget(buf.view, t.offset_bytes, t.length_bytes)])
         finally:
             self.buffers.release(buf)
-        if o.code:
-            raise o.error(req.key)
-        return client_pb2.GetIntoResponse(value_size_bytes=o.size, version=o.version)
+        o = _raised(o, req.key)
+        return client_pb2.GetIntoResponse(value_size_bytes=o.size_bytes, version=o.version)
 
     async def BatchGetInto(self, req: client_pb2.BatchGetIntoRequest) -> client_pb2.BatchGetIntoResponse:
         """Copy many values into buffer ranges; one result per item."""
@@ -300,10 +311,10 @@ class ClientApi:
         resp = client_pb2.BatchGetIntoResponse()
         add = resp.results.add
         for o in outs:
-            if o.code:
-                add().status.CopyFrom(_Status(code=o.code, message=o.message))
+            if isinstance(o, CxlkvError):
+                add(status=o.to_status())
             else:
-                add(value_size_bytes=o.size, version=o.version)
+                add(value_size_bytes=o.size_bytes, version=o.version)
         return resp
 
     async def GetPrefixInto(self, req: client_pb2.GetPrefixIntoRequest) -> client_pb2.GetPrefixIntoResponse:
@@ -320,7 +331,7 @@ class ClientApi:
         resp = client_pb2.GetPrefixIntoResponse(matched=matched)
         add = resp.results.add
         for o in outs:
-            add(value_size_bytes=o.size, version=o.version, tier=o.tier)  # type: ignore[arg-type]
+            add(value_size_bytes=o.size_bytes, version=o.version, tier=o.tier)  # type: ignore[arg-type]
         return resp
 
     async def BufferStatus(self, req: client_pb2.BufferStatusRequest) -> client_pb2.BufferStatusResponse:
@@ -382,11 +393,10 @@ class ClientApi:
         err_pos: list[int] = []
         messages: list[str] = []
         for i, r in enumerate(results):
-            st = r.status
-            if st.code:
-                codes[i] = st.code
+            if isinstance(r, CxlkvError):
+                codes[i] = int(r.code)
                 err_pos.append(i)
-                messages.append(st.message)
+                messages.append(r.message)
             else:
                 versions[i] = r.version
                 placed[i] = r.replicas_placed
@@ -398,19 +408,26 @@ class ClientApi:
         Raises INVALID_ARGUMENT when the arrays disagree in length."""
         keys, ids, offs, lens = self._packed_columns(req, "PackedGetInto")
         outs = await self._get_into(keys, offs, lens, self._hold(ids, offs, lens))
-        err_pos = [i for i, o in enumerate(outs) if o.code]
+        err_pos = [i for i, o in enumerate(outs) if isinstance(o, CxlkvError)]
+        if not err_pos:
+            reads: list[Read] = outs  # type: ignore[assignment]
+            return client_pb2.PackedGetIntoResponse(
+                matched=len(outs), codes=[0] * len(outs), value_sizes_bytes=[o.size_bytes for o in reads],
+                versions=[o.version for o in reads], tiers=[o.tier for o in reads])
+        codes = [int(o.code) if isinstance(o, CxlkvError) else 0 for o in outs]
         return client_pb2.PackedGetIntoResponse(
-            matched=len(outs) - len(err_pos), codes=[o.code for o in outs],
-            value_sizes_bytes=[0 if o.code else o.size for o in outs],
-            versions=[0 if o.code else o.version for o in outs], tiers=[0 if o.code else o.tier for o in outs],
-            error_positions=err_pos, messages=[outs[i].message for i in err_pos])
+            matched=len(outs) - len(err_pos), codes=codes,
+            value_sizes_bytes=[0 if c else o.size_bytes for c, o in zip(codes, outs)],  # type: ignore[union-attr]
+            versions=[0 if c else o.version for c, o in zip(codes, outs)],  # type: ignore[union-attr]
+            tiers=[0 if c else o.tier for c, o in zip(codes, outs)],  # type: ignore[union-attr,misc]
+            error_positions=err_pos, messages=[outs[i].message for i in err_pos])  # type: ignore[union-attr]
 
     async def PackedGetPrefixInto(self, req: client_pb2.PackedRangesRequest) -> client_pb2.PackedGetIntoResponse:
         """GetPrefixInto in packed arrays (the same errors, raised for the whole call)."""
         keys, ids, offs, lens = self._packed_columns(req, "PackedGetPrefixInto")
         matched, outs = await self._get_prefix(keys, offs, lens, self._hold(ids, offs, lens))
         return client_pb2.PackedGetIntoResponse(
-            matched=matched, codes=[0] * len(outs), value_sizes_bytes=[o.size for o in outs],
+            matched=matched, codes=[0] * len(outs), value_sizes_bytes=[o.size_bytes for o in outs],
             versions=[o.version for o in outs], tiers=[o.tier for o in outs])
 
     # -- direct mode (clientd/direct.py) -------------------------------------
@@ -471,6 +488,8 @@ class ClientApi:
         resp.key_count = ms.key_count
         resp.capacity_bytes = ms.capacity_bytes
         resp.used_bytes = ms.used_bytes
+        resp.reserved_bytes = ms.reserved_bytes
+        resp.quarantined_bytes = ms.quarantined_bytes
         del resp.segments[:]
         resp.segments.extend(ms.segments)
         return resp

@@ -2,7 +2,7 @@
 
 The master's cost per gRPC call (hundreds of microseconds in Python) dwarfs its
 cost per key, so clientd gathers the items of every concurrent caller into one
-batch call per kind (BatchPutStart, BatchPutEnd, BatchGetReplicaList, …), the way
+batch call per kind (PutStart, PutEnd, GetReplicaList, …), the way
 a database groups commits:
 
 * an idle :class:`Coalescer` sends at once (on the next turn of the event loop,
@@ -22,8 +22,11 @@ a database groups commits:
   caller never lingers.
 
 Each :meth:`Coalescer.submit` carries a list of items and gets back the list of
-their results, in order; a caller's items are never split across calls, so one
-caller's batch keeps its atomicity with respect to the master's ordering.
+their results, in order. A submission of at most ``max_items`` items is never
+split across calls; a larger one (a local-API batch may hold up to clientd's
+``max_batch_items``, 16,384 by default, while the master refuses calls over its
+own, 2,048) goes out in consecutive calls of ``max_items`` items, one after the
+other, so its positions still reach the master in order.
 """
 
 from __future__ import annotations
@@ -45,11 +48,14 @@ class Coalescer(Generic[I, R]):
     """Coalesces concurrent :meth:`submit` calls into batched ``send`` calls.
 
     Args:
-        name: the kind of call, for logs and stats (e.g. ``"BatchPutStart"``).
+        name: the kind of call, for logs and stats (e.g. ``"PutStart"``).
         send: ``async send(items) -> results``, one result per item in order. An
             exception fails every submitter of that call.
-        max_items: most items in one ``send`` (a single larger submission still
-            goes out whole, alone), counted by ``weight``.
+        max_items: most items in one ``send``, counted by ``weight``. Without a
+            ``weight``, a single larger submission is sent as consecutive calls of
+            ``max_items`` items, each awaited before the next; with one (an item
+            counting for several), an over-weight submission still goes out whole,
+            alone (the caller splits it: prefix queries).
         max_in_flight: most concurrent ``send`` calls of this kind.
         linger_fraction: how long a call may wait for the rest of a cohort, as a
             fraction of the previous call's latency (0: never wait).
@@ -118,10 +124,19 @@ class Coalescer(Generic[I, R]):
             One result per item, in order.
 
         Raises:
-            Exception: whatever ``send`` raised for the call carrying these items.
+            Exception: whatever ``send`` raised for the call carrying these items
+                (for a submission sent in several calls: the first call that
+                failed; the later parts are not sent).
         """
         if not items:
             return []
+        if self._weight is None and len(items) > self._max_items:
+            # Over the master's limit in one call: consecutive calls, in order.
+            out: list[R] = []
+            step = self._max_items
+            for i in range(0, len(items), step):
+                out.extend(await self.submit(items[i:i + step], urgent=urgent))
+            return out
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Sequence[R]] = loop.create_future()
         self._queue.append((items, fut))

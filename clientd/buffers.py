@@ -34,6 +34,9 @@ from pathlib import Path
 from typing import Iterable
 
 from cxlkv.errors import CxlkvError, InvalidArgument, OutOfRange, UnknownBuffer
+from cxlkv.transport.bindings import (
+    cxlkv_guard_total_hits, guard_add_memory, guard_hits_memory, guard_remove_memory,
+)
 from cxlkv.runtime.procs import process_start_time
 
 __all__ = ["SHM_DIR", "BUFFER_NAME", "SharedBuffer", "BufferRegistry", "process_start_time"]
@@ -79,6 +82,16 @@ class SharedBuffer:
     _mm: mmap.mmap | None = field(repr=False, default=None)
     _refs: int = 0
     _dead: bool = False
+    #: Base address of the mapping in the SIGBUS guard (0: not guarded). The owner
+    #: can truncate the file under the daemon's mapping; the guard turns the
+    #: accesses past its new end into zero memory instead of a SIGBUS death.
+    _guard_base: int = 0
+    #: The guard absorbed a fault here: the file shrank; every later use is refused.
+    _shrunk: bool = False
+
+    def shrunk_error(self) -> OutOfRange:
+        return OutOfRange(f"buffer {self.buffer_id}: its file ({self.path}) shrank under the daemon's mapping "
+                          f"(truncated by its owner); unregister it and register a new buffer")
 
     def check_range(self, offset_bytes: int, length_bytes: int) -> None:
         """Check that ``[offset, offset + length)`` lies inside the buffer.
@@ -94,6 +107,8 @@ class SharedBuffer:
             )
 
     def _unmap(self) -> None:
+        guard_remove_memory(self._guard_base)
+        self._guard_base = 0
         self.view.release()
         if self._mm is not None:
             try:
@@ -125,6 +140,8 @@ class BufferRegistry:
         #: ``(st_dev, st_ino)`` of files this daemon maps or writes itself (regions,
         #: the SSD tier file): never accepted as a buffer.
         self._protected: frozenset[tuple[int, int]] = frozenset()
+        #: The SIGBUS guard's total when the buffers were last checked for faults.
+        self._guard_seen = cxlkv_guard_total_hits()
 
     def protect(self, file_ids: Iterable[tuple[int, int]]) -> None:
         """Refuse the files ``(st_dev, st_ino)`` as buffers from now on (the daemon's
@@ -230,6 +247,10 @@ class BufferRegistry:
             while buffer_id in self._buffers:
                 buffer_id = secrets.randbits(63) or 1
             buf = SharedBuffer(buffer_id, path, size_bytes, pid, start_time, memoryview(mm), mm)
+            buf._guard_base = guard_add_memory(mm)
+            if not buf._guard_base:
+                buf._unmap()
+                raise InvalidArgument("too many mappings in the SIGBUS guard to map another buffer")
             self._buffers[buffer_id] = buf
         log.debug("registered buffer %d: %s (%d bytes, pid %d)", buffer_id, path, size_bytes, pid)
         return buf
@@ -267,12 +288,29 @@ class BufferRegistry:
             OutOfRange: the range is not inside the buffer.
         """
         with self._lock:
+            self._check_faults()
             buf = self._buffers.get(buffer_id)
             if buf is None:
                 raise UnknownBuffer(f"unknown buffer id {buffer_id} (never registered, or unregistered)")
+            if buf._shrunk:
+                raise buf.shrunk_error()
             buf.check_range(offset_bytes, length_bytes)
             buf._refs += 1
             return buf
+
+    def _check_faults(self) -> None:
+        """Mark the buffers whose file shrank (the guard absorbed a fault in their
+        mapping) once the guard's total moved; one load when nothing happened.
+        Call with the lock held."""
+        total = cxlkv_guard_total_hits()
+        if total == self._guard_seen:
+            return
+        self._guard_seen = total
+        for buf in self._buffers.values():
+            if not buf._shrunk and guard_hits_memory(buf._guard_base):
+                buf._shrunk = True
+                log.warning("buffer %d (pid %d): its file shrank under the daemon's mapping; refused from now on",
+                            buf.buffer_id, buf.pid)
 
     def acquire_many(self, ranges: list[tuple[int, int, int]]) -> list[SharedBuffer | CxlkvError]:
         """:meth:`acquire` for many ``(buffer_id, offset, length)`` ranges under one lock.
@@ -284,11 +322,15 @@ class BufferRegistry:
         out: list[SharedBuffer | CxlkvError] = []
         append = out.append
         with self._lock:
+            self._check_faults()
             get = self._buffers.get
             for buffer_id, offset, length in ranges:
                 buf = get(buffer_id)
                 if buf is None:
                     append(UnknownBuffer(f"unknown buffer id {buffer_id} (never registered, or unregistered)"))
+                    continue
+                if buf._shrunk:
+                    append(buf.shrunk_error())
                     continue
                 size = buf.size_bytes
                 if offset > size or length > size - offset:
@@ -394,3 +436,15 @@ class BufferRegistry:
     def __len__(self) -> int:
         with self._lock:
             return len(self._buffers)
+
+
+def source_shrank(src: object) -> bool:
+    """Whether ``src`` (a put's source) is a shared buffer's mapping in which the
+    SIGBUS guard absorbed a fault: its file shrank, so the bytes read past the new
+    end were zeros, not the owner's value."""
+    if not isinstance(src, memoryview) or not isinstance(src.obj, mmap.mmap) or src.nbytes == 0:
+        return False
+    from cxlkv.transport._transport import ffi
+
+    base = int(ffi.cast("uintptr_t", ffi.from_buffer("char[]", src)))
+    return guard_hits_memory(base) > 0

@@ -16,7 +16,7 @@ itself; the daemon does no copy (docs/sdk.md "Direct mode"):
   (magic, key, version, length, checksum): a buggy writer cannot commit garbage.
   An item placed on a segment the caller cannot map (another tier, or a region
   not offered) is revoked at once and answered ``fallback``.
-* ``DirectGet`` grants a lease per key (the master's BatchGetReplicaList) and
+* ``DirectGet`` grants a lease per key (the master's GetReplicaList) and
   answers the extents; the caller copies, verifies, and ends the lease with
   ``DirectRelease`` (or piggy-backed on its next ``DirectGet``). Releases go to
   the master batched, like the daemon's own.
@@ -85,7 +85,7 @@ class _Pending:
     pid_start: int | None
     generation: int
     started: float = field(default_factory=time.monotonic)
-    #: The reserved extent this put writes (committed with PackedCommit, given back to
+    #: The reserved extent this put writes (committed with Commit, given back to
     #: the pool on revoke), or ``None``: a PutStart put (PutEnd / PutRevoke).
     reservation: "Reservation | None" = None
     flags: int = 0
@@ -262,7 +262,7 @@ class DirectPuts:
         """Start from the daemon's reservations what may use one (as its own puts do:
         :meth:`~cxlkv.clientd.reserve.ReservePool.take_for`); returns the positions
         left for PutStart. A direct put from a reservation costs the master one round
-        trip in all (the PackedCommit of DirectPutEnd)."""
+        trip in all (the Commit of DirectPutEnd)."""
         pool = self.core.reserve
         got = pool.take_for([(items[i].key, items[i].value_size_bytes,
                               items[i].options if items[i].HasField("options") else None, hbs[i]) for i in todo])
@@ -292,14 +292,15 @@ class DirectPuts:
 
     def _give_back(self, pending: list[_Pending]) -> list[_Pending]:
         """Return the reserved extents of ended writers to the pool (the writer is done
-        with them: it said so, or it exited); returns the other (PutStart) puts."""
+        with them: it said so, or it exited); returns the puts to revoke with the
+        master: PutStart puts, and reservations taken under a registration that
+        ended (the master quarantined them; PutRevoke frees them, the writer is done)."""
         rest: list[_Pending] = []
         for p in pending:
-            if p.reservation is None:
+            if p.reservation is None or p.generation != self.core.link.generation:
                 rest.append(p)
-            elif p.generation == self.core.link.generation:
+            else:
                 self.core.reserve.give_back(p.header_bytes + p.size, [p.reservation])
-            # else: taken under a registration that ended; the master quarantined it
         return rest
 
     async def put_end(self, req: client_pb2.DirectPutEndRequest) -> client_pb2.DirectPutEndResponse:
@@ -347,7 +348,13 @@ class DirectPuts:
                 if self._give_back([p]):
                     revokes.append((i, (p.key, p.token, 0)))
                 continue
-            if p.reservation is not None:
+            if p.reservation is not None and p.generation != link.generation:
+                # reserved under a registration that ended: the master quarantined the
+                # extent, a commit would only be refused. The writer is done with it:
+                # PutRevoke frees it (answered STALE_TOKEN, i.e. UNKNOWN_CLIENT below:
+                # nothing was committed, the SDK starts the put again)
+                revokes.append((i, (p.key, p.token, 0)))
+            elif p.reservation is not None:
                 commits.append((i, p, it.checksum))
             else:
                 ends.append((i, (p.key, p.token, it.checksum)))
@@ -382,7 +389,7 @@ class DirectPuts:
         return client_pb2.DirectPutEndResponse(results=out)  # type: ignore[arg-type]
 
     async def _commit(self, commits: list[tuple[int, _Pending, int]], out: list[common_pb2.Status | None]) -> None:
-        """PackedCommit the reserved direct puts; one status each into ``out``. A
+        """Commit the reserved direct puts; one status each into ``out``. A
         commit that fails leaves the reservation with the master: it is consumed
         (an error of the item) or stays this registration's (the call failed; the
         master quarantines it when the registration ends)."""
@@ -508,7 +515,7 @@ class DirectPuts:
                         if loc.lease_id:
                             link.release_leases([loc.lease_id])
                         continue
-                    reps = [self._extent(r.extent, int(r.tier)) for r in loc.replicas]
+                    reps = [self._extent(r, int(r.tier)) for r in loc.replicas]
                     reps.sort(key=lambda e: not e.direct)
                     results[i] = client_pb2.DirectGetResult(
                         value_size_bytes=loc.value_size_bytes, version=loc.version, checksum=loc.checksum,

@@ -10,8 +10,12 @@ identity there (client id, fencing epoch). It
 * funnels the master work of all concurrent callers through one
   :class:`~cxlkv.clientd.batcher.Coalescer` per kind (group commit);
 * releases read leases as soon as a copy is done: the ids ride on the next
-  BatchGetReplicaList / BatchMatchPrefix call, or go out in a ReleaseLeases call
+  GetReplicaList / MatchPrefix call, or go out in a ReleaseLeases call
   within :data:`RELEASE_DELAY_S` if none comes.
+
+The master's answers become the records of this module (:class:`StartedPut`,
+:class:`Location`, :class:`PrefixMatch`), one per concept, read from the packed
+columns of the wire form without a protobuf message per key.
 """
 
 from __future__ import annotations
@@ -34,14 +38,13 @@ from cxlkv.wire.lean import LeanChannel, LeanConnectError, service_methods
 from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 _MASTER_METHODS = service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"])
-#: Calls sent over the lean link when the master serves one (registration and
-#: heartbeats stay on gRPC: they also prove the gRPC path and are rare).
 #: Longest wait for DeregisterClient at a planned stop, seconds.
 DEREGISTER_TIMEOUT_S = 2.0
-_LEAN_METHODS = frozenset(m.name for m in _MASTER_METHODS if m.name.startswith(("Batch", "Packed"))) | {
-    "ReleaseLeases", "PutStart", "PutEnd", "PutRevoke", "GetReplicaList", "ExistKey", "MatchPrefix",
-    "Remove", "RemoveAll", "RemoveByRegex", "ListKeys", "Stat", "ListSegments", "FetchTasks", "CompleteTasks",
-    "ReportHits", "ReportDamaged", "PackedCommit", "PackedReserve", "PackedUnreserve", "ReleaseQuarantine"}
+#: Calls sent over the lean link when the master serves one: all but registration,
+#: heartbeats and segment mounts, which stay on gRPC (they also prove the gRPC path
+#: and are rare).
+_LEAN_METHODS = frozenset(m.name for m in _MASTER_METHODS) - {
+    "RegisterClient", "Heartbeat", "DeregisterClient", "MountSegment", "UnmountSegment"}
 
 __all__ = ["MasterLink", "Located", "Location", "LocatedReplica", "PrefixMatch", "unpack_locations",
            "RELEASE_DELAY_S", "MAX_BATCH_ITEMS"]
@@ -55,7 +58,7 @@ RELEASE_DELAY_S = 0.01
 #: Hits read from the region's index are reported to the master within this
 #: long (seconds), or at once when :data:`HITS_BATCH_MAX` are pending.
 HITS_DELAY_S = 0.02
-#: Most hits one ReportHits call carries.
+#: Most hits one ReportReads call carries.
 HITS_BATCH_MAX = 8192
 #: Most items in one coalesced master call.
 MAX_BATCH_ITEMS = 1024
@@ -85,7 +88,8 @@ RECONNECT_POLL_S = 0.1
 
 
 class StartedExtent(NamedTuple):
-    """One placed replica of a started put (the fields of ``cxlkv.v1.Extent``)."""
+    """Where one replica of a started put goes: ``length_bytes`` at ``offset_bytes``
+    of segment ``segment_id`` (object header, key and value)."""
 
     segment_id: int
     offset_bytes: int
@@ -93,8 +97,10 @@ class StartedExtent(NamedTuple):
 
 
 class StartedPut(NamedTuple):
-    """One position of a PackedPutStart answer, with the attribute names of
-    ``master_pb2.PutStartResult`` (``status`` is a real ``common_pb2.Status``)."""
+    """One started put (a position of a PutStart answer, or a reservation taken
+    ahead of need): ``status`` (a ``common_pb2.Status``; code 0 = started), the
+    attempt's ``put_token`` (PutEnd/PutRevoke carry it), the ``version`` it
+    commits as, one extent per placed replica, and ``replicas_wanted``."""
 
     status: common_pb2.Status
     put_token: int
@@ -132,8 +138,8 @@ def _statuses(codes: Sequence[int], error_positions: Sequence[int],
     return out
 
 
-def unpack_put_starts(resp: master_pb2.PackedPutStartResponse) -> list[StartedPut]:
-    """A PackedPutStartResponse as one :class:`StartedPut` per position.
+def unpack_put_starts(resp: master_pb2.PutStartResponse) -> list[StartedPut]:
+    """A PutStartResponse as one :class:`StartedPut` per position.
 
     Raises:
         Internal: the columns disagree in length (a master bug).
@@ -144,7 +150,7 @@ def unpack_put_starts(resp: master_pb2.PackedPutStartResponse) -> list[StartedPu
     sids, offs, lens = resp.segment_ids, resp.offsets_bytes, resp.lengths_bytes
     if not (len(resp.put_tokens) == len(resp.versions) == len(counts) == len(resp.replicas_wanted) == n) \
             or not (len(sids) == len(offs) == len(lens) == sum(counts)):
-        raise Internal(f"PackedPutStartResponse columns disagree ({n} codes, {len(counts)} extent "
+        raise Internal(f"PutStartResponse columns disagree ({n} codes, {len(counts)} extent "
                        f"counts, {len(sids)} extents)")
     statuses = _statuses(codes, resp.error_positions, resp.messages)
     tokens, versions, wanted = resp.put_tokens, resp.versions, resp.replicas_wanted
@@ -162,22 +168,21 @@ def unpack_put_starts(resp: master_pb2.PackedPutStartResponse) -> list[StartedPu
 
 
 class LocatedReplica(NamedTuple):
-    """One readable replica of a located object (the fields of ``cxlkv.v1.Extent``
-    plus its tier; ``extent`` is the replica itself, as ``Replica.extent`` is)."""
+    """One readable replica of a located object: ``length_bytes`` at ``offset_bytes``
+    of segment ``segment_id``, in ``tier`` (a ``common_pb2.Tier`` value)."""
 
     segment_id: int
     offset_bytes: int
     length_bytes: int
     tier: int
 
-    @property
-    def extent(self) -> "LocatedReplica":
-        return self
-
 
 class Location(NamedTuple):
-    """One position of a packed locate answer, with the attribute names of
-    ``master_pb2.ObjectLocation`` (``status`` is a real ``common_pb2.Status``)."""
+    """One located object (a position of a GetReplicaList or MatchPrefix answer):
+    ``status`` (a ``common_pb2.Status``; code 0 = found), ``value_size_bytes``,
+    ``version``, its readable replicas best first, the read lease (``lease_id`` 0:
+    none) lasting ``lease_ttl_ms`` from the call, the value's ``checksum`` (0:
+    none) and ``header_bytes`` before the value in each extent."""
 
     status: common_pb2.Status
     value_size_bytes: int
@@ -190,14 +195,14 @@ class Location(NamedTuple):
 
 
 class PrefixMatch(NamedTuple):
-    """One query of a packed prefix match: ``keys[:matched]`` are located (and leased)."""
+    """One query of a prefix match: ``keys[:matched]`` are located (and leased)."""
 
     matched: int
     locations: list[Location]
 
 
-def unpack_locations(resp: master_pb2.PackedLocations) -> list[Location]:
-    """A PackedLocations answer as one :class:`Location` per position.
+def unpack_locations(resp: master_pb2.Locations) -> list[Location]:
+    """A Locations answer as one :class:`Location` per position.
 
     Raises:
         Internal: the columns disagree in length (a master bug).
@@ -210,7 +215,7 @@ def unpack_locations(resp: master_pb2.PackedLocations) -> list[Location]:
     checksums, hbytes = resp.checksums, resp.header_bytes
     if not (len(sizes) == len(versions) == len(leases) == len(ttls) == len(checksums) == len(hbytes)
             == len(counts) == n) or not (len(sids) == len(offs) == len(lens) == len(tiers) == sum(counts)):
-        raise Internal(f"PackedLocations columns disagree ({n} codes, {len(counts)} replica counts, "
+        raise Internal(f"Locations columns disagree ({n} codes, {len(counts)} replica counts, "
                        f"{len(sids)} replicas)")
     statuses = _statuses(codes, resp.error_positions, resp.messages)
     out: list[Location] = []
@@ -228,7 +233,7 @@ def unpack_locations(resp: master_pb2.PackedLocations) -> list[Location]:
 
 
 class Located:
-    """Locations from one BatchGetReplicaList call and when it was sent.
+    """Locations from one GetReplicaList call and when it was sent.
 
     A sequence for the :class:`~cxlkv.clientd.batcher.Coalescer` (``len``, slices),
     without a tuple per item. ``t0`` (monotonic seconds, taken before the call)
@@ -322,29 +327,29 @@ class MasterLink:
         # Items are plain tuples; the request is built once per call (no message copies).
         #: Items: ``(key, value_size_bytes, options or None, header_bytes)``.
         self.put_start: Coalescer[tuple[str, int, Any, int], StartedPut] = Coalescer(
-            "BatchPutStart", self._send_put_start, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
+            "PutStart", self._send_put_start, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.put_end: Coalescer[tuple[str, int, int], common_pb2.Status] = Coalescer(
-            "BatchPutEnd", self._send_put_end, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
+            "PutEnd", self._send_put_end, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         #: Items: ``(key, put_token, value_size_bytes, header_bytes, checksum, flags)`` (reservations).
         self.commit: Coalescer[tuple[str, int, int, int, int, int], common_pb2.Status] = Coalescer(
-            "PackedCommit", self._send_commit, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
+            "Commit", self._send_commit, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.put_revoke: Coalescer[tuple[str, int, int], common_pb2.Status] = Coalescer(
-            "BatchPutRevoke", self._send_put_revoke, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
+            "PutRevoke", self._send_put_revoke, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.locate: Coalescer[str, Location] = Coalescer(
-            "BatchGetReplicaList", self._send_locate, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
+            "GetReplicaList", self._send_locate, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.exist: Coalescer[str, tuple[bool, common_pb2.Status]] = Coalescer(
-            "BatchExistKey", self._send_exist, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
+            "ExistKey", self._send_exist, max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
         self.match_prefix: Coalescer[list[str], tuple[PrefixMatch, float]] = Coalescer(
-            "BatchMatchPrefix", self._send_match_prefix, max_items=MAX_BATCH_ITEMS,
+            "MatchPrefix", self._send_match_prefix, max_items=MAX_BATCH_ITEMS,
             weight=lambda q: max(1, len(q)))  # the master counts every query's keys
         self.remove = {
-            force: Coalescer(f"BatchRemove(force={force})",
+            force: Coalescer(f"Remove(force={force})",
                              lambda keys, f=force: self._send_remove(keys, f), max_items=MAX_BATCH_ITEMS, max_in_flight=MAX_IN_FLIGHT,
             linger_fraction=LINGER_FRACTION, max_linger_s=MAX_LINGER_S)
             for force in (False, True)
@@ -716,8 +721,8 @@ class MasterLink:
     async def _send_put_start(
         self, items: list[tuple[str, int, common_pb2.PutOptions | None, int]]
     ) -> Sequence[StartedPut]:
-        def build() -> master_pb2.PackedPutStartRequest:
-            req = master_pb2.PackedPutStartRequest(
+        def build() -> master_pb2.PutStartRequest:
+            req = master_pb2.PutStartRequest(
                 client_id=self.client_id, epoch=self.epoch,
                 keys=[it[0] for it in items], value_size_bytes=[it[1] for it in items],
                 header_bytes=[it[3] for it in items])
@@ -727,12 +732,12 @@ class MasterLink:
             return req
 
         gen = self.generation
-        started = unpack_put_starts(await self.call("PackedPutStart", build))
+        started = unpack_put_starts(await self.call("PutStart", build))
         await self._registration_ended(gen, (r.status.code for r in started))
         return started
 
-    def _end_request(self, items: list[tuple[str, int, int]]) -> master_pb2.PackedPutEndRequest:
-        req = master_pb2.PackedPutEndRequest(
+    def _end_request(self, items: list[tuple[str, int, int]]) -> master_pb2.PutEndRequest:
+        req = master_pb2.PutEndRequest(
             client_id=self.client_id, epoch=self.epoch,
             keys=[it[0] for it in items], put_tokens=[it[1] for it in items])
         if any(it[2] for it in items):
@@ -740,8 +745,8 @@ class MasterLink:
         return req
 
     async def _send_commit(self, items: list[tuple[str, int, int, int, int, int]]) -> Sequence[common_pb2.Status]:
-        def build() -> master_pb2.PackedCommitRequest:
-            req = master_pb2.PackedCommitRequest(
+        def build() -> master_pb2.CommitRequest:
+            req = master_pb2.CommitRequest(
                 client_id=self.client_id, epoch=self.epoch, keys=[it[0] for it in items],
                 put_tokens=[it[1] for it in items], value_size_bytes=[it[2] for it in items],
                 header_bytes=[it[3] for it in items], checksums=[it[4] for it in items])
@@ -750,7 +755,7 @@ class MasterLink:
             return req
 
         gen = self.generation
-        resp = await self.call("PackedCommit", build)
+        resp = await self.call("Commit", build)
         await self._registration_ended(gen, resp.codes)
         return _statuses(resp.codes, resp.error_positions, resp.messages)
 
@@ -765,18 +770,18 @@ class MasterLink:
                 log.debug("re-registration after a per-item UNKNOWN_CLIENT failed: %s", exc.message)
 
     async def _send_put_end(self, items: list[tuple[str, int, int]]) -> Sequence[common_pb2.Status]:
-        resp = await self.call("PackedPutEnd", lambda: self._end_request(items))
+        resp = await self.call("PutEnd", lambda: self._end_request(items))
         return _statuses(resp.codes, resp.error_positions, resp.messages)
 
     async def _send_put_revoke(self, items: list[tuple[str, int, int]]) -> Sequence[common_pb2.Status]:
-        resp = await self.call("PackedPutRevoke", lambda: self._end_request(items))
+        resp = await self.call("PutRevoke", lambda: self._end_request(items))
         return _statuses(resp.codes, resp.error_positions, resp.messages)
 
     async def _send_locate(self, keys: list[str]) -> "Located":
         releases = self._take_releases()
         t0 = self.clock()
         try:
-            resp = await self.call("PackedGetReplicaList", lambda: master_pb2.BatchGetReplicaListRequest(
+            resp = await self.call("GetReplicaList", lambda: master_pb2.GetReplicaListRequest(
                 client_id=self.client_id, keys=keys, release_lease_ids=releases))
         except BaseException:
             self._return_releases(releases)
@@ -787,7 +792,7 @@ class MasterLink:
         releases = self._take_releases()
         t0 = self.clock()
         try:
-            resp = await self.call("PackedMatchPrefix", lambda: master_pb2.BatchMatchPrefixRequest(
+            resp = await self.call("MatchPrefix", lambda: master_pb2.MatchPrefixRequest(
                 client_id=self.client_id,
                 queries=[master_pb2.PrefixQuery(keys=q) for q in queries],
                 release_lease_ids=releases))
@@ -796,7 +801,7 @@ class MasterLink:
             raise
         locations = unpack_locations(resp.locations)
         if len(resp.matched) != len(queries) or sum(resp.matched) != len(locations):
-            raise Internal(f"PackedMatchPrefix: {len(resp.matched)} answers for {len(queries)} queries, "
+            raise Internal(f"MatchPrefix: {len(resp.matched)} answers for {len(queries)} queries, "
                            f"{len(locations)} locations for {sum(resp.matched)} matched keys")
         out: list[tuple[PrefixMatch, float]] = []
         j = 0
@@ -806,14 +811,14 @@ class MasterLink:
         return out
 
     async def _send_exist(self, keys: list[str]) -> list[tuple[bool, common_pb2.Status]]:
-        resp = await self.call("BatchExistKey", lambda: master_pb2.BatchExistKeyRequest(keys=keys))
+        resp = await self.call("ExistKey", lambda: master_pb2.ExistKeyRequest(keys=keys))
         if len(resp.results) == len(keys):
             return list(zip(resp.exists, resp.results))
         ok = common_pb2.Status()
         return [(e, ok) for e in resp.exists]
 
     async def _send_remove(self, keys: list[str], force: bool) -> Sequence[common_pb2.Status]:
-        resp = await self.call("BatchRemove", lambda: master_pb2.BatchRemoveRequest(keys=keys, force=force))
+        resp = await self.call("Remove", lambda: master_pb2.RemoveRequest(keys=keys, force=force))
         return resp.results
 
     # -- leases -------------------------------------------------------------
@@ -873,7 +878,7 @@ class MasterLink:
         """Tell the master's eviction policy about reads served from the index
         (no lease was taken); sent within :data:`HITS_DELAY_S`, batched.
         ``chains``: the prefix queries behind them, ``(keys asked, matched)`` each
-        (``ReportHitsRequest.prefix_*``, for a prefix-aware policy)."""
+        (``ReportReadsRequest.prefix_*``, for a prefix-aware policy)."""
         if (not keys and not chains) or self._closed:
             return
         self._pending_hits.extend(keys)
@@ -912,12 +917,12 @@ class MasterLink:
             part = parts[i] if i < len(parts) else []
             pk, pl, pm = pack_prefix_chains(groups[i]) if i < len(groups) else ([], [], [])
             try:
-                await self.call("ReportHits", lambda: master_pb2.ReportHitsRequest(
+                await self.call("ReportReads", lambda: master_pb2.ReportReadsRequest(
                     client_id=self.client_id, keys=part, prefix_keys=pk, prefix_lengths=pl, prefix_matched=pm))
             except CxlkvError as exc:
                 # Only the policy's information is lost (recency of these keys), never data.
                 self.hits_dropped += len(part)
-                log.debug("ReportHits of %d key(s) failed: %s", len(part), exc.message)
+                log.debug("ReportReads of %d hit(s) failed: %s", len(part), exc.message)
 
     def report_damaged(self, key: str, version: int) -> None:
         """Tell the master a committed version's bytes were found destroyed (sent at once,
@@ -927,10 +932,10 @@ class MasterLink:
 
         async def send() -> None:
             try:
-                await self.call("ReportDamaged", lambda: master_pb2.ReportDamagedRequest(
-                    client_id=self.client_id, keys=[key], versions=[version]))
+                await self.call("ReportReads", lambda: master_pb2.ReportReadsRequest(
+                    client_id=self.client_id, damaged_keys=[key], damaged_versions=[version]))
             except CxlkvError as exc:
-                log.debug("ReportDamaged of %r failed: %s", key[:64], exc.message)
+                log.debug("ReportReads of damaged %r failed: %s", key[:64], exc.message)
 
         task = asyncio.get_running_loop().create_task(send())
         self._tasks.add(task)

@@ -2,8 +2,8 @@
 
 clientd keeps, per object size (object header + value, as the master sizes an
 extent), a small stack of extents the master reserved for this registration
-(``PackedReserve``). A put takes one, copies the value and writes the object
-header into it, and names it with ``PackedCommit``: one master round trip per
+(``Reserve``). A put takes one, copies the value and writes the object
+header into it, and names it with ``Commit``: one master round trip per
 put or batch of puts instead of two (PutStart, PutEnd). The stack is refilled
 in the background when it runs below half its target. A size seen for the first
 time gets a target of two batches; every refill doubles it, up to
@@ -17,7 +17,7 @@ through PutStart/PutEnd.
 A reservation belongs to the registration that took it: after a re-registration
 the stacks are dropped (the master quarantined them with the old registration,
 :meth:`cxlkv.master.state.MasterState.release_quarantine`), and a stopping
-daemon gives its stacks back (``PackedUnreserve``).
+daemon gives its stacks back (``Reserve`` with ``unreserve_put_tokens``).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ MIN_TARGET = 2
 
 
 def commit_flags(o: common_pb2.PutOptions | None) -> int:
-    """PackedCommit flags of put options: bit 0 upsert, 1 soft pin, 2 hard pin."""
+    """Commit flags of put options: bit 0 upsert, 1 soft pin, 2 hard pin."""
     if o is None:
         return 0
     return (1 if o.upsert else 0) | (2 if o.soft_pin else 0) | (4 if o.hard_pin else 0)
@@ -197,7 +197,7 @@ class ReservePool:
                        (budget_bytes - self.held_bytes) // need_bytes)
             if want <= 0:
                 return
-            resp = await self.link.call("PackedReserve", lambda: master_pb2.PackedReserveRequest(
+            resp = await self.link.call("Reserve", lambda: master_pb2.ReserveRequest(
                 client_id=self.link.client_id, epoch=self.link.epoch, need_bytes=[need_bytes], counts=[want]))
             got = [Reservation(t, s, o, n) for t, s, o, n in zip(
                 resp.put_tokens, resp.segment_ids, resp.offsets_bytes, resp.lengths_bytes)]
@@ -206,7 +206,7 @@ class ReservePool:
                 return
             self._stacks.setdefault(need_bytes, []).extend(got)
         except CxlkvError as exc:
-            log.debug("PackedReserve of %d-byte extents failed: %s", need_bytes, exc.message)
+            log.debug("Reserve of %d-byte extents failed: %s", need_bytes, exc.message)
         finally:
             self._refilling.discard(need_bytes)
 
@@ -219,11 +219,12 @@ class ReservePool:
         if gen != self._generation:
             return
         try:
-            await self.link.call("PackedUnreserve", lambda: master_pb2.PackedUnreserveRequest(
-                client_id=self.link.client_id, epoch=self.link.epoch, put_tokens=[r.put_token for r in items]))
+            await self.link.call("Reserve", lambda: master_pb2.ReserveRequest(
+                client_id=self.link.client_id, epoch=self.link.epoch,
+                unreserve_put_tokens=[r.put_token for r in items]))
             self.returned += len(items)
         except CxlkvError as exc:
-            log.debug("PackedUnreserve of %d extent(s) failed: %s", len(items), exc.message)
+            log.debug("giving back %d reserved extent(s) failed: %s", len(items), exc.message)
 
     def _spawn(self, coro: "asyncio.Future[None] | asyncio.coroutines.Coroutine[None, None, None]") -> None:
         try:

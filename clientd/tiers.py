@@ -11,9 +11,10 @@
   exactly as long as the process), formatted like a region and mounted on the
   master as a DRAM segment owned by this clientd (``MountSegment``).
 * :class:`TaskWorker` — runs the master's move tasks (docs/tiers.md): long-polls
-  ``FetchTasks``, copies each object's extent from source to destination in a
+  ``ExchangeTasks``, copies each object's extent from source to destination in a
   pool thread (verifying the object header and checksum of what it read, and
-  reading the destination back), reports with ``CompleteTasks``.
+  reading the destination back), and reports the outcomes on the next
+  ``ExchangeTasks``, which asks for the next batch too.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ __all__ = ["FileRegion", "open_dram_tier", "TaskWorker", "dram_segment_name"]
 log = logging.getLogger(__name__)
 
 _xxh3 = xxhash.xxh3_64_intdigest
-#: Long-poll wait of one FetchTasks call, in milliseconds.
+#: Long-poll wait of one ExchangeTasks call, in milliseconds.
 FETCH_WAIT_MS = 1000
 #: errnos of a full filesystem: answered NO_SPACE, never UNAVAILABLE.
 _FULL_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT))
@@ -376,28 +377,37 @@ class TaskWorker:
     async def _run(self) -> None:
         link = self.link
         loop = asyncio.get_running_loop()
+        #: The batch just run and its outcomes, reported on the next exchange.
+        ran: list[master_pb2.MoveTask] = []
+        results: list[common_pb2.Status] = []
         while not self._closed:
             try:
-                if not link.registered:
+                if not link.registered and not ran:
                     await asyncio.sleep(0.1)
                     continue
-                resp = await link.call("FetchTasks", lambda: master_pb2.FetchTasksRequest(
-                    client_id=link.client_id, epoch=link.epoch, max_tasks=self.batch, wait_ms=FETCH_WAIT_MS),
+                report = [master_pb2.TaskResult(task_id=t.task_id, status=st) for t, st in zip(ran, results)]
+                reported, outcomes = ran, results
+                ran, results = [], []
+                # Nothing of the last batch moved: report it alone and pause (do not spin on a failing tier).
+                failing = bool(reported) and all(st.code for st in outcomes)
+                resp = await link.call("ExchangeTasks", lambda: master_pb2.ExchangeTasksRequest(
+                    client_id=link.client_id, epoch=link.epoch, results=report,
+                    max_tasks=0 if failing else self.batch, wait_ms=0 if failing else FETCH_WAIT_MS),
                     timeout=FETCH_WAIT_MS / 1000 + link.cfg.master_timeout_s)
+                if reported:
+                    self._account(reported, outcomes, resp.results)
+                if failing:
+                    lo, hi = FAILED_BATCH_PAUSE_S
+                    self._pause_s = min(hi, self._pause_s * 2) if self._pause_s else lo
+                    await asyncio.sleep(self._pause_s)
+                    continue
+                if reported:
+                    self._pause_s = 0.0
                 if not resp.tasks:
                     continue
                 tasks = list(resp.tasks)
                 results = await loop.run_in_executor(self.executor, self.run_tasks, tasks, time.monotonic())
-                req_results = [master_pb2.TaskResult(task_id=t.task_id, status=st) for t, st in zip(tasks, results)]
-                done = await link.call("CompleteTasks", lambda: master_pb2.CompleteTasksRequest(
-                    client_id=link.client_id, epoch=link.epoch, results=req_results))
-                self._account(tasks, results, done.results)
-                if all(st.code for st in results):  # nothing moved: do not spin on a failing tier
-                    lo, hi = FAILED_BATCH_PAUSE_S
-                    self._pause_s = min(hi, self._pause_s * 2) if self._pause_s else lo
-                    await asyncio.sleep(self._pause_s)
-                else:
-                    self._pause_s = 0.0
+                ran = tasks
             except asyncio.CancelledError:
                 raise
             except CxlkvError as exc:

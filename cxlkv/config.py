@@ -13,6 +13,7 @@ A field's unit lives in its name (``*_bytes``, ``*_s``) and in its metadata
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -70,6 +71,8 @@ def parse_size(value: int | float | str, *, name: str = "size") -> int:
     """
     if isinstance(value, bool):
         raise ConfigError(f"{name}: expected a size, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}: size must be a finite number, got {value!r}")
     if isinstance(value, (int, float)):
         if value < 0:
             raise ConfigError(f"{name}: size must be >= 0, got {value!r}")
@@ -84,7 +87,10 @@ def parse_size(value: int | float | str, *, name: str = "size") -> int:
         raise ConfigError(
             f"{name}: cannot parse size {value!r} (examples: 4096, \"64KiB\", \"16MiB\", \"2GiB\")"
         )
-    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+    n = float(m.group(1)) * _SIZE_UNITS[unit]
+    if not math.isfinite(n):
+        raise ConfigError(f"{name}: size must be a finite number, got {value!r}")
+    return int(n)
 
 
 def size_note(value: int | float | str, n_bytes: int) -> str | None:
@@ -108,6 +114,8 @@ def parse_duration(value: int | float | str, *, name: str = "duration") -> float
     """
     if isinstance(value, bool):
         raise ConfigError(f"{name}: expected a duration, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}: duration must be a finite number of seconds, got {value!r}")
     if isinstance(value, (int, float)):
         if value < 0:
             raise ConfigError(f"{name}: duration must be >= 0, got {value!r}")
@@ -118,7 +126,10 @@ def parse_duration(value: int | float | str, *, name: str = "duration") -> float
         raise ConfigError(
             f"{name}: cannot parse duration {value!r} (examples: 5, \"30s\", \"250ms\", \"2m\")"
         )
-    return float(m.group(1)) * _DURATION_UNITS[unit]
+    seconds = float(m.group(1)) * _DURATION_UNITS[unit]
+    if not math.isfinite(seconds):
+        raise ConfigError(f"{name}: duration must be a finite number of seconds, got {value!r}")
+    return seconds
 
 
 def format_size(n_bytes: int) -> str:
@@ -211,7 +222,7 @@ class MasterConfig:
                               "(docs/protocol.md, Limits)", unit="items")
     max_request_bytes: int = _f(16 << 20, "largest request accepted (gRPC message, lean frame); larger is "
                                 "refused with TOO_LARGE", unit="bytes")
-    slice_s: float = _f(0.01, "long operations (RemoveAll, RemoveByRegex, UnmountSegment) run in slices of "
+    slice_s: float = _f(0.01, "long operations (RemoveAll, UnmountSegment) run in slices of "
                         "at most this much event-loop time, so heartbeats are answered between them", unit="s")
     log_level: str = _f("info", "debug, info, warning or error")
     log_json: bool = _f(False, "log JSON lines instead of text")
@@ -243,7 +254,8 @@ class MasterConfig:
         "reused once the writer says it stopped, or after this long; 0 = never on time alone (an operator's "
         "`cxlkv admin release-writer` frees it)", unit="s")
     reserve_max_extents: int = _f(
-        4096, "most extents one clientd may hold reserved ahead of need (writes in one round trip)")
+        4096, "most extents one clientd may hold reserved ahead of need (writes in one round trip); "
+        "0 = none (every put costs PutStart + PutEnd)")
     owner_lease_ttl_s: float = _f(
         5.0, "the owner lease this master records in each region it maps lapses this long after its last "
         "heartbeat (heartbeats every quarter of it); another master takes a region over only once lapsed",
@@ -320,6 +332,8 @@ class MasterConfig:
             raise ConfigError(f"access_sketch_depth: must be in [1, 16], got {self.access_sketch_depth}")
         if self.access_sketch_reset_adds < 0:
             raise ConfigError(f"access_sketch_reset_adds: must be >= 0, got {self.access_sketch_reset_adds}")
+        if self.reserve_max_extents < 0:
+            raise ConfigError(f"reserve_max_extents: must be >= 0 (0 = no reservations), got {self.reserve_max_extents}")
         if not 0.0 <= self.copy_ahead_watermark <= 1.0:
             raise ConfigError(f"copy_ahead_watermark: must be in [0, 1], got {self.copy_ahead_watermark}")
         if self.task_timeout_s <= 0:
@@ -430,6 +444,11 @@ class ClientdConfig:
             raise ConfigError("region_check_interval_s: must be > 0")
         if self.task_batch < 0:
             raise ConfigError(f"task_batch: must be >= 0, got {self.task_batch}")
+        if not 0 <= self.socket_mode <= 0o777:
+            # chmod(-1) would give the sockets mode 7777 (anyone on the host reads and
+            # writes every key); larger values overflowed into a traceback at start
+            raise ConfigError(f"socket_mode: must be permission bits from 0o000 to 0o777 (e.g. 0o660), "
+                              f"got {self.socket_mode!r}")
         if self.master_timeout_s <= 0:
             raise ConfigError("master_timeout_s: must be > 0")
         _check_limits(self.max_batch_items, self.max_request_bytes, master=False)
@@ -534,15 +553,24 @@ def _coerce(cls: type, f: dataclasses.Field, value: Any, where: str) -> Any:
             return value.lower() in ("1", "true", "yes", "on")
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
     if hint is int:
+        # bool is an int in Python and a float may be inf, nan or fractional: none is an integer
+        if isinstance(value, bool) or (isinstance(value, float) and not (math.isfinite(value)
+                                                                          and value.is_integer())):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
         try:
             return int(value, 0) if isinstance(value, str) else int(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
     if hint is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+        return number
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, got {value!r}")

@@ -360,7 +360,6 @@ _FROM_GRPC: dict[grpc.StatusCode, type[CxlkvError]] = {
     grpc.StatusCode.CANCELLED: Unavailable,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: NoSpace,
     grpc.StatusCode.UNIMPLEMENTED: Internal,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
 }
@@ -429,9 +428,11 @@ def from_rpc_error(exc: grpc.RpcError, *, target: str = "") -> CxlkvError:
                 )
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in str(details):
-        # gRPC's own message limit, not a full store: most often a request over the
-        # server's max_request_bytes (else an answer over this side's receive limit)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        # Without an ErrorDetail (cxlkv's NO_SPACE always carries one) this is gRPC's
+        # own message limit, not a full store: most often a request over the server's
+        # max_request_bytes (else an answer over this side's receive limit). Told by
+        # the code and the missing detail, never by gRPC's wording.
         where = f" ({target})" if target else ""
         return LimitExceeded(f"message refused{where}: {details} (the server's max_request_bytes, "
                              "or this side's receive limit); split the call", limit_name="max_request_bytes")

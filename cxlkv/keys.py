@@ -100,7 +100,7 @@ def validate_key(key: object) -> str:
 
 
 def compile_key_pattern(pattern: str) -> Any:
-    """Compile a key pattern of ``RemoveByRegex`` / ``remove_all(regex=...)`` with RE2.
+    """Compile a key pattern of ``RemoveAll`` (its ``pattern``) / ``remove_all(regex=...)`` with RE2.
 
     RE2 (the ``google-re2`` package) matches in time linear in the key's length
     whatever the pattern: a pattern such as ``(a+)+$`` that makes a backtracking
@@ -141,7 +141,7 @@ def prefix_chains(keys: Sequence[str], lengths: Sequence[int],
                   matched: Sequence[int]) -> list[tuple[Sequence[str], int]]:
     """Split the packed prefix-query columns of a hit report into ``(chain, matched)``.
 
-    ``ReportHitsRequest.prefix_keys / prefix_lengths / prefix_matched`` (and the
+    ``ReportReadsRequest.prefix_keys / prefix_lengths / prefix_matched`` (and the
     ``chain_*`` fields of the SDK's report to its daemon): query ``i`` asked for the
     ``lengths[i]`` keys after those of the queries before it and found its first
     ``matched[i]`` cached.

@@ -8,8 +8,8 @@ and then the value::
              ^ extent offset                               ^ extent offset + header_bytes
 
 ``header_bytes = 64 + align64(key_len)`` is what the clientd asks the master for
-on top of the value (``PutStartItem.header_bytes``); the master returns it in
-every ``ObjectLocation`` so readers find the value without parsing first.
+on top of the value (``PutStartRequest.header_bytes``); the master returns it in
+every location (``Locations.header_bytes``) so readers find the value without parsing first.
 
 Header layout (little-endian):
 

@@ -304,7 +304,7 @@ def format_region(
             what = "a corrupt header"
         raise RegionError(
             f"region {region.path} is already formatted ({what}); "
-            "pass force=True (`--force`) to re-format it",
+            "re-format it with --force (every object in it is lost)",
             path=region.path,
         )
     geometry = None

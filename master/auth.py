@@ -12,12 +12,13 @@ alike), and :class:`Authorizer` decides each call from the caller's
   so one clientd can neither fence nor act as another. A re-registration naming
   an id no certificate has bound on this master (it restarted) gets a new id:
   the first caller after a restart cannot claim another daemon's.
-* **admin calls** (:data:`ADMIN_METHODS`: RemoveAll, RemoveByRegex, UnmountSegment,
-  ListKeys; MountSegment of anything but the caller's own DRAM tier) need an
+* **admin calls** (:data:`ADMIN_METHODS`: RemoveAll, with or without a pattern,
+  UnmountSegment, ListKeys; ReleaseQuarantine with ``writers_gone``, an operator's
+  word; MountSegment of anything but the caller's own DRAM tier) need an
   admin identity: a certificate with ``OU=admin`` or a CN listed in
   ``admin_identities``. ``Stat`` answers everyone, but only an admin sees the
   client table (ids, hosts, metrics URLs) — :meth:`Authorizer.full_stat`.
-* everything else (single-key removal, existence, segment listing) is open to
+* everything else (removal of named keys, existence, segment listing) is open to
   any identity the CA vouches for: they are the cluster's own parts.
 
 Without TLS there is no identity and no check: the master then listens on
@@ -38,7 +39,7 @@ from cxlkv.v1 import common_pb2, master_pb2
 __all__ = ["Authorizer", "ADMIN_METHODS"]
 
 #: Methods only an admin identity may call.
-ADMIN_METHODS = frozenset({"RemoveAll", "RemoveByRegex", "UnmountSegment", "ListKeys", "ReleaseWriter"})
+ADMIN_METHODS = frozenset({"RemoveAll", "UnmountSegment", "ListKeys"})
 
 _SERVICE = master_pb2.DESCRIPTOR.services_by_name["MasterService"]
 #: Methods whose request names the caller's client id (``client_id`` field).
@@ -77,7 +78,7 @@ class Authorizer:
         """
         if who is None:
             raise PermissionDenied(f"{method}: caller presented no client certificate")
-        if method in ADMIN_METHODS:
+        if method in ADMIN_METHODS or (method == "ReleaseQuarantine" and request.writers_gone):
             if not self.is_admin(who):
                 raise PermissionDenied(f"{method} needs an admin identity; {who.name!r} is not one "
                                        "(a certificate with OU=admin, or a name in admin_identities)")

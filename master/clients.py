@@ -43,6 +43,40 @@ class Registrations:
         #: Recently expired registrations, oldest first (at most 256).
         self.expired: OrderedDict[str, ClientRecord] = OrderedDict()
         self._seq_no = 0
+        #: When the master last ran (monotonic; set by the server and moved by every
+        #: expiry check), or ``None``: the caller passes time in and no stall is
+        #: credited (:meth:`credit_stall`).
+        self.loop_tick: float | None = None
+        #: Seconds of the master's own stalls credited to its clients so far.
+        self.stall_credited_s = 0.0
+
+    def credit_stall(self, now: float) -> float:
+        """Credit the master's own stall to its clients' heartbeats.
+
+        While the master process is stopped (SIGSTOP, a VM pause, a loop held by a
+        long call) it hears no heartbeat, so on resuming every clientd looked silent
+        for longer than ``client_ttl_s`` and was expired — its puts revoked, its
+        reservations quarantined — although it heartbeated all along. A gap of more
+        than a second beyond ``sweep_interval_s`` since the master last ran (a sweep,
+        or a call that checks expiry) is added to every live client's last heartbeat
+        first. A partition is not a stall (the sweep keeps running), so silent
+        clients still expire. Called before every expiry check; no-op when
+        :attr:`loop_tick` is ``None``.
+
+        Returns:
+            The seconds credited now (0 when there was no stall).
+        """
+        tick = self.loop_tick
+        if tick is None:
+            return 0.0
+        self.loop_tick = now
+        gap = now - tick - self.config.sweep_interval_s
+        if gap <= 1.0:
+            return 0.0
+        for client in self.live.values():
+            client.last_heartbeat = min(now, client.last_heartbeat + gap)
+        self.stall_credited_s += gap
+        return gap
 
     def register(
         self, hostname: str, name: str, pid: int, regions: Sequence[RegionReport],
@@ -115,6 +149,7 @@ class Registrations:
         client = self.live.get(client_id)
         if client is None:
             raise UnknownClient(f"client {client_id!r} is unknown or expired: register again")
+        self.credit_stall(now)  # the master's own pause is not the client's silence
         if now - client.last_heartbeat > self.config.client_ttl_s:
             self.expire(client, now)
             raise UnknownClient(f"client {client_id!r} expired (no heartbeat for "

@@ -1,4 +1,4 @@
-"""Long master operations that run by slices: RemoveAll / RemoveByRegex and UnmountSegment.
+"""Long master operations that run by slices: RemoveAll (with or without a pattern) and UnmountSegment.
 
 Each is O(objects) by nature. A cursor takes its snapshot of the committed
 objects at the start; each :meth:`step` handles objects for at most its budget
@@ -21,7 +21,7 @@ __all__ = ["RemoveAllCursor", "UnmountCursor"]
 
 
 class RemoveAllCursor:
-    """One RemoveAll / RemoveByRegex in progress (:meth:`MasterState.remove_all_start`).
+    """One RemoveAll (with or without a pattern) in progress (:meth:`MasterState.remove_all_start`).
 
     Taking the snapshot of committed objects costs O(n) list work (a few ms per
     million keys); each :meth:`step` removes objects for at most its budget, so

@@ -70,7 +70,7 @@ class EvictionPolicy(abc.ABC):
     def on_prefix(self, keys: Sequence[str], matched: int) -> None:
         """A reader asked for the longest cached prefix of ``keys`` (one prefix chain,
         head first: ``keys[i - 1]`` comes before ``keys[i]``) and found the first
-        ``matched`` of them cached. Reported asynchronously (``ReportHits``), so it may
+        ``matched`` of them cached. Reported asynchronously (``ReportReads``), so it may
         arrive before or after the puts of the misses and after the hits themselves
         (which come through :meth:`on_hit`). Optional: the default ignores it."""
 

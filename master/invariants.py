@@ -132,9 +132,8 @@ def check_invariants(state: "MasterState") -> None:
     for sid in per_seg:
         if not state.segment_table.by_id[sid].mounted and sid not in state.mounts.unmounting:
             raise AssertionError(f"an object still has a replica in unmounted segment {sid}")
-    if state._keys is not None and (
-        len(state._keys) != len(state._objects) or any(k not in state._objects for k in state._keys)
-    ):
+    keys = state.listing.keys
+    if keys is not None and (len(keys) != len(state._objects) or any(k not in state._objects for k in keys)):
         raise AssertionError("key index and committed objects disagree")
     counts: dict[int, int] = {}
     for lease in state.leases.leases():

@@ -12,7 +12,7 @@ from typing import NamedTuple, Protocol
 from cxlkv.v1 import common_pb2
 
 __all__ = [
-    "ObjState", "ObjectVersion", "ClientRecord", "Extent", "PutStartArgs", "RegionReport", "RestoredObject",
+    "ObjState", "ObjectVersion", "ClientRecord", "Extent", "RegionReport", "RestoredObject",
     "RestoreReport", "MAX_HEADER_BYTES", "short_key",
 ]
 
@@ -156,19 +156,6 @@ class RegionReport(Protocol):
     region_uuid: str
     size_bytes: int
     device_path: str
-
-
-class PutStartArgs(NamedTuple):
-    """One item of :meth:`MasterState.put_start_batch`."""
-
-    key: str
-    value_size_bytes: int
-    replica_num: int = 1
-    upsert: bool = False
-    soft_pin: bool = False
-    hard_pin: bool = False
-    preferred_segment: str = ""
-    header_bytes: int = 0
 
 
 class RestoredObject(NamedTuple):

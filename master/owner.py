@@ -35,7 +35,7 @@ from cxlkv.index import (
     set_publish_word, write_owner, write_region_table,
 )
 from cxlkv.master.publish import RegionIndex
-from cxlkv.master.segments import Segment, Tier
+from cxlkv.master.segments import Segment
 from cxlkv.master.state import MasterState
 from cxlkv.region import RegionIdentity, read_identity
 

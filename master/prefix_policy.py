@@ -7,7 +7,8 @@ What a prefix cache knows and plain LRU/ARC do not use:
   after more than 2 minutes (median gap 135 s). A new block therefore enters a small
   probationary FIFO (S3-FIFO's *small* queue) and leaves it quickly unless it is hit
   while there; a long *ghost* list of recently evicted keys (four times the resident
-  count by default; a ghost is a key hash and two counts) recognises a block that comes back after a
+  count by default, twelve while returns are admitted at a rate, below; a ghost is a
+  key hash and a few counts) recognises a block that comes back after a
   long gap, which is then admitted to the protected *main* queue. Main evicts the
   lowest *rank*: a block's last use plus a credit per use it has had (its uses are
   remembered through the ghost), as GreedyDual-Size-Frequency and LFU with dynamic
@@ -43,6 +44,26 @@ What a prefix cache knows and plain LRU/ARC do not use:
   the trace at 3 % / 6 % of its unique blocks, 8 blocks changed +0.06 / +0.57 and
   0.00 / +0.72 points; at 1 % (``reach_full`` 0.02) keeping even one head lost 0.24,
   which is why it waits for ``reach_full``.
+* **When main cannot hold them, returns must come at a rate.** At 1 % the 4x ghost sent
+  23,176 second uses into main, of which 29 % were hit before they left; they took 47 %
+  of main's room and earned the fewest hits for it (0.064 per slot and resident count
+  of puts, against 0.077 / 0.091 / 0.098 / 0.134 with 3 / 4 / 5 / 6 uses). A block
+  whose second use came late comes back later and less often: on the trace, of blocks
+  whose second use came more than 3 resident counts (at 1 %) of first puts after their
+  first, 20 % are used again within 5 more, against 33 % of those back within 1 to 3
+  and 38 % of those back within 1. So while ``reach_full`` is below ``head_reach`` (main
+  cannot hold a query's first misses), a ghost return enters main only if it comes
+  within ``return_window`` (3) resident counts of evictions per use it has had; a later
+  one keeps its uses (its next return is judged with one more) but is put as a
+  newcomer (``late_returns``). For that record to outlast the gaps, the ghost holds
+  ``late_ghost_factor`` (12) times the resident count meanwhile, instead of
+  ``ghost_factor``. As LIRS keeps blocks by their inter-reference recency rather than
+  their recency, with a window that grows with the uses (a frequency over a window).
+  Measured on the trace at 1 %: +0.40 points (the window with a 4x ghost -0.14, the 12x
+  ghost admitting every return -0.78; a window of 2.5 / 3.5 +0.23 / +0.16; a ghost of
+  10x / 14x +0.39 / +0.45); on either half of the trace at 1 % / 3 % of its unique
+  blocks +0.12 / +0.26 and +0.16 / -0.17 points; at 3 % of the whole trace -0.02, at 10
+  and 30 % (``reach_full`` 0.64 / 0.94) nothing; at 0.5 / 2 / 5 % +0.29 / +0.06 / 0.00.
 * **The reverse holds when the cache is large.** When most first reuses (``lru_reach``,
   0.7) come within one resident count of puts, probation is given a floor of up to
   ``lru_floor`` (0.8) of the cache: newcomers are kept about as long as LRU would keep
@@ -68,17 +89,24 @@ opaque to the master, so chains are learnt from **prefix queries** — a reader 
 for the longest cached prefix of ``keys`` names the whole chain, head first, and how
 much of it matched. :meth:`PrefixPolicy.on_prefix` takes that (the master calls it for
 its own ``MatchPrefix`` and for the prefix queries readers report with their index
-hits, ``ReportHits.prefix_*``). Reports are asynchronous: a query's report may come
+hits, ``ReportReadsRequest.prefix_*``). Reports are asynchronous: a query's report may come
 before or after the puts of its misses; links for keys not resident yet wait in a
 bounded table (as many entries as resident keys) until their put, with whether they
 skip probation or enter main as a query's head. Ablations, simulated on the trace at
-1 / 3 / 10 / 30 % (the policy: 10.82 / 18.88 / 29.40 / 35.56): without prefix reports
-10.52 / 18.02 / 29.01 / 35.56; without the bypass (and so without kept heads) 10.75 /
-18.07 / 29.40 / 35.56; without kept heads 10.82 / 18.52 / 29.40 / 35.56; without the
-large-cache floor 10.82 / 18.88 / 28.85 / 34.92; without the credit per use (a plain
-LRU main) 10.79 / 17.57 / 29.49 / 35.66; ghost 3x 10.39 / 18.73 / 29.37 / 35.56, 6x
-10.77 / 18.76 / 29.43 / 35.56. The previous design (a CLOCK main, a ghost of 3x, no
-bypass, no floor) measured 10.22 / 17.19 / 28.66 / 34.92. Tried and not kept: while
+1 / 3 / 10 / 30 % (the policy: 11.22 / 18.86 / 29.40 / 35.56): without the late-return
+rule (every ghost return admitted, a 4x ghost) 10.82 / 18.88 / 29.40 / 35.56; without
+prefix reports 10.78 / 17.99 / 29.01 / 35.56; without the bypass (and so without kept
+heads) 11.16 / 18.05 / 29.40 / 35.56; without kept heads 11.22 / 18.51 / 29.40 /
+35.56; without the large-cache floor 11.22 / 18.86 / 28.85 / 34.92; without the credit
+per use (a plain LRU main) 11.00 / 17.54 / 29.49 / 35.66; ghost 3x 11.19 / 18.73 /
+29.37 / 35.56, 6x 11.20 / 18.80 / 29.43 / 35.56 (the late ghost 12x in both). The
+previous design (a CLOCK main, a ghost of 3x, no
+bypass, no floor) measured 10.22 / 17.19 / 28.66 / 34.92. Tried and not kept, with
+the late-return rule (at 1 %): a window that does not grow with the uses (3 resident
+counts for a second use, none past it) +0.28 against the rule's +0.40; TinyLFU-like
+admission on top of that window (a return entering a full main only with at least
+as many uses as main's lowest rank) +0.03 more; a late second use admitted with less credit instead of put
+as a newcomer, no gain; a credit of 0.75x-2x, no gain. Before it, while
 ``reach_full`` is under 0.1, a ghost return entering a full main only with more uses
 than main's lowest rank (TinyLFU's admission), with a second ghost of 8x for keys of
 3 or more uses: 11.03 / 18.83 at 1 / 3 % on the whole trace, but on its halves -0.05
@@ -99,25 +127,32 @@ first when the working set does not fit, chosen by a measurement); SHiP (Wu et a
 insertion by a predictor of re-reference); W-TinyLFU (Einziger
 et al., ACM ToS 2017: admission of a newcomer only on evidence of reuse, a small
 window); SGLang RadixAttention (Zheng et al., 2024: a prefix tree whose leaves are
-evicted first, a node being useful only with its ancestors); "KVCache Cache in the
+evicted first, a node being useful only with its ancestors); LIRS (Jiang & Zhang,
+"LIRS: an efficient low inter-reference recency set replacement policy to improve
+buffer cache performance", SIGMETRICS'02: a block kept on the gap between its last two
+uses, not on its recency); "KVCache Cache in the
 Wild" (Wang et al., arXiv 2506.02634: reuse is skewed, most blocks are used once, head
 blocks outlast tail blocks, workload-aware eviction beats LRU/LFU).
 
 Measured on the conversation trace, 512-token blocks, hit = longest cached prefix
 (docs/master.md "Choosing an eviction policy", ``bench/results/policy.json``),
-simulated: 10.82 / 18.88 / 29.40 / 35.56 % at 1 / 3 / 10 / 30 % of the unique blocks
-(the store 10.72 / 18.75 / 29.39 / 35.59; ARC 7.53 / 14.56 / 28.64 / 34.92; LRU 5.23 /
-12.52 / 27.87 / 35.77; Belady 24.30 / 34.55 / 36.64 / 36.64). That is at least 10 % at
-1 % and 16 % at 3 %, above ARC at every capacity, and closes 21.6 % of the gap from
-ARC to Belady at 3 % (a fifth: 18.56 %) but 19.7 % at 1 % (a fifth would be 10.88 %).
-Per block it costs the master 2.7-6.3x ARC's CPU (8.1-11.8 against 1.3-4.1 us in a
-quiet run, ``bench/results/policy_cost.json``).
+simulated: 11.22 / 18.86 / 29.40 / 35.56 % at 1 / 3 / 10 / 30 % of the unique blocks
+(the store 11.05 / 18.70 / 29.42 / 35.55; ARC 7.53 / 14.56 / 28.64 / 34.92, on the store
+7.38 / 14.49 / 28.64 / 34.84; LRU 5.23 / 12.52 / 27.87 / 35.77; Belady 24.30 / 34.55 /
+36.64 / 36.64). That is at least 10 % at 1 % and 16 % at 3 %, above ARC at every
+capacity, and closes 22.0 % of the gap from ARC to Belady at 1 % (a fifth: 10.88 %;
+the store 21.7 %, against 10.76 % from the store's ARC) and 21.5 % at 3 % (a fifth:
+18.56 %; the store 21.0 %, against 18.50 %). Per block it costs the master 2.7-6.3x
+ARC's CPU (8.1-11.8 against 1.3-4.1 us in a quiet run before the late-return rule,
+``bench/results/policy_cost.json``; the rule adds one comparison per ghost hit, and
+timed with and without it under the same load the two were alike within the noise).
 
 Cost: main is a ``SortedList`` keyed by (rank, depth): a use, a move into or out
 of main is O(log n); everything else is O(1) amortised per key (an orphan is
 nominated once per residency); ``on_prefix`` is O(len(keys) · log n);
 ``candidates(n)`` is O(n + log n) and changes nothing. Memory: resident keys, one
-ghost hash per evicted key up to ``ghost_factor`` × resident, one pending link per
+ghost hash per evicted key up to ``ghost_factor`` × resident (``late_ghost_factor``
+× while returns are admitted at a rate), one pending link per
 queried-but-absent key up to the resident count. All methods run on the master's
 event-loop thread (not thread-safe).
 """
@@ -159,8 +194,8 @@ class _Entry:
 class PrefixPolicy(EvictionPolicy):
     """Adaptive S3-FIFO with a long ghost and a frequency-credited LRU main; probation
     skipped while out of reach (a query's first misses kept in main instead while main
-    can hold them), orphan-first and query-tail demotion, chains shortened from the
-    tail.
+    can hold them, ghost returns admitted at a rate when it cannot), orphan-first and
+    query-tail demotion, chains shortened from the tail.
 
     Queues of resident keys: *victim* (a FIFO ``OrderedDict``, nominated first: orphans
     and blocks that skip probation at its front, then blocks that ended a prefix query,
@@ -196,7 +231,13 @@ class PrefixPolicy(EvictionPolicy):
         head_keep: while misses skip probation and ``reach_full`` is at least
             ``head_reach``, this many first misses of a prefix query enter main instead
             (8 blocks, 4,096 tokens of the trace; 0 never).
-        head_reach: the ``reach_full`` from which heads are kept (0.25).
+        head_reach: the ``reach_full`` from which heads are kept (0.25); below it
+            ghost returns are admitted at a rate (``return_window``).
+        late_ghost_factor: the ghost's most, as a multiple of the resident count, while
+            ``reach_full`` is below ``head_reach`` (12.0; not below ``ghost_factor``).
+        return_window: while ``reach_full`` is below ``head_reach``, a ghost return
+            enters main only within this many resident counts of evictions per use it
+            has had (3.0); a later one keeps its uses and is put as a newcomer.
     """
 
     def __init__(self, config: MasterConfig | None = None, *, ghost_factor: float = 4.0,
@@ -204,8 +245,10 @@ class PrefixPolicy(EvictionPolicy):
                  reach_span: float = 0.5, reach_keep: float = 0.25, lru_reach: float = 0.7,
                  lru_floor: float = 0.8, reach_alpha: float = 1 / 1024, reach_init: float = 1.0,
                  use_credit: float = 1.0, uses_cap: int = 16, head_keep: int = 8,
-                 head_reach: float = 0.25) -> None:
+                 head_reach: float = 0.25, late_ghost_factor: float = 12.0,
+                 return_window: float = 3.0) -> None:
         super().__init__(config)
+        self._late_ghost_factor, self._return_window = float(late_ghost_factor), float(return_window)
         self._head_keep, self._head_reach = int(head_keep), float(head_reach)
         self._use_credit, self._uses_cap = float(use_credit), int(uses_cap)
         self._reach_span, self._reach_keep = float(reach_span), float(reach_keep)
@@ -220,8 +263,8 @@ class PrefixPolicy(EvictionPolicy):
         self._uses = 0  # the use clock
         self._victim: OrderedDict[str, None] = OrderedDict()
         # ghost: hash(key) -> (came from main, eviction number of its origin, put number of a
-        # first-time key not reused yet or -1, its uses)
-        self._ghost: OrderedDict[int, tuple[bool, int, int, int]] = OrderedDict()
+        # first-time key not reused yet or -1, its uses, eviction number of all origins)
+        self._ghost: OrderedDict[int, tuple[bool, int, int, int, int]] = OrderedDict()
         self._ghost_factor = float(ghost_factor)
         self._small_target = -1.0  # keys; < 0 until the first put sets it from small_init
         self._small_init, self._small_min, self._small_max = small_init, small_min, small_max
@@ -235,7 +278,7 @@ class PrefixPolicy(EvictionPolicy):
         # clock at the query)
         self._pending: OrderedDict[str, tuple[str | None, bool, list[str] | None, int, int, int]] = OrderedDict()
         self.counters = {"ghost_hits": 0, "orphans": 0, "query_tails": 0, "promotions": 0, "bypassed": 0,
-                         "heads_kept": 0}
+                         "heads_kept": 0, "late_returns": 0}
 
     # ------------------------------------------------------------------ queues
     def _queue(self, q: int) -> OrderedDict[str, None]:
@@ -361,6 +404,18 @@ class PrefixPolicy(EvictionPolicy):
             self._balance()
             return
         g = self._ghost.pop(hash(key), None) if self._ghost_factor > 0 else None
+        since = self._drops_small + self._drops_main - g[4] if g is not None else 0
+        if g is not None and self._reach_full < self._head_reach and since > self._return_window * len(entries) * g[3]:
+            # Back too late for its record (main cannot hold a query's first misses, so
+            # it takes returns only at a rate: within return_window resident counts of
+            # evictions per use it has had): its uses are counted, it is not admitted.
+            self.counters["late_returns"] += 1
+            self._forget(g[0])
+            e.uses = g[3] + 1
+            if g[2] >= 0 and since <= self._ghost_factor * len(entries):
+                self._first_reuse(self._puts - g[2])  # measured over the ghost's usual span only
+            e.born = -1
+            g = None
         if g is not None:
             self.counters["ghost_hits"] += 1
             self._adapt(g[0], g[1])
@@ -456,12 +511,15 @@ class PrefixPolicy(EvictionPolicy):
             if e.from_main or e.queue == _MAIN:
                 self._drops_main += 1
                 self._ghosts_main += 1
-                ghost[h] = (True, self._drops_main, e.born, e.uses)
+                ghost[h] = (True, self._drops_main, e.born, e.uses, self._drops_small + self._drops_main)
             else:
                 self._drops_small += 1
                 self._ghosts_small += 1
-                ghost[h] = (False, self._drops_small, e.born, e.uses)
-            limit = self._ghost_factor * max(1, len(self._entries))
+                ghost[h] = (False, self._drops_small, e.born, e.uses, self._drops_small + self._drops_main)
+            factor = self._ghost_factor
+            if self._reach_full < self._head_reach:  # returns are admitted at a rate: a longer record
+                factor = max(factor, self._late_ghost_factor)
+            limit = factor * max(1, len(self._entries))
             while len(ghost) > limit:
                 self._forget(ghost.popitem(last=False)[1][0])
         self._unlink(key, e)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from cxlkv.errors import AlreadyExists, CxlkvError, InvalidArgument, InvalidKey, NotReady, StaleToken
 from cxlkv.keys import key_error
 from cxlkv.master.objects import MAX_HEADER_BYTES, ObjectVersion, ObjState, short_key as _short
-from cxlkv.master.segments import Tier
+from cxlkv.master.segments import Tier, place_extents
 from cxlkv.master.strategies import PlacementRequest
 
 if TYPE_CHECKING:
@@ -75,10 +75,10 @@ class Reservations:
         candidates = st.strategy.select(fitting, _new_tuple(PlacementRequest, (need, 1, "", Tier.CXL)))
         out: list[ObjectVersion] = []
         for _ in range(count):
-            extents = st._place(candidates, need, 1)
+            extents = place_extents(candidates, need, 1)
             if not extents:
                 st.evictor.until_fits(candidates, need, now)
-                extents = st._place(candidates, need, 1)
+                extents = place_extents(candidates, need, 1)
                 if not extents:
                     break
             version = st._seq

@@ -93,8 +93,7 @@ def restore_objects(state: "MasterState", segment_id: int, objects: Iterable[Res
         obj.state = ObjState.COMPLETE
         obj.checksum = o.checksum
         state._objects[o.key] = obj
-        if state._keys is not None:
-            state._keys.add(o.key)
+        state.listing.added(o.key)
         restored.append(obj)
         if o.version >= state._seq:
             state._seq = o.version + 1

@@ -14,10 +14,11 @@ from typing import Sequence
 from cxlkv.config import SegmentConfig, format_size
 from cxlkv.errors import InvalidArgument
 from cxlkv.master.allocator import ExtentAllocator
+from cxlkv.master.objects import Extent
 from cxlkv.region import REGION_HEADER_BYTES
 from cxlkv.v1 import common_pb2
 
-__all__ = ["Tier", "Segment", "SegmentTable", "tier_from_name"]
+__all__ = ["Tier", "Segment", "SegmentTable", "tier_from_name", "place_extents"]
 
 class Tier(enum.IntEnum):
     """Storage tier; the values of ``cxlkv.v1.Tier``."""
@@ -276,3 +277,37 @@ class SegmentTable:
                 f"the segment's {seg.region_uuid!r}"
             )
         return None
+
+
+def place_extents(candidates: Sequence[Segment], need: int, replica_num: int) -> list[Extent]:
+    """Allocate up to ``replica_num`` extents of ``need`` bytes on distinct
+    ``candidates``, in their order (the allocation strategy's); fewer (or none)
+    when the candidates have no room. Each placed extent counts one object on
+    its segment.
+
+    Returns:
+        ``(segment_id, offset_bytes, need)`` per placed replica.
+    """
+    # A full segment is skipped without asking its allocator (a failing alloc
+    # searches its size class: the common case of a cache that evicts on put).
+    if replica_num == 1:
+        for seg in candidates:
+            allocator = seg.allocator
+            if allocator.capacity_bytes - allocator.used_bytes < need:
+                continue
+            off = allocator.alloc(need)
+            if off >= 0:
+                seg.object_count += 1
+                return [(seg.segment_id, off, need)]
+        return []
+    extents: list[Extent] = []
+    for seg in candidates:
+        if seg.allocator.free_bytes < need:
+            continue
+        off = seg.allocator.alloc(need)
+        if off >= 0:
+            seg.object_count += 1
+            extents.append((seg.segment_id, off, need))
+            if len(extents) >= replica_num:
+                break
+    return extents

@@ -294,9 +294,14 @@ class MasterServer:
     async def _sweep_loop(self) -> None:
         interval = self.config.sweep_interval_s
         frozen_at = time.monotonic()
+        self.state.registrations.loop_tick = frozen_at  # from now on a stall of this process is credited to clients
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
+            credited = self.state.registrations.credit_stall(now)
+            if credited:
+                log.warning("the master did not run for %.1f s (stopped or its loop held): that time is not "
+                            "counted against the clientds' heartbeats", credited + interval)
             if self.fence is not None and not self.fence.valid():
                 continue  # leadership ended: nothing is expired, reclaimed or evicted any more
             if now - frozen_at >= GC_FREEZE_INTERVAL_S:

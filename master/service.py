@@ -3,16 +3,17 @@
 Every state call runs on the event-loop thread (the handlers are coroutines that
 never await in the middle of state work), so the state needs no lock; ``now`` is
 ``time.monotonic()`` read once per call. The O(keys) calls (RemoveAll,
-RemoveByRegex, UnmountSegment) run by slices of at most ``slice_s`` and await between them, so
+UnmountSegment) run by slices of at most ``slice_s`` and await between them, so
 no call holds the loop (heartbeats are answered within 100 ms throughout); batch
 calls over ``max_batch_items`` are refused before any work (:mod:`cxlkv.wire.limits`).
 
-Errors: single-item RPCs abort with the cxlkv error packed in the gRPC status
-details (:func:`cxlkv.errors.rpc_status_for`); batch RPCs answer a per-item
-``Status``. Invalid input never crashes the server: an unexpected exception
+Errors: a call whose request is refused as a whole aborts with the cxlkv error
+packed in the gRPC status details (:func:`cxlkv.errors.rpc_status_for`); batch
+RPCs (every hot operation) answer a code per position. Invalid input never crashes the server: an unexpected exception
 becomes INTERNAL with a one-line message and is logged once with its traceback.
 
-Per-item results leave ``status`` unset on success (it reads as code OK = 0):
+Per-item results are packed columns (a code per position, messages of the
+failed ones), or leave ``status`` unset on success (it reads as code OK = 0):
 building fewer protobuf objects is most of the cost of a batch in Python.
 """
 
@@ -46,8 +47,7 @@ __all__ = ["MasterServicer", "segment_info"]
 
 log = logging.getLogger("cxlkv.master.service")
 
-_COMPLETE = common_pb2.COMPLETE
-#: Longest FetchTasks wait a clientd may ask for, in milliseconds.
+#: Longest ExchangeTasks wait a clientd may ask for, in milliseconds.
 _MAX_TASK_WAIT_MS = 5000
 _TIER_RANK = {Tier.DRAM: 0, Tier.CXL: 1, Tier.SSD: 2}
 #: Between two slices of a long operation the loop is left to other work for this
@@ -125,7 +125,7 @@ def _rpc(fn: Handler) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitabl
     return handler
 
 
-def _per_item(n: int, op: Callable[[int], Any]) -> master_pb2.PackedPutEndResponse:
+def _per_item(n: int, op: Callable[[int], Any]) -> master_pb2.ItemResults:
     """Run ``op(i)`` for every position; its errors become that position's code and
     message (packed columns), so one failing item never fails the others."""
     codes = [0] * n
@@ -138,7 +138,7 @@ def _per_item(n: int, op: Callable[[int], Any]) -> master_pb2.PackedPutEndRespon
             codes[i] = int(err.code)
             err_pos.append(i)
             err_msg.append(err.message)
-    return master_pb2.PackedPutEndResponse(codes=codes, error_positions=err_pos, messages=err_msg)
+    return master_pb2.ItemResults(codes=codes, error_positions=err_pos, messages=err_msg)
 
 
 def _with_policy_counters(state: MasterState) -> dict[str, int]:
@@ -147,11 +147,6 @@ def _with_policy_counters(state: MasterState) -> dict[str, int]:
     if not extra:
         return state.counters
     return {**state.counters, **{f"policy_{k}": int(v) for k, v in extra.items()}}
-
-
-def _set_status(status: common_pb2.Status, err: CxlkvError) -> None:
-    status.code = int(err.code)  # type: ignore[assignment]
-    status.message = err.message
 
 
 def segment_info(seg: Segment, info: common_pb2.SegmentInfo | None = None) -> common_pb2.SegmentInfo:
@@ -187,7 +182,7 @@ def _after_key(token: str) -> str | None:
 
 
 class _LocationColumns:
-    """Builds a ``PackedLocations`` answer position by position (columns, no
+    """Builds a ``Locations`` answer position by position (columns, no
     message per key)."""
 
     __slots__ = ("_servicer", "_client_id", "_ttl_ms", "codes", "sizes", "versions", "leases", "ttls",
@@ -242,8 +237,8 @@ class _LocationColumns:
                     self.counts):
             col.append(0)
 
-    def message(self) -> master_pb2.PackedLocations:
-        return master_pb2.PackedLocations(
+    def message(self) -> master_pb2.Locations:
+        return master_pb2.Locations(
             codes=self.codes, value_size_bytes=self.sizes, versions=self.versions, lease_ids=self.leases,
             lease_ttl_ms=self.ttls, checksums=self.checksums, header_bytes=self.header_bytes,
             replica_counts=self.counts, segment_ids=self.sids, offsets_bytes=self.offs,
@@ -292,7 +287,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         self._limit_fields = self.batch_limit.fields
 
     def wake_task_waiters(self) -> None:
-        """Answer every FetchTasks long poll now (tasks were queued)."""
+        """Answer every ExchangeTasks long poll now (tasks were queued)."""
         ev = self._task_event
         if ev is not None:
             self._task_event = None
@@ -303,8 +298,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         same handlers, errors and metrics hook as the gRPC path, without HTTP/2."""
         routes: dict[int, LeanRoute] = {}
         for m in service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"]):
-            waits = {"FetchTasks": self._lean_fetch_tasks, "RemoveAll": self._lean_remove_all,
-                     "RemoveByRegex": self._lean_remove_by_regex, "UnmountSegment": self._lean_unmount}.get(m.name)
+            waits = {"ExchangeTasks": self._lean_exchange_tasks, "RemoveAll": self._lean_remove_all,
+                     "UnmountSegment": self._lean_unmount}.get(m.name)
             if waits is not None:  # long polls and sliced operations: run as tasks
                 routes[m.number] = LeanRoute(m.name, m.request_type.FromString, waits, m.request_type)
                 continue
@@ -314,8 +309,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return routes
 
     def _lean_handler(self, fn: Handler, name: str) -> Callable[[Any], Any]:
-        """``fn`` as an inline lean route: every master handler but FetchTasks,
-        RemoveAll, RemoveByRegex and UnmountSegment answers without waiting."""
+        """``fn`` as an inline lean route: every master handler but ExchangeTasks,
+        RemoveAll and UnmountSegment answers without waiting."""
 
         def handler(request: Any) -> Any:
             response, error = _invoke(self, fn, name, request, None)
@@ -325,18 +320,19 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
 
         return handler
 
-    async def _lean_fetch_tasks(self, request: Any) -> Any:
-        response, error = await self._fetch_tasks(request)
+    async def _lean_exchange_tasks(self, request: Any) -> Any:
+        response, error = await self._exchange_tasks(request)
         if error is not None:
             raise error
         return response
 
-    async def _fetch_tasks(self, request: Any) -> tuple[Any, CxlkvError | None]:
-        """FetchTasks as a long poll: answer at once when tasks are queued, else
-        wait (up to ``wait_ms``) until a call queues some, then ask once more."""
-        response, error = _invoke(self, type(self)._fetch_tasks_now, "FetchTasks", request, None)
+    async def _exchange_tasks(self, request: Any) -> tuple[Any, CxlkvError | None]:
+        """ExchangeTasks: apply the reported results, then hand out tasks as a long
+        poll: answer at once when tasks are queued (or none are wanted), else wait
+        (up to ``wait_ms``) until a call queues some, then ask once more."""
+        response, error = _invoke(self, type(self)._exchange_tasks_now, "ExchangeTasks", request, None)
         wait_ms = min(request.wait_ms, _MAX_TASK_WAIT_MS)
-        if error is not None or response.tasks or not wait_ms:
+        if error is not None or response.tasks or not wait_ms or not request.max_tasks:
             return response, error
         if self._task_event is None:
             self._task_event = asyncio.Event()
@@ -348,7 +344,11 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             return response, None
         finally:
             self._task_waiters -= 1
-        return _invoke(self, type(self)._fetch_tasks_now, "FetchTasks", request, None)
+        again, error = _invoke(self, type(self)._fetch_tasks_now, "ExchangeTasks", request, None)
+        if error is not None:
+            return None, error
+        response.tasks.extend(again.tasks)
+        return response, None
 
     # -------------------------------------------------------------- helpers
     def _replicas(self, obj: ObjectVersion, client_id: str) -> list[tuple[int, int, int, int]]:
@@ -367,33 +367,6 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             ranked.append((_TIER_RANK.get(seg.tier, 3), (sid, off, n, seg.tier)))  # type: ignore[union-attr]
         ranked.sort(key=lambda r: r[0])
         return [r[1] for r in ranked]
-
-    def _fill_location(self, loc: master_pb2.ObjectLocation, obj: ObjectVersion, lease: Any,
-                       client_id: str = "") -> None:
-        loc.value_size_bytes = obj.size_bytes
-        loc.version = obj.version
-        if obj.checksum:
-            loc.checksum = obj.checksum
-        if obj.header_bytes:
-            loc.header_bytes = obj.header_bytes
-        add = loc.replicas.add
-        for sid, off, n, tier in self._replicas(obj, client_id):
-            e = add(state=_COMPLETE, tier=tier).extent
-            e.segment_id = sid
-            e.offset_bytes = off
-            e.length_bytes = n
-        if lease is not None:
-            loc.lease_id = lease.lease_id
-            loc.lease_ttl_ms = self._lease_ttl_ms
-
-    @staticmethod
-    def _fill_put_result(res: master_pb2.PutStartResult, obj: ObjectVersion) -> None:
-        res.put_token = obj.version
-        res.version = obj.version
-        res.replicas_wanted = obj.replicas_wanted
-        add = res.extents.add
-        for sid, off, n in obj.extents:
-            add(segment_id=sid, offset_bytes=off, length_bytes=n)
 
     # -------------------------------------------------------------- clients
     @_rpc
@@ -474,85 +447,6 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     # ----------------------------------------------------------------- puts
     @_rpc
     def PutStart(self, request, context):
-        it = request.item
-        o = it.options
-        obj = self.state.put_start(
-            request.client_id, request.epoch, it.key, it.value_size_bytes, self.clock(),
-            replica_num=o.replica_num, upsert=o.upsert, soft_pin=o.soft_pin, hard_pin=o.hard_pin,
-            preferred_segment=o.preferred_segment, header_bytes=it.header_bytes,
-        )
-        resp = master_pb2.PutStartResponse()
-        self._fill_put_result(resp.result, obj)
-        return resp
-
-    @_rpc
-    def BatchPutStart(self, request, context):
-        put_start = self.state.put_start
-        client_id, epoch, now = request.client_id, request.epoch, self.clock()
-        resp = master_pb2.BatchPutStartResponse()
-        add = resp.results.add
-        fill = self._fill_put_result
-        for it in request.items:
-            res = add()
-            try:
-                if it.HasField("options"):
-                    o = it.options
-                    obj = put_start(
-                        client_id, epoch, it.key, it.value_size_bytes, now,
-                        replica_num=o.replica_num, upsert=o.upsert, soft_pin=o.soft_pin,
-                        hard_pin=o.hard_pin, preferred_segment=o.preferred_segment,
-                        header_bytes=it.header_bytes,
-                    )
-                elif it.header_bytes:
-                    obj = put_start(client_id, epoch, it.key, it.value_size_bytes, now,
-                                    header_bytes=it.header_bytes)
-                else:
-                    obj = put_start(client_id, epoch, it.key, it.value_size_bytes, now)
-            except CxlkvError as err:
-                _set_status(res.status, err)
-                continue
-            fill(res, obj)
-        return resp
-
-    @_rpc
-    def PutEnd(self, request, context):
-        it = request.item
-        self.state.put_end(request.client_id, request.epoch, it.key, it.put_token, self.clock(), it.checksum)
-        return master_pb2.PutEndResponse()
-
-    def _batch_end(self, request: Any, op: Callable[..., Any], end: bool) -> master_pb2.BatchPutEndResponse:
-        client_id, epoch, now = request.client_id, request.epoch, self.clock()
-        resp = master_pb2.BatchPutEndResponse()
-        add = resp.results.add
-        for it in request.items:
-            try:
-                if end:
-                    op(client_id, epoch, it.key, it.put_token, now, it.checksum)
-                else:
-                    op(client_id, epoch, it.key, it.put_token, now)
-            except CxlkvError as err:
-                add(code=err.code, message=err.message)
-                continue
-            add()
-        return resp
-
-    @_rpc
-    def BatchPutEnd(self, request, context):
-        return self._batch_end(request, self.state.put_end, True)
-
-    @_rpc
-    def PutRevoke(self, request, context):
-        it = request.item
-        self.state.put_revoke(request.client_id, request.epoch, it.key, it.put_token, self.clock())
-        return master_pb2.PutRevokeResponse()
-
-    @_rpc
-    def BatchPutRevoke(self, request, context):
-        return self._batch_end(request, self.state.put_revoke, False)
-
-    # ------------------------------------------------------ packed batch puts
-    @_rpc
-    def PackedPutStart(self, request, context):
         keys = request.keys
         n = len(keys)
         sizes = request.value_size_bytes
@@ -560,7 +454,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         options = request.options
         if len(sizes) != n or (header_bytes and len(header_bytes) != n) or (options and len(options) != n):
             raise InvalidArgument(
-                f"PackedPutStart: {n} keys with {len(sizes)} sizes, {len(header_bytes)} header_bytes "
+                f"PutStart: {n} keys with {len(sizes)} sizes, {len(header_bytes)} header_bytes "
                 f"and {len(options)} options (each must have one per key; the last two may be empty)")
         put_start = self.state.put_start
         client_id, epoch, now = request.client_id, request.epoch, self.clock()
@@ -603,19 +497,20 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
                 sids.append(sid)
                 offs.append(off)
                 lens.append(ln)
-        return master_pb2.PackedPutStartResponse(
+        return master_pb2.PutStartResponse(
             codes=codes, put_tokens=versions, versions=versions, replicas_wanted=wanted,
             extent_counts=counts, segment_ids=sids, offsets_bytes=offs, lengths_bytes=lens,
             error_positions=err_pos, messages=err_msg)
 
-    def _packed_end(self, request: Any, op: Callable[..., Any], end: bool) -> master_pb2.PackedPutEndResponse:
+    def _end(self, request: Any, op: Callable[..., Any], end: bool) -> master_pb2.ItemResults:
+        """PutEnd (``end``) or PutRevoke: ``op`` per position."""
         keys = list(request.keys)
         n = len(keys)
         tokens = list(request.put_tokens)
         checksums = list(request.checksums) if end and request.checksums else None
         if len(tokens) != n or (checksums is not None and len(checksums) != n):
             raise InvalidArgument(
-                f"{'PackedPutEnd' if end else 'PackedPutRevoke'}: {n} keys with {len(tokens)} put_tokens "
+                f"{'PutEnd' if end else 'PutRevoke'}: {n} keys with {len(tokens)} put_tokens "
                 f"and {len(request.checksums)} checksums (one per key; checksums may be empty)")
         client_id, epoch, now = request.client_id, request.epoch, self.clock()
         if end:
@@ -624,23 +519,16 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return _per_item(n, lambda i: op(client_id, epoch, keys[i], tokens[i], now))
 
     @_rpc
-    def PackedPutEnd(self, request, context):
-        return self._packed_end(request, self.state.put_end, True)
+    def PutEnd(self, request, context):
+        return self._end(request, self.state.put_end, True)
 
     @_rpc
-    def PackedPutRevoke(self, request, context):
-        return self._packed_end(request, self.state.put_revoke, False)
+    def PutRevoke(self, request, context):
+        return self._end(request, self.state.put_revoke, False)
 
     # ---------------------------------------------------------------- reads
-    @_rpc
-    def GetReplicaList(self, request, context):
-        obj, lease = self.state.get(request.client_id, request.key, self.clock(), request.no_lease)
-        resp = master_pb2.GetReplicaListResponse()
-        self._fill_location(resp.location, obj, lease, request.client_id)
-        return resp
-
     def _locate_each(self, request: Any) -> Iterator[tuple[ObjectVersion, Any] | CxlkvError]:
-        """Per key of a BatchGetReplicaListRequest: ``(object, lease)`` or the error,
+        """Per key of a GetReplicaListRequest: ``(object, lease)`` or the error,
         after ending the leases the request releases."""
         st = self.state
         client_id, no_lease, now = request.client_id, request.no_lease, self.clock()
@@ -654,20 +542,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
                 yield err
 
     @_rpc
-    def BatchGetReplicaList(self, request, context):
-        fill = self._fill_location
-        resp = master_pb2.BatchGetReplicaListResponse()
-        add = resp.locations.add
-        for found in self._locate_each(request):
-            loc = add()
-            if isinstance(found, CxlkvError):
-                _set_status(loc.status, found)
-            else:
-                fill(loc, found[0], found[1], request.client_id)
-        return resp
-
-    @_rpc
-    def PackedGetReplicaList(self, request, context):
+    def GetReplicaList(self, request, context):
         cols = _LocationColumns(self, request.client_id)
         for found in self._locate_each(request):
             if isinstance(found, CxlkvError):
@@ -683,14 +558,17 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         )
 
     @_rpc
-    def PackedReserve(self, request, context):
+    def Reserve(self, request, context):
         needs, counts = list(request.need_bytes), list(request.counts)
         if len(needs) != len(counts):
-            raise InvalidArgument(f"PackedReserve: {len(needs)} sizes with {len(counts)} counts")
-        st, now = self.state, self.clock()
-        resp = master_pb2.PackedReserveResponse()
+            raise InvalidArgument(f"Reserve: {len(needs)} sizes with {len(counts)} counts")
+        st, cid, epoch, now = self.state, request.client_id, request.epoch, self.clock()
+        resp = master_pb2.ReserveResponse()
+        if request.unreserve_put_tokens:  # given back first: their space serves this call's grants
+            tokens = list(request.unreserve_put_tokens)
+            resp.unreserved.CopyFrom(_per_item(len(tokens), lambda i: st.unreserve(cid, epoch, tokens[i], now)))
         for need, count in zip(needs, counts):
-            got = st.reserve(request.client_id, request.epoch, need, count, now)
+            got = st.reserve(cid, epoch, need, count, now)
             resp.granted.append(len(got))
             for obj in got:
                 sid, off, n = obj.extents[0]
@@ -701,14 +579,14 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return resp
 
     @_rpc
-    def PackedCommit(self, request, context):
+    def Commit(self, request, context):
         keys = list(request.keys)
         n = len(keys)
         tokens, sizes = list(request.put_tokens), list(request.value_size_bytes)
         hbytes, sums = list(request.header_bytes), list(request.checksums)
         flags = list(request.flags) or [0] * n
         if not len(tokens) == len(sizes) == len(hbytes) == len(sums) == len(flags) == n:
-            raise InvalidArgument(f"PackedCommit: {n} keys with {len(tokens)} tokens, {len(sizes)} sizes, "
+            raise InvalidArgument(f"Commit: {n} keys with {len(tokens)} tokens, {len(sizes)} sizes, "
                                   f"{len(hbytes)} header sizes, {len(sums)} checksums, {len(flags)} flags")
         st, cid, epoch, now = self.state, request.client_id, request.epoch, self.clock()
 
@@ -720,56 +598,41 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return _per_item(n, one)
 
     @_rpc
-    def PackedUnreserve(self, request, context):
-        st, cid, epoch, now = self.state, request.client_id, request.epoch, self.clock()
-        tokens = list(request.put_tokens)
-        return _per_item(len(tokens), lambda i: st.unreserve(cid, epoch, tokens[i], now))
-
-    @_rpc
     def ReleaseQuarantine(self, request, context):
-        freed = self.state.release_quarantine(request.client_id, request.epoch, request.upto_epoch, self.clock(),
-                                              request.keep_put_tokens)
+        st = self.state
+        if request.writers_gone:  # an operator's word (admin only: master/auth.py)
+            if any(c.client_id == request.client_id and c.alive for c in st.clients()):
+                raise InvalidArgument(f"client {request.client_id} is registered and alive: its writers have "
+                                      "not stopped; release-writer is for a host that is gone")
+            freed = st.release_quarantine_of(request.client_id)
+            log.warning("operator released %d quarantined bytes of client %s (its writers are gone)", freed,
+                        request.client_id)
+            return master_pb2.ReleaseQuarantineResponse(freed_bytes=freed)
+        freed = st.release_quarantine(request.client_id, request.epoch, request.upto_epoch, self.clock(),
+                                      request.keep_put_tokens)
         if freed:
             log.info("client %s: %d quarantined bytes of registrations up to epoch %d freed (its writers "
                      "stopped)", request.client_id, freed, request.upto_epoch)
         return master_pb2.ReleaseQuarantineResponse(freed_bytes=freed)
 
     @_rpc
-    def ReleaseWriter(self, request, context):
+    def ReportReads(self, request, context):
         st = self.state
-        if any(c.client_id == request.client_id and c.alive for c in st.clients()):
-            raise InvalidArgument(f"client {request.client_id} is registered and alive: its writers have not "
-                                  "stopped; release-writer is for a host that is gone")
-        freed = st.release_quarantine_of(request.client_id)
-        log.warning("operator released %d quarantined bytes of client %s (its writers are gone)", freed,
-                    request.client_id)
-        return master_pb2.ReleaseQuarantineResponse(freed_bytes=freed)
-
-    @_rpc
-    def ReportDamaged(self, request, context):
-        keys, versions = list(request.keys), list(request.versions)
+        keys, versions = list(request.damaged_keys), list(request.damaged_versions)
         if len(keys) != len(versions):
-            raise InvalidArgument(f"ReportDamaged: {len(keys)} keys with {len(versions)} versions")
-        dropped = self.state.report_damaged(zip(keys, versions))
+            raise InvalidArgument(f"ReportReads: {len(keys)} damaged keys with {len(versions)} versions")
+        applied = st.report_hits(request.client_id, request.keys, self.clock(),
+                                 prefix_chains(request.prefix_keys, request.prefix_lengths, request.prefix_matched))
+        dropped = st.report_damaged(zip(keys, versions)) if keys else 0
         if dropped:
             log.warning("dropped %d object(s) whose bytes were destroyed (reported by client %s, checked in "
                         "the region)", dropped, request.client_id)
-        return master_pb2.ReportDamagedResponse(dropped=dropped)
-
-    @_rpc
-    def ReportHits(self, request, context):
-        return master_pb2.ReportHitsResponse(applied=self.state.report_hits(
-            request.client_id, request.keys, self.clock(),
-            prefix_chains(request.prefix_keys, request.prefix_lengths, request.prefix_matched)))
+        return master_pb2.ReportReadsResponse(applied=applied, dropped=dropped)
 
     @_rpc
     def ExistKey(self, request, context):
-        return master_pb2.ExistKeyResponse(exists=self.state.exists(request.key))
-
-    @_rpc
-    def BatchExistKey(self, request, context):
         exists = self.state.exists
-        resp = master_pb2.BatchExistKeyResponse()
+        resp = master_pb2.ExistKeyResponse()
         flags = resp.exists
         add = resp.results.add
         for key in request.keys:
@@ -782,38 +645,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             add()
         return resp
 
-    def _match(self, resp: master_pb2.MatchPrefixResponse, client_id: str, keys: Any,
-               no_lease: bool, now: float) -> None:
-        matched = self.state.match_prefix(client_id, keys, now, no_lease)
-        resp.matched = len(matched)
-        add = resp.locations.add
-        fill = self._fill_location
-        for obj, lease in matched:
-            fill(add(), obj, lease, client_id)
-
     @_rpc
     def MatchPrefix(self, request, context):
-        now = self.clock()
-        if request.release_lease_ids:
-            self.state.release_leases(request.client_id, request.release_lease_ids)
-        resp = master_pb2.MatchPrefixResponse()
-        self._match(resp, request.client_id, request.keys, request.no_lease, now)
-        return resp
-
-    @_rpc
-    def BatchMatchPrefix(self, request, context):
-        now = self.clock()
-        client_id, no_lease = request.client_id, request.no_lease
-        if request.release_lease_ids:
-            self.state.release_leases(client_id, request.release_lease_ids)
-        resp = master_pb2.BatchMatchPrefixResponse()
-        add = resp.results.add
-        for query in request.queries:
-            self._match(add(), client_id, query.keys, no_lease, now)
-        return resp
-
-    @_rpc
-    def PackedMatchPrefix(self, request, context):
         now = self.clock()
         client_id, no_lease = request.client_id, request.no_lease
         if request.release_lease_ids:
@@ -826,19 +659,14 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             matched.append(len(found))
             for obj, lease in found:
                 cols.add(obj, lease)
-        return master_pb2.PackedMatchPrefixResponse(matched=matched, locations=cols.message())
+        return master_pb2.MatchPrefixResponse(matched=matched, locations=cols.message())
 
     # -------------------------------------------------------------- removal
     @_rpc
     def Remove(self, request, context):
-        self.state.remove(request.key, self.clock(), request.force)
-        return master_pb2.RemoveResponse()
-
-    @_rpc
-    def BatchRemove(self, request, context):
         remove = self.state.remove
         now, force = self.clock(), request.force
-        resp = master_pb2.BatchRemoveResponse()
+        resp = master_pb2.RemoveResponse()
         add = resp.results.add
         for key in request.keys:
             try:
@@ -852,35 +680,22 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     async def RemoveAll(self, request, context):
         if self.auth is not None:  # _sliced reads the caller's identity the lean way
             PEER_IDENTITY.set(_caller(context))
-        response, error = await self._remove_all("RemoveAll", request, None)
-        if error is None:
-            return response
-        await context.abort_with_status(rpc_status.to_status(rpc_status_for(error)))
-
-    async def RemoveByRegex(self, request, context):
-        if self.auth is not None:  # _sliced reads the caller's identity the lean way
-            PEER_IDENTITY.set(_caller(context))
-        response, error = await self._remove_all("RemoveByRegex", request, request.pattern)
+        response, error = await self._remove_all(request)
         if error is None:
             return response
         await context.abort_with_status(rpc_status.to_status(rpc_status_for(error)))
 
     async def _lean_remove_all(self, request: Any) -> Any:
-        response, error = await self._remove_all("RemoveAll", request, None)
+        response, error = await self._remove_all(request)
         if error is not None:
             raise error
         return response
 
-    async def _lean_remove_by_regex(self, request: Any) -> Any:
-        response, error = await self._remove_all("RemoveByRegex", request, request.pattern)
-        if error is not None:
-            raise error
-        return response
-
-    async def _remove_all(self, name: str, request: Any, pattern: str | None) -> tuple[Any, CxlkvError | None]:
-        """RemoveAll / RemoveByRegex by slices (:class:`~cxlkv.master.cursors.RemoveAllCursor`)."""
+    async def _remove_all(self, request: Any) -> tuple[Any, CxlkvError | None]:
+        """RemoveAll by slices (:class:`~cxlkv.master.cursors.RemoveAllCursor`), of
+        every object or of those whose key matches ``request.pattern``."""
         return await self._sliced(
-            name, request, lambda: self.state.remove_all_start(request.force, pattern),
+            "RemoveAll", request, lambda: self.state.remove_all_start(request.force, request.pattern or None),
             lambda c: master_pb2.RemoveAllResponse(removed=c.removed, skipped_leased=c.skipped))
 
     async def _sliced(self, name: str, request: Any, start: Callable[[], Any],
@@ -918,17 +733,33 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         return response, error
 
     # ---------------------------------------------------------- tier moves
-    async def FetchTasks(self, request, context):
-        if self.auth is not None:  # _fetch_tasks reads the caller's identity the lean way
+    async def ExchangeTasks(self, request, context):
+        if self.auth is not None:  # _exchange_tasks reads the caller's identity the lean way
             PEER_IDENTITY.set(_caller(context))
-        response, error = await self._fetch_tasks(request)
+        response, error = await self._exchange_tasks(request)
         if error is None:
             return response
         await context.abort_with_status(rpc_status.to_status(rpc_status_for(error)))
 
+    def _exchange_tasks_now(self, request, context):
+        """The reported results applied, then the tasks queued now (at most ``max_tasks``)."""
+        resp = master_pb2.ExchangeTasksResponse()
+        if request.results:
+            self._complete_tasks(request, resp)
+        if request.max_tasks:
+            self._add_tasks(request, resp)
+        return resp
+
     def _fetch_tasks_now(self, request, context):
+        """The tasks queued now (after a long poll's wait: the results were applied before it)."""
+        resp = master_pb2.ExchangeTasksResponse()
+        self._add_tasks(request, resp)
+        return resp
+
+    _exchange_tasks_now.__name__ = _fetch_tasks_now.__name__ = "ExchangeTasks"
+
+    def _add_tasks(self, request: Any, resp: master_pb2.ExchangeTasksResponse) -> None:
         tasks = self.state.fetch_tasks(request.client_id, request.epoch, request.max_tasks, self.clock())
-        resp = master_pb2.FetchTasksResponse()
         add = resp.tasks.add
         deadline_ms = int(self.state.config.task_timeout_s * 1000 * 0.8)  # leave the report time to arrive
         for t in tasks:
@@ -939,12 +770,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             m.source.segment_id, m.source.offset_bytes, m.source.length_bytes = t.source
             d = m.destination
             d.segment_id, d.offset_bytes, d.length_bytes = t.destination
-        return resp
 
-    _fetch_tasks_now.__name__ = "FetchTasks"
-
-    @_rpc
-    def CompleteTasks(self, request, context):
+    def _complete_tasks(self, request: Any, resp: master_pb2.ExchangeTasksResponse) -> None:
         state = self.state
         refused = state.counters["tier_write_refusals"]
         pauses = state.tier_pauses
@@ -956,14 +783,12 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
                         state.counters["tier_write_refusals"])
         elif state.counters["tier_write_refusals"] != refused:
             log.debug("%d more writes refused by a full tier", state.counters["tier_write_refusals"] - refused)
-        resp = master_pb2.CompleteTasksResponse()
         add = resp.results.add
         for err in errs:
             if err is None:
                 add()
             else:
                 add(code=err.code, message=err.message)
-        return resp
 
     # ----------------------------------------------------------- inspection
     @_rpc
@@ -991,7 +816,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         resp = master_pb2.StatResponse(
             master_id=st.master_id, version=__version__,
             key_count=st.key_count, processing_count=st.processing_count, lease_count=len(st.leases),
-            fenced_count=st.fenced_count, reserved_count=st.reserved_count,
+            fenced_count=st.fenced_count, reserved_count=st.reserved_count, reserved_bytes=st.reserved_bytes,
             quarantined_count=st.quarantined_count, quarantined_bytes=st.quarantined_bytes,
             capacity_bytes=sum(s.capacity_bytes for s in mounted),
             used_bytes=sum(s.used_bytes for s in mounted),

@@ -3,9 +3,10 @@
 Every method that depends on time takes ``now`` (seconds on the master's
 monotonic clock), so tests advance time instead of sleeping. Per-key work is
 constant-time dictionary work plus the O(log n)-or-better allocator; nothing on
-the hot path is proportional to the number of keys (RemoveAll, RemoveByRegex and
-UnmountSegment are O(n) by nature). Batch methods process their items one by one
-and answer one result per position: a failing item never fails the others.
+the hot path is proportional to the number of keys (RemoveAll and
+UnmountSegment are O(n) by nature). Operations take one item; the service
+(:mod:`cxlkv.master.service`) runs a batch call's items one by one and answers one
+result per position, so a failing item never fails the others.
 
 Object lifecycle (DESIGN.md, master.proto)::
 
@@ -30,6 +31,7 @@ work on its tables under the same rules (pure, ``now`` passed in)::
     tiering        master/tiering.py       demotion, promotion, DRAM caching, move tasks
     evictor        master/eviction.py      the eviction loop (policies only nominate)
     leases         master/leases.py        read leases of the RPC path
+    listing        master/listing.py       the sorted key index of ListKeys
     segment_table  master/segments.py      segments and their allocators
     index          master/publish.py       the committed-object index in the region
 
@@ -49,8 +51,6 @@ import time
 from collections import OrderedDict
 from typing import Callable, Iterable, Sequence
 
-from sortedcontainers import SortedList
-
 from cxlkv.config import MasterConfig
 from cxlkv.errors import (
     AlreadyExists, CxlkvError, InvalidArgument, InvalidKey, NoSpace, NotFound, NotReady,
@@ -62,16 +62,17 @@ from cxlkv.master.cursors import RemoveAllCursor, UnmountCursor
 from cxlkv.master.eviction import EvictionPolicy, Evictor, load_policy
 from cxlkv.master.invariants import check_invariants
 from cxlkv.master.leases import Lease, LeaseTable
+from cxlkv.master.listing import KeyListing
 from cxlkv.master.mounts import Mounts
 from cxlkv.master.objects import (
-    MAX_HEADER_BYTES, ClientRecord, Extent, ObjectVersion, ObjState, PutStartArgs, RegionReport, RestoredObject,
+    MAX_HEADER_BYTES, ClientRecord, Extent, ObjectVersion, ObjState, RegionReport, RestoredObject,
     RestoreReport, short_key as _short,
 )
 from cxlkv.master.publish import NoIndex, ObjectIndex
 from cxlkv.master.quarantine import Quarantine
 from cxlkv.master.reservations import Reservations
 from cxlkv.master.restore import restore_objects
-from cxlkv.master.segments import Segment, SegmentTable, Tier, tier_from_name
+from cxlkv.master.segments import Segment, SegmentTable, Tier, place_extents, tier_from_name
 from cxlkv.master.strategies import AllocationStrategy, PlacementRequest, load_strategy
 from cxlkv.master.tiering import MoveTask, Tiering
 
@@ -96,10 +97,7 @@ COUNTERS = (
     "tier_write_refusals",
 )
 
-_MAX_LIST_PAGE = 10000
-_DEFAULT_LIST_PAGE = 1000
 _REVOKE_REASONS_KEPT = 4096
-_INDEX_IDLE_S = 60.0  # drop the ListKeys index after this long without ListKeys
 
 
 _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
@@ -147,11 +145,8 @@ class MasterState:
         self.segment_table = SegmentTable(config.alignment_bytes, config.segments)
         # objects
         self._objects: dict[str, ObjectVersion] = {}
-        # Sorted index of committed keys for ListKeys: built on first use and
-        # dropped after _INDEX_IDLE_S without ListKeys, so puts and removes pay
-        # for it (O(log n) string compares) only while someone is listing.
-        self._keys: SortedList | None = None
-        self._keys_used_at = 0.0
+        #: The sorted key index of ListKeys (built while someone lists).
+        self.listing = KeyListing(self._objects)
         self._pending: dict[str, ObjectVersion] = {}
         self._puts: dict[int, ObjectVersion] = {}  # insertion order == start order == timeout order
         self._retired: dict[int, ObjectVersion] = {}
@@ -294,10 +289,10 @@ class MasterState:
         tiering = self.tiering
         if tiering.has_ssd and candidates and candidates[0].tier == Tier.CXL:
             tiering.room_in_cxl(candidates[0], need, now)
-        extents = self._place(candidates, need, replica_num)
+        extents = place_extents(candidates, need, replica_num)
         if not extents:
             self.evictor.until_fits(candidates, need, now)
-            extents = self._place(candidates, need, replica_num)
+            extents = place_extents(candidates, need, replica_num)
             if not extents:
                 self.counters["no_space"] += 1
                 raise self._no_space(key, value_size_bytes, need, candidates, now)
@@ -328,33 +323,6 @@ class MasterState:
         client.puts[version] = obj
         self.counters["puts_started"] += 1
         return obj
-
-    @staticmethod
-    def _place(candidates: Sequence[Segment], need: int, replica_num: int) -> list[Extent]:
-        """Allocate up to ``replica_num`` extents on distinct candidates, in order."""
-        # A full segment is skipped without asking its allocator (a failing alloc
-        # searches its size class: the common case of a cache that evicts on put).
-        if replica_num == 1:
-            for seg in candidates:
-                allocator = seg.allocator
-                if allocator.capacity_bytes - allocator.used_bytes < need:
-                    continue
-                off = allocator.alloc(need)
-                if off >= 0:
-                    seg.object_count += 1
-                    return [(seg.segment_id, off, need)]
-            return []
-        extents: list[Extent] = []
-        for seg in candidates:
-            if seg.allocator.free_bytes < need:
-                continue
-            off = seg.allocator.alloc(need)
-            if off >= 0:
-                seg.object_count += 1
-                extents.append((seg.segment_id, off, need))
-                if len(extents) >= replica_num:
-                    break
-        return extents
 
     def _no_space(self, key: str, size: int, need: int, candidates: Sequence[Segment],
                   now: float) -> NoSpace:
@@ -389,6 +357,7 @@ class MasterState:
         client = self._clients.get(obj.client_id)
         if client is None or client.epoch != obj.epoch:
             return f"writer client {obj.client_id} is gone"
+        self.registrations.credit_stall(now)
         if now - client.last_heartbeat > self.config.client_ttl_s:
             self.registrations.expire(client, now)
             return f"writer client {obj.client_id} expired"
@@ -449,8 +418,8 @@ class MasterState:
         if old is not None:
             self._retire(old, evicted=False)
             self.counters["upserts"] += 1
-        elif self._keys is not None:
-            self._keys.add(key)
+        else:
+            self.listing.added(key)
         self._objects[key] = obj
         if not obj.hard_pin:
             self.tiering.track(obj)
@@ -467,9 +436,11 @@ class MasterState:
             StaleToken, UnknownClient: as for :meth:`put_end`.
         """
         held = self.quarantine.held.get(put_token)
-        if held is not None and held.key == key and held.client_id == client_id:
+        if held is not None and held.key in (key, "") and held.client_id == client_id:
             # The writer of an ended registration ends its attempt itself: it has
-            # stopped writing there, so that space is free to reuse.
+            # stopped writing there, so that space is free to reuse. A reservation
+            # carries no key (the writer named it only at PackedCommit): its
+            # token and client identify it.
             self.quarantine.take(put_token)
             self.counters["quarantine_released_bytes"] += sum(e[2] for e in held.extents)
             self._free_extents(held)
@@ -512,33 +483,6 @@ class MasterState:
         if len(self._revoked) > _REVOKE_REASONS_KEPT:
             self._revoked.popitem(last=False)
         self.counters["puts_revoked"] += 1
-
-    def put_start_batch(self, client_id: str, epoch: int, specs: Iterable[PutStartArgs],
-                        now: float) -> list[ObjectVersion | CxlkvError]:
-        """:meth:`put_start` per item; one result (version or error) per position."""
-        out: list[ObjectVersion | CxlkvError] = []
-        for s in specs:
-            try:
-                out.append(self.put_start(
-                    client_id, epoch, s.key, s.value_size_bytes, now, replica_num=s.replica_num,
-                    upsert=s.upsert, soft_pin=s.soft_pin, hard_pin=s.hard_pin,
-                    preferred_segment=s.preferred_segment, header_bytes=s.header_bytes,
-                ))
-            except CxlkvError as err:
-                out.append(err)
-        return out
-
-    def put_end_batch(self, client_id: str, epoch: int, items: Iterable[tuple[str, int, int]],
-                      now: float) -> list[CxlkvError | None]:
-        """:meth:`put_end` per ``(key, put_token, checksum)``; ``None`` for success."""
-        out: list[CxlkvError | None] = []
-        for key, token, checksum in items:
-            try:
-                self.put_end(client_id, epoch, key, token, now, checksum)
-                out.append(None)
-            except CxlkvError as err:
-                out.append(err)
-        return out
 
     # ---------------------------------------------------------------- reads
     def get(self, client_id: str, key: str, now: float, no_lease: bool = False) -> tuple[ObjectVersion, Lease | None]:
@@ -627,18 +571,6 @@ class MasterState:
             return NotFound(f"key {_short(key)} is not committed yet (put in flight)", key=key)
         return NotFound(f"key {_short(key)} not found", key=key)
 
-    def get_batch(self, client_id: str, keys: Iterable[str], now: float, no_lease: bool = False,
-                  release_lease_ids: Iterable[int] = ()) -> list[tuple[ObjectVersion, Lease | None] | CxlkvError]:
-        """Release ``release_lease_ids``, then :meth:`get` per key (one result per position)."""
-        self.release_leases(client_id, release_lease_ids)
-        out: list[tuple[ObjectVersion, Lease | None] | CxlkvError] = []
-        for key in keys:
-            try:
-                out.append(self.get(client_id, key, now, no_lease))
-            except CxlkvError as err:
-                out.append(err)
-        return out
-
     def match_prefix(self, client_id: str, keys: Sequence[str], now: float, no_lease: bool = False,
                      release_lease_ids: Iterable[int] = ()) -> list[tuple[ObjectVersion, Lease | None]]:
         """The longest committed prefix of ``keys``, each leased (unless ``no_lease``).
@@ -697,17 +629,6 @@ class MasterState:
         self._drop_committed(obj, evicted=False)
         self.counters["removes"] += 1
 
-    def remove_batch(self, keys: Iterable[str], now: float, force: bool = False) -> list[CxlkvError | None]:
-        """:meth:`remove` per key; ``None`` for success."""
-        out: list[CxlkvError | None] = []
-        for key in keys:
-            try:
-                self.remove(key, now, force)
-                out.append(None)
-            except CxlkvError as err:
-                out.append(err)
-        return out
-
     def remove_all(self, now: float, force: bool = False, pattern: str | None = None) -> tuple[int, int]:
         """Remove every committed object (whose key matches ``pattern``, an RE2
         pattern searched in the key, when given) in one go. In-flight puts are untouched.
@@ -727,7 +648,7 @@ class MasterState:
         return cursor.removed, cursor.skipped
 
     def remove_all_start(self, force: bool = False, pattern: str | None = None) -> RemoveAllCursor:
-        """Begin a RemoveAll / RemoveByRegex to run by slices (:meth:`RemoveAllCursor.step`).
+        """Begin a RemoveAll (with or without a pattern) to run by slices (:meth:`RemoveAllCursor.step`).
 
         The objects committed now are the ones considered; each is removed when its
         slice comes unless it was removed or replaced (upsert) meanwhile. Objects
@@ -743,8 +664,7 @@ class MasterState:
     def _drop_committed(self, obj: ObjectVersion, evicted: bool) -> None:
         """Take a committed version out of the key space and retire it."""
         del self._objects[obj.key]
-        if self._keys is not None:
-            self._keys.remove(obj.key)
+        self.listing.removed(obj.key)
         self._retire(obj, evicted)
 
     def _retire(self, obj: ObjectVersion, evicted: bool) -> None:
@@ -926,6 +846,7 @@ class MasterState:
             What this sweep did: ``clients_expired``, ``puts_reclaimed`` (of
             expired writers and timed out), ``leases_expired``, ``evicted``.
         """
+        self.registrations.credit_stall(now)
         ttl = self.config.client_ttl_s
         reclaimed_before = self.counters["puts_reclaimed"]
         expired_clients = 0
@@ -950,44 +871,15 @@ class MasterState:
         if self.tasks:
             self.tiering.sweep_tasks(now)
         evicted = self.evictor.to_watermark(now, budget_s)
-        if self._keys is not None and now - self._keys_used_at > _INDEX_IDLE_S:
-            self._keys = None
+        self.listing.sweep(now)
         return {"clients_expired": expired_clients, "puts_reclaimed": reclaimed,
                 "leases_expired": leases_expired, "evicted": evicted}
 
     # ----------------------------------------------------------- inspection
     def list_keys(self, prefix: str = "", page_size: int = 0, after: str | None = None,
                   now: float = 0.0) -> tuple[list[ObjectVersion], str | None]:
-        """Committed objects in key order, starting after ``after``, with ``prefix``.
-
-        The first call after the index was dropped (idle for ``_INDEX_IDLE_S``)
-        sorts every key once, O(n log n); later pages are O(log n + page).
-
-        Args:
-            prefix: only keys starting with it.
-            page_size: 0 means 1000; capped at 10000.
-            after: the last key of the previous page, or ``None``.
-            now: master clock, seconds (keeps the index alive).
-
-        Returns:
-            ``(objects, last_key)``; ``last_key`` is ``None`` on the last page.
-        """
-        size = _DEFAULT_LIST_PAGE if page_size <= 0 else min(page_size, _MAX_LIST_PAGE)
-        if self._keys is None:
-            self._keys = SortedList(self._objects)
-        self._keys_used_at = now
-        if after is not None and after >= prefix:
-            it = self._keys.irange(minimum=after, inclusive=(False, True))
-        else:
-            it = self._keys.irange(minimum=prefix)
-        out: list[ObjectVersion] = []
-        for key in it:
-            if not key.startswith(prefix):
-                return out, None
-            if len(out) == size:
-                return out, out[-1].key
-            out.append(self._objects[key])
-        return out, None
+        """A ListKeys page: ``(objects, last_key)`` (:meth:`KeyListing.page`)."""
+        return self.listing.page(prefix, page_size, after, now)
 
     def get_object(self, key: str) -> ObjectVersion | None:
         """The committed version of ``key`` (no lease, no policy hit), or ``None``."""

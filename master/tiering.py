@@ -26,7 +26,7 @@ import xxhash
 
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument, NotFound, StaleToken
 from cxlkv.master.objects import Extent, ObjectVersion, ObjState, short_key as _short
-from cxlkv.master.segments import Segment, Tier
+from cxlkv.master.segments import Segment, Tier, place_extents
 from cxlkv.master.strategies import PlacementRequest
 from cxlkv.v1 import master_pb2
 
@@ -490,12 +490,12 @@ class Tiering:
             return None
         request = _new_tuple(PlacementRequest, (need, 1, "", tier))
         cands = st.strategy.select(pool, request)
-        ext = st._place(cands, need, 1)
+        ext = place_extents(cands, need, 1)
         if not ext and evict_cold and self.cold:
             ids = frozenset(s.segment_id for s in cands)
             st.evictor.evict(now, lambda: any(s.allocator.largest_free_bytes >= need for s in cands), ids, None,
                         cold=True)
-            ext = st._place(cands, need, 1)
+            ext = place_extents(cands, need, 1)
         return ext[0] if ext else None
 
     def demote(self, obj: ObjectVersion, now: float) -> bool:

@@ -5,7 +5,9 @@
 (the one process harness the cluster fixtures use too), waits for the address file, and
 stops with SIGTERM → SIGKILL (a master that had to be killed fails the test).
 ``assert_invariant`` checks the space accounting from outside (Stat, ListKeys,
-BatchGetReplicaList) and asks the master to verify it from scratch too.
+GetReplicaList) and asks the master to verify it from scratch too. ``Writer`` and
+``locate`` call the master's batch forms for one key, raising the position's error
+as the single-key calls of a client would.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import grpc
 import tomli_w
 
 from cxlkv.deploy.cluster import ClusterError, ManagedProcess, wait_for_file
-from cxlkv.errors import CxlkvError, from_rpc_error
+from cxlkv.clientd.master_link import Location, StartedPut, unpack_locations, unpack_put_starts
+from cxlkv.errors import CxlkvError, error_for, from_rpc_error
 from cxlkv.region import REGION_HEADER_BYTES
 from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
 
@@ -107,12 +110,48 @@ class MasterProcess:
 
 
 def rpc_error(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> CxlkvError:
-    """Call a stub method that must fail; return the cxlkv error it carried."""
+    """Call a stub method (or a helper here) that must fail; return the cxlkv
+    error it carried (a failed call's status, or a failed position's code)."""
     try:
         fn(*args, **kwargs)
     except grpc.RpcError as exc:
         return from_rpc_error(exc)
+    except CxlkvError as exc:
+        return exc
     raise AssertionError(f"{getattr(fn, '_method', fn)!r} succeeded, expected an error")
+
+
+def check_items(resp: Any, keys: list[str] | None = None) -> None:
+    """Raise the first failed position of an ``ItemResults`` (or any packed answer
+    with ``codes`` / ``error_positions`` / ``messages``) as its cxlkv error."""
+    if resp.error_positions:
+        i = resp.error_positions[0]
+        raise error_for(resp.codes[i], resp.messages[0], key=keys[i] if keys else None)
+
+
+def locate(stub: master_pb2_grpc.MasterServiceStub, key: str, client_id: str = "",
+           no_lease: bool = False) -> Location:
+    """GetReplicaList of one key: its :class:`Location`, or its error raised."""
+    (loc,) = unpack_locations(stub.GetReplicaList(master_pb2.GetReplicaListRequest(
+        client_id=client_id, keys=[key], no_lease=no_lease)))
+    if loc.status.code:
+        raise error_for(loc.status.code, loc.status.message, key=key)
+    return loc
+
+
+def exists(stub: master_pb2_grpc.MasterServiceStub, key: str) -> bool:
+    """ExistKey of one key (its INVALID_KEY raised)."""
+    resp = stub.ExistKey(master_pb2.ExistKeyRequest(keys=[key]))
+    if resp.results[0].code:
+        raise error_for(resp.results[0].code, resp.results[0].message, key=key)
+    return resp.exists[0]
+
+
+def remove(stub: master_pb2_grpc.MasterServiceStub, key: str, force: bool = False) -> None:
+    """Remove of one key (its error raised)."""
+    st = stub.Remove(master_pb2.RemoveRequest(keys=[key], force=force)).results[0]
+    if st.code:
+        raise error_for(st.code, st.message, key=key)
 
 
 class Writer:
@@ -130,39 +169,46 @@ class Writer:
     def heartbeat(self) -> None:
         self.stub.Heartbeat(master_pb2.HeartbeatRequest(client_id=self.client_id, epoch=self.epoch))
 
-    def start(self, key: str, size: int, **options: Any) -> master_pb2.PutStartResult:
-        return self.stub.PutStart(master_pb2.PutStartRequest(
-            client_id=self.client_id, epoch=self.epoch,
-            item=master_pb2.PutStartItem(key=key, value_size_bytes=size,
-                                         options=common_pb2.PutOptions(**options)))).result
+    def start_many(self, keys: list[str], size: int, **options: Any) -> list[StartedPut]:
+        """PutStart of ``keys`` (``size`` bytes each, the same options): one
+        :class:`StartedPut` per key."""
+        opts = common_pb2.PutOptions(**options)
+        return unpack_put_starts(self.stub.PutStart(master_pb2.PutStartRequest(
+            client_id=self.client_id, epoch=self.epoch, keys=keys, value_size_bytes=[size] * len(keys),
+            options=[opts] * len(keys))))
+
+    def start(self, key: str, size: int, **options: Any) -> StartedPut:
+        """PutStart of one key; its error raised."""
+        (res,) = self.start_many([key], size, **options)
+        if res.status.code:
+            raise error_for(res.status.code, res.status.message, key=key)
+        return res
 
     def end(self, key: str, token: int, checksum: int = 0) -> None:
-        self.stub.PutEnd(master_pb2.PutEndRequest(
-            client_id=self.client_id, epoch=self.epoch,
-            item=master_pb2.PutEndItem(key=key, put_token=token, checksum=checksum)))
+        """PutEnd of one key; its error raised."""
+        check_items(self.stub.PutEnd(master_pb2.PutEndRequest(
+            client_id=self.client_id, epoch=self.epoch, keys=[key], put_tokens=[token], checksums=[checksum])),
+            [key])
 
     def revoke(self, key: str, token: int) -> None:
-        self.stub.PutRevoke(master_pb2.PutRevokeRequest(
-            client_id=self.client_id, epoch=self.epoch, item=master_pb2.PutEndItem(key=key, put_token=token)))
+        """PutRevoke of one key; its error raised."""
+        check_items(self.stub.PutRevoke(master_pb2.PutEndRequest(
+            client_id=self.client_id, epoch=self.epoch, keys=[key], put_tokens=[token])), [key])
 
-    def put(self, key: str, size: int, **options: Any) -> master_pb2.PutStartResult:
+    def put(self, key: str, size: int, **options: Any) -> StartedPut:
         res = self.start(key, size, **options)
         self.end(key, res.put_token)
         return res
 
     def batch_put(self, keys: list[str], size: int, **options: Any) -> list[common_pb2.Status]:
-        """BatchPutStart + BatchPutEnd of the successful ones; the start statuses."""
-        opts = common_pb2.PutOptions(**options)
-        started = self.stub.BatchPutStart(master_pb2.BatchPutStartRequest(
-            client_id=self.client_id, epoch=self.epoch,
-            items=[master_pb2.PutStartItem(key=k, value_size_bytes=size, options=opts) for k in keys]))
-        ends = [master_pb2.PutEndItem(key=k, put_token=r.put_token)
-                for k, r in zip(keys, started.results) if r.status.code == 0]
-        if ends:
-            done = self.stub.BatchPutEnd(master_pb2.BatchPutEndRequest(
-                client_id=self.client_id, epoch=self.epoch, items=ends))
-            assert all(s.code == 0 for s in done.results), done
-        return [r.status for r in started.results]
+        """PutStart + PutEnd of the successful ones; the start statuses."""
+        started = self.start_many(keys, size, **options)
+        ok = [(k, r.put_token) for k, r in zip(keys, started) if r.status.code == 0]
+        if ok:
+            done = self.stub.PutEnd(master_pb2.PutEndRequest(
+                client_id=self.client_id, epoch=self.epoch, keys=[k for k, _ in ok], put_tokens=[t for _, t in ok]))
+            assert not done.error_positions, done
+        return [r.status for r in started]
 
 
 def stat(stub: master_pb2_grpc.MasterServiceStub, check: bool = False) -> master_pb2.StatResponse:
@@ -206,12 +252,12 @@ def assert_invariant(stub: master_pb2_grpc.MasterServiceStub) -> master_pb2.Stat
     assert keys == sorted(keys)
     extents: dict[int, list[tuple[int, int]]] = {sid: [] for sid in mounted}
     for i in range(0, len(keys), 2000):
-        locs = stub.BatchGetReplicaList(master_pb2.BatchGetReplicaListRequest(
-            keys=keys[i:i + 2000], no_lease=True)).locations
+        locs = unpack_locations(stub.GetReplicaList(master_pb2.GetReplicaListRequest(
+            keys=keys[i:i + 2000], no_lease=True)))
         for loc in locs:
             assert loc.status.code == 0, loc.status
             for r in loc.replicas:
-                extents[r.extent.segment_id].append((r.extent.offset_bytes, r.extent.length_bytes))
+                extents[r.segment_id].append((r.offset_bytes, r.length_bytes))
     for sid, exts in extents.items():
         exts.sort()
         seg = mounted[sid]

@@ -1046,6 +1046,31 @@ def cxlkv_guard_remove(r: Handle) -> None:
             lib.cxlkv_guard_remove(r.base)
 
 
+def guard_add_memory(mem: Any) -> int:
+    """Register the mapping under the writable buffer ``mem`` (e.g. an ``mmap`` of a
+    file another process can truncate) with the guard; returns its base address
+    (for :func:`guard_remove_memory` / :func:`guard_hits_memory`), 0 when the table
+    is full or ``mem`` is empty. Thread-safe."""
+    if len(mem) == 0:
+        return 0
+    base = ffi.from_buffer("char[]", mem, require_writable=True)
+    with _guard_lock:
+        ok = lib.cxlkv_guard_add(base, len(mem)) == _OK
+    return int(ffi.cast("uintptr_t", base)) if ok else 0
+
+
+def guard_remove_memory(address: int) -> None:
+    """Forget a mapping :func:`guard_add_memory` registered (call before unmapping it)."""
+    if address:
+        with _guard_lock:
+            lib.cxlkv_guard_remove(ffi.cast("void *", address))
+
+
+def guard_hits_memory(address: int) -> int:
+    """Faults absorbed in the mapping :func:`guard_add_memory` registered at ``address``."""
+    return int(lib.cxlkv_guard_hits(ffi.cast("void *", address))) if address else 0
+
+
 def cxlkv_guard_hits(r: Handle) -> int:
     """Faults absorbed in ``r``'s mapping since it was registered (0 if not registered)."""
     return int(lib.cxlkv_guard_hits(r.base)) if r.base != ffi.NULL else 0

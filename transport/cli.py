@@ -56,6 +56,35 @@ def region_group() -> None:
     """Format and inspect CXL regions (/dev/daxX.Y or an emulation file)."""
 
 
+def _refuse_if_owned(region: Region, path: str) -> None:
+    """Refuse to format a region whose owner lease a master renewed within its TTL.
+
+    Re-formatting a region in use zeroes the index and the owner record under the
+    running master (which then stops, "taken over") and its clientds: every object
+    is dropped. ``--force`` is for a formatted region nobody runs on; a master that
+    stopped cleanly released its lease, one that was killed holds it for at most
+    ``owner_lease_ttl_s``."""
+    import time
+
+    from cxlkv.errors import RegionError
+    from cxlkv.index import read_owner
+
+    try:
+        geometry = read_identity(region).index
+        cur = read_owner(region, geometry) if geometry is not None else None
+    except CxlkvError:
+        return  # not formatted, or a corrupt header: nothing can be running on it
+    if cur is None or cur.heartbeat_s <= 0:
+        return
+    age = time.time() - cur.heartbeat_s
+    if age < cur.ttl_s:
+        raise RegionError(
+            f"region {path} is in use: master {cur.owner_id.hex[:12]} (epoch {cur.epoch}) renewed its "
+            f"owner lease {max(age, 0.0):.1f} s ago (it lapses {cur.ttl_s:g} s after the last renewal); stop "
+            "that master and the clientds mapping the region first (re-formatting a region in use stops its "
+            "master and drops every object)", path=path)
+
+
 @region_group.command("format")
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--segment", "segment_name", required=True, help="Segment name (1-64 UTF-8 bytes).")
@@ -84,6 +113,7 @@ def format_cmd(
     if create and size is None:
         raise click.UsageError("--create needs --size (e.g. --size 64MiB)")
     with _cli_errors(), Region.open(path, size=size, create=create) as region:
+        _refuse_if_owned(region, path)
         reserve_file(path)
         identity = format_region(region, segment_name, force=force, expected_objects=expected_objects,
                                  index=not no_index)

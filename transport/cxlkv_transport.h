@@ -515,7 +515,7 @@ int cxlkv_index_probe_many(const cxlkv_index_t *ix, uint64_t n, const char *keys
  * cxlkv_guard_install: install the handler once per process (idempotent);
  *   returns CXLKV_OK or CXLKV_E_INVAL with errno.
  * cxlkv_guard_add / cxlkv_guard_remove: register / forget a mapping (before
- *   unmapping it); at most 256 at once (CXLKV_E_TOO_LARGE when full). Callers
+ *   unmapping it); at most 8192 at once (CXLKV_E_TOO_LARGE when full). Callers
  *   serialise add/remove; the handler reads the table without locks.
  * cxlkv_guard_hits: faults absorbed in the mapping starting at `base` since it
  *   was added (0 if unknown); cxlkv_guard_total_hits: in all mappings, ever.

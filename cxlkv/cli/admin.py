@@ -110,10 +110,7 @@ def remove_all_cmd(master_address: str, tls_ca: str, tls_cert: str, tls_key: str
 
     def run() -> None:
         tls = tls_files(tls_ca, tls_cert, tls_key)
-        if regex:
-            r = _call(master_address, tls, "RemoveByRegex", master_pb2.RemoveByRegexRequest(pattern=regex, force=force))
-        else:
-            r = _call(master_address, tls, "RemoveAll", master_pb2.RemoveAllRequest(force=force))
+        r = _call(master_address, tls, "RemoveAll", master_pb2.RemoveAllRequest(force=force, pattern=regex))
         click.echo(f"removed {r.removed}" + (f", {r.skipped_leased} leased left" if r.skipped_leased else ""))
 
     _run(run)
@@ -175,7 +172,8 @@ def release_writer_cmd(master_address: str, tls_ca: str, tls_cert: str, tls_key:
 
     def run() -> None:
         tls = tls_files(tls_ca, tls_cert, tls_key)
-        r = _call(master_address, tls, "ReleaseWriter", master_pb2.ReleaseWriterRequest(client_id=client_id))
+        r = _call(master_address, tls, "ReleaseQuarantine",
+                  master_pb2.ReleaseQuarantineRequest(client_id=client_id, writers_gone=True))
         click.echo(f"released {r.freed_bytes} quarantined bytes of client {client_id}")
 
     _run(run)

@@ -236,6 +236,8 @@ def stat_cmd(client: Any, as_json: bool) -> None:
 
     from cxlkv.config import format_size
 
+    from cxlkv.cli.status import held_note
+
     st = _with_ints(client.stat())
     known = bool(st.get("master_connected"))
     if not known:  # keys and space come from the master: unknown, not 0
@@ -260,7 +262,7 @@ def stat_cmd(client: Any, as_json: bool) -> None:
         ("master", f"{st.get('master_address', '')} ({'connected' if st.get('master_connected') else 'NOT connected'})"),
         ("keys", st.get("key_count", 0) if known else "unknown (the master is not reachable)"),
         ("space", (f"{format_size(used)} used of {format_size(cap)}" + (f" ({used / cap:.1%})" if cap else "")
-                   + space_note) if known else "unknown (the master is not reachable)"),
+                   + space_note + held_note(st)) if known else "unknown (the master is not reachable)"),
         ("shared buffers", f"{st.get('buffers_registered', 0)} ({format_size(int(st.get('buffer_bytes', 0)))})"),
         ("version", st.get("version", "")),
         ("uptime", f"{float(st.get('uptime_s', 0)):.0f} s"),

@@ -101,6 +101,8 @@ def _master_stat(address: str, tls: Any = None) -> dict[str, Any]:
         "processing_count": st.processing_count, "lease_count": st.lease_count,
         "fenced_count": st.fenced_count,
         "capacity_bytes": st.capacity_bytes, "used_bytes": st.used_bytes,
+        "reserved_bytes": st.reserved_bytes, "reserved_count": st.reserved_count,
+        "quarantined_bytes": st.quarantined_bytes, "quarantined_count": st.quarantined_count,
         "counters": dict(st.counters), "segments": segments, "clients": clients,
     }
 
@@ -251,6 +253,10 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
         homes = [v for t, v in tiers.items() if t != "dram"]
         out["space"] = {"capacity_bytes": sum(v["capacity_bytes"] for v in homes),
                         "used_bytes": sum(v["used_bytes"] for v in homes),
+                        # of used_bytes: held ahead of need by clientds, and held for
+                        # writers of ended registrations (docs/master.md); no object's
+                        "reserved_bytes": master["reserved_bytes"],
+                        "quarantined_bytes": master["quarantined_bytes"],
                         "excludes": "dram (extra copies only)"}
         c = master["counters"]
         out["evictions"] = {"evictions": c.get("evictions", 0), "evicted_bytes": c.get("evicted_bytes", 0),
@@ -287,13 +293,22 @@ def _age(seconds: float) -> str:
 _TIER_ORDER = {"dram": 0, "cxl": 1, "ssd": 2}
 
 
+def held_note(space: dict[str, Any]) -> str:
+    """What of the used space belongs to no object yet: reserved ahead of need, quarantined."""
+    held = [f"{format_size(space[k])} {what}" for k, what in
+            (("reserved_bytes", "reserved ahead of need"), ("quarantined_bytes", "quarantined"))
+            if space.get(k)]
+    return f"; of it {', '.join(held)}" if held else ""
+
+
 def _space_rows(st: dict[str, Any]) -> list[tuple[str, str]]:
     """``space`` (what the store holds: CXL + SSD, never DRAM), then one row per tier."""
     sp, tiers = st["space"], st["tiers"]
     rows = [("space", f"{usage_bar(sp['used_bytes'], sp['capacity_bytes'])}  "
                       f"{format_size(sp['used_bytes'])} of {format_size(sp['capacity_bytes'])}"
                       + (f"  ({' + '.join(t for t in sorted(tiers, key=lambda t: _TIER_ORDER.get(t, 9)) if t != 'dram')})"
-                         if len(tiers) > 1 else ""))]
+                         if len(tiers) > 1 else "")
+                      + held_note(sp))]
     if len(tiers) > 1:
         for t in sorted(tiers, key=lambda t: _TIER_ORDER.get(t, 9)):
             v = tiers[t]

@@ -27,7 +27,7 @@ from cxlkv.client._direct import FALLBACK
 from cxlkv.client._memory import address_of, dst_array
 from cxlkv.client._pool import BufferPool, PoolBuffer
 from cxlkv.client.framing import METHODS_BY_NAME
-from cxlkv.errors import CxlkvError, Internal, InvalidArgument, OutOfRange, TooLarge, error_for
+from cxlkv.errors import CxlkvError, ErrorCode, Internal, InvalidArgument, OutOfRange, TooLarge, error_for
 from cxlkv.v1 import client_pb2, common_pb2
 from cxlkv.wire.limits import SDK_BATCH_INLINE_BYTES, SDK_BATCH_ITEMS
 
@@ -55,19 +55,17 @@ def status_error(st: common_pb2.Status, key: str | None) -> CxlkvError:
     return error_for(st.code, st.message, key=key)
 
 
-def over_inline_limit(err: TooLarge) -> bool:
-    """Whether TOO_LARGE means "over the daemon's inline limit" (retry through shared
-    memory) rather than "larger than every segment" (final)."""
-    return "inline" in err.message
-
-
 def registered(conn: Any, buffer_ids: list[int]) -> list[bool]:
     """BufferStatus over ``conn``: whether the daemon knows each id. A daemon older
-    than BufferStatus cannot tell: every id counts as known then."""
+    than BufferStatus cannot tell: every id counts as known then.
+
+    Decided by code: BufferStatus itself never answers INVALID_ARGUMENT (too many
+    ids is TOO_LARGE), so INVALID_ARGUMENT is the lean server refusing a method
+    number it does not know, i.e. an older daemon."""
     try:
         resp = conn.call(_M["BufferStatus"], client_pb2.BufferStatusRequest(buffer_ids=buffer_ids))
     except InvalidArgument as exc:
-        if "unknown method number" in exc.message:
+        if exc.code == ErrorCode.INVALID_ARGUMENT:  # not a subclass with its own code
             return [True] * len(buffer_ids)
         raise
     known = list(resp.registered)
@@ -163,13 +161,12 @@ class DaemonPath:
 
     # ================================================================ puts
     def put_inline(self, key: str, value: bytes, opts: Opts) -> Any:
-        """``INLINE``: the new version, or :data:`FALLBACK` when the value is over the
-        daemon's inline limit (go ``STAGED``)."""
+        """``INLINE``: the new version, or :data:`FALLBACK` when the daemon refuses it
+        as too large (over its inline limit: go ``STAGED``; a value larger than every
+        segment answers TOO_LARGE there too, and that is raised)."""
         try:
             return self._call("Put", _PutRequest(key=key, value=value, options=opts)).version
-        except TooLarge as exc:
-            if not over_inline_limit(exc):  # larger than every segment
-                raise
+        except TooLarge:
             return FALLBACK
 
     def put_pool(self, key: str, loc: tuple[int, int], nbytes: int, opts: Opts) -> int:
@@ -189,7 +186,7 @@ class DaemonPath:
         """``INLINE`` for ``values[i]`` (``bytes``), ``i`` in ``positions``: into ``results[i]``.
 
         Returns:
-            The positions over the daemon's inline limit (to go ``STAGED``).
+            The positions refused as too large (to go ``STAGED``: a final one fails again there).
         """
         if not positions:
             return []
@@ -218,7 +215,7 @@ class DaemonPath:
         over = []
         for i in positions:
             r = results[i]
-            if r is not None and isinstance(r.error, TooLarge) and over_inline_limit(r.error):
+            if r is not None and isinstance(r.error, TooLarge):
                 over.append(i)
         return over
 

@@ -373,7 +373,7 @@ class ClientStatRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ClientStatResponse(_message.Message):
-    __slots__ = ("client_id", "epoch", "hostname", "name", "master_connected", "master_address", "segments", "key_count", "capacity_bytes", "used_bytes", "buffers_registered", "buffer_bytes", "counters", "version", "metrics_url", "uptime_s")
+    __slots__ = ("client_id", "epoch", "hostname", "name", "master_connected", "master_address", "segments", "key_count", "capacity_bytes", "used_bytes", "buffers_registered", "buffer_bytes", "counters", "version", "metrics_url", "uptime_s", "reserved_bytes", "quarantined_bytes")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -397,6 +397,8 @@ class ClientStatResponse(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     METRICS_URL_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_BYTES_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     epoch: int
     hostname: str
@@ -413,7 +415,9 @@ class ClientStatResponse(_message.Message):
     version: str
     metrics_url: str
     uptime_s: float
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., hostname: _Optional[str] = ..., name: _Optional[str] = ..., master_connected: bool = ..., master_address: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., key_count: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., buffers_registered: _Optional[int] = ..., buffer_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., version: _Optional[str] = ..., metrics_url: _Optional[str] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+    reserved_bytes: int
+    quarantined_bytes: int
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., hostname: _Optional[str] = ..., name: _Optional[str] = ..., master_connected: bool = ..., master_address: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., key_count: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., buffers_registered: _Optional[int] = ..., buffer_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., version: _Optional[str] = ..., metrics_url: _Optional[str] = ..., uptime_s: _Optional[float] = ..., reserved_bytes: _Optional[int] = ..., quarantined_bytes: _Optional[int] = ...) -> None: ...
 
 class ListRequest(_message.Message):
     __slots__ = ("prefix", "page_size", "page_token")

@@ -20,55 +20,63 @@ PROMOTE: TaskKind
 CACHE: TaskKind
 COPY: TaskKind
 
-class ReportDamagedRequest(_message.Message):
-    __slots__ = ("client_id", "keys", "versions")
+class ReportReadsRequest(_message.Message):
+    __slots__ = ("client_id", "keys", "prefix_keys", "prefix_lengths", "prefix_matched", "damaged_keys", "damaged_versions")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
-    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_KEYS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_MATCHED_FIELD_NUMBER: _ClassVar[int]
+    DAMAGED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    DAMAGED_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     keys: _containers.RepeatedScalarFieldContainer[str]
-    versions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., versions: _Optional[_Iterable[int]] = ...) -> None: ...
+    prefix_keys: _containers.RepeatedScalarFieldContainer[str]
+    prefix_lengths: _containers.RepeatedScalarFieldContainer[int]
+    prefix_matched: _containers.RepeatedScalarFieldContainer[int]
+    damaged_keys: _containers.RepeatedScalarFieldContainer[str]
+    damaged_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., prefix_keys: _Optional[_Iterable[str]] = ..., prefix_lengths: _Optional[_Iterable[int]] = ..., prefix_matched: _Optional[_Iterable[int]] = ..., damaged_keys: _Optional[_Iterable[str]] = ..., damaged_versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
-class ReportDamagedResponse(_message.Message):
-    __slots__ = ("dropped",)
+class ReportReadsResponse(_message.Message):
+    __slots__ = ("applied", "dropped")
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    applied: int
     dropped: int
-    def __init__(self, dropped: _Optional[int] = ...) -> None: ...
+    def __init__(self, applied: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
 
-class ReleaseWriterRequest(_message.Message):
-    __slots__ = ("client_id",)
-    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
-    client_id: str
-    def __init__(self, client_id: _Optional[str] = ...) -> None: ...
-
-class PackedReserveRequest(_message.Message):
-    __slots__ = ("client_id", "epoch", "need_bytes", "counts")
+class ReserveRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "need_bytes", "counts", "unreserve_put_tokens")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     NEED_BYTES_FIELD_NUMBER: _ClassVar[int]
     COUNTS_FIELD_NUMBER: _ClassVar[int]
+    UNRESERVE_PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     epoch: int
     need_bytes: _containers.RepeatedScalarFieldContainer[int]
     counts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., need_bytes: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ...) -> None: ...
+    unreserve_put_tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., need_bytes: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., unreserve_put_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
-class PackedReserveResponse(_message.Message):
-    __slots__ = ("granted", "put_tokens", "segment_ids", "offsets_bytes", "lengths_bytes")
+class ReserveResponse(_message.Message):
+    __slots__ = ("granted", "put_tokens", "segment_ids", "offsets_bytes", "lengths_bytes", "unreserved")
     GRANTED_FIELD_NUMBER: _ClassVar[int]
     PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_BYTES_FIELD_NUMBER: _ClassVar[int]
     LENGTHS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    UNRESERVED_FIELD_NUMBER: _ClassVar[int]
     granted: _containers.RepeatedScalarFieldContainer[int]
     put_tokens: _containers.RepeatedScalarFieldContainer[int]
     segment_ids: _containers.RepeatedScalarFieldContainer[int]
     offsets_bytes: _containers.RepeatedScalarFieldContainer[int]
     lengths_bytes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, granted: _Optional[_Iterable[int]] = ..., put_tokens: _Optional[_Iterable[int]] = ..., segment_ids: _Optional[_Iterable[int]] = ..., offsets_bytes: _Optional[_Iterable[int]] = ..., lengths_bytes: _Optional[_Iterable[int]] = ...) -> None: ...
+    unreserved: ItemResults
+    def __init__(self, granted: _Optional[_Iterable[int]] = ..., put_tokens: _Optional[_Iterable[int]] = ..., segment_ids: _Optional[_Iterable[int]] = ..., offsets_bytes: _Optional[_Iterable[int]] = ..., lengths_bytes: _Optional[_Iterable[int]] = ..., unreserved: _Optional[_Union[ItemResults, _Mapping]] = ...) -> None: ...
 
-class PackedCommitRequest(_message.Message):
+class CommitRequest(_message.Message):
     __slots__ = ("client_id", "epoch", "keys", "put_tokens", "value_size_bytes", "header_bytes", "checksums", "flags")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -88,53 +96,25 @@ class PackedCommitRequest(_message.Message):
     flags: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., put_tokens: _Optional[_Iterable[int]] = ..., value_size_bytes: _Optional[_Iterable[int]] = ..., header_bytes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., flags: _Optional[_Iterable[int]] = ...) -> None: ...
 
-class PackedUnreserveRequest(_message.Message):
-    __slots__ = ("client_id", "epoch", "put_tokens")
-    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    client_id: str
-    epoch: int
-    put_tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., put_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
-
 class ReleaseQuarantineRequest(_message.Message):
-    __slots__ = ("client_id", "epoch", "upto_epoch", "keep_put_tokens")
+    __slots__ = ("client_id", "epoch", "upto_epoch", "keep_put_tokens", "writers_gone")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     UPTO_EPOCH_FIELD_NUMBER: _ClassVar[int]
     KEEP_PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    WRITERS_GONE_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     epoch: int
     upto_epoch: int
     keep_put_tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., upto_epoch: _Optional[int] = ..., keep_put_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+    writers_gone: bool
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., upto_epoch: _Optional[int] = ..., keep_put_tokens: _Optional[_Iterable[int]] = ..., writers_gone: bool = ...) -> None: ...
 
 class ReleaseQuarantineResponse(_message.Message):
     __slots__ = ("freed_bytes",)
     FREED_BYTES_FIELD_NUMBER: _ClassVar[int]
     freed_bytes: int
     def __init__(self, freed_bytes: _Optional[int] = ...) -> None: ...
-
-class ReportHitsRequest(_message.Message):
-    __slots__ = ("client_id", "keys", "prefix_keys", "prefix_lengths", "prefix_matched")
-    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
-    KEYS_FIELD_NUMBER: _ClassVar[int]
-    PREFIX_KEYS_FIELD_NUMBER: _ClassVar[int]
-    PREFIX_LENGTHS_FIELD_NUMBER: _ClassVar[int]
-    PREFIX_MATCHED_FIELD_NUMBER: _ClassVar[int]
-    client_id: str
-    keys: _containers.RepeatedScalarFieldContainer[str]
-    prefix_keys: _containers.RepeatedScalarFieldContainer[str]
-    prefix_lengths: _containers.RepeatedScalarFieldContainer[int]
-    prefix_matched: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., prefix_keys: _Optional[_Iterable[str]] = ..., prefix_lengths: _Optional[_Iterable[int]] = ..., prefix_matched: _Optional[_Iterable[int]] = ...) -> None: ...
-
-class ReportHitsResponse(_message.Message):
-    __slots__ = ("applied",)
-    APPLIED_FIELD_NUMBER: _ClassVar[int]
-    applied: int
-    def __init__(self, applied: _Optional[int] = ...) -> None: ...
 
 class RegionIdentity(_message.Message):
     __slots__ = ("segment_name", "region_uuid", "size_bytes", "device_path")
@@ -264,107 +244,7 @@ class ListSegmentsResponse(_message.Message):
     segments: _containers.RepeatedCompositeFieldContainer[_common_pb2.SegmentInfo]
     def __init__(self, segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ...) -> None: ...
 
-class PutStartItem(_message.Message):
-    __slots__ = ("key", "value_size_bytes", "options", "header_bytes")
-    KEY_FIELD_NUMBER: _ClassVar[int]
-    VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
-    OPTIONS_FIELD_NUMBER: _ClassVar[int]
-    HEADER_BYTES_FIELD_NUMBER: _ClassVar[int]
-    key: str
-    value_size_bytes: int
-    options: _common_pb2.PutOptions
-    header_bytes: int
-    def __init__(self, key: _Optional[str] = ..., value_size_bytes: _Optional[int] = ..., options: _Optional[_Union[_common_pb2.PutOptions, _Mapping]] = ..., header_bytes: _Optional[int] = ...) -> None: ...
-
 class PutStartRequest(_message.Message):
-    __slots__ = ("client_id", "epoch", "item")
-    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    ITEM_FIELD_NUMBER: _ClassVar[int]
-    client_id: str
-    epoch: int
-    item: PutStartItem
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., item: _Optional[_Union[PutStartItem, _Mapping]] = ...) -> None: ...
-
-class PutStartResult(_message.Message):
-    __slots__ = ("status", "put_token", "version", "extents", "replicas_wanted")
-    STATUS_FIELD_NUMBER: _ClassVar[int]
-    PUT_TOKEN_FIELD_NUMBER: _ClassVar[int]
-    VERSION_FIELD_NUMBER: _ClassVar[int]
-    EXTENTS_FIELD_NUMBER: _ClassVar[int]
-    REPLICAS_WANTED_FIELD_NUMBER: _ClassVar[int]
-    status: _common_pb2.Status
-    put_token: int
-    version: int
-    extents: _containers.RepeatedCompositeFieldContainer[_common_pb2.Extent]
-    replicas_wanted: int
-    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., put_token: _Optional[int] = ..., version: _Optional[int] = ..., extents: _Optional[_Iterable[_Union[_common_pb2.Extent, _Mapping]]] = ..., replicas_wanted: _Optional[int] = ...) -> None: ...
-
-class PutStartResponse(_message.Message):
-    __slots__ = ("result",)
-    RESULT_FIELD_NUMBER: _ClassVar[int]
-    result: PutStartResult
-    def __init__(self, result: _Optional[_Union[PutStartResult, _Mapping]] = ...) -> None: ...
-
-class BatchPutStartRequest(_message.Message):
-    __slots__ = ("client_id", "epoch", "items")
-    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    ITEMS_FIELD_NUMBER: _ClassVar[int]
-    client_id: str
-    epoch: int
-    items: _containers.RepeatedCompositeFieldContainer[PutStartItem]
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[_Union[PutStartItem, _Mapping]]] = ...) -> None: ...
-
-class BatchPutStartResponse(_message.Message):
-    __slots__ = ("results",)
-    RESULTS_FIELD_NUMBER: _ClassVar[int]
-    results: _containers.RepeatedCompositeFieldContainer[PutStartResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[PutStartResult, _Mapping]]] = ...) -> None: ...
-
-class PutEndItem(_message.Message):
-    __slots__ = ("key", "put_token", "checksum")
-    KEY_FIELD_NUMBER: _ClassVar[int]
-    PUT_TOKEN_FIELD_NUMBER: _ClassVar[int]
-    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
-    key: str
-    put_token: int
-    checksum: int
-    def __init__(self, key: _Optional[str] = ..., put_token: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
-
-class PutEndRequest(_message.Message):
-    __slots__ = ("client_id", "epoch", "item")
-    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    ITEM_FIELD_NUMBER: _ClassVar[int]
-    client_id: str
-    epoch: int
-    item: PutEndItem
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., item: _Optional[_Union[PutEndItem, _Mapping]] = ...) -> None: ...
-
-class PutEndResponse(_message.Message):
-    __slots__ = ("status",)
-    STATUS_FIELD_NUMBER: _ClassVar[int]
-    status: _common_pb2.Status
-    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ...) -> None: ...
-
-class BatchPutEndRequest(_message.Message):
-    __slots__ = ("client_id", "epoch", "items")
-    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    ITEMS_FIELD_NUMBER: _ClassVar[int]
-    client_id: str
-    epoch: int
-    items: _containers.RepeatedCompositeFieldContainer[PutEndItem]
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., items: _Optional[_Iterable[_Union[PutEndItem, _Mapping]]] = ...) -> None: ...
-
-class BatchPutEndResponse(_message.Message):
-    __slots__ = ("results",)
-    RESULTS_FIELD_NUMBER: _ClassVar[int]
-    results: _containers.RepeatedCompositeFieldContainer[_common_pb2.Status]
-    def __init__(self, results: _Optional[_Iterable[_Union[_common_pb2.Status, _Mapping]]] = ...) -> None: ...
-
-class PackedPutStartRequest(_message.Message):
     __slots__ = ("client_id", "epoch", "keys", "value_size_bytes", "header_bytes", "options")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -380,7 +260,7 @@ class PackedPutStartRequest(_message.Message):
     options: _containers.RepeatedCompositeFieldContainer[_common_pb2.PutOptions]
     def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., value_size_bytes: _Optional[_Iterable[int]] = ..., header_bytes: _Optional[_Iterable[int]] = ..., options: _Optional[_Iterable[_Union[_common_pb2.PutOptions, _Mapping]]] = ...) -> None: ...
 
-class PackedPutStartResponse(_message.Message):
+class PutStartResponse(_message.Message):
     __slots__ = ("codes", "put_tokens", "versions", "replicas_wanted", "extent_counts", "segment_ids", "offsets_bytes", "lengths_bytes", "error_positions", "messages")
     CODES_FIELD_NUMBER: _ClassVar[int]
     PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -404,7 +284,7 @@ class PackedPutStartResponse(_message.Message):
     messages: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, codes: _Optional[_Iterable[int]] = ..., put_tokens: _Optional[_Iterable[int]] = ..., versions: _Optional[_Iterable[int]] = ..., replicas_wanted: _Optional[_Iterable[int]] = ..., extent_counts: _Optional[_Iterable[int]] = ..., segment_ids: _Optional[_Iterable[int]] = ..., offsets_bytes: _Optional[_Iterable[int]] = ..., lengths_bytes: _Optional[_Iterable[int]] = ..., error_positions: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
 
-class PackedPutEndRequest(_message.Message):
+class PutEndRequest(_message.Message):
     __slots__ = ("client_id", "epoch", "keys", "put_tokens", "checksums")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -418,7 +298,7 @@ class PackedPutEndRequest(_message.Message):
     checksums: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., put_tokens: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ...) -> None: ...
 
-class PackedPutEndResponse(_message.Message):
+class ItemResults(_message.Message):
     __slots__ = ("codes", "error_positions", "messages")
     CODES_FIELD_NUMBER: _ClassVar[int]
     ERROR_POSITIONS_FIELD_NUMBER: _ClassVar[int]
@@ -428,59 +308,7 @@ class PackedPutEndResponse(_message.Message):
     messages: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, codes: _Optional[_Iterable[int]] = ..., error_positions: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
 
-class PutRevokeRequest(_message.Message):
-    __slots__ = ("client_id", "epoch", "item")
-    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    ITEM_FIELD_NUMBER: _ClassVar[int]
-    client_id: str
-    epoch: int
-    item: PutEndItem
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., item: _Optional[_Union[PutEndItem, _Mapping]] = ...) -> None: ...
-
-class PutRevokeResponse(_message.Message):
-    __slots__ = ("status",)
-    STATUS_FIELD_NUMBER: _ClassVar[int]
-    status: _common_pb2.Status
-    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ...) -> None: ...
-
 class GetReplicaListRequest(_message.Message):
-    __slots__ = ("client_id", "key", "no_lease")
-    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
-    KEY_FIELD_NUMBER: _ClassVar[int]
-    NO_LEASE_FIELD_NUMBER: _ClassVar[int]
-    client_id: str
-    key: str
-    no_lease: bool
-    def __init__(self, client_id: _Optional[str] = ..., key: _Optional[str] = ..., no_lease: bool = ...) -> None: ...
-
-class ObjectLocation(_message.Message):
-    __slots__ = ("status", "value_size_bytes", "version", "replicas", "lease_id", "lease_ttl_ms", "checksum", "header_bytes")
-    STATUS_FIELD_NUMBER: _ClassVar[int]
-    VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
-    VERSION_FIELD_NUMBER: _ClassVar[int]
-    REPLICAS_FIELD_NUMBER: _ClassVar[int]
-    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
-    LEASE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
-    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
-    HEADER_BYTES_FIELD_NUMBER: _ClassVar[int]
-    status: _common_pb2.Status
-    value_size_bytes: int
-    version: int
-    replicas: _containers.RepeatedCompositeFieldContainer[_common_pb2.Replica]
-    lease_id: int
-    lease_ttl_ms: int
-    checksum: int
-    header_bytes: int
-    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ..., value_size_bytes: _Optional[int] = ..., version: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[_common_pb2.Replica, _Mapping]]] = ..., lease_id: _Optional[int] = ..., lease_ttl_ms: _Optional[int] = ..., checksum: _Optional[int] = ..., header_bytes: _Optional[int] = ...) -> None: ...
-
-class GetReplicaListResponse(_message.Message):
-    __slots__ = ("location",)
-    LOCATION_FIELD_NUMBER: _ClassVar[int]
-    location: ObjectLocation
-    def __init__(self, location: _Optional[_Union[ObjectLocation, _Mapping]] = ...) -> None: ...
-
-class BatchGetReplicaListRequest(_message.Message):
     __slots__ = ("client_id", "keys", "no_lease", "release_lease_ids")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -492,13 +320,7 @@ class BatchGetReplicaListRequest(_message.Message):
     release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., no_lease: bool = ..., release_lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
-class BatchGetReplicaListResponse(_message.Message):
-    __slots__ = ("locations",)
-    LOCATIONS_FIELD_NUMBER: _ClassVar[int]
-    locations: _containers.RepeatedCompositeFieldContainer[ObjectLocation]
-    def __init__(self, locations: _Optional[_Iterable[_Union[ObjectLocation, _Mapping]]] = ...) -> None: ...
-
-class PackedLocations(_message.Message):
+class Locations(_message.Message):
     __slots__ = ("codes", "value_size_bytes", "versions", "lease_ids", "lease_ttl_ms", "checksums", "header_bytes", "replica_counts", "segment_ids", "offsets_bytes", "lengths_bytes", "tiers", "error_positions", "messages")
     CODES_FIELD_NUMBER: _ClassVar[int]
     VALUE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -545,24 +367,12 @@ class ReleaseLeasesResponse(_message.Message):
     def __init__(self, released: _Optional[int] = ...) -> None: ...
 
 class ExistKeyRequest(_message.Message):
-    __slots__ = ("key",)
-    KEY_FIELD_NUMBER: _ClassVar[int]
-    key: str
-    def __init__(self, key: _Optional[str] = ...) -> None: ...
-
-class ExistKeyResponse(_message.Message):
-    __slots__ = ("exists",)
-    EXISTS_FIELD_NUMBER: _ClassVar[int]
-    exists: bool
-    def __init__(self, exists: bool = ...) -> None: ...
-
-class BatchExistKeyRequest(_message.Message):
     __slots__ = ("keys",)
     KEYS_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
-class BatchExistKeyResponse(_message.Message):
+class ExistKeyResponse(_message.Message):
     __slots__ = ("exists", "results")
     EXISTS_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
@@ -570,33 +380,13 @@ class BatchExistKeyResponse(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[_common_pb2.Status]
     def __init__(self, exists: _Optional[_Iterable[bool]] = ..., results: _Optional[_Iterable[_Union[_common_pb2.Status, _Mapping]]] = ...) -> None: ...
 
-class MatchPrefixRequest(_message.Message):
-    __slots__ = ("client_id", "keys", "no_lease", "release_lease_ids")
-    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
-    KEYS_FIELD_NUMBER: _ClassVar[int]
-    NO_LEASE_FIELD_NUMBER: _ClassVar[int]
-    RELEASE_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
-    client_id: str
-    keys: _containers.RepeatedScalarFieldContainer[str]
-    no_lease: bool
-    release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., no_lease: bool = ..., release_lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
-
-class MatchPrefixResponse(_message.Message):
-    __slots__ = ("matched", "locations")
-    MATCHED_FIELD_NUMBER: _ClassVar[int]
-    LOCATIONS_FIELD_NUMBER: _ClassVar[int]
-    matched: int
-    locations: _containers.RepeatedCompositeFieldContainer[ObjectLocation]
-    def __init__(self, matched: _Optional[int] = ..., locations: _Optional[_Iterable[_Union[ObjectLocation, _Mapping]]] = ...) -> None: ...
-
 class PrefixQuery(_message.Message):
     __slots__ = ("keys",)
     KEYS_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
-class BatchMatchPrefixRequest(_message.Message):
+class MatchPrefixRequest(_message.Message):
     __slots__ = ("client_id", "queries", "no_lease", "release_lease_ids")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
@@ -608,35 +398,15 @@ class BatchMatchPrefixRequest(_message.Message):
     release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, client_id: _Optional[str] = ..., queries: _Optional[_Iterable[_Union[PrefixQuery, _Mapping]]] = ..., no_lease: bool = ..., release_lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
-class BatchMatchPrefixResponse(_message.Message):
-    __slots__ = ("results",)
-    RESULTS_FIELD_NUMBER: _ClassVar[int]
-    results: _containers.RepeatedCompositeFieldContainer[MatchPrefixResponse]
-    def __init__(self, results: _Optional[_Iterable[_Union[MatchPrefixResponse, _Mapping]]] = ...) -> None: ...
-
-class PackedMatchPrefixResponse(_message.Message):
+class MatchPrefixResponse(_message.Message):
     __slots__ = ("matched", "locations")
     MATCHED_FIELD_NUMBER: _ClassVar[int]
     LOCATIONS_FIELD_NUMBER: _ClassVar[int]
     matched: _containers.RepeatedScalarFieldContainer[int]
-    locations: PackedLocations
-    def __init__(self, matched: _Optional[_Iterable[int]] = ..., locations: _Optional[_Union[PackedLocations, _Mapping]] = ...) -> None: ...
+    locations: Locations
+    def __init__(self, matched: _Optional[_Iterable[int]] = ..., locations: _Optional[_Union[Locations, _Mapping]] = ...) -> None: ...
 
 class RemoveRequest(_message.Message):
-    __slots__ = ("key", "force")
-    KEY_FIELD_NUMBER: _ClassVar[int]
-    FORCE_FIELD_NUMBER: _ClassVar[int]
-    key: str
-    force: bool
-    def __init__(self, key: _Optional[str] = ..., force: bool = ...) -> None: ...
-
-class RemoveResponse(_message.Message):
-    __slots__ = ("status",)
-    STATUS_FIELD_NUMBER: _ClassVar[int]
-    status: _common_pb2.Status
-    def __init__(self, status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ...) -> None: ...
-
-class BatchRemoveRequest(_message.Message):
     __slots__ = ("keys", "force")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
@@ -644,17 +414,19 @@ class BatchRemoveRequest(_message.Message):
     force: bool
     def __init__(self, keys: _Optional[_Iterable[str]] = ..., force: bool = ...) -> None: ...
 
-class BatchRemoveResponse(_message.Message):
+class RemoveResponse(_message.Message):
     __slots__ = ("results",)
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[_common_pb2.Status]
     def __init__(self, results: _Optional[_Iterable[_Union[_common_pb2.Status, _Mapping]]] = ...) -> None: ...
 
 class RemoveAllRequest(_message.Message):
-    __slots__ = ("force",)
+    __slots__ = ("force", "pattern")
     FORCE_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
     force: bool
-    def __init__(self, force: bool = ...) -> None: ...
+    pattern: str
+    def __init__(self, force: bool = ..., pattern: _Optional[str] = ...) -> None: ...
 
 class RemoveAllResponse(_message.Message):
     __slots__ = ("removed", "skipped_leased")
@@ -663,14 +435,6 @@ class RemoveAllResponse(_message.Message):
     removed: int
     skipped_leased: int
     def __init__(self, removed: _Optional[int] = ..., skipped_leased: _Optional[int] = ...) -> None: ...
-
-class RemoveByRegexRequest(_message.Message):
-    __slots__ = ("pattern", "force")
-    PATTERN_FIELD_NUMBER: _ClassVar[int]
-    FORCE_FIELD_NUMBER: _ClassVar[int]
-    pattern: str
-    force: bool
-    def __init__(self, pattern: _Optional[str] = ..., force: bool = ...) -> None: ...
 
 class ListKeysRequest(_message.Message):
     __slots__ = ("prefix", "page_size", "page_token")
@@ -735,7 +499,7 @@ class ClientInfo(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., hostname: _Optional[str] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., alive: bool = ..., last_heartbeat_age_s: _Optional[float] = ..., metrics_url: _Optional[str] = ...) -> None: ...
 
 class StatResponse(_message.Message):
-    __slots__ = ("master_id", "version", "segments", "key_count", "processing_count", "lease_count", "clients", "capacity_bytes", "used_bytes", "counters", "high_watermark", "low_watermark", "allocation_strategy", "eviction_policy", "uptime_s", "metrics_url", "invariant_violation", "fenced_count", "reserved_count", "quarantined_count", "quarantined_bytes")
+    __slots__ = ("master_id", "version", "segments", "key_count", "processing_count", "lease_count", "clients", "capacity_bytes", "used_bytes", "counters", "high_watermark", "low_watermark", "allocation_strategy", "eviction_policy", "uptime_s", "metrics_url", "invariant_violation", "fenced_count", "reserved_count", "quarantined_count", "quarantined_bytes", "reserved_bytes")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -764,6 +528,7 @@ class StatResponse(_message.Message):
     RESERVED_COUNT_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_COUNT_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     master_id: str
     version: str
     segments: _containers.RepeatedCompositeFieldContainer[_common_pb2.SegmentInfo]
@@ -785,7 +550,8 @@ class StatResponse(_message.Message):
     reserved_count: int
     quarantined_count: int
     quarantined_bytes: int
-    def __init__(self, master_id: _Optional[str] = ..., version: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., key_count: _Optional[int] = ..., processing_count: _Optional[int] = ..., lease_count: _Optional[int] = ..., clients: _Optional[_Iterable[_Union[ClientInfo, _Mapping]]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., high_watermark: _Optional[float] = ..., low_watermark: _Optional[float] = ..., allocation_strategy: _Optional[str] = ..., eviction_policy: _Optional[str] = ..., uptime_s: _Optional[float] = ..., metrics_url: _Optional[str] = ..., invariant_violation: _Optional[str] = ..., fenced_count: _Optional[int] = ..., reserved_count: _Optional[int] = ..., quarantined_count: _Optional[int] = ..., quarantined_bytes: _Optional[int] = ...) -> None: ...
+    reserved_bytes: int
+    def __init__(self, master_id: _Optional[str] = ..., version: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., key_count: _Optional[int] = ..., processing_count: _Optional[int] = ..., lease_count: _Optional[int] = ..., clients: _Optional[_Iterable[_Union[ClientInfo, _Mapping]]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., high_watermark: _Optional[float] = ..., low_watermark: _Optional[float] = ..., allocation_strategy: _Optional[str] = ..., eviction_policy: _Optional[str] = ..., uptime_s: _Optional[float] = ..., metrics_url: _Optional[str] = ..., invariant_violation: _Optional[str] = ..., fenced_count: _Optional[int] = ..., reserved_count: _Optional[int] = ..., quarantined_count: _Optional[int] = ..., quarantined_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ...) -> None: ...
 
 class MoveTask(_message.Message):
     __slots__ = ("task_id", "kind", "key", "version", "value_size_bytes", "header_bytes", "checksum", "source", "destination", "deadline_ms")
@@ -811,24 +577,6 @@ class MoveTask(_message.Message):
     deadline_ms: int
     def __init__(self, task_id: _Optional[int] = ..., kind: _Optional[_Union[TaskKind, str]] = ..., key: _Optional[str] = ..., version: _Optional[int] = ..., value_size_bytes: _Optional[int] = ..., header_bytes: _Optional[int] = ..., checksum: _Optional[int] = ..., source: _Optional[_Union[_common_pb2.Extent, _Mapping]] = ..., destination: _Optional[_Union[_common_pb2.Extent, _Mapping]] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
 
-class FetchTasksRequest(_message.Message):
-    __slots__ = ("client_id", "epoch", "max_tasks", "wait_ms")
-    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    MAX_TASKS_FIELD_NUMBER: _ClassVar[int]
-    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
-    client_id: str
-    epoch: int
-    max_tasks: int
-    wait_ms: int
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
-
-class FetchTasksResponse(_message.Message):
-    __slots__ = ("tasks",)
-    TASKS_FIELD_NUMBER: _ClassVar[int]
-    tasks: _containers.RepeatedCompositeFieldContainer[MoveTask]
-    def __init__(self, tasks: _Optional[_Iterable[_Union[MoveTask, _Mapping]]] = ...) -> None: ...
-
 class TaskResult(_message.Message):
     __slots__ = ("task_id", "status")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
@@ -837,18 +585,24 @@ class TaskResult(_message.Message):
     status: _common_pb2.Status
     def __init__(self, task_id: _Optional[int] = ..., status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ...) -> None: ...
 
-class CompleteTasksRequest(_message.Message):
-    __slots__ = ("client_id", "epoch", "results")
+class ExchangeTasksRequest(_message.Message):
+    __slots__ = ("client_id", "epoch", "results", "max_tasks", "wait_ms")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TASKS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     epoch: int
     results: _containers.RepeatedCompositeFieldContainer[TaskResult]
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., results: _Optional[_Iterable[_Union[TaskResult, _Mapping]]] = ...) -> None: ...
+    max_tasks: int
+    wait_ms: int
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., results: _Optional[_Iterable[_Union[TaskResult, _Mapping]]] = ..., max_tasks: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
-class CompleteTasksResponse(_message.Message):
-    __slots__ = ("results",)
+class ExchangeTasksResponse(_message.Message):
+    __slots__ = ("tasks", "results")
+    TASKS_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    tasks: _containers.RepeatedCompositeFieldContainer[MoveTask]
     results: _containers.RepeatedCompositeFieldContainer[_common_pb2.Status]
-    def __init__(self, results: _Optional[_Iterable[_Union[_common_pb2.Status, _Mapping]]] = ...) -> None: ...
+    def __init__(self, tasks: _Optional[_Iterable[_Union[MoveTask, _Mapping]]] = ..., results: _Optional[_Iterable[_Union[_common_pb2.Status, _Mapping]]] = ...) -> None: ...

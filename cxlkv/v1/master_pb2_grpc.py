@@ -44,6 +44,11 @@ class MasterServiceStub(object):
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.DeregisterClient = channel.unary_unary(
+                '/cxlkv.v1.MasterService/DeregisterClient',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.FromString,
+                _registered_method=True)
         self.MountSegment = channel.unary_unary(
                 '/cxlkv.v1.MasterService/MountSegment',
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.MountSegmentRequest.SerializeToString,
@@ -64,40 +69,40 @@ class MasterServiceStub(object):
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.PutStartRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.PutStartResponse.FromString,
                 _registered_method=True)
-        self.BatchPutStart = channel.unary_unary(
-                '/cxlkv.v1.MasterService/BatchPutStart',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.BatchPutStartRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchPutStartResponse.FromString,
-                _registered_method=True)
         self.PutEnd = channel.unary_unary(
                 '/cxlkv.v1.MasterService/PutEnd',
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.PutEndRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PutEndResponse.FromString,
-                _registered_method=True)
-        self.BatchPutEnd = channel.unary_unary(
-                '/cxlkv.v1.MasterService/BatchPutEnd',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.BatchPutEndRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchPutEndResponse.FromString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.ItemResults.FromString,
                 _registered_method=True)
         self.PutRevoke = channel.unary_unary(
                 '/cxlkv.v1.MasterService/PutRevoke',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.PutRevokeRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PutRevokeResponse.FromString,
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.PutEndRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.ItemResults.FromString,
                 _registered_method=True)
-        self.BatchPutRevoke = channel.unary_unary(
-                '/cxlkv.v1.MasterService/BatchPutRevoke',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.BatchPutEndRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchPutEndResponse.FromString,
+        self.Reserve = channel.unary_unary(
+                '/cxlkv.v1.MasterService/Reserve',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.ReserveRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReserveResponse.FromString,
+                _registered_method=True)
+        self.Commit = channel.unary_unary(
+                '/cxlkv.v1.MasterService/Commit',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.CommitRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.ItemResults.FromString,
+                _registered_method=True)
+        self.ReleaseQuarantine = channel.unary_unary(
+                '/cxlkv.v1.MasterService/ReleaseQuarantine',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.FromString,
                 _registered_method=True)
         self.GetReplicaList = channel.unary_unary(
                 '/cxlkv.v1.MasterService/GetReplicaList',
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.GetReplicaListRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.GetReplicaListResponse.FromString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.Locations.FromString,
                 _registered_method=True)
-        self.BatchGetReplicaList = channel.unary_unary(
-                '/cxlkv.v1.MasterService/BatchGetReplicaList',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.BatchGetReplicaListRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchGetReplicaListResponse.FromString,
+        self.MatchPrefix = channel.unary_unary(
+                '/cxlkv.v1.MasterService/MatchPrefix',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.MatchPrefixRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.MatchPrefixResponse.FromString,
                 _registered_method=True)
         self.ReleaseLeases = channel.unary_unary(
                 '/cxlkv.v1.MasterService/ReleaseLeases',
@@ -109,39 +114,19 @@ class MasterServiceStub(object):
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.ExistKeyRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.ExistKeyResponse.FromString,
                 _registered_method=True)
-        self.BatchExistKey = channel.unary_unary(
-                '/cxlkv.v1.MasterService/BatchExistKey',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.BatchExistKeyRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchExistKeyResponse.FromString,
-                _registered_method=True)
-        self.MatchPrefix = channel.unary_unary(
-                '/cxlkv.v1.MasterService/MatchPrefix',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.MatchPrefixRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.MatchPrefixResponse.FromString,
-                _registered_method=True)
-        self.BatchMatchPrefix = channel.unary_unary(
-                '/cxlkv.v1.MasterService/BatchMatchPrefix',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixResponse.FromString,
+        self.ReportReads = channel.unary_unary(
+                '/cxlkv.v1.MasterService/ReportReads',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.ReportReadsRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportReadsResponse.FromString,
                 _registered_method=True)
         self.Remove = channel.unary_unary(
                 '/cxlkv.v1.MasterService/Remove',
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.RemoveRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.RemoveResponse.FromString,
                 _registered_method=True)
-        self.BatchRemove = channel.unary_unary(
-                '/cxlkv.v1.MasterService/BatchRemove',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.BatchRemoveRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchRemoveResponse.FromString,
-                _registered_method=True)
         self.RemoveAll = channel.unary_unary(
                 '/cxlkv.v1.MasterService/RemoveAll',
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.RemoveAllRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.RemoveAllResponse.FromString,
-                _registered_method=True)
-        self.RemoveByRegex = channel.unary_unary(
-                '/cxlkv.v1.MasterService/RemoveByRegex',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.RemoveByRegexRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.RemoveAllResponse.FromString,
                 _registered_method=True)
         self.ListKeys = channel.unary_unary(
@@ -154,80 +139,10 @@ class MasterServiceStub(object):
                 request_serializer=cxlkv_dot_v1_dot_master__pb2.StatRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_master__pb2.StatResponse.FromString,
                 _registered_method=True)
-        self.FetchTasks = channel.unary_unary(
-                '/cxlkv.v1.MasterService/FetchTasks',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.FetchTasksRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.FetchTasksResponse.FromString,
-                _registered_method=True)
-        self.CompleteTasks = channel.unary_unary(
-                '/cxlkv.v1.MasterService/CompleteTasks',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.CompleteTasksRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.CompleteTasksResponse.FromString,
-                _registered_method=True)
-        self.PackedPutStart = channel.unary_unary(
-                '/cxlkv.v1.MasterService/PackedPutStart',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutStartRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutStartResponse.FromString,
-                _registered_method=True)
-        self.PackedPutEnd = channel.unary_unary(
-                '/cxlkv.v1.MasterService/PackedPutEnd',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
-                _registered_method=True)
-        self.PackedPutRevoke = channel.unary_unary(
-                '/cxlkv.v1.MasterService/PackedPutRevoke',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
-                _registered_method=True)
-        self.PackedGetReplicaList = channel.unary_unary(
-                '/cxlkv.v1.MasterService/PackedGetReplicaList',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.BatchGetReplicaListRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedLocations.FromString,
-                _registered_method=True)
-        self.PackedMatchPrefix = channel.unary_unary(
-                '/cxlkv.v1.MasterService/PackedMatchPrefix',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedMatchPrefixResponse.FromString,
-                _registered_method=True)
-        self.ReportHits = channel.unary_unary(
-                '/cxlkv.v1.MasterService/ReportHits',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.ReportHitsRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportHitsResponse.FromString,
-                _registered_method=True)
-        self.PackedReserve = channel.unary_unary(
-                '/cxlkv.v1.MasterService/PackedReserve',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.PackedReserveRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedReserveResponse.FromString,
-                _registered_method=True)
-        self.PackedCommit = channel.unary_unary(
-                '/cxlkv.v1.MasterService/PackedCommit',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.PackedCommitRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
-                _registered_method=True)
-        self.PackedUnreserve = channel.unary_unary(
-                '/cxlkv.v1.MasterService/PackedUnreserve',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.PackedUnreserveRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
-                _registered_method=True)
-        self.ReleaseQuarantine = channel.unary_unary(
-                '/cxlkv.v1.MasterService/ReleaseQuarantine',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.FromString,
-                _registered_method=True)
-        self.ReleaseWriter = channel.unary_unary(
-                '/cxlkv.v1.MasterService/ReleaseWriter',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.ReleaseWriterRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.FromString,
-                _registered_method=True)
-        self.ReportDamaged = channel.unary_unary(
-                '/cxlkv.v1.MasterService/ReportDamaged',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedResponse.FromString,
-                _registered_method=True)
-        self.DeregisterClient = channel.unary_unary(
-                '/cxlkv.v1.MasterService/DeregisterClient',
-                request_serializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.SerializeToString,
-                response_deserializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.FromString,
+        self.ExchangeTasks = channel.unary_unary(
+                '/cxlkv.v1.MasterService/ExchangeTasks',
+                request_serializer=cxlkv_dot_v1_dot_master__pb2.ExchangeTasksRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_master__pb2.ExchangeTasksResponse.FromString,
                 _registered_method=True)
 
 
@@ -245,6 +160,15 @@ class MasterServiceServicer(object):
 
     def Heartbeat(self, request, context):
         """Keep a registration alive. UNKNOWN_CLIENT means: expired, register again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeregisterClient(self, request, context):
+        """End a registration at the clientd's own word (a planned stop): cleaned up like
+        an expiry (in-flight puts revoked, its DRAM tier unmounted) but not counted as
+        expired, and no longer listed by Stat. UNKNOWN_CLIENT: already gone.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -274,44 +198,55 @@ class MasterServiceServicer(object):
 
     def PutStart(self, request, context):
         """--- puts: PutStart → copy → flush → PutEnd (or PutRevoke) ----------------
-        Reserve space for a new object (or, with options.upsert, a new version of a
-        committed one). The object stays invisible to Get/Exist until PutEnd. Errors:
-        INVALID_KEY, ALREADY_EXISTS (committed key, no upsert), NOT_READY (another put
-        of the key is in flight), TOO_LARGE (larger than every segment; nothing
-        evicted), NO_SPACE (no room even after eviction).
+        Every put call takes a batch, one packed array per field (docs/protocol.md),
+        and answers one code per position (ItemResults).
+
+        Reserve space for new objects (or, with options.upsert, new versions of
+        committed ones). An object stays invisible to Get/Exist until PutEnd.
+        Per-position errors: INVALID_KEY, ALREADY_EXISTS (committed key, no upsert),
+        NOT_READY (another put of the key is in flight), TOO_LARGE (larger than every
+        segment; nothing evicted), NO_SPACE (no room even after eviction).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def BatchPutStart(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def PutEnd(self, request, context):
-        """Commit a put: the object becomes visible. STALE_TOKEN if the token is not the
+        """Commit puts: the objects become visible. STALE_TOKEN if a token is not the
         key's current attempt (revoked, timed out, or superseded) or the epoch is old.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def BatchPutEnd(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def PutRevoke(self, request, context):
-        """Abandon a put: its space returns to the free pool at once.
+        """Abandon puts: their space returns to the free pool at once (checksums unused).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def BatchPutRevoke(self, request, context):
+    def Reserve(self, request, context):
+        """--- writes in one round trip (docs/master.md "Reservations and fencing") ------
+        A writer takes extents ahead of need (Reserve), writes an object into one,
+        and names it with Commit: one master round trip per put or batch.
+        Reservations it will not use go back on a Reserve call (unreserve_put_tokens,
+        answered before anything is granted). When a registration ends, its
+        reservations and unfinished puts are quarantined until its writer says it
+        stopped, or an operator says every writer of the client is gone
+        (ReleaseQuarantine).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Commit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseQuarantine(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -319,14 +254,18 @@ class MasterServiceServicer(object):
 
     def GetReplicaList(self, request, context):
         """--- reads ----------------------------------------------------------------
-        Locate a committed object and grant a read lease on this version.
+        Locate committed objects and grant a read lease on each version found; one
+        position per key (packed, docs/protocol.md).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def BatchGetReplicaList(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+    def MatchPrefix(self, request, context):
+        """Several prefix queries (the blocks of one prompt each; clientd coalesces the
+        prompts of concurrent callers): per query the longest committed prefix of its
+        ordered key list, with a lease on each matched object.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -339,29 +278,20 @@ class MasterServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def ExistKey(self, request, context):
-        """Whether committed objects exist. Grants no lease.
+        """Whether committed objects exist, one answer per key. Grants no lease.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def BatchExistKey(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def MatchPrefix(self, request, context):
-        """The longest committed prefix of an ordered key list (the blocks of one
-        prompt), with a lease on each matched object, in one call.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def BatchMatchPrefix(self, request, context):
-        """Several independent MatchPrefix queries in one call (clientd coalesces the
-        prompts of concurrent callers); one response per query, in order.
+    def ReportReads(self, request, context):
+        """--- reads served from the region's index (docs/index.md) ---------------------
+        What readers found in the index with no RPC, reported afterwards in batches:
+        hits, so the eviction policy and the tier statistics see every one; and
+        committed versions found destroyed under a valid read (their bytes no longer
+        match their header or checksum), which the master checks against the region
+        itself and drops when it confirms them (counted), so a key that can never be
+        read again is not listed forever; unconfirmed reports change nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -369,28 +299,17 @@ class MasterServiceServicer(object):
 
     def Remove(self, request, context):
         """--- removal --------------------------------------------------------------
-        Remove a committed object. HAS_LEASE if leased, unless force (the bytes then
-        stay until the last lease ends). NOT_FOUND if absent.
+        Remove committed objects, one result per key. HAS_LEASE if leased, unless
+        force (the bytes then stay until the last lease ends). NOT_FOUND if absent.
         """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def BatchRemove(self, request, context):
-        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RemoveAll(self, request, context):
-        """Remove every committed object (leased ones only with force). PROCESSING puts are untouched.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def RemoveByRegex(self, request, context):
-        """Remove every committed object whose key matches a regular expression (Python `re`, search).
+        """Remove every committed object, or every one whose key matches a regular
+        expression (Python `re`, search); leased ones only with force. PROCESSING
+        puts are untouched.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -410,126 +329,13 @@ class MasterServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def FetchTasks(self, request, context):
+    def ExchangeTasks(self, request, context):
         """--- tier moves (docs/tiers.md) ----------------------------------------------
-        The master decides, clientds execute: a clientd asks for up to max_tasks
-        move tasks (waiting up to wait_ms when there is none) and reports each
-        task's outcome. A task not reported within its deadline is given again (to
-        any clientd able to run it) up to the master's task_retries, then failed and
-        counted; its destination extent is reclaimed.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def CompleteTasks(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PackedPutStart(self, request, context):
-        """--- packed batch puts (docs/protocol.md) ------------------------------------
-        BatchPutStart / BatchPutEnd / BatchPutRevoke with one packed array per field
-        instead of one message per key: same semantics, errors and per-position
-        results. Building and parsing a message per key cost the master about as
-        much as the put itself (8 µs of 17 µs per key, measured); packed columns
-        cost under 1 µs. clientd uses these; the per-item forms stay for any caller.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PackedPutEnd(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PackedPutRevoke(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PackedGetReplicaList(self, request, context):
-        """--- packed reads (docs/protocol.md) ------------------------------------------
-        BatchGetReplicaList / BatchMatchPrefix answering one packed array per field
-        instead of one ObjectLocation per key: same semantics, leases and errors.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PackedMatchPrefix(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ReportHits(self, request, context):
-        """--- reads served from the region's index (docs/index.md) ---------------------
-        Keys read from the committed-object index with no RPC, reported afterwards
-        in batches so the eviction policy and the tier statistics see every hit.
-        One-way in spirit: the answer carries only how many keys were still committed.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PackedReserve(self, request, context):
-        """--- writes in one round trip (docs/master.md "Reservations and fencing") ------
-        A writer takes extents ahead of need (PackedReserve), writes an object into
-        one, and names it with PackedCommit: one master round trip per put or batch.
-        Reservations it will not use go back with PackedUnreserve. When a
-        registration ends, its reservations and unfinished puts are quarantined until
-        its writer says it stopped (ReleaseQuarantine).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PackedCommit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PackedUnreserve(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ReleaseQuarantine(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ReleaseWriter(self, request, context):
-        """An operator's word that every writer of client_id is gone (its host died):
-        frees all its quarantined space. Admin only (`cxlkv admin release-writer`).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ReportDamaged(self, request, context):
-        """Committed versions a reader found destroyed under a valid lease (their bytes no
-        longer match their header or checksum). The master checks each against the
-        region itself and drops the ones it confirms (counted), so a key that can never
-        be read again is not listed forever; unconfirmed reports change nothing.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def DeregisterClient(self, request, context):
-        """--- clients, continued (appended: lean method numbers are positions here) --
-        End a registration at the clientd's own word (a planned stop): cleaned up like
-        an expiry (in-flight puts revoked, its DRAM tier unmounted) but not counted as
-        expired, and no longer listed by Stat. UNKNOWN_CLIENT: already gone.
+        The master decides, clientds execute, in one exchange: a clientd reports the
+        outcome of the tasks it ran and asks for up to max_tasks new ones (waiting up
+        to wait_ms when there is none). A task not reported within its deadline is
+        given again (to any clientd able to run it) up to the master's task_retries,
+        then failed and counted; its destination extent is reclaimed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -547,6 +353,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.HeartbeatRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'DeregisterClient': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeregisterClient,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.SerializeToString,
             ),
             'MountSegment': grpc.unary_unary_rpc_method_handler(
                     servicer.MountSegment,
@@ -568,40 +379,40 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.PutStartRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.PutStartResponse.SerializeToString,
             ),
-            'BatchPutStart': grpc.unary_unary_rpc_method_handler(
-                    servicer.BatchPutStart,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchPutStartRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.BatchPutStartResponse.SerializeToString,
-            ),
             'PutEnd': grpc.unary_unary_rpc_method_handler(
                     servicer.PutEnd,
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.PutEndRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PutEndResponse.SerializeToString,
-            ),
-            'BatchPutEnd': grpc.unary_unary_rpc_method_handler(
-                    servicer.BatchPutEnd,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchPutEndRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.BatchPutEndResponse.SerializeToString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.ItemResults.SerializeToString,
             ),
             'PutRevoke': grpc.unary_unary_rpc_method_handler(
                     servicer.PutRevoke,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.PutRevokeRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PutRevokeResponse.SerializeToString,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.PutEndRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.ItemResults.SerializeToString,
             ),
-            'BatchPutRevoke': grpc.unary_unary_rpc_method_handler(
-                    servicer.BatchPutRevoke,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchPutEndRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.BatchPutEndResponse.SerializeToString,
+            'Reserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reserve,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReserveRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.ReserveResponse.SerializeToString,
+            ),
+            'Commit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Commit,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.CommitRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.ItemResults.SerializeToString,
+            ),
+            'ReleaseQuarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseQuarantine,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.SerializeToString,
             ),
             'GetReplicaList': grpc.unary_unary_rpc_method_handler(
                     servicer.GetReplicaList,
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.GetReplicaListRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.GetReplicaListResponse.SerializeToString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.Locations.SerializeToString,
             ),
-            'BatchGetReplicaList': grpc.unary_unary_rpc_method_handler(
-                    servicer.BatchGetReplicaList,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchGetReplicaListRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.BatchGetReplicaListResponse.SerializeToString,
+            'MatchPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.MatchPrefix,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.MatchPrefixRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.MatchPrefixResponse.SerializeToString,
             ),
             'ReleaseLeases': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseLeases,
@@ -613,39 +424,19 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.ExistKeyRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.ExistKeyResponse.SerializeToString,
             ),
-            'BatchExistKey': grpc.unary_unary_rpc_method_handler(
-                    servicer.BatchExistKey,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchExistKeyRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.BatchExistKeyResponse.SerializeToString,
-            ),
-            'MatchPrefix': grpc.unary_unary_rpc_method_handler(
-                    servicer.MatchPrefix,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.MatchPrefixRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.MatchPrefixResponse.SerializeToString,
-            ),
-            'BatchMatchPrefix': grpc.unary_unary_rpc_method_handler(
-                    servicer.BatchMatchPrefix,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixResponse.SerializeToString,
+            'ReportReads': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportReads,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportReadsRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.ReportReadsResponse.SerializeToString,
             ),
             'Remove': grpc.unary_unary_rpc_method_handler(
                     servicer.Remove,
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.RemoveRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.RemoveResponse.SerializeToString,
             ),
-            'BatchRemove': grpc.unary_unary_rpc_method_handler(
-                    servicer.BatchRemove,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchRemoveRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.BatchRemoveResponse.SerializeToString,
-            ),
             'RemoveAll': grpc.unary_unary_rpc_method_handler(
                     servicer.RemoveAll,
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.RemoveAllRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.RemoveAllResponse.SerializeToString,
-            ),
-            'RemoveByRegex': grpc.unary_unary_rpc_method_handler(
-                    servicer.RemoveByRegex,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.RemoveByRegexRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.RemoveAllResponse.SerializeToString,
             ),
             'ListKeys': grpc.unary_unary_rpc_method_handler(
@@ -658,80 +449,10 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     request_deserializer=cxlkv_dot_v1_dot_master__pb2.StatRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_master__pb2.StatResponse.SerializeToString,
             ),
-            'FetchTasks': grpc.unary_unary_rpc_method_handler(
-                    servicer.FetchTasks,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.FetchTasksRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.FetchTasksResponse.SerializeToString,
-            ),
-            'CompleteTasks': grpc.unary_unary_rpc_method_handler(
-                    servicer.CompleteTasks,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.CompleteTasksRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.CompleteTasksResponse.SerializeToString,
-            ),
-            'PackedPutStart': grpc.unary_unary_rpc_method_handler(
-                    servicer.PackedPutStart,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutStartRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutStartResponse.SerializeToString,
-            ),
-            'PackedPutEnd': grpc.unary_unary_rpc_method_handler(
-                    servicer.PackedPutEnd,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.SerializeToString,
-            ),
-            'PackedPutRevoke': grpc.unary_unary_rpc_method_handler(
-                    servicer.PackedPutRevoke,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.SerializeToString,
-            ),
-            'PackedGetReplicaList': grpc.unary_unary_rpc_method_handler(
-                    servicer.PackedGetReplicaList,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchGetReplicaListRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedLocations.SerializeToString,
-            ),
-            'PackedMatchPrefix': grpc.unary_unary_rpc_method_handler(
-                    servicer.PackedMatchPrefix,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedMatchPrefixResponse.SerializeToString,
-            ),
-            'ReportHits': grpc.unary_unary_rpc_method_handler(
-                    servicer.ReportHits,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportHitsRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.ReportHitsResponse.SerializeToString,
-            ),
-            'PackedReserve': grpc.unary_unary_rpc_method_handler(
-                    servicer.PackedReserve,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedReserveRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedReserveResponse.SerializeToString,
-            ),
-            'PackedCommit': grpc.unary_unary_rpc_method_handler(
-                    servicer.PackedCommit,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedCommitRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.SerializeToString,
-            ),
-            'PackedUnreserve': grpc.unary_unary_rpc_method_handler(
-                    servicer.PackedUnreserve,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.PackedUnreserveRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.SerializeToString,
-            ),
-            'ReleaseQuarantine': grpc.unary_unary_rpc_method_handler(
-                    servicer.ReleaseQuarantine,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.SerializeToString,
-            ),
-            'ReleaseWriter': grpc.unary_unary_rpc_method_handler(
-                    servicer.ReleaseWriter,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReleaseWriterRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.SerializeToString,
-            ),
-            'ReportDamaged': grpc.unary_unary_rpc_method_handler(
-                    servicer.ReportDamaged,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.ReportDamagedResponse.SerializeToString,
-            ),
-            'DeregisterClient': grpc.unary_unary_rpc_method_handler(
-                    servicer.DeregisterClient,
-                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.FromString,
-                    response_serializer=cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.SerializeToString,
+            'ExchangeTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExchangeTasks,
+                    request_deserializer=cxlkv_dot_v1_dot_master__pb2.ExchangeTasksRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_master__pb2.ExchangeTasksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -788,6 +509,33 @@ class MasterService(object):
             '/cxlkv.v1.MasterService/Heartbeat',
             cxlkv_dot_v1_dot_master__pb2.HeartbeatRequest.SerializeToString,
             cxlkv_dot_v1_dot_master__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeregisterClient(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/DeregisterClient',
+            cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -907,33 +655,6 @@ class MasterService(object):
             _registered_method=True)
 
     @staticmethod
-    def BatchPutStart(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/BatchPutStart',
-            cxlkv_dot_v1_dot_master__pb2.BatchPutStartRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.BatchPutStartResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
     def PutEnd(request,
             target,
             options=(),
@@ -949,34 +670,7 @@ class MasterService(object):
             target,
             '/cxlkv.v1.MasterService/PutEnd',
             cxlkv_dot_v1_dot_master__pb2.PutEndRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.PutEndResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def BatchPutEnd(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/BatchPutEnd',
-            cxlkv_dot_v1_dot_master__pb2.BatchPutEndRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.BatchPutEndResponse.FromString,
+            cxlkv_dot_v1_dot_master__pb2.ItemResults.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1002,8 +696,8 @@ class MasterService(object):
             request,
             target,
             '/cxlkv.v1.MasterService/PutRevoke',
-            cxlkv_dot_v1_dot_master__pb2.PutRevokeRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.PutRevokeResponse.FromString,
+            cxlkv_dot_v1_dot_master__pb2.PutEndRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.ItemResults.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1015,7 +709,7 @@ class MasterService(object):
             _registered_method=True)
 
     @staticmethod
-    def BatchPutRevoke(request,
+    def Reserve(request,
             target,
             options=(),
             channel_credentials=None,
@@ -1028,9 +722,63 @@ class MasterService(object):
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/cxlkv.v1.MasterService/BatchPutRevoke',
-            cxlkv_dot_v1_dot_master__pb2.BatchPutEndRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.BatchPutEndResponse.FromString,
+            '/cxlkv.v1.MasterService/Reserve',
+            cxlkv_dot_v1_dot_master__pb2.ReserveRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.ReserveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Commit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/Commit',
+            cxlkv_dot_v1_dot_master__pb2.CommitRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.ItemResults.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseQuarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.MasterService/ReleaseQuarantine',
+            cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1057,7 +805,7 @@ class MasterService(object):
             target,
             '/cxlkv.v1.MasterService/GetReplicaList',
             cxlkv_dot_v1_dot_master__pb2.GetReplicaListRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.GetReplicaListResponse.FromString,
+            cxlkv_dot_v1_dot_master__pb2.Locations.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1069,7 +817,7 @@ class MasterService(object):
             _registered_method=True)
 
     @staticmethod
-    def BatchGetReplicaList(request,
+    def MatchPrefix(request,
             target,
             options=(),
             channel_credentials=None,
@@ -1082,9 +830,9 @@ class MasterService(object):
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/cxlkv.v1.MasterService/BatchGetReplicaList',
-            cxlkv_dot_v1_dot_master__pb2.BatchGetReplicaListRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.BatchGetReplicaListResponse.FromString,
+            '/cxlkv.v1.MasterService/MatchPrefix',
+            cxlkv_dot_v1_dot_master__pb2.MatchPrefixRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.MatchPrefixResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1150,7 +898,7 @@ class MasterService(object):
             _registered_method=True)
 
     @staticmethod
-    def BatchExistKey(request,
+    def ReportReads(request,
             target,
             options=(),
             channel_credentials=None,
@@ -1163,63 +911,9 @@ class MasterService(object):
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/cxlkv.v1.MasterService/BatchExistKey',
-            cxlkv_dot_v1_dot_master__pb2.BatchExistKeyRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.BatchExistKeyResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def MatchPrefix(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/MatchPrefix',
-            cxlkv_dot_v1_dot_master__pb2.MatchPrefixRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.MatchPrefixResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def BatchMatchPrefix(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/BatchMatchPrefix',
-            cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixResponse.FromString,
+            '/cxlkv.v1.MasterService/ReportReads',
+            cxlkv_dot_v1_dot_master__pb2.ReportReadsRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.ReportReadsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1258,33 +952,6 @@ class MasterService(object):
             _registered_method=True)
 
     @staticmethod
-    def BatchRemove(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/BatchRemove',
-            cxlkv_dot_v1_dot_master__pb2.BatchRemoveRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.BatchRemoveResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
     def RemoveAll(request,
             target,
             options=(),
@@ -1300,33 +967,6 @@ class MasterService(object):
             target,
             '/cxlkv.v1.MasterService/RemoveAll',
             cxlkv_dot_v1_dot_master__pb2.RemoveAllRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.RemoveAllResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def RemoveByRegex(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/RemoveByRegex',
-            cxlkv_dot_v1_dot_master__pb2.RemoveByRegexRequest.SerializeToString,
             cxlkv_dot_v1_dot_master__pb2.RemoveAllResponse.FromString,
             options,
             channel_credentials,
@@ -1393,7 +1033,7 @@ class MasterService(object):
             _registered_method=True)
 
     @staticmethod
-    def FetchTasks(request,
+    def ExchangeTasks(request,
             target,
             options=(),
             channel_credentials=None,
@@ -1406,387 +1046,9 @@ class MasterService(object):
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/cxlkv.v1.MasterService/FetchTasks',
-            cxlkv_dot_v1_dot_master__pb2.FetchTasksRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.FetchTasksResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def CompleteTasks(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/CompleteTasks',
-            cxlkv_dot_v1_dot_master__pb2.CompleteTasksRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.CompleteTasksResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PackedPutStart(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/PackedPutStart',
-            cxlkv_dot_v1_dot_master__pb2.PackedPutStartRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.PackedPutStartResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PackedPutEnd(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/PackedPutEnd',
-            cxlkv_dot_v1_dot_master__pb2.PackedPutEndRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PackedPutRevoke(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/PackedPutRevoke',
-            cxlkv_dot_v1_dot_master__pb2.PackedPutEndRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PackedGetReplicaList(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/PackedGetReplicaList',
-            cxlkv_dot_v1_dot_master__pb2.BatchGetReplicaListRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.PackedLocations.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PackedMatchPrefix(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/PackedMatchPrefix',
-            cxlkv_dot_v1_dot_master__pb2.BatchMatchPrefixRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.PackedMatchPrefixResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ReportHits(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/ReportHits',
-            cxlkv_dot_v1_dot_master__pb2.ReportHitsRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.ReportHitsResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PackedReserve(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/PackedReserve',
-            cxlkv_dot_v1_dot_master__pb2.PackedReserveRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.PackedReserveResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PackedCommit(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/PackedCommit',
-            cxlkv_dot_v1_dot_master__pb2.PackedCommitRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PackedUnreserve(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/PackedUnreserve',
-            cxlkv_dot_v1_dot_master__pb2.PackedUnreserveRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.PackedPutEndResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ReleaseQuarantine(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/ReleaseQuarantine',
-            cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ReleaseWriter(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/ReleaseWriter',
-            cxlkv_dot_v1_dot_master__pb2.ReleaseWriterRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.ReleaseQuarantineResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ReportDamaged(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/ReportDamaged',
-            cxlkv_dot_v1_dot_master__pb2.ReportDamagedRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.ReportDamagedResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def DeregisterClient(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/cxlkv.v1.MasterService/DeregisterClient',
-            cxlkv_dot_v1_dot_master__pb2.DeregisterClientRequest.SerializeToString,
-            cxlkv_dot_v1_dot_master__pb2.DeregisterClientResponse.FromString,
+            '/cxlkv.v1.MasterService/ExchangeTasks',
+            cxlkv_dot_v1_dot_master__pb2.ExchangeTasksRequest.SerializeToString,
+            cxlkv_dot_v1_dot_master__pb2.ExchangeTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

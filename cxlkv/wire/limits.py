@@ -9,7 +9,7 @@ request larger than ``max_request_bytes`` the same way (gRPC: the server's
 
 The item count of a request is the length of its longest repeated field (the
 packed calls carry one array per column); a repeated message field whose
-messages hold repeated fields (``BatchMatchPrefix.queries[].keys``) counts the
+messages hold repeated fields (``MatchPrefix.queries[].keys``) counts the
 items inside too. The SDK splits larger batches into calls of at most
 :data:`SDK_BATCH_ITEMS` items, so a user never meets the limit through it.
 docs/protocol.md ("Limits") is the reference.
@@ -31,8 +31,9 @@ MiB = 1 << 20
 #: items held clientd's loop 94 ms, one of 65,536 items 620 ms.
 DEFAULT_MAX_BATCH_ITEMS = 16_384
 #: Default ``max_batch_items`` of the master, in items per call: its batch puts cost
-#: about 40 µs per item (BatchPutStart + BatchPutEnd of 1,024 items: 87 ms; of
-#: 4,096: 250 ms); clientd sends at most 1,024 items per call.
+#: about 40 µs per item (measured with the one-message-per-item batch puts, since
+#: removed: PutStart + PutEnd of 1,024 items 87 ms, of 4,096 250 ms; the packed
+#: forms cost less); clientd sends at most 1,024 items per call.
 DEFAULT_MASTER_MAX_BATCH_ITEMS = 2048
 #: Most items the SDK (and clientd towards the master) puts in one call; the
 #: smallest ``max_batch_items`` a configuration may set.

@@ -25,7 +25,7 @@ from cxlkv.errors import CxlkvError, InvalidArgument, InvalidKey, rpc_status_for
 __all__ = ["Malformed", "malformed_request_error", "bad_utf8_field", "safe_parser", "add_service"]
 
 #: Field names that hold object keys: a non-UTF-8 value in one is INVALID_KEY.
-_KEY_FIELDS = frozenset({"key", "keys"})
+_KEY_FIELDS = frozenset({"key", "keys", "damaged_keys"})
 
 
 class Malformed:

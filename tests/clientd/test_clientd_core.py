@@ -10,14 +10,18 @@ from pathlib import Path
 import pytest
 
 from cxlkv.clientd.batcher import Coalescer
-from cxlkv.clientd.master_link import Located
-from cxlkv.clientd.core import SPLIT_COPY_BYTES, ClientdCore, ReadTarget, _Copy, _partition
+from cxlkv.clientd.master_link import Located, LocatedReplica, Location, PrefixMatch
+from cxlkv.clientd.copies import SPLIT_COPY_BYTES, _Copy, _partition
+from cxlkv.clientd.core import ClientdCore
+from cxlkv.clientd.results import Read, ReadTarget
 from cxlkv.config import ClientdConfig
-from cxlkv.errors import ErrorCode
+from cxlkv.errors import CxlkvError, ErrorCode
 from cxlkv.transport import Region
-from cxlkv.v1 import master_pb2
+from cxlkv.v1 import common_pb2
 
 MiB = 1 << 20
+#: The one replica every fake location points at: 64 bytes at 4096 of segment 1.
+_REPLICA = LocatedReplica(1, 4096, 64, common_pb2.CXL)
 
 
 class _Mapped:
@@ -63,11 +67,8 @@ class _Link:
         t0 = self.clock.now
         for _ in keys:
             self.lease += 1
-            loc = master_pb2.ObjectLocation(value_size_bytes=5, version=7, lease_id=self.lease, lease_ttl_ms=1000)
-            r = loc.replicas.add()
-            r.extent.segment_id = 1
-            r.extent.offset_bytes = 4096
-            r.extent.length_bytes = 64
+            loc = Location(common_pb2.Status(), value_size_bytes=5, version=7, replicas=(_REPLICA,),
+                           lease_id=self.lease, lease_ttl_ms=1000, checksum=0, header_bytes=0)
             if self.slow_reads > 0:
                 self.slow_reads -= 1
                 self.clock.now += 2.0  # the lease (1 s) ends before the copy is done
@@ -98,7 +99,7 @@ def _core(region: Region, slow_reads: int) -> tuple[ClientdCore, _Link]:
 def test_read_whose_lease_expired_is_retried_once(region: Region) -> None:
     core, link = _core(region, slow_reads=1)
     (o,) = asyncio.run(core.get(["k"], [None]))
-    assert o.code == 0 and o.value == b"hello"
+    assert isinstance(o, Read) and o.value == b"hello"
     assert link.released == [1, 2]  # both leases released, the expired one too
 
 
@@ -106,7 +107,7 @@ def test_read_never_returns_bytes_after_two_expired_leases(region: Region) -> No
     core, link = _core(region, slow_reads=2)
     buf = bytearray(16)
     (o,) = asyncio.run(core.get(["k"], [ReadTarget(memoryview(buf), 0, 16)]))
-    assert o.code == ErrorCode.LEASE_EXPIRED and o.value is None
+    assert isinstance(o, CxlkvError) and o.code == ErrorCode.LEASE_EXPIRED and o.key == "k"
     assert "lease" in o.message
     assert link.released == [1, 2]
 
@@ -117,12 +118,12 @@ def test_prefix_ends_where_a_lease_expired_twice(region: Region) -> None:
     async def match(queries):
         out = []
         for keys in queries:
-            resp = master_pb2.MatchPrefixResponse(matched=len(keys))
+            locs = []
             for _ in keys:
                 link.lease += 1
-                loc = resp.locations.add(value_size_bytes=5, version=1, lease_id=link.lease, lease_ttl_ms=1000)
-                r = loc.replicas.add()
-                r.extent.segment_id, r.extent.offset_bytes, r.extent.length_bytes = 1, 4096, 64
+                locs.append(Location(common_pb2.Status(), value_size_bytes=5, version=1, replicas=(_REPLICA,),
+                                     lease_id=link.lease, lease_ttl_ms=1000, checksum=0, header_bytes=0))
+            resp = PrefixMatch(len(keys), locs)
             t0 = link.clock.now
             link.clock.now += 2.0  # every attempt's leases end before the copies are done
             out.append((resp, t0))
@@ -139,11 +140,12 @@ def test_inline_limit_and_small_targets(region: Region) -> None:
     core, _ = _core(region, slow_reads=0)
     core.max_inline_bytes = 4
     (o,) = asyncio.run(core.get(["k"], [None]))
-    assert o.code == ErrorCode.TOO_LARGE and o.size == 5
+    assert isinstance(o, CxlkvError) and o.code == ErrorCode.TOO_LARGE and o.requested_bytes == 5
     (o,) = asyncio.run(core.get(["k"], [ReadTarget(memoryview(bytearray(4)), 0, 4)]))
-    assert o.code == ErrorCode.OUT_OF_RANGE and o.size == 5
+    assert isinstance(o, CxlkvError) and o.code == ErrorCode.OUT_OF_RANGE and o.requested_bytes == 5
     outs = asyncio.run(core.get(["", "k"], [None, ReadTarget(memoryview(bytearray(8)), 0, 8)]))
-    assert [x.code for x in outs] == [ErrorCode.INVALID_KEY, 0]
+    assert isinstance(outs[0], CxlkvError) and outs[0].code == ErrorCode.INVALID_KEY
+    assert isinstance(outs[1], Read) and outs[1].size_bytes == 5
 
 
 def test_partition_spreads_bytes_and_splits_large_copies() -> None:

@@ -262,6 +262,44 @@ def test_register_buffer_refusals(raw, tmp_path) -> None:
         mm.close()
 
 
+def test_a_buffer_file_truncated_by_its_owner_never_kills_the_daemon(raw, module_cluster) -> None:
+    """The owner of a registered buffer keeps its file descriptor and truncates the
+    file under the daemon's mapping: a PutFrom then made the daemon read past the
+    file's end, and the SIGBUS killed it (every caller of the host lost its daemon).
+    The SIGBUS guard covers buffers now: the put fails (nothing is stored: the copy
+    read zeros, not the value), a GetInto does not kill the daemon either, and every
+    later use of the buffer is refused with OUT_OF_RANGE."""
+    size = 1 * MiB
+    path = f"/dev/shm/cxlkv-buf-{os.getpid()}-{os.urandom(6).hex()}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        os.pwrite(fd, b"v" * size, 0)
+        code, resp = raw.call("RegisterBuffer", client_pb2.RegisterBufferRequest(
+            path=path, size_bytes=size, pid=os.getpid()))
+        assert code == 0, resp
+        os.unlink(path)
+        bid = resp.buffer_id
+        os.ftruncate(fd, 0)  # shrink it under the daemon's mapping
+        code, err = raw.call("PutFrom", client_pb2.PutFromRequest(key="trunc/put", source=BR(bid, 0, size)))
+        assert code == CODE.OUT_OF_RANGE and "shrank" in err.message, (code, err)
+        code, err = raw.call("Get", client_pb2.GetRequest(key="trunc/put"))
+        assert code == CODE.NOT_FOUND, "a value read from a truncated buffer was stored"
+        code, _ = raw.call("Put", client_pb2.PutRequest(key="trunc/get", value=b"g" * 4096))
+        assert code == 0
+        code, err = raw.call("GetInto", client_pb2.GetIntoRequest(key="trunc/get", target=BR(bid, 0, 4096)))
+        assert code == CODE.OUT_OF_RANGE and "shrank" in err.message, (code, err)
+        code, resp = raw.call("BatchPutFrom", client_pb2.BatchPutFromRequest(items=[
+            client_pb2.PutFromRequest(key="trunc/again", source=BR(bid, 0, 4096))]))
+        assert code == 0 and resp.results[0].status.code == CODE.OUT_OF_RANGE, resp
+        raw.call("UnregisterBuffer", client_pb2.UnregisterBufferRequest(buffer_id=bid))
+        raw.call("BatchRemove", client_pb2.ClientBatchRemoveRequest(keys=["trunc/get"]))
+    finally:
+        os.close(fd)
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 # ---------------------------------------------------------------------- keys
 @pytest.mark.parametrize("key", ["", "k" * 4097, "a\x00b"])
 def test_bad_keys_over_grpc(stub, key: str) -> None:
@@ -332,7 +370,7 @@ def test_requests_that_do_not_parse_over_grpc(module_cluster) -> None:
     from cxlkv.v1 import master_pb2
 
     with grpc.insecure_channel(module_cluster.master_address) as ch:
-        key_field = _field(master_pb2.ExistKeyRequest, "key")
+        key_field = _field(master_pb2.ExistKeyRequest, "keys")
         status, err = _raw_grpc(ch, "cxlkv.v1.MasterService", "ExistKey", _string_field(key_field, bad))
         assert status == grpc.StatusCode.INVALID_ARGUMENT and err.code == CODE.INVALID_KEY, err
         status, err = _raw_grpc(ch, "cxlkv.v1.MasterService", "Stat", b"\xff\xff\xff")
@@ -365,6 +403,27 @@ def test_oversized_inline_values(stub, raw, module_cluster) -> None:
     raw.call("UnregisterBuffer", client_pb2.UnregisterBufferRequest(buffer_id=resp.buffer_id))
     mm.close()
     raw.call("BatchRemove", client_pb2.ClientBatchRemoveRequest(keys=["h/ok", "h/large"]))
+
+
+def test_batches_over_the_masters_limit_are_served_per_item(stub, raw, module_cluster) -> None:
+    """clientd accepts batches up to its own max_batch_items (16,384), eight times the
+    master's (2,048): it must never forward one as a single master call (which the
+    master refused with TOO_LARGE naming *its* limit, failing every item)."""
+    n = 4100  # over the master's 2,048; under clientd's 16,384
+    keys = [f"hb/{i}" for i in range(n)]
+    resp = stub.BatchPut(client_pb2.BatchPutRequest(items=[
+        client_pb2.PutRequest(key=k, value=k.encode()) for k in keys]), timeout=60)
+    assert [r.status.message for r in resp.results if r.status.code] == []
+    code, got = raw.call("BatchGet", client_pb2.BatchGetRequest(keys=keys))
+    assert code == 0 and [r.value for r in got.results] == [k.encode() for k in keys]
+    resp = stub.BatchExist(client_pb2.BatchExistRequest(keys=keys), timeout=60)
+    assert all(resp.exists)
+    resp = stub.BatchRemove(client_pb2.ClientBatchRemoveRequest(keys=keys), timeout=60)
+    assert [r.message for r in resp.results if r.code] == []
+    code, got = raw.call("BatchRemove", client_pb2.ClientBatchRemoveRequest(keys=keys))
+    assert code == 0 and {r.code for r in got.results} == {CODE.NOT_FOUND}
+    assert module_cluster.master_stat().key_count == 0 or not any(
+        e.key.startswith("hb/") for e in module_cluster.list_master_keys())
 
 
 # -------------------------------------------------------------------- frames

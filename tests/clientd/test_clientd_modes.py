@@ -17,6 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from cxlkv.errors import InvalidArgument, Unavailable
 from cxlkv.v1 import master_pb2
 
+from master_harness import locate
+
 MiB = 1 << 20
 
 
@@ -32,8 +34,7 @@ def test_flush_mode_round_trip_with_checksums(make_cluster) -> None:
         assert b.get_into("flush/5242880", buf) == 5 * MiB and bytes(buf) == values["flush/5242880"]
         # the master recorded the writer's xxh3 checksum of every value (the empty one too)
         for e in cl.list_master_keys():
-            loc = cl.master_stub().GetReplicaList(
-                master_pb2.GetReplicaListRequest(key=e.key, no_lease=True), timeout=10).location
+            loc = locate(cl.master_stub(), e.key, no_lease=True)
             assert loc.checksum == xxhash.xxh3_64_intdigest(values[e.key])
         url = a.stat()["metrics_url"]
     body = urllib.request.urlopen(url, timeout=10).read().decode()

@@ -66,21 +66,49 @@ def test_idle_coalescer_sends_at_once_and_busy_one_batches() -> None:
 
 
 def test_coalescer_splits_at_max_items_and_keeps_submissions_whole() -> None:
+    """Submissions of at most max_items items are never split; a larger one goes out
+    as consecutive calls of max_items, in order (never one call over the master's
+    limit: a local-API batch may be 8x the master's max_batch_items)."""
     calls: list[list[int]] = []
 
     async def send(items: list[int]) -> list[int]:
         calls.append(list(items))
         await asyncio.sleep(0)
-        return items
+        return [x * 10 for x in items]
 
     async def main() -> None:
         c: Coalescer[int, int] = Coalescer("t", send, max_items=4)
         subs = [asyncio.ensure_future(c.submit([i, i])) for i in range(5)]
-        big = asyncio.ensure_future(c.submit(list(range(9))))
+        big = asyncio.ensure_future(c.submit(list(range(100, 109))))
         await asyncio.gather(*subs, big)
-        assert list(big.result()) == list(range(9))
-        assert all(len(x) <= 4 or x == list(range(9)) for x in calls)
-        assert sorted(sum(calls, [])) == sorted(sum(([i, i] for i in range(5)), []) + list(range(9)))
+        assert list(big.result()) == [x * 10 for x in range(100, 109)]
+        assert all(len(x) <= 4 for x in calls), calls
+        # every small submission stays whole, in one call
+        for i in range(5):
+            assert any(x[j:j + 2] == [i, i] for x in calls for j in range(len(x) - 1)), calls
+        # the big one's parts reach send in order
+        bigs = [v for x in calls for v in x if v >= 100]
+        assert bigs == list(range(100, 109))
+        assert sorted(sum(calls, [])) == sorted(sum(([i, i] for i in range(5)), []) + list(range(100, 109)))
+
+    asyncio.run(main())
+
+
+def test_coalescer_error_in_a_later_part_of_a_split_submission_fails_it() -> None:
+    calls: list[list[int]] = []
+
+    async def send(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        await asyncio.sleep(0)
+        if 5 in items:
+            raise RuntimeError("boom")
+        return items
+
+    async def main() -> None:
+        c: Coalescer[int, int] = Coalescer("t", send, max_items=2)
+        with pytest.raises(RuntimeError, match="boom"):
+            await c.submit(list(range(8)))
+        assert calls == [[0, 1], [2, 3], [4, 5]]  # nothing sent after the failed part
 
     asyncio.run(main())
 

@@ -97,7 +97,7 @@ def test_stat_table_and_json(run) -> None:
     st = json.loads(run("stat", "--json").output)
     assert st["name"] == "clientd-1" and st["master_connected"] is True
     assert isinstance(st["capacity_bytes"], int) and st["capacity_bytes"] > 0
-    for name in ("key_count", "epoch", "used_bytes", "buffer_bytes"):
+    for name in ("key_count", "epoch", "used_bytes", "buffer_bytes", "reserved_bytes", "quarantined_bytes"):
         assert isinstance(st[name], int), (name, st[name])  # never "9"
     assert all(isinstance(s["capacity_bytes"], int) and s["tier"] == "CXL" for s in st["segments"])
     assert all(isinstance(v, int) for v in st["counters"].values())

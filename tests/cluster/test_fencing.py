@@ -13,6 +13,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 import cxlkv.client._direct as direct_mod
 from cxlkv.errors import CxlkvError, NotFound, NotReady, StaleToken
@@ -180,4 +181,70 @@ def test_a_direct_writer_stalled_across_a_restart_of_its_clientd_never_lands_in_
                 pass  # evicted
         cl.wait_until(lambda: cl.master_stat(check_invariants=False).quarantined_bytes == 0, timeout_s=20,
                       what="the writer's space to be freed once it ended its put")
+    cl.assert_invariants()
+
+
+@pytest.mark.parametrize("how", ["kill9-restart", "sigstop-past-ttl"])
+def test_a_stalled_direct_writer_in_a_reserved_extent_frees_its_quarantine(make_cluster, monkeypatch,
+                                                                          how: str) -> None:
+    """As above, with a value small enough for a reserved extent (≤ 1 MiB, a size the
+    daemon has reserved for): the writer's clientd is killed and restarted, or stopped
+    past client_ttl_s (it re-registers itself), so the extent is quarantined; the
+    writer then resumes and ends its put. The quarantined reservation used to stay
+    held for good: PutRevoke named the put's key, the reservation has none, and the
+    master answered STALE_TOKEN without freeing it (nor did a failed PackedCommit of
+    an ended registration's reservation revoke it)."""
+    import signal
+
+    cl = make_cluster(region_size_bytes=64 * MiB, master_options={"client_ttl_s": 1.0,
+                                                                   "heartbeat_interval_s": 0.2})
+    size = 256 << 10
+    real_copy_in = direct_mod._copy_in
+    armed, stalled, resume = threading.Event(), threading.Event(), threading.Event()
+
+    def copy_in_after_a_stall(*args, **kwargs):
+        if armed.is_set() and not stalled.is_set():
+            stalled.set()
+            resume.wait(60)  # the clientd is restarted or paused meanwhile
+        return real_copy_in(*args, **kwargs)
+
+    monkeypatch.setattr(direct_mod, "_copy_in", copy_in_after_a_stall)
+    outcome: list[object] = []
+    with cl.client(0, direct_threshold_bytes=0) as writer, cl.client(1, direct=False) as other:
+        assert writer.direct, writer.direct_status
+        for i in range(3):  # the daemon now holds reserved extents of this size
+            writer.put(f"warm/{i}", bytes([i]) * size)
+        armed.set()
+
+        def slow_put() -> None:
+            try:
+                outcome.append(writer.put("k", b"\x11" * size))
+            except CxlkvError as exc:
+                outcome.append(exc)
+
+        t = threading.Thread(target=slow_put)
+        t.start()
+        assert stalled.wait(10)
+        if how == "kill9-restart":
+            cl.clientds[0].signal(signal.SIGKILL)
+            cl.clientds[0].proc.wait(10)
+            cl.restart_clientd(0)
+        else:
+            cl.clientds[0].signal(signal.SIGSTOP)
+            try:
+                cl.wait_until(lambda: cl.master_stat(check_invariants=False).counters["clients_expired"] >= 1,
+                              timeout_s=20, what="the paused clientd to expire")
+            finally:
+                cl.clientds[0].signal(signal.SIGCONT)
+        cl.wait_until(lambda: cl.master_stat(check_invariants=False).quarantined_bytes >= size, timeout_s=20,
+                      what="the stalled writer's extent to be quarantined")
+        time.sleep(1.0)  # the daemon has released what it could (re-registered, drained)
+        assert cl.master_stat(check_invariants=False).quarantined_bytes >= size  # the writer still runs
+        resume.set()
+        t.join(30)
+        assert not t.is_alive() and outcome
+        if not isinstance(outcome[0], CxlkvError):
+            assert other.get("k") == b"\x11" * size
+        cl.wait_until(lambda: cl.master_stat(check_invariants=False).quarantined_bytes == 0, timeout_s=20,
+                      what="the writer's reserved extent to be freed once it ended its put")
     cl.assert_invariants()

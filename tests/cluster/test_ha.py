@@ -85,10 +85,9 @@ def test_sigstop_leader_past_its_lease_then_sigcont(make_cluster: Any) -> None:
     started = []
     for i in range(20):
         r = stub.PutStart(master_pb2.PutStartRequest(
-            client_id=reg.client_id, epoch=reg.epoch,
-            item=master_pb2.PutStartItem(key=f"late-{i}", value_size_bytes=100)), timeout=5).result
-        assert r.status.code == 0, r
-        started.append((f"late-{i}", r.put_token))
+            client_id=reg.client_id, epoch=reg.epoch, keys=[f"late-{i}"], value_size_bytes=[100]), timeout=5)
+        assert list(r.codes) == [0], r
+        started.append((f"late-{i}", r.put_tokens[0]))
     with MixedLoad(cl, "stop") as load:
         load.wait_acked(100)
         t = time.monotonic()
@@ -98,8 +97,8 @@ def test_sigstop_leader_past_its_lease_then_sigcont(make_cluster: Any) -> None:
             load.wait_acked(50, timeout_s=20)
             # the deposed leader's late commits: sent while it is stopped, answered once resumed
             futures = [stub.PutEnd.future(master_pb2.PutEndRequest(
-                client_id=reg.client_id, epoch=reg.epoch,
-                item=master_pb2.PutEndItem(key=k, put_token=tok)), timeout=15) for k, tok in started]
+                client_id=reg.client_id, epoch=reg.epoch, keys=[k], put_tokens=[tok]), timeout=15)
+                for k, tok in started]
             time.sleep(0.2)
         finally:
             cl.masters[old].signal(signal.SIGCONT)

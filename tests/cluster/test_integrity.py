@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from cxlkv.clientd.master_link import Location
 from cxlkv.config import MasterConfig, SegmentConfig
 from cxlkv.errors import ChecksumMismatch, NotFound
 from cxlkv.master.state import MasterState
@@ -18,14 +19,14 @@ from cxlkv.objheader import (
     parse_header,
 )
 from cxlkv.transport import Region
-from cxlkv.v1 import master_pb2
+
+from master_harness import locate
 
 KiB, MiB = 1 << 10, 1 << 20
 
 
-def _location(cl: Any, key: str) -> master_pb2.ObjectLocation:
-    return cl.master_stub().GetReplicaList(
-        master_pb2.GetReplicaListRequest(key=key, no_lease=True), timeout=10).location
+def _location(cl: Any, key: str) -> Location:
+    return locate(cl.master_stub(), key, no_lease=True)
 
 
 def _counters(client: Any) -> dict[str, int]:
@@ -81,7 +82,7 @@ def test_a_corrupted_byte_is_reported_never_returned(make_cluster, coherence: st
             c.put(key + "/next", b"x" * 100)
             loc = _location(cl, key)
             assert loc.header_bytes == header_bytes_for(len(key))
-            ext = loc.replicas[0].extent
+            ext = loc.replicas[0]
             with Region.open(cl.region_paths[0]) as r:
                 at = ext.offset_bytes + loc.header_bytes + 1000 if flip == "value" else ext.offset_bytes + 24
                 good = r.read(at, 1)
@@ -150,7 +151,8 @@ def test_leased_space_is_not_handed_to_a_new_writer(how: str) -> None:
 def test_remove_and_put_reusing_space_never_mixes_bytes(cluster) -> None:
     """A reader that raced a Remove + Put into the same space (its location is
     stale) finds another key's header and version: a miss, never the new bytes."""
-    from cxlkv.clientd.core import ClientdCore, _Copy
+    from cxlkv.clientd.copies import _Copy
+    from cxlkv.clientd.core import ClientdCore
 
     size = 64 * KiB
     with cluster.client(0) as a:
@@ -173,7 +175,7 @@ def test_remove_and_put_reusing_space_never_mixes_bytes(cluster) -> None:
             core = ClientdCore.__new__(ClientdCore)
             core.flush_mode = True
             core.verify_first = True
-            ext = old.replicas[0].extent
+            ext = old.replicas[0]
             buf = bytearray(size)
             c = _Copy(0, mapped, ext.offset_bytes + old.header_bytes, size, buf, 0)  # type: ignore[arg-type]
             region.invalidate(c.region_offset, size)
@@ -182,7 +184,7 @@ def test_remove_and_put_reusing_space_never_mixes_bytes(cluster) -> None:
             assert why is not None  # whoever lives there now, it is not version `old`
             assert core._verify_reads([(c, old.header_bytes, "reuse/k", old.version, 0)])
             # the current location verifies
-            ext2 = new.replicas[0].extent
+            ext2 = new.replicas[0]
             c2 = _Copy(0, mapped, ext2.offset_bytes + new.header_bytes, size, bytearray(size), 0)  # type: ignore[arg-type]
             region.copy_out(c2.region_offset, c2.buf)
             assert core._check_object(c2, new.header_bytes, "reuse/k", new.version, new.checksum) is None

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from cxlkv.trace.replay import ReplayOptions, run_replay
+from master_harness import locate
 from ops_helpers import METRICS_ON, Scrape, exists_in, metric_urls, promql_metric_names, scrape
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,11 +118,11 @@ def test_values_move_with_operations(module_cluster) -> None:
     assert d_master("cxlkv_master_get_misses_total") == 0
     cl.wait_until(lambda: scrape(metric_urls(cl)[0]).value("cxlkv_master_index_hits_total")
                   - m0.value("cxlkv_master_index_hits_total") == n + 5, what="the hits reported")
-    assert d_master("cxlkv_master_rpcs_total", method="PackedPutStart", result="OK") >= 1
-    assert d_master("cxlkv_master_rpc_duration_seconds_count", method="PackedPutEnd") >= 1
-    assert d_master("cxlkv_master_rpc_batch_items_sum", method="PackedPutStart") == started
-    assert d_master("cxlkv_master_rpc_batch_items_sum", method="PackedCommit") == n - started
-    assert d_master("cxlkv_master_rpc_batch_items_sum", method="PackedMatchPrefix") == 0
+    assert d_master("cxlkv_master_rpcs_total", method="PutStart", result="OK") >= 1
+    assert d_master("cxlkv_master_rpc_duration_seconds_count", method="PutEnd") >= 1
+    assert d_master("cxlkv_master_rpc_batch_items_sum", method="PutStart") == started
+    assert d_master("cxlkv_master_rpc_batch_items_sum", method="Commit") == n - started
+    assert d_master("cxlkv_master_rpc_batch_items_sum", method="MatchPrefix") == 0
     # clientd: bytes both ways, requests by result, prefix hits and misses
     assert d_clientd("cxlkv_clientd_copied_bytes_total", direction="in") == n * size
     assert d_clientd("cxlkv_clientd_copied_bytes_total", direction="out") == (n + 5) * size
@@ -284,16 +285,14 @@ def test_checksum_failures_are_counted(make_cluster) -> None:
     """Non-coherent (flush) mode: bytes changed behind the store's back are a miss,
     counted in cxlkv_clientd_checksum_failures_total and by result CHECKSUM_MISMATCH."""
     from cxlkv.errors import ChecksumMismatch
-    from cxlkv.v1 import master_pb2
 
     cl = make_cluster(clientds=1, clientd_options={"coherence": "flush"})
     size = 4 * KiB
     with cl.client(0) as a:
         a.put("ops-sum/a", b"\x11" * size)
         a.put("ops-sum/b", b"\x22" * size)
-        loc = cl.master_stub().GetReplicaList(
-            master_pb2.GetReplicaListRequest(key="ops-sum/b", no_lease=True), timeout=10).location
-        ext = loc.replicas[0].extent
+        loc = locate(cl.master_stub(), "ops-sum/b", no_lease=True)
+        ext = loc.replicas[0]
         with open(cl.region_paths[0], "r+b") as region:  # a torn write nobody flushed
             region.seek(ext.offset_bytes + loc.header_bytes + 100)  # a value byte
             region.write(b"\x99")

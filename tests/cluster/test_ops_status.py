@@ -60,12 +60,17 @@ def test_status_table_and_json(make_cluster, tmp_path: Path) -> None:
     assert hr["prefix_blocks"] == 6 and hr["prefix_blocks_hit"] == 4 and hr["clientds_reporting"] == 2
     assert abs(hr["ratio"] - 4 / 6) < 1e-9
     assert st["evictions"]["evictions"] == 0
+    # space held ahead of need (a clientd's reservations) is used but no object's: said
+    assert m["reserved_bytes"] == cl.master_stat(False).reserved_bytes
+    assert st["space"]["reserved_bytes"] == m["reserved_bytes"] and st["space"]["quarantined_bytes"] == 0
 
     r = _status("--socket", cl.socket_path(0))
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert re.search(r"\[#*\.+\]\s+\d+\.\d%", out), out
     assert "hit rate   66.7% (4 of 6 prefix blocks" in out, out
+    if m["reserved_bytes"]:
+        assert "reserved ahead of need" in out, out
     for name in ("clientd-0", "clientd-1", "cxl0", m["metrics_url"]):
         assert name in out, (name, out)
 

@@ -15,7 +15,8 @@ import time
 from cxlkv.deploy.cluster import ManagedProcess, wait_for_file
 from cxlkv.errors import NotFound
 from cxlkv.transport import Region
-from cxlkv.v1 import master_pb2
+
+from master_harness import locate
 
 KiB = 1 << 10
 
@@ -56,9 +57,8 @@ def test_an_object_whose_bytes_were_destroyed_is_dropped_not_listed_forever(make
     with cl.client(0) as w, cl.client(0, direct=False) as r:
         w.put("heal/bad", b"A" * (8 * KiB))
         w.put("heal/good", b"B" * (8 * KiB))
-        loc = cl.master_stub().GetReplicaList(master_pb2.GetReplicaListRequest(key="heal/bad", no_lease=True),
-                                              timeout=10).location
-        ext = loc.replicas[0].extent
+        loc = locate(cl.master_stub(), "heal/bad", no_lease=True)
+        ext = loc.replicas[0]
         with Region.open(cl.region_paths[0]) as region:  # a stray write over the value, not cxlkv's
             region.copy_in(ext.offset_bytes + loc.header_bytes + 100, b"\xff" * 64)
         try:

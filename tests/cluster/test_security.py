@@ -79,15 +79,14 @@ def _attacks(cl: TestCluster) -> list[tuple[str, Any]]:
         ("Stat", master_pb2.StatRequest()),
         ("ListKeys", master_pb2.ListKeysRequest(page_size=100)),
         ("RemoveAll", master_pb2.RemoveAllRequest(force=True)),
-        ("RemoveByRegex", master_pb2.RemoveByRegexRequest(pattern=".*", force=True)),
+        ("RemoveAll", master_pb2.RemoveAllRequest(pattern=".*", force=True)),
         ("UnmountSegment", master_pb2.UnmountSegmentRequest(name=seg.name)),
         ("RegisterClient", master_pb2.RegisterClientRequest(hostname="evil", name="clientd-0",
                                                             previous_client_id=victim.client_id)),
         ("MountSegment", master_pb2.MountSegmentRequest(name="fake", tier=common_pb2.CXL, size_bytes=PiB)),
         ("Heartbeat", master_pb2.HeartbeatRequest(client_id=victim.client_id, epoch=victim.epoch)),
-        ("BatchPutStart", master_pb2.BatchPutStartRequest(
-            client_id=victim.client_id, epoch=victim.epoch,
-            items=[master_pb2.PutStartItem(key="sec/evil", value_size_bytes=4096)])),
+        ("PutStart", master_pb2.PutStartRequest(
+            client_id=victim.client_id, epoch=victim.epoch, keys=["sec/evil"], value_size_bytes=[4096])),
         ("ReleaseLeases", master_pb2.ReleaseLeasesRequest(client_id=victim.client_id, lease_ids=[1, 2, 3])),
     ]
 
@@ -218,15 +217,17 @@ def test_a_clientd_certificate_cannot_act_as_another(tls_cluster: TestCluster, t
     before = _snapshot(tls_cluster)
     other = tls_certs.files("clientd-2")  # a valid clientd certificate of this CA, not clientd-0's
     calls = [(n, r) for n, r in _attacks(tls_cluster)
-             if n in ("RegisterClient", "Heartbeat", "BatchPutStart", "ReleaseLeases")]
+             if n in ("RegisterClient", "Heartbeat", "PutStart", "ReleaseLeases")]
     calls += [
-        ("BatchPutEnd", master_pb2.BatchPutEndRequest(client_id=victim.client_id, epoch=victim.epoch,
-                                                      items=[master_pb2.PutEndItem(key="sec/x", put_token=1)])),
-        ("PackedPutStart", master_pb2.PackedPutStartRequest(client_id=victim.client_id, epoch=victim.epoch,
-                                                            keys=["sec/y"], value_size_bytes=[64])),
-        ("BatchGetReplicaList", master_pb2.BatchGetReplicaListRequest(client_id=victim.client_id,
-                                                                      keys=[f"sec/victim-{transport}"])),
-        ("FetchTasks", master_pb2.FetchTasksRequest(client_id=victim.client_id, epoch=victim.epoch)),
+        ("PutEnd", master_pb2.PutEndRequest(client_id=victim.client_id, epoch=victim.epoch,
+                                            keys=["sec/x"], put_tokens=[1])),
+        ("Reserve", master_pb2.ReserveRequest(client_id=victim.client_id, epoch=victim.epoch,
+                                              need_bytes=[4096], counts=[1])),
+        ("GetReplicaList", master_pb2.GetReplicaListRequest(client_id=victim.client_id,
+                                                            keys=[f"sec/victim-{transport}"])),
+        ("ReleaseQuarantine", master_pb2.ReleaseQuarantineRequest(client_id=victim.client_id, epoch=victim.epoch,
+                                                                  upto_epoch=victim.epoch)),
+        ("ExchangeTasks", master_pb2.ExchangeTasksRequest(client_id=victim.client_id, epoch=victim.epoch)),
         ("MountSegment", master_pb2.MountSegmentRequest(client_id=victim.client_id, epoch=victim.epoch,
                                                         name="evil-dram", tier=common_pb2.DRAM, size_bytes=MiB)),
     ]
@@ -266,8 +267,9 @@ def test_a_non_admin_identity_cannot_call_admin_operations(tls_cluster: TestClus
     seg = tls_cluster.master_stat().segments[0].name
     admin_calls = [
         ("RemoveAll", master_pb2.RemoveAllRequest(force=True)),
-        ("RemoveByRegex", master_pb2.RemoveByRegexRequest(pattern="sec/.*", force=True)),
+        ("RemoveAll", master_pb2.RemoveAllRequest(pattern="sec/.*", force=True)),
         ("UnmountSegment", master_pb2.UnmountSegmentRequest(name=seg)),
+        ("ReleaseQuarantine", master_pb2.ReleaseQuarantineRequest(client_id="gone", writers_gone=True)),
         ("ListKeys", master_pb2.ListKeysRequest(page_size=100)),
         ("MountSegment", master_pb2.MountSegmentRequest(name="fake", tier=common_pb2.CXL, size_bytes=PiB)),
     ]

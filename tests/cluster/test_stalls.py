@@ -174,7 +174,7 @@ def test_pathological_pattern_finishes_at_once(cluster) -> None:
         assert sum(c.exists_many(long_keys)) == 10
     # the master's own Pattern path (gRPC, as a tool would call it)
     stub = cluster.master_stub()
-    assert stub.RemoveByRegex(master_pb2.RemoveByRegexRequest(pattern="(a+)+$"), timeout=10).removed == 0
+    assert stub.RemoveAll(master_pb2.RemoveAllRequest(pattern="(a+)+$"), timeout=10).removed == 0
     cluster.assert_invariants()
 
 
@@ -232,14 +232,14 @@ def test_oversized_calls_get_their_own_error_and_the_daemons_go_on(make_cluster)
     assert _stalls_over(clientd_url, STALL_BOUND_S)[0] == clientd_over_before
     # the master refuses the same way (gRPC; its lean port shares the handler)
     with pytest.raises(grpc.RpcError) as info:
-        cluster.master_stub().BatchExistKey(master_pb2.BatchExistKeyRequest(keys=too_many), timeout=30)
+        cluster.master_stub().ExistKey(master_pb2.ExistKeyRequest(keys=too_many), timeout=30)
     err = from_rpc_error(info.value)
     assert err.code == ErrorCode.TOO_LARGE and "max_batch_items" in err.message, err
-    # nested items count too: two queries of a BatchMatchPrefix, each under the limit
+    # nested items count too: two queries of a MatchPrefix, each under the limit
     half = MasterConfig().max_batch_items // 2 + 1
     queries = [master_pb2.PrefixQuery(keys=[f"q/{i}" for i in range(half)]) for _ in range(2)]
     with pytest.raises(grpc.RpcError) as info:
-        cluster.master_stub().BatchMatchPrefix(master_pb2.BatchMatchPrefixRequest(queries=queries), timeout=30)
+        cluster.master_stub().MatchPrefix(master_pb2.MatchPrefixRequest(queries=queries), timeout=30)
     assert f"{2 * half} items" in from_rpc_error(info.value).message
     assert cluster.master_stat().key_count == 0  # the master answers
     # the SDK splits a larger batch into calls under the limit: the user never sees it
@@ -270,7 +270,6 @@ def test_oversized_calls_get_their_own_error_and_the_daemons_go_on(make_cluster)
 
 def _state_with(n: int, segments: int = 1):
     from cxlkv.config import SegmentConfig
-    from cxlkv.master.objects import PutStartArgs
     from cxlkv.master.state import MasterState
 
     cfg = MasterConfig(segments=[SegmentConfig(name=f"cxl{i}", size_bytes=16 * MiB) for i in range(segments)])
@@ -281,14 +280,13 @@ def _state_with(n: int, segments: int = 1):
     keys = [f"k/{i:05d}" for i in range(n)]
     for j, seg in enumerate(f"cxl{i}" for i in range(segments)):
         part = keys[j::segments]
-        res = st.put_start_batch(c.client_id, c.epoch, [PutStartArgs(k, 10, preferred_segment=seg) for k in part], 0.0)
-        st.put_end_batch(c.client_id, c.epoch, [(k, r.version, 0) for k, r in zip(part, res)], 0.0)
+        for k in part:
+            obj = st.put_start(c.client_id, c.epoch, k, 10, 0.0, preferred_segment=seg)
+            st.put_end(c.client_id, c.epoch, k, obj.version, 0.0)
     return st, c, clock
 
 
 def test_remove_all_cursor_runs_by_budget_and_sees_changes_between_slices() -> None:
-    from cxlkv.master.objects import PutStartArgs
-
     st, c, clock = _state_with(1000)
     cursor = st.remove_all_start(pattern=r"^k/0")  # every key
     # a work clock that advances 1 ms per look: a 2 ms budget ends a slice at the second look
@@ -300,8 +298,8 @@ def test_remove_all_cursor_runs_by_budget_and_sees_changes_between_slices() -> N
     st.remove("k/00999", 0.0)
     obj = st.put_start(c.client_id, c.epoch, "k/00998", 5, 0.0, upsert=True)
     st.put_end(c.client_id, c.epoch, "k/00998", obj.version, 0.0)
-    res = st.put_start_batch(c.client_id, c.epoch, [PutStartArgs("k/0new", 1)], 0.0)
-    st.put_end_batch(c.client_id, c.epoch, [("k/0new", res[0].version, 0)], 0.0)
+    new = st.put_start(c.client_id, c.epoch, "k/0new", 1, 0.0)
+    st.put_end(c.client_id, c.epoch, "k/0new", new.version, 0.0)
     st.check_invariants()  # consistent between slices
     while not cursor.step(0.0, 0.002):
         st.check_invariants()

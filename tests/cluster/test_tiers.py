@@ -130,7 +130,7 @@ def test_dram_cache_never_serves_removed_or_replaced_values(tiered):
 
 def test_clientd_killed_mid_move_leaves_every_object_readable(make_cluster):
     # clientd 0 is the only one running moves (clientd 1 runs none: task_batch 0). It
-    # is frozen (SIGSTOP) while more puts queue moves — its pending FetchTasks long
+    # is frozen (SIGSTOP) while more puts queue moves — its pending ExchangeTasks long
     # poll is answered with them, so they are given to it and never done — then
     # killed (SIGKILL). The moves it held time out and are given again once a task
     # runner is back; nothing is lost and the accounting is exact.

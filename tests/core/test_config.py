@@ -74,3 +74,59 @@ def test_clientd_socket_defaults() -> None:
     cfg = load_config(ClientdConfig, overrides={"name": "host-a", "socket_path": "/tmp/x.sock"})
     assert cfg.resolved_lean_socket_path() == "/tmp/x.sock.lean"
     assert load_config(ClientdConfig).resolved_socket_path().endswith("clientd.sock")
+
+
+@pytest.mark.parametrize("line, message", [
+    ("max_batch_items = inf", "max_batch_items: expected an integer, got inf"),
+    ("max_batch_items = nan", "max_batch_items: expected an integer, got nan"),
+    ("max_batch_items = 2048.5", "max_batch_items: expected an integer, got 2048.5"),
+    ("max_batch_items = true", "max_batch_items: expected an integer, got True"),
+    ("max_request_bytes = nan", "max_request_bytes: size must be a finite number"),
+    ("max_request_bytes = inf", "max_request_bytes: size must be a finite number"),
+    ('segments = [{name = "a", size_bytes = inf, path = "/tmp/x"}]', "size_bytes: size must be a finite number"),
+    ('segments = [{name = "a", size_bytes = "1e400GiB", path = "/tmp/x"}]', "size must be a finite number"),
+    ("lease_ttl_s = nan", "lease_ttl_s: duration must be a finite number of seconds"),
+    ("client_ttl_s = inf", "client_ttl_s: duration must be a finite number of seconds"),
+    ('put_timeout_s = "1e400s"', "put_timeout_s: duration must be a finite number of seconds"),
+    ("high_watermark = true", "high_watermark: expected a number, got True"),
+    ("copy_ahead_watermark = nan", "copy_ahead_watermark: expected a finite number"),
+])
+def test_non_finite_fractional_and_boolean_numbers_are_refused_in_one_line(tmp_path: Path, line: str,
+                                                                           message: str) -> None:
+    """TOML has inf, nan and booleans: an integer or size key given inf/nan raised a
+    Python OverflowError/ValueError (a traceback, exit 1, instead of one line and exit
+    2); a duration given nan or inf was accepted (lease_ttl_s = nan); a number key took
+    `true` as 1.0 and an integer key truncated 2048.5 to 2048."""
+    f = tmp_path / "m.toml"
+    f.write_text(line + "\n")
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(".", r"\.")):
+        load_config(MasterConfig, f)
+
+
+def test_integral_floats_and_plain_numbers_still_load(tmp_path: Path) -> None:
+    f = tmp_path / "m.toml"
+    f.write_text("max_batch_items = 4096.0\nhigh_watermark = 1\nlease_ttl_s = 2.5\n")
+    cfg = load_config(MasterConfig, f)
+    assert cfg.max_batch_items == 4096 and isinstance(cfg.max_batch_items, int)
+    assert cfg.high_watermark == 1.0 and cfg.lease_ttl_s == 2.5
+    with pytest.raises(ConfigError, match="dram_tier_bytes: size must be a finite number"):
+        load_config(ClientdConfig, overrides={"dram_tier_bytes": float("inf")})
+
+
+@pytest.mark.parametrize("mode", [-1, 0o7777, 0o1000, 99999999999])
+def test_socket_mode_outside_the_permission_bits_is_refused(mode: int) -> None:
+    """socket_mode = -1 gave both sockets mode 7777 (world read-write: anyone on the
+    host could read and write every key); 99999999999 crashed the daemon's start with
+    an OverflowError traceback."""
+    with pytest.raises(ConfigError, match="socket_mode: must be permission bits"):
+        load_config(ClientdConfig, overrides={"socket_mode": mode})
+    assert load_config(ClientdConfig, overrides={"socket_mode": 0o600}).socket_mode == 0o600
+
+
+def test_a_negative_reservation_count_is_refused() -> None:
+    """reserve_max_extents = -1 was taken as 0 without a word."""
+    from cxlkv.config import MasterConfig
+
+    with pytest.raises(ConfigError, match="reserve_max_extents: must be >= 0"):
+        load_config(MasterConfig, overrides={"reserve_max_extents": -1})
+    assert load_config(MasterConfig, overrides={"reserve_max_extents": 0}).reserve_max_extents == 0

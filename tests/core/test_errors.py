@@ -50,6 +50,37 @@ def test_rpc_status_carries_detail() -> None:
     assert isinstance(back, errors.TooLarge) and back.requested_bytes == 1 << 40 and back.key == "k"
 
 
+def test_bare_resource_exhausted_is_a_limit_by_code_not_wording() -> None:
+    """gRPC's own RESOURCE_EXHAUSTED (no ErrorDetail) is LimitExceeded whatever its
+    text; a NO_SPACE carries its detail and stays NoSpace."""
+
+    class Bare(grpc.RpcError):
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+        def code(self):
+            return grpc.StatusCode.RESOURCE_EXHAUSTED
+
+        def details(self):
+            return self.text
+
+        def trailing_metadata(self):
+            return ()
+
+    for text in ("Received message larger than max (40000000 vs. 33554432)", "worded some other way"):
+        back = errors.from_rpc_error(Bare(text), target="clientd")
+        assert isinstance(back, errors.LimitExceeded) and back.limit_name == "max_request_bytes"
+        assert text in back.message
+    st = rpc_status.to_status(errors.rpc_status_for(errors.NoSpace("full", free_bytes=3)))
+
+    class Full(Bare):
+        def trailing_metadata(self):
+            return st.trailing_metadata
+
+    back = errors.from_rpc_error(Full(st.details))
+    assert isinstance(back, errors.NoSpace) and back.free_bytes == 3
+
+
 def test_keys() -> None:
     assert validate_key("a/b c ü🙂") == "a/b c ü🙂"
     assert key_error("x" * MAX_KEY_BYTES) is None

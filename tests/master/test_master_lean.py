@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cxlkv.errors import AlreadyExists, ErrorCode, InvalidArgument, StaleToken
+from cxlkv.errors import ErrorCode, InvalidArgument, UnknownClient
 from cxlkv.wire.lean import LeanChannel, service_methods
 from cxlkv.v1 import common_pb2, master_pb2
 from master_harness import MasterProcess, assert_invariant
@@ -40,28 +40,29 @@ def test_lean_calls_match_grpc_semantics(tmp_path: Path) -> None:
             ch = LeanChannel("127.0.0.1", port, METHODS)
             reg = await ch.call("RegisterClient", master_pb2.RegisterClientRequest(hostname="h", name="w"))
             cid, epoch = reg.client_id, reg.epoch
-            req = master_pb2.BatchPutStartRequest(client_id=cid, epoch=epoch)
-            for k in ("a", "b", "a"):
-                req.items.add(key=k, value_size_bytes=4096)
-            started = await ch.call("BatchPutStart", req, timeout=10)
-            codes = [r.status.code for r in started.results]
-            assert codes[:2] == [0, 0] and codes[2] != 0  # duplicate answered per position
-            end = master_pb2.BatchPutEndRequest(client_id=cid, epoch=epoch)
-            for k, r in zip(("a", "b"), started.results):
-                end.items.add(key=k, put_token=r.put_token)
-            ended = await ch.call("BatchPutEnd", end, timeout=10)
-            assert [s.code for s in ended.results] == [0, 0]
-            # single-item errors arrive as typed exceptions (ErrorDetail frames)
-            with pytest.raises(AlreadyExists):
-                await ch.call("PutStart", master_pb2.PutStartRequest(
-                    client_id=cid, epoch=epoch, item=master_pb2.PutStartItem(key="a", value_size_bytes=1)))
-            with pytest.raises(StaleToken):
+            started = await ch.call("PutStart", master_pb2.PutStartRequest(
+                client_id=cid, epoch=epoch, keys=["a", "b", "a"], value_size_bytes=[4096] * 3), timeout=10)
+            codes = list(started.codes)
+            assert codes[:2] == [0, 0] and codes[2] == ErrorCode.NOT_READY  # duplicate answered per position
+            ended = await ch.call("PutEnd", master_pb2.PutEndRequest(
+                client_id=cid, epoch=epoch, keys=["a", "b"], put_tokens=list(started.put_tokens)[:2]), timeout=10)
+            assert list(ended.codes) == [0, 0]
+            again = await ch.call("PutStart", master_pb2.PutStartRequest(
+                client_id=cid, epoch=epoch, keys=["a"], value_size_bytes=[1]))
+            assert list(again.codes) == [ErrorCode.ALREADY_EXISTS]
+            stale = await ch.call("PutEnd", master_pb2.PutEndRequest(
+                client_id=cid, epoch=epoch, keys=["b"], put_tokens=[1]))
+            assert list(stale.codes) == [ErrorCode.STALE_TOKEN]
+            # a call refused as a whole arrives as a typed exception (ErrorDetail frame)
+            with pytest.raises(InvalidArgument, match="put_tokens"):
                 await ch.call("PutEnd", master_pb2.PutEndRequest(
-                    client_id=cid, epoch=epoch, item=master_pb2.PutEndItem(key="b", put_token=1)))
+                    client_id=cid, epoch=epoch, keys=["a", "b"], put_tokens=[1]))
+            with pytest.raises(UnknownClient):
+                await ch.call("Heartbeat", master_pb2.HeartbeatRequest(client_id="nobody", epoch=1))
             # pipelined: many calls in flight on one connection
-            many = await asyncio.gather(*(ch.call("ExistKey", master_pb2.ExistKeyRequest(key=k))
+            many = await asyncio.gather(*(ch.call("ExistKey", master_pb2.ExistKeyRequest(keys=[k]))
                                           for k in ("a", "b", "zz") * 50))
-            assert [m.exists for m in many[:3]] == [True, True, False]
+            assert [m.exists[0] for m in many[:3]] == [True, True, False]
             ch.close()
 
         asyncio.run(scenario())
@@ -85,7 +86,7 @@ def test_lean_port_survives_garbage(tmp_path: Path) -> None:
             detail = common_pb2.ErrorDetail.FromString(_recv_exactly(s, length - 12))
             assert "max_request_bytes" in detail.message and detail.requested_bytes == 1 << 31
         # still serving, over both framings
-        assert mp.stub.ExistKey(master_pb2.ExistKeyRequest(key="x")).exists is False
+        assert list(mp.stub.ExistKey(master_pb2.ExistKeyRequest(keys=["x"])).exists) == [False]
         assert _lean_port(mp) == port
 
 
@@ -126,11 +127,11 @@ def test_lean_call_times_out_against_a_silent_server() -> None:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         with pytest.raises(Unavailable, match=r"ExistKey to 127\.0\.0\.1:\d+: no answer within 0\.2 s"):
-            await ch.call("ExistKey", master_pb2.ExistKeyRequest(key="k"), timeout=0.2)
+            await ch.call("ExistKey", master_pb2.ExistKeyRequest(keys=["k"]), timeout=0.2)
         assert 0.15 < loop.time() - t0 < 2.0
         assert ch._pending == {}
         # A late answer to the expired request id 1 is ignored (no exception, no leak).
-        payload = master_pb2.ExistKeyResponse(exists=True).SerializeToString()
+        payload = master_pb2.ExistKeyResponse(exists=[True]).SerializeToString()
         accepted[0].write(struct.pack("<IHHQ", 12 + len(payload), 0, 0, 1) + payload)
         await accepted[0].drain()
         await asyncio.sleep(0.05)
@@ -151,21 +152,21 @@ def test_inline_routes_answer_in_order_in_one_read(event_loop: str) -> None:
     from cxlkv.runtime.loops import run
 
     def exist(req: master_pb2.ExistKeyRequest) -> master_pb2.ExistKeyResponse:
-        if req.key == "missing":
-            raise NotFound("no such key", key=req.key)
-        if req.key == "bug":
+        if req.keys[0] == "missing":
+            raise NotFound("no such key", key=req.keys[0])
+        if req.keys[0] == "bug":
             raise ValueError("a handler bug")
-        return master_pb2.ExistKeyResponse(exists=True)
+        return master_pb2.ExistKeyResponse(exists=[True])
 
     async def slow_exist(req: master_pb2.ExistKeyRequest) -> master_pb2.ExistKeyResponse:
         await asyncio.sleep(0)
-        return master_pb2.ExistKeyResponse(exists=req.key == "slow")
+        return master_pb2.ExistKeyResponse(exists=[req.keys[0] == "slow"])
 
     parse = master_pb2.ExistKeyRequest.FromString
     routes = {1: LeanRoute("Exist", parse, exist, inline=True), 2: LeanRoute("SlowExist", parse, slow_exist)}
 
     def frame(method: int, rid: int, key: str) -> bytes:
-        body = master_pb2.ExistKeyRequest(key=key).SerializeToString()
+        body = master_pb2.ExistKeyRequest(keys=[key]).SerializeToString()
         return struct.pack("<IHHQ", 12 + len(body), method, 0, rid) + body
 
     async def scenario() -> None:
@@ -180,8 +181,8 @@ def test_inline_routes_answer_in_order_in_one_read(event_loop: str) -> None:
             answers.append((rid, code, await reader.readexactly(length - 12)))
         assert [(rid, code) for rid, code, _ in answers] == [
             (2, 0), (3, int(NotFound.code)), (4, int(Internal.code)), (5, 0), (1, 0)]
-        assert master_pb2.ExistKeyResponse.FromString(answers[0][2]).exists is True
-        assert master_pb2.ExistKeyResponse.FromString(answers[4][2]).exists is True
+        assert list(master_pb2.ExistKeyResponse.FromString(answers[0][2]).exists) == [True]
+        assert list(master_pb2.ExistKeyResponse.FromString(answers[4][2]).exists) == [True]
         # still serving on the same connection
         writer.write(frame(1, 6, "k"))
         assert struct.unpack("<IHHQ", await reader.readexactly(16))[3] == 6

@@ -14,7 +14,6 @@ from cxlkv.errors import (
 )
 from cxlkv.master.eviction import ArcPolicy, LruPolicy
 from cxlkv.master.objects import ObjState
-from cxlkv.master.objects import PutStartArgs
 from cxlkv.master.state import MasterState
 from cxlkv.region import REGION_HEADER_BYTES
 
@@ -301,22 +300,6 @@ def test_invalid_input() -> None:
     st.check_invariants()
 
 
-# ------------------------------------------------------------------------- batch
-
-def test_batch_answers_per_position() -> None:
-    st = make_state()
-    c = client(st)
-    res = st.put_start_batch(*c, [PutStartArgs("a", 1), PutStartArgs("a", 1), PutStartArgs("", 1), PutStartArgs("b", 8 * MiB)], 0.0)
-    assert [type(r).__name__ for r in res] == ["ObjectVersion", "NotReady", "InvalidKey", "TooLarge"]
-    ends = st.put_end_batch(*c, [("a", res[0].version, 0), ("a", res[0].version, 0)], 0.0)
-    assert ends[0] is None and isinstance(ends[1], StaleToken)
-    got = st.get_batch(c[0], ["a", "zz", "a"], 0.0)
-    assert isinstance(got[1], NotFound) and got[0][1].lease_id != got[2][1].lease_id
-    rm = st.remove_batch(["a", "a"], 0.0, force=True)
-    assert rm[0] is None and isinstance(rm[1], NotFound)
-    st.check_invariants()
-
-
 # ---------------------------------------------------------------------- eviction
 
 def test_soft_pinned_objects_are_evicted_last() -> None:
@@ -475,7 +458,7 @@ def test_list_keys_pages_in_order_with_prefix() -> None:
     assert [o.key for o in st.list_keys("p/", 3, "p/005")[0]] == ["p/006", "p/007", "p/008"]
     st.check_invariants()
     st.sweep(1000.0)
-    assert st._keys is None
+    assert st.listing.keys is None
     c = client(st, 1000.0)  # the old registration expired during the idle time
     put(st, c, "a0", 1, now=1000.0)
     assert [o.key for o in st.list_keys("a", 0, None, 1000.0)[0]] == ["a", "a0"]
@@ -551,3 +534,34 @@ def test_random_operations_keep_the_invariants(seed: int) -> None:
     st.sweep(now + 100.0)
     st.check_invariants()
     assert st.processing_count == 0 and len(st.leases) == 0 and st.deferred_count == 0
+
+
+def test_a_stall_of_the_master_itself_is_not_taken_for_silence_of_its_clients() -> None:
+    """A master stopped (SIGSTOP, a VM pause) past client_ttl_s used to expire every
+    clientd on resuming — their puts revoked, their reservations quarantined — though
+    they heartbeated all along. The time the master did not run is credited to the
+    clients; a client that is silent while the master runs still expires."""
+    st = make_state(client_ttl_s=2.0, heartbeat_interval_s=0.5, sweep_interval_s=0.5)
+    st.registrations.loop_tick = 0.0  # run by a server: stalls are measured
+    a, b = client(st, 0.0), client(st, 0.0)
+    obj = st.put_start(*a, "k", 100, 0.0)
+    for t in (0.5, 1.0):
+        st.sweep(t)
+        st.heartbeat(*a, t)
+        st.heartbeat(*b, t)
+    # the master stops at t=1 and resumes at t=11; its first act is the sweep
+    assert st.sweep(11.0)["clients_expired"] == 0
+    st.heartbeat(*a, 11.0)
+    st.heartbeat(*b, 11.0)  # no UnknownClient
+    st.put_end(*a, "k", obj.version, 11.0)  # the put was not revoked
+    # a stall noticed first by a call (a queued heartbeat) is credited as well
+    st.heartbeat(*a, 30.0)
+    st.heartbeat(*b, 30.1)
+    assert st.registrations.stall_credited_s > 25
+    # while the master runs, a silent client still expires
+    for i in range(1, 8):
+        st.sweep(30.0 + 0.5 * i)
+        st.heartbeat(*a, 30.0 + 0.5 * i)
+    assert st.counters["clients_expired"] == 1
+    with pytest.raises(UnknownClient):
+        st.heartbeat(*b, 34.0)

@@ -319,7 +319,7 @@ def _reservations(cluster) -> tuple[int, int]:
 
 def test_a_direct_put_costs_one_master_round_trip(cluster) -> None:
     """Direct puts of a size the daemon holds reservations for: DirectPutStart answers
-    from the pool (no master call), DirectPutEnd is one PackedCommit."""
+    from the pool (no master call), DirectPutEnd is one Commit."""
     size = 200 * KiB
     with cluster.client(0, direct_threshold_bytes=64 * KiB) as a, cluster.client(1) as b:
         for i in range(30):  # the pool learns the size
@@ -332,8 +332,8 @@ def test_a_direct_put_costs_one_master_round_trip(cluster) -> None:
             assert b.get(f"rt/{i}") == _value(size, 100 + i).tobytes()
     grew = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     assert grew["direct_put_reserved"] == 30, grew
-    assert grew.get("master_calls.BatchPutStart", 0) == 0 and grew.get("master_calls.BatchPutEnd", 0) == 0, grew
-    assert 1 <= grew["master_calls.PackedCommit"] <= 30, grew
+    assert grew.get("master_calls.PutStart", 0) == 0 and grew.get("master_calls.PutEnd", 0) == 0, grew
+    assert 1 <= grew["master_calls.Commit"] <= 30, grew
     cluster.assert_invariants()
 
 

@@ -144,11 +144,13 @@ def test_argument_types_raise_cxlkv_errors(tmp_path) -> None:
 
 
 def test_buffer_status_against_an_older_daemon() -> None:
-    """A daemon without BufferStatus answers "unknown method number": the SDK then
-    cannot check and keeps its buffers (instead of failing every call); any other
-    error, or a wrong number of answers, is raised."""
+    """A daemon without BufferStatus answers INVALID_ARGUMENT ("unknown method
+    number"; BufferStatus itself never answers that code): the SDK then cannot
+    check and keeps its buffers (instead of failing every call). The decision is
+    the code's, not the message's: any other code (a subclass of InvalidArgument
+    with its own code included), or a wrong number of answers, is raised."""
     from cxlkv.client._daemon import registered as _registered
-    from cxlkv.errors import Internal
+    from cxlkv.errors import Internal, InvalidKey, LimitExceeded
     from cxlkv.v1 import client_pb2
 
     class Conn:
@@ -162,8 +164,11 @@ def test_buffer_status_against_an_older_daemon() -> None:
 
     assert _registered(Conn(InvalidArgument("unknown method number 28 (this daemon knows 1..24)")), [5, 6]) \
         == [True, True]
-    with pytest.raises(InvalidArgument, match="something else"):
-        _registered(Conn(InvalidArgument("something else")), [5])
+    assert _registered(Conn(InvalidArgument("worded otherwise")), [5]) == [True]
+    with pytest.raises(LimitExceeded, match="max_batch_items"):
+        _registered(Conn(LimitExceeded("over max_batch_items")), [5])
+    with pytest.raises(InvalidKey, match="something else"):
+        _registered(Conn(InvalidKey("something else")), [5])
     assert _registered(Conn(client_pb2.BufferStatusResponse(registered=[True, False])), [5, 6]) == [True, False]
     with pytest.raises(Internal, match="1 answers for 2"):
         _registered(Conn(client_pb2.BufferStatusResponse(registered=[True])), [5, 6])

@@ -9,7 +9,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define CXLKV_GUARD_SLOTS 256
+/* regions and tier files, and every shared buffer clientd maps (at most 4,096) */
+#define CXLKV_GUARD_SLOTS 8192
 
 /* A slot is live while base != 0; the handler reads base, then size. Writers
  * (add/remove, serialised by the caller) publish size before base. */
