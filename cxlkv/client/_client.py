@@ -155,7 +155,10 @@ class Client(BatchCalls):
         share = _daemon_uid(self.socket_path) not in (None, os.geteuid())
         self._pool = BufferPool(self._register_buffer, self._unregister_buffer, int(buffer_pool_bytes),
                                 share_with_group=share)
-        self._daemon = DaemonPath(self._call, self._call_many, self._pool)
+        # Late-bound: the daemon path calls whatever _call/_call_many are at the time
+        # (as every call did when they were the Client's own code; tests wrap them).
+        self._daemon = DaemonPath(lambda name, req: self._call(name, req),
+                                  lambda name, reqs: self._call_many(name, reqs), self._pool)
         self._direct: DirectPath | None = None
         self._index_check_at = 0.0
         #: The daemon could not yet say whether it maps the regions direct mode mapped.
