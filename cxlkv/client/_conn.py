@@ -1,5 +1,10 @@
 """Connections from the SDK to its clientd: lean frames or gRPC, both blocking.
 
+:class:`Connection` is the interface both framings implement, and
+:class:`Connector` hands a :class:`~cxlkv.client.Client` its connections of one
+framing (:func:`connector`): the Client calls these two and never asks which
+framing it speaks.
+
 :class:`LeanConnection` speaks the lean framing (:mod:`cxlkv.client.framing`) on
 a plain blocking Unix socket: one request at a time (``call``), or several
 pipelined (``call_many``: sends and receives interleaved with ``poll`` so a
@@ -26,16 +31,17 @@ import struct
 import sys
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 from google.protobuf.message import DecodeError
 
 from cxlkv.client.framing import HEADER, HEADER_BYTES, LENGTH_BYTES, MIN_LENGTH, Method
-from cxlkv.errors import CxlkvError, DaemonUnreachable, Internal, Unavailable, error_for
+from cxlkv.errors import CxlkvError, DaemonUnreachable, Internal, InvalidArgument, Unavailable, error_for
 from cxlkv.runtime.rundir import UntrustedDaemon, check_daemon_peer
 from cxlkv.v1 import common_pb2
 
-__all__ = ["LeanConnection", "GrpcConnection"]
+__all__ = ["Connection", "Connector", "LeanConnection", "GrpcConnection", "LeanConnector", "GrpcConnector",
+           "connector"]
 
 _pack = HEADER.pack
 _unpack_from = HEADER.unpack_from
@@ -60,6 +66,54 @@ def _error_from_detail(code: int, body: Any) -> CxlkvError:
         return error_for(code, "(malformed error detail from clientd)")
     return error_for(code, d.message, key=d.key or None,
                      requested_bytes=d.requested_bytes or None, free_bytes=d.free_bytes or None)
+
+
+@runtime_checkable
+class Connection(Protocol):
+    """One link to the daemon, in either framing (both raise as the module says).
+
+    Attributes:
+        path: the daemon's socket this connection uses.
+        timeout_s: longest wait for one answer, in seconds.
+    """
+
+    path: str
+    timeout_s: float
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (or, lean, the connection broke)."""
+        ...
+
+    def call(self, method: Method, request: Any) -> Any:
+        """One call; its response message.
+
+        Raises:
+            CxlkvError: the daemon's error for this call; DaemonUnreachable or
+                Unavailable as the module says.
+        """
+        ...
+
+    def call_many(self, calls: Sequence[tuple[Method, Any]]) -> list[Any]:
+        """Several calls in flight at once; per call its response or its :class:`CxlkvError`.
+
+        Raises:
+            Unavailable: the daemon cannot be reached or does not answer in time.
+        """
+        ...
+
+    def send(self, method: Method, request: Any) -> None:
+        """A call whose answer nobody waits for where the framing allows (lean);
+        else a plain :meth:`call` with its answer dropped.
+
+        Raises:
+            CxlkvError: as :meth:`call` (gRPC), or Unavailable on a lost connection.
+        """
+        ...
+
+    def close(self) -> None:
+        """Close (idempotent)."""
+        ...
 
 
 class LeanConnection:
@@ -466,6 +520,14 @@ class GrpcConnection:
         except self._grpc.RpcError as exc:
             raise self._error(exc) from None
 
+    def send(self, method: Method, request: Any) -> None:
+        """:meth:`call`, its answer dropped (gRPC has no call without an answer).
+
+        Raises:
+            CxlkvError: the daemon's error, or Unavailable.
+        """
+        self.call(method, request)
+
     def _error(self, exc: Any) -> CxlkvError:
         """The cxlkv error of a failed call. A bare gRPC UNAVAILABLE or CANCELLED
         (no cxlkv details: the channel could not reach the daemon, or the daemon
@@ -495,6 +557,144 @@ class GrpcConnection:
                     raise err from None
                 out.append(err)
         return out
+
+
+class Connector(Protocol):
+    """Where a :class:`~cxlkv.client.Client` gets its connections (one framing).
+
+    The Client asks for a connection on every call (:meth:`get`); when the daemon
+    behind it may be a new one (a fresh lean connection, a gRPC channel that
+    connected again), the answer says so and the Client checks what the daemon
+    knew of this process (its shared buffers, the regions direct mode mapped)
+    before using it.
+    """
+
+    def get(self, check: bool) -> tuple[Connection, bool]:
+        """This thread's connection, and whether the daemon may have changed since
+        this process last checked it (``fresh``).
+
+        Args:
+            check: first see whether the daemon closed an idle lean connection (one
+                non-blocking peek) or the gRPC channel connected again; done once per
+                public call.
+
+        Raises:
+            DaemonUnreachable, UntrustedDaemon: a new connection cannot be made.
+        """
+        ...
+
+    def unchecked(self, conn: Connection) -> None:
+        """The check of a fresh ``conn`` failed: make the next :meth:`get` fresh again."""
+        ...
+
+    def lost(self) -> None:
+        """A call lost the daemon: the next connection counts as fresh."""
+        ...
+
+    def close(self) -> None:
+        """Close every connection handed out (idempotent)."""
+        ...
+
+
+class LeanConnector:
+    """Lean connections, one per thread (so threads run calls in parallel).
+
+    A new connection is always fresh (the daemon may be a new one); an idle one
+    the daemon closed is replaced by a new one.
+
+    Args:
+        path: the daemon's lean socket.
+        timeout_s: longest wait for an answer, in seconds.
+    """
+
+    def __init__(self, path: str, timeout_s: float) -> None:
+        self.path = path
+        self.timeout_s = timeout_s
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._conns: list[LeanConnection] = []
+
+    def get(self, check: bool) -> tuple[LeanConnection, bool]:
+        c = getattr(self._local, "conn", None)
+        if check and c is not None and not c.closed and c.peer_closed():
+            c.close()
+        if c is not None and not c.closed:
+            return c, False
+        c = LeanConnection(self.path, self.timeout_s)
+        self._local.conn = c
+        with self._lock:
+            self._conns = [x for x in self._conns if not x.closed]
+            self._conns.append(c)
+        return c, True
+
+    def unchecked(self, conn: Connection) -> None:
+        conn.close()  # the next call reconnects and asks again
+
+    def lost(self) -> None:
+        pass  # a broken lean connection is closed: its replacement is fresh
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            c.close()
+
+
+class GrpcConnector:
+    """One gRPC channel shared by every thread (made on first use).
+
+    The channel is fresh when gRPC has said it connected again
+    (:attr:`GrpcConnection.reconnected`, asked when ``check``), or after a call
+    lost the daemon (:meth:`lost`).
+
+    Args:
+        path: the daemon's gRPC socket.
+        timeout_s: deadline of each call, in seconds.
+    """
+
+    def __init__(self, path: str, timeout_s: float) -> None:
+        self.path = path
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._conn: GrpcConnection | None = None
+
+    def get(self, check: bool) -> tuple[GrpcConnection, bool]:
+        if self._conn is None:
+            with self._lock:
+                if self._conn is None:
+                    self._conn = GrpcConnection(self.path, self.timeout_s)
+        g = self._conn
+        if check and g.reconnected:  # the channel found the daemon again
+            g.reconnected = False
+            return g, True
+        return g, False
+
+    def unchecked(self, conn: Connection) -> None:
+        conn.reconnected = True  # type: ignore[attr-defined]  # ask again at the next call
+
+    def lost(self) -> None:
+        g = self._conn
+        if g is not None:
+            g.reconnected = True
+
+    def close(self) -> None:
+        with self._lock:
+            g, self._conn = self._conn, None
+        if g is not None:
+            g.close()
+
+
+def connector(protocol: str, socket_path: str, lean_socket_path: str, timeout_s: float) -> Connector:
+    """The :class:`Connector` of ``protocol`` (``"lean"`` or ``"grpc"``).
+
+    Raises:
+        InvalidArgument: another protocol.
+    """
+    if protocol == "lean":
+        return LeanConnector(lean_socket_path, timeout_s)
+    if protocol == "grpc":
+        return GrpcConnector(socket_path, timeout_s)
+    raise InvalidArgument(f"protocol must be \"lean\" or \"grpc\", got {protocol!r}")
 
 
 def _close_after_poller(channel: Any) -> None:

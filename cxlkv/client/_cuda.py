@@ -43,7 +43,8 @@ import xxhash
 
 from cxlkv.errors import CxlkvError, InvalidArgument
 
-__all__ = ["is_cuda_tensor", "CudaSource", "CudaTarget", "CudaCopier", "cuda_available", "REGISTER_CHUNK_BYTES"]
+__all__ = ["is_cuda_tensor", "CudaSource", "CudaTarget", "CudaCopier", "cuda_available", "REGISTER_CHUNK_BYTES",
+           "host_copy", "read_through_host"]
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,32 @@ class CudaTarget:
         """DMA ``size`` bytes from ``region`` at ``offset`` into the tensor's start; the
         xxh3_64 of the region bytes (hashed on the CPU while the GPU copies)."""
         return self.copier.from_region(region, offset, self.tensor, size)
+
+
+def host_copy(t: Any) -> Any:
+    """The ``CUDA_HOST`` path of a put (:mod:`cxlkv.client._paths`): a CUDA
+    tensor's bytes in host memory, as a 1-D uint8 numpy array.
+
+    Raises:
+        InvalidArgument: the tensor is not contiguous.
+    """
+    import torch
+
+    if not t.is_contiguous():
+        raise InvalidArgument("source CUDA tensor is not contiguous; pass tensor.contiguous()")
+    return t.detach().reshape(-1).view(torch.uint8).cpu().numpy()
+
+
+def read_through_host(target: CudaTarget, read_into: Any) -> int:
+    """The ``CUDA_HOST`` path of a read: ``read_into(array)`` fills a pinned host
+    buffer of the tensor's size (through the daemon), which is then copied to the
+    tensor's start; the value's size in bytes."""
+    import torch
+
+    host = torch.empty(target.nbytes, dtype=torch.uint8, pin_memory=True)
+    n = read_into(host.numpy())
+    target.tensor.reshape(-1).view(torch.uint8)[:n].copy_(host[:n])
+    return n
 
 
 def _loaded_cudart() -> list[str]:

@@ -264,6 +264,19 @@ class DirectPath:
             todo = self._put_attempt(todo, out, retry_allowed=attempt == 0)
         return out
 
+    def put_batch(self, items: list[tuple[int, str, Any, common_pb2.PutOptions | None]],
+                  per_call: int) -> dict[int, Any]:
+        """:meth:`put` of a batch, ``per_call`` items at a time; a part that raises a
+        :class:`CxlkvError` answers it for each of its items."""
+        out: dict[int, Any] = {}
+        for start in range(0, len(items), per_call):
+            part = items[start:start + per_call]
+            try:
+                out.update(self.put(part))
+            except CxlkvError as exc:
+                out.update({p[0]: exc for p in part})
+        return out
+
     def _put_attempt(self, todo: list[_PutItem], out: dict[int, Any], *, retry_allowed: bool) -> list[_PutItem]:
         with self._pool_lock:
             alone = self._puts_in_flight == 0
@@ -414,6 +427,17 @@ class DirectPath:
             if not todo:
                 break
             todo = self._get_attempt(keys, dsts, todo, out, retry_allowed=attempt == 0)
+        return out
+
+    def get_batch(self, keys: list[str], dsts: list[Any], per_call: int) -> list[Any]:
+        """:meth:`get` of a batch, ``per_call`` keys at a time; a part that raises a
+        :class:`CxlkvError` answers it for each of its keys."""
+        out: list[Any] = []
+        for start in range(0, len(keys), per_call):
+            try:
+                out.extend(self.get(keys[start:start + per_call], dsts[start:start + per_call]))
+            except CxlkvError as exc:
+                out.extend([exc] * len(keys[start:start + per_call]))
         return out
 
     def _get_attempt(self, keys: list[str], dsts: list[Any], todo: list[int], out: list[Any], *,

@@ -26,9 +26,9 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from cxlkv.errors import CxlkvError
+from cxlkv.errors import CxlkvError, InvalidKey, NotFound, OutOfRange
 from cxlkv.keys import key_error
-from cxlkv.v1 import client_pb2
+from cxlkv.v1 import client_pb2, common_pb2
 
 __all__ = ["IndexPath", "MISS", "FALLBACK", "HITS_BATCH", "HITS_DELAY_S", "MAX_VALUE_BYTES"]
 
@@ -299,3 +299,93 @@ class IndexPath:
             elif oc in (self._hit, self._elsewhere, self._small):
                 out[i] = True
         return out
+
+    # -- the answers in the Client's terms ---------------------------------------
+    def get_value(self, key: str) -> bytes | _Marker:
+        """:meth:`get`: the value, or :data:`FALLBACK`.
+
+        Raises:
+            NotFound: a definite miss.
+        """
+        v = self.get(key)
+        if v is MISS:
+            raise _not_found(key)
+        return v
+
+    def get_into_size(self, key: str, dst: Any) -> int | _Marker:
+        """:meth:`get_into` (``dst`` an array): the value's size, or :data:`FALLBACK`.
+
+        Raises:
+            NotFound: a definite miss.
+            OutOfRange: the value is larger than ``dst`` (``requested_bytes`` = its size).
+        """
+        n = self.get_into(key, dst)
+        if n is MISS:
+            raise _not_found(key)
+        if n is not FALLBACK and n < 0:  # type: ignore[operator]
+            raise _too_small(key, -n, dst.nbytes)  # type: ignore[operator]
+        return n
+
+    def get_many_results(self, keys: Sequence[str]) -> tuple[list[Any], list[int]]:
+        """:meth:`get_many` as one :class:`~cxlkv.client.Result` per key, and the
+        positions to read through the daemon (their result is ``None``)."""
+        from cxlkv.client._api import Result
+
+        out: list[Any] = [None] * len(keys)
+        rest: list[int] = []
+        for i, v in enumerate(self.get_many(keys)):
+            if v is FALLBACK:
+                rest.append(i)
+            elif v is MISS:
+                out[i] = Result(False, error=_not_found(keys[i]))
+            else:
+                out[i] = Result(True, value=v)
+        return out, rest
+
+    def get_into_many_results(self, keys: Sequence[str], dsts: Sequence[Any]) -> tuple[list[Any], list[int]]:
+        """:meth:`get_into_many` (``dsts`` arrays) as one :class:`~cxlkv.client.Result`
+        per key (``value`` = bytes copied), and the positions to read through the
+        daemon (their result is ``None``)."""
+        from cxlkv.client._api import Result
+
+        out: list[Any] = [None] * len(keys)
+        rest: list[int] = []
+        for i, v in enumerate(self.get_into_many(keys, dsts)):
+            if v is FALLBACK:
+                rest.append(i)
+            elif v is MISS:
+                out[i] = Result(False, error=_not_found(keys[i]))
+            elif v < 0:  # type: ignore[operator]
+                out[i] = Result(False, error=_too_small(keys[i], -v, dsts[i].nbytes))  # type: ignore[operator]
+            else:
+                out[i] = Result(True, v)
+        return out, rest
+
+    def get_prefix_checked(self, keys: Sequence[str], dsts: Sequence[Any],
+                           tiers: list[int] | None) -> tuple[int, bool]:
+        """:meth:`get_prefix_into` (``dsts`` arrays) with every key checked first:
+        ``(matched, done)``; the tier of each matched key (CXL) is appended to ``tiers``.
+
+        Raises:
+            InvalidKey: a key is invalid (nothing read).
+            OutOfRange: ``keys[matched]``'s value is larger than its destination.
+        """
+        bad = next((k for k in keys if key_error(k) is not None), None)
+        if bad is not None:
+            raise InvalidKey(key_error(bad) or "invalid key", key=bad[:64] if isinstance(bad, str) else None)
+        matched, too_large, done = self.get_prefix_into(keys, dsts)
+        if too_large:
+            raise OutOfRange(f"value of key {keys[matched]!r} is {too_large} bytes, the destination holds "
+                             f"{dsts[matched].nbytes}", key=keys[matched], requested_bytes=too_large)
+        if tiers is not None:
+            tiers.extend([common_pb2.CXL] * matched)
+        return matched, done
+
+
+def _not_found(key: str) -> NotFound:
+    return NotFound(f"key {key!r} not found", key=key)
+
+
+def _too_small(key: str, value_bytes: int, dst_bytes: int) -> OutOfRange:
+    return OutOfRange(f"value of key {key!r} is {value_bytes} bytes, the destination holds {dst_bytes}",
+                      key=key, requested_bytes=value_bytes)

@@ -253,7 +253,7 @@ def test_oversized_calls_get_their_own_error_and_the_daemons_go_on(make_cluster)
         dsts = [bytearray(1) for _ in range(3010)]
         assert c.get_prefix_into(keys[:3010], dsts) == 3000
         # … and clientd does the same towards the master when a caller sends it more
-        import cxlkv.client._client as sdk
+        import cxlkv.client._daemon as sdk
 
         sdk_batch, sdk.BATCH_ITEMS = sdk.BATCH_ITEMS, 4096
         try:

@@ -128,8 +128,9 @@ def test_device_tensors_go_through_direct_mode_glue(cluster, monkeypatch) -> Non
     """The SDK's handling of device tensors (single, batched, replicas, errors),
     with a host-memory stand-in for the CUDA copies."""
     import cxlkv.client._client as client_mod
+    import cxlkv.client._paths as paths_mod
 
-    monkeypatch.setattr(client_mod, "is_cuda_tensor", lambda o: isinstance(o, _FakeCudaTensor))
+    monkeypatch.setattr(paths_mod, "is_cuda_tensor", lambda o: isinstance(o, _FakeCudaTensor))
     monkeypatch.setattr(client_mod, "CudaCopier", _FakeCopier)
     rng = np.random.default_rng(3)
     with cluster.client(0) as a, cluster.client(1) as b, cluster.client(1, direct=False) as d:
@@ -159,8 +160,9 @@ def test_device_tensors_go_through_direct_mode_glue(cluster, monkeypatch) -> Non
 def test_device_tensor_replicas(make_cluster, monkeypatch) -> None:
     """Two replicas: the tensor is copied into both extents and hashed once."""
     import cxlkv.client._client as client_mod
+    import cxlkv.client._paths as paths_mod
 
-    monkeypatch.setattr(client_mod, "is_cuda_tensor", lambda o: isinstance(o, _FakeCudaTensor))
+    monkeypatch.setattr(paths_mod, "is_cuda_tensor", lambda o: isinstance(o, _FakeCudaTensor))
     monkeypatch.setattr(client_mod, "CudaCopier", _FakeCopier)
     cl = make_cluster(segments=2)
     with cl.client(0) as a, cl.client(1, direct=False) as d:

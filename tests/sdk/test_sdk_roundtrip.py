@@ -80,6 +80,27 @@ def test_both_framings_and_staged_memory(module_cluster, protocol: str) -> None:
         assert a.remove_all(regex=f"^rt/{protocol}/np/") == 4
 
 
+@pytest.mark.parametrize("protocol", ["lean", "grpc"])
+def test_both_framings_are_one_connection_interface(module_cluster, protocol: str) -> None:
+    """The Client reaches its daemon only through Connection (both framings implement
+    it) and the Connector of its framing; a send (no answer awaited on lean frames, a
+    call on gRPC) and a pipelined call work the same on both."""
+    from cxlkv.client._conn import Connection, GrpcConnector, LeanConnector
+    from cxlkv.client.framing import METHODS_BY_NAME
+    from cxlkv.v1 import client_pb2
+
+    with module_cluster.client(0, protocol=protocol) as c:
+        conn = c._conn()
+        assert isinstance(conn, Connection) and not conn.closed
+        assert isinstance(c._links, LeanConnector if protocol == "lean" else GrpcConnector)
+        stat = METHODS_BY_NAME["Stat"]
+        conn.send(stat, client_pb2.ClientStatRequest())
+        first, second = conn.call_many([(stat, client_pb2.ClientStatRequest())] * 2)
+        alone = conn.call(stat, client_pb2.ClientStatRequest())
+        assert first.client_id and first.client_id == second.client_id == alone.client_id
+        assert c._links.get(True) == (conn, False)  # the same connection, not fresh
+
+
 def test_immutable_keys_upsert_and_versions(ab) -> None:
     a, b = ab
     v1 = a.put("rt/imm", b"one")

@@ -92,7 +92,7 @@ def test_pool_allocates_locates_merges_and_leaves_no_files() -> None:
 def test_packed_answers_are_checked_before_use() -> None:
     """A packed answer whose arrays disagree (a daemon bug) raises Internal instead of
     being read as data; a consistent one maps each failed position to its error."""
-    from cxlkv.client._client import _ids, _packed_errors
+    from cxlkv.client._daemon import _ids, _packed_errors
     from cxlkv.errors import Internal
     from cxlkv.v1 import client_pb2
 
@@ -115,7 +115,7 @@ def test_argument_types_raise_cxlkv_errors(tmp_path) -> None:
     """Wrong argument types raise InvalidArgument (the one hierarchy), never a bare
     TypeError; an empty socket path means the default."""
     from cxlkv.client import Client
-    from cxlkv.client._client import _number
+    from cxlkv.client._api import _number
 
     for bad in ("x", None, [1], float("nan"), float("inf")):
         with pytest.raises(InvalidArgument, match="timeout_s must be a finite number"):
@@ -149,7 +149,7 @@ def test_buffer_status_against_an_older_daemon() -> None:
     check and keeps its buffers (instead of failing every call). The decision is
     the code's, not the message's: any other code (a subclass of InvalidArgument
     with its own code included), or a wrong number of answers, is raised."""
-    from cxlkv.client._client import _registered
+    from cxlkv.client._daemon import registered as _registered
     from cxlkv.errors import Internal, InvalidKey, LimitExceeded
     from cxlkv.v1 import client_pb2
 
@@ -180,7 +180,8 @@ def test_retried_reads_share_one_budget_and_retry_lost_items() -> None:
     inside a retried read share its budget; 0 tries once."""
     import threading
 
-    from cxlkv.client._client import Client, Result, _retried
+    from cxlkv.client._api import Result, _retried
+    from cxlkv.client._client import Client
     from cxlkv.errors import DaemonUnreachable, NotFound, NotReady, Unavailable
 
     class Fake:
