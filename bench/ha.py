@@ -114,8 +114,8 @@ def bench_rebuild(objects: int, limit_gbps: float, *, warm: bool = False) -> Rec
     from cxlkv.config import MasterConfig, SegmentConfig
     from cxlkv.master.server import MasterServer
     from cxlkv.master.objects import RestoredObject
-    from cxlkv.objheader import header_bytes_for, pack_header
-    from cxlkv.region import format_region
+    from cxlkv.layout.objheader import header_bytes_for, pack_header
+    from cxlkv.layout.region import format_region
     from cxlkv.transport import Region
 
     value_bytes = 64

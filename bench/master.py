@@ -303,7 +303,7 @@ def _state_limits(n: int) -> dict[str, float]:
 def _bench_allocator(live_target: int, churn_ops: int, seed: int = 1) -> list[Record]:
     """Allocator at ``live_target`` live extents (see the module docstring)."""
     from cxlkv.master.allocator import ExtentAllocator
-    from cxlkv.region import REGION_HEADER_BYTES
+    from cxlkv.layout.region import REGION_HEADER_BYTES
 
     rng = random.Random(seed)
     lo, hi = math.log(4 * KiB), math.log(64 * MiB)

@@ -53,7 +53,7 @@ from cxlkv.bench.common import (
     output_options,
     run_once,
 )
-from cxlkv.region import REGION_HEADER_BYTES
+from cxlkv.layout.region import REGION_HEADER_BYTES
 from cxlkv.errors import InvalidArgument
 from cxlkv.transport import (
     COPY_KERNEL,

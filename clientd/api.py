@@ -25,7 +25,7 @@ from cxlkv.clientd.core import ClientdCore
 from cxlkv.clientd.results import Outcome, PutSpec, Read, ReadTarget, Stored
 from cxlkv.clientd.direct import DirectPuts
 from cxlkv.errors import CxlkvError, InvalidArgument, TooLarge
-from cxlkv.keys import key_error, prefix_chains, validate_key
+from cxlkv.wire.keys import key_error, prefix_chains, validate_key
 from cxlkv.wire.lean import PEER_CRED
 from cxlkv.wire.limits import BatchLimit
 from cxlkv.v1 import client_pb2, common_pb2
@@ -344,7 +344,7 @@ class ClientApi:
         (invalid keys are dropped, a chain with one whole).
 
         Raises:
-            InvalidArgument: the ``chain_*`` columns disagree (:func:`cxlkv.keys.prefix_chains`).
+            InvalidArgument: the ``chain_*`` columns disagree (:func:`cxlkv.wire.keys.prefix_chains`).
         """
         keys = [k for k in req.keys if key_error(k) is None]
         chains = [(list(chain), m) for chain, m in prefix_chains(req.chain_keys, req.chain_lengths, req.chain_matched)

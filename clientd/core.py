@@ -222,7 +222,7 @@ class ClientdCore(PutProtocol, ReadProtocol):
             InvalidArgument: ``regex`` does not compile.
             Unavailable, NotReady: the master cannot be reached.
         """
-        from cxlkv.keys import compile_key_pattern
+        from cxlkv.wire.keys import compile_key_pattern
 
         if regex:
             compile_key_pattern(regex)  # RE2, as the master: a bad pattern fails here, with its reason

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 from cxlkv.clientd.buffers import process_start_time
 from cxlkv.clientd.reserve import commit_flags
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument
-from cxlkv.keys import key_error, options_error
-from cxlkv.objheader import check_copy, header_bytes_for
+from cxlkv.wire.keys import key_error, options_error
+from cxlkv.layout.objheader import check_copy, header_bytes_for
 from cxlkv.v1 import client_pb2, common_pb2
 
 if TYPE_CHECKING:

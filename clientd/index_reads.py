@@ -24,7 +24,7 @@ from typing import Any
 from cxlkv.clientd.master_link import MasterLink
 from cxlkv.clientd.regions import RegionSet
 from cxlkv.errors import CxlkvError
-from cxlkv.index import read_index_header
+from cxlkv.layout.index import read_index_header
 
 __all__ = ["IndexReads"]
 

@@ -33,7 +33,7 @@ from cxlkv.clientd.batcher import Coalescer
 from cxlkv.clientd.regions import RegionSet, StartupError
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError, ErrorCode, Internal, NotReady, StaleToken, Unavailable, UnknownClient, from_rpc_error
-from cxlkv.keys import pack_prefix_chains
+from cxlkv.wire.keys import pack_prefix_chains
 from cxlkv.wire.lean import LeanChannel, LeanConnectError, service_methods
 from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
 

@@ -34,8 +34,8 @@ from cxlkv.errors import (
     Unavailable,
     error_for,
 )
-from cxlkv.keys import key_error
-from cxlkv.objheader import check_copy
+from cxlkv.wire.keys import key_error
+from cxlkv.layout.objheader import check_copy
 from cxlkv.transport.index import IX_ELSEWHERE, IX_HIT, IX_MISS, IX_TOO_SMALL
 
 __all__ = ["ReadProtocol"]
@@ -376,7 +376,7 @@ class ReadProtocol(CoreParts):
 
     def _check_object(self, c: _Copy, hb: int, key: str, version: int, expected: int) -> str | None:
         """Why the bytes copied for ``c`` are not ``key`` at ``version`` (``None``: they
-        are): :func:`cxlkv.objheader.check_copy`."""
+        are): :func:`cxlkv.layout.objheader.check_copy`."""
         if c.checksum is not None:
             got = c.checksum  # hashed by the copy itself
         else:

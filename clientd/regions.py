@@ -1,7 +1,7 @@
 """The regions a clientd maps, checked against their identity and the master's segments.
 
 At start every configured region is mapped through :class:`cxlkv.transport.Region`
-and its identity header read (:func:`cxlkv.region.read_identity`). A region that
+and its identity header read (:func:`cxlkv.layout.region.read_identity`). A region that
 is missing, unformatted, resized since formatting, or formatted for another
 segment stops the daemon with one clear line (:class:`StartupError`, exit 2).
 After RegisterClient the master's segment list binds segment ids to mapped
@@ -22,7 +22,7 @@ from cxlkv.errors import CxlkvError, RegionError
 from cxlkv.v1 import common_pb2, master_pb2
 
 if TYPE_CHECKING:
-    from cxlkv.region import RegionIdentity
+    from cxlkv.layout.region import RegionIdentity
     from cxlkv.transport import Region
 
 __all__ = ["StartupError", "MappedRegion", "BrokenRegion", "RegionSet"]
@@ -125,7 +125,7 @@ class RegionSet:
                 space its file still needs, unformatted, resized, formatted for
                 another segment, or configured twice.
         """
-        from cxlkv.region import read_identity
+        from cxlkv.layout.region import read_identity
         from cxlkv.transport import Region
         from cxlkv.transport.space import reserve_file
 

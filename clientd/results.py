@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence, TypeVar, Union
 
 from cxlkv.errors import CxlkvError, InvalidKey
-from cxlkv.keys import key_error
+from cxlkv.wire.keys import key_error
 
 __all__ = ["PutSpec", "ReadTarget", "Stored", "Read", "Removed", "KeyEntry", "KeyPage", "MasterStat",
            "Outcome", "valid_positions"]

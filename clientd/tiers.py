@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import xxhash
 
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument, NoSpace, OutOfRange, RegionError
-from cxlkv.objheader import object_mismatch
+from cxlkv.layout.objheader import object_mismatch
 from cxlkv.transport import portable
 from cxlkv.v1 import common_pb2, master_pb2
 
@@ -303,7 +303,7 @@ def open_dram_tier(name: str, size_bytes: int, *, prefault: bool = False) -> Any
         RegionError: the memory cannot be created or mapped.
     """
     from cxlkv.clientd.regions import MappedRegion
-    from cxlkv.region import format_region, read_identity
+    from cxlkv.layout.region import format_region, read_identity
     from cxlkv.transport import Region
 
     seg = dram_segment_name(name)

@@ -1,7 +1,7 @@
 """clientd's put protocol (all items of one call, and of concurrent callers, coalesced).
 
 ``PutStart`` (asking for the value's size plus the object header's, see
-:mod:`cxlkv.objheader`) → copy the value into every replica's extent (C, GIL
+:mod:`cxlkv.layout.objheader`) → copy the value into every replica's extent (C, GIL
 released; large copies in a thread pool) while hashing the source (xxh3_64) →
 in ``coherence = "flush"`` mode with the transport's non-coherent copies
 (streaming stores, partial lines written back, SFENCE: in memory on return) →
@@ -29,8 +29,8 @@ from cxlkv.clientd.reserve import Reservation, commit_flags
 from cxlkv.clientd.results import Outcome, PutSpec, Stored
 from cxlkv.errors import (CxlkvError, ErrorCode, Internal, InvalidArgument, InvalidKey, OutOfRange, RegionError, Unavailable,
                           error_for)
-from cxlkv.keys import key_error, options_error
-from cxlkv.objheader import header_bytes_for
+from cxlkv.wire.keys import key_error, options_error
+from cxlkv.layout.objheader import header_bytes_for
 from cxlkv.transport.bindings import cxlkv_guard_total_hits as _guard_total_hits
 
 __all__ = ["PutProtocol"]

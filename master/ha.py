@@ -365,7 +365,7 @@ def restore_overflow(server: Any, records: list[list[Any]]) -> int:
 
     from cxlkv.master.recovery import _verified_key
     from cxlkv.master.objects import RestoredObject
-    from cxlkv.objheader import OBJECT_HEADER_BYTES, key_hash, parse_header
+    from cxlkv.layout.objheader import OBJECT_HEADER_BYTES, key_hash, parse_header
 
     st = server.state
     regions = {o.segment.name: o for o in server.ownership.owned}

@@ -3,7 +3,7 @@
 At start the master maps every CXL segment of its configuration that names a
 ``path`` (:class:`cxlkv.config.SegmentConfig`), checks the region's identity
 against the segment, and takes the region's **owner lease** (recorded in the
-region's index header page, :mod:`cxlkv.index`): a region whose lease another
+region's index header page, :mod:`cxlkv.layout.index`): a region whose lease another
 master renewed less than ``owner_lease_ttl_s`` ago is waited for, then refused
 with one line — two masters never publish into one region. The epoch grows at
 every takeover; the lease is renewed every quarter of its TTL, and a master that
@@ -30,14 +30,14 @@ from typing import Any, Callable
 
 from cxlkv.config import MasterConfig
 from cxlkv.errors import ConfigError, CxlkvError
-from cxlkv.index import (
+from cxlkv.layout.index import (
     MAX_REGIONS, IndexGeometry, IndexWriter, OwnerLease, read_grants, read_index_header, read_owner,
     set_publish_word, write_owner, write_region_table,
 )
 from cxlkv.master.publish import RegionIndex
 from cxlkv.master.segments import Segment
 from cxlkv.master.state import MasterState
-from cxlkv.region import RegionIdentity, read_identity
+from cxlkv.layout.region import RegionIdentity, read_identity
 
 __all__ = ["OwnedRegion", "RegionOwnership", "Deposed"]
 

@@ -10,7 +10,7 @@ always describes committed objects whose bytes are where it says:
 * :meth:`ObjectIndex.retire` when a committed version leaves the key space
   (removed, evicted, superseded, lost), before any of its extents is freed.
 
-Both write through to the region before they return (:class:`cxlkv.index.IndexWriter`),
+Both write through to the region before they return (:class:`cxlkv.layout.index.IndexWriter`),
 and the state calls them before the allocator can hand the space out again, so
 no reader is ever sent to space given to another object — the contract of
 docs/index.md. :class:`NoIndex` is the state's default (pure-state tests, a
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import xxhash
 
-from cxlkv.index import IndexWriter
+from cxlkv.layout.index import IndexWriter
 from cxlkv.master.objects import ObjectVersion, ObjState
 from cxlkv.master.segments import Segment, Tier
 
@@ -160,7 +160,7 @@ class RegionIndex:
         no replica is in a region this master maps, or the value is over
         :data:`VERIFY_MAX_BYTES` (hashing it would hold the event loop)."""
         from cxlkv.errors import CxlkvError
-        from cxlkv.objheader import object_mismatch
+        from cxlkv.layout.objheader import object_mismatch
 
         if not obj.header_bytes or not obj.checksum or obj.size_bytes > VERIFY_MAX_BYTES:
             return None

@@ -30,7 +30,7 @@ def _grant_owner(writer_hash: int) -> str:
 
 
 def _client_hash(client_id: str) -> int:
-    from cxlkv.index import client_hash
+    from cxlkv.layout.index import client_hash
 
     return client_hash(client_id)
 

@@ -2,9 +2,9 @@
 
 The master keeps its metadata in memory only; when it is lost (the master was
 killed or its host died) every committed object is still in the CXL regions,
-and every extent is self-describing (:mod:`cxlkv.objheader`). At start, for
+and every extent is self-describing (:mod:`cxlkv.layout.objheader`). At start, for
 each region given, the master maps the region (the only time it maps one; it
-writes nothing), reads its identity (:mod:`cxlkv.region`), scans it
+writes nothing), reads its identity (:mod:`cxlkv.layout.region`), scans it
 (:mod:`cxlkv.transport.scan`: per key the newest version whose value checksum
 holds and that nothing newer overwrote) and restores each live object as a
 COMPLETE object with its extent claimed exactly where it lies
@@ -142,7 +142,7 @@ def recover_region(state: MasterState, spec: str, now: float) -> RegionRecovery:
             names another segment than ``SEGMENT``, or its size or uuid differs
             from the segment's; a segment recovered twice.
     """
-    from cxlkv.region import read_identity
+    from cxlkv.layout.region import read_identity
     from cxlkv.transport import Region
     from cxlkv.transport.scan import live_objects, scan_region
 
@@ -258,8 +258,8 @@ def recover_from_index(state: MasterState, ownership: "RegionOwnership", numbers
         ``refused`` (verified but the state refused: extent conflict, bad key),
         ``seconds``.
     """
-    from cxlkv.index import SLOT_ELSEWHERE, read_slots
-    from cxlkv.objheader import OBJECT_HEADER_BYTES, parse_header
+    from cxlkv.layout.index import SLOT_ELSEWHERE, read_slots
+    from cxlkv.layout.objheader import OBJECT_HEADER_BYTES, parse_header
 
     t0 = time.perf_counter()
     ir, writer = ownership.index_region, ownership.writer

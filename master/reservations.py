@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cxlkv.errors import AlreadyExists, CxlkvError, InvalidArgument, InvalidKey, NotReady, StaleToken
-from cxlkv.keys import key_error
+from cxlkv.wire.keys import key_error
 from cxlkv.master.objects import MAX_HEADER_BYTES, ObjectVersion, ObjState, short_key as _short
 from cxlkv.master.segments import Tier, place_extents
 from cxlkv.master.strategies import PlacementRequest

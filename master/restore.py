@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterable
 
 from cxlkv.errors import NotFound
-from cxlkv.keys import key_error
+from cxlkv.wire.keys import key_error
 from cxlkv.master.objects import MAX_HEADER_BYTES, ObjectVersion, ObjState, RestoredObject, RestoreReport
 
 if TYPE_CHECKING:

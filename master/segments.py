@@ -15,7 +15,7 @@ from cxlkv.config import SegmentConfig, format_size
 from cxlkv.errors import InvalidArgument
 from cxlkv.master.allocator import ExtentAllocator
 from cxlkv.master.objects import Extent
-from cxlkv.region import REGION_HEADER_BYTES
+from cxlkv.layout.region import REGION_HEADER_BYTES
 from cxlkv.v1 import common_pb2
 
 __all__ = ["Tier", "Segment", "SegmentTable", "tier_from_name", "place_extents"]
@@ -58,7 +58,7 @@ class Segment:
         mounted: False once unmounted: no allocations, its replicas are gone.
         allocator: the free-space manager over ``[REGION_HEADER_BYTES, data_end_bytes)``.
         data_end_bytes: end of the object area: the region's index offset when
-            the master maps the region and it has an index (cxlkv.index), else
+            the master maps the region and it has an index (cxlkv.layout.index), else
             ``size_bytes``.
         object_count: live replicas placed in this segment.
         refused_until: master clock (s) before which nothing new is placed here: a

@@ -35,7 +35,7 @@ from grpc_status import rpc_status
 from cxlkv import __version__
 from cxlkv.errors import CxlkvError, Internal, InvalidArgument, rpc_status_for
 from cxlkv.wire.lean import PEER_IDENTITY, LeanRoute, service_methods
-from cxlkv.keys import prefix_chains
+from cxlkv.wire.keys import prefix_chains
 from cxlkv.wire.limits import BatchLimit
 from cxlkv.wire.tls import identity_from_auth_context
 from cxlkv.master.objects import ObjectVersion

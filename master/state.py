@@ -56,7 +56,7 @@ from cxlkv.errors import (
     AlreadyExists, CxlkvError, InvalidArgument, InvalidKey, NoSpace, NotFound, NotReady,
     StaleToken, TooLarge, Unavailable, UnknownClient, HasLease,
 )
-from cxlkv.keys import compile_key_pattern, key_error
+from cxlkv.wire.keys import compile_key_pattern, key_error
 from cxlkv.master.clients import Registrations
 from cxlkv.master.cursors import RemoveAllCursor, UnmountCursor
 from cxlkv.master.eviction import EvictionPolicy, Evictor, load_policy
@@ -222,7 +222,7 @@ class MasterState:
         """Reserve space for a new object (or, with ``upsert``, a new version).
 
         Each extent holds ``header_bytes + value_size_bytes`` bytes (aligned): the
-        writer's object header and key come first (see :mod:`cxlkv.objheader`);
+        writer's object header and key come first (see :mod:`cxlkv.layout.objheader`);
         ``value_size_bytes`` alone is the size users see.
 
         The version stays invisible until :meth:`put_end`. Replicas go on
@@ -653,7 +653,7 @@ class MasterState:
         The objects committed now are the ones considered; each is removed when its
         slice comes unless it was removed or replaced (upsert) meanwhile. Objects
         committed after this call are kept. ``pattern`` is an RE2 pattern
-        (:func:`cxlkv.keys.compile_key_pattern`: linear time in the key's length).
+        (:func:`cxlkv.wire.keys.compile_key_pattern`: linear time in the key's length).
 
         Raises:
             InvalidArgument: ``pattern`` does not compile.

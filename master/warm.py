@@ -39,7 +39,7 @@ import numpy as np
 
 from cxlkv.config import MasterConfig
 from cxlkv.errors import CxlkvError
-from cxlkv.index import (
+from cxlkv.layout.index import (
     BUCKET_SLOTS, SLOT_BYTES, SLOT_ELSEWHERE, SLOT_LIVE, _Placed, read_index_header, unpack_slot,
 )
 from cxlkv.master.objects import RestoredObject
@@ -63,7 +63,7 @@ class WarmState:
     """
 
     def __init__(self, config: MasterConfig) -> None:
-        from cxlkv.region import read_identity
+        from cxlkv.layout.region import read_identity
         from cxlkv.transport import Region
 
         self.config = config
@@ -106,7 +106,7 @@ class WarmState:
         self.by_slot: dict[int, tuple[str, int, int]] = {}
         # The index writer's placement tables for those slots, kept up pass by pass so
         # a takeover hands them over in bulk instead of adopting a million slots one
-        # by one (cxlkv.index.IndexWriter: key hash -> _Placed, one occupancy bitmask
+        # by one (cxlkv.layout.index.IndexWriter: key hash -> _Placed, one occupancy bitmask
         # per bucket).
         self._placed: dict[int, Any] = {}
         self._used = bytearray(self.geometry.buckets)
@@ -135,7 +135,7 @@ class WarmState:
             CxlkvError: the index region cannot be read.
         """
         from cxlkv.master.recovery import _verified_key
-        from cxlkv.objheader import OBJECT_HEADER_BYTES, parse_header
+        from cxlkv.layout.objheader import OBJECT_HEADER_BYTES, parse_header
 
         t0 = time.perf_counter()
         g = self.geometry

@@ -23,7 +23,7 @@ import tomli_w
 from cxlkv.deploy.cluster import ClusterError, ManagedProcess, wait_for_file
 from cxlkv.clientd.master_link import Location, StartedPut, unpack_locations, unpack_put_starts
 from cxlkv.errors import CxlkvError, error_for, from_rpc_error
-from cxlkv.region import REGION_HEADER_BYTES
+from cxlkv.layout.region import REGION_HEADER_BYTES
 from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
 
 MiB = 1 << 20

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, Union
 
 from cxlkv.errors import InvalidArgument, OutOfRange, RegionError
-from cxlkv.objheader import OBJECT_LAYOUT
+from cxlkv.layout.objheader import OBJECT_LAYOUT
 from cxlkv.transport._transport import ffi, lib
 
 __all__ = [
@@ -115,7 +115,7 @@ INVALIDATE_INSTRUCTION: str = ffi.string(lib.cxlkv_invalidate_instruction()).dec
 #: "memmove" (glibc: CPUs without AVX2, other architectures).
 COPY_KERNEL: str = ffi.string(lib.cxlkv_copy_kernel()).decode()
 
-# The object header's layout (cxlkv_transport.h; cxlkv/objheader.py documents the fields).
+# The object header's layout (cxlkv_transport.h; cxlkv/layout/objheader.py documents the fields).
 #: Bytes of the fixed object header (one cache line).
 OBJ_HEADER_BYTES: int = int(lib.CXLKV_OBJ_HEADER_BYTES)
 #: The object magic b"CXLKVOB1" as a little-endian u64.
@@ -127,7 +127,7 @@ OBJ_MAX_KEY_BYTES: int = int(lib.CXLKV_OBJ_MAX_KEY_BYTES)
 
 
 def _check_object_layout() -> None:
-    """The pure-Python object header (:mod:`cxlkv.objheader`, which must work without
+    """The pure-Python object header (:mod:`cxlkv.layout.objheader`, which must work without
     this extension) and C's agree on every ``CXLKV_OBJ_*`` constant, or the
     transport does not load (a mismatch would make each side reject the other's
     objects)."""
@@ -136,12 +136,12 @@ def _check_object_layout() -> None:
     if c_layout != OBJECT_LAYOUT:
         differ = sorted(n for n in c_names | set(OBJECT_LAYOUT) if c_layout.get(n) != OBJECT_LAYOUT.get(n))
         raise ImportError("cxlkv.transport: the object header layout of the C transport and of "
-                          f"cxlkv.objheader differ in {', '.join(differ)}: rebuild the extension (make install)")
+                          f"cxlkv.layout.objheader differ in {', '.join(differ)}: rebuild the extension (make install)")
 
 
 _check_object_layout()
 
-# The region index's layout and outcomes (cxlkv_transport.h; cxlkv/index.py documents the format).
+# The region index's layout and outcomes (cxlkv_transport.h; cxlkv/layout/index.py documents the format).
 #: Bytes of the index header page.
 INDEX_HEADER_BYTES: int = int(lib.CXLKV_INDEX_HEADER_BYTES)
 #: Index layout version.
@@ -793,7 +793,7 @@ def cxlkv_write_headers(
     flush: bool,
 ) -> None:
     """Write N object headers with their keys in ONE C call (layout:
-    :mod:`cxlkv.objheader`; the same bytes as :func:`~cxlkv.objheader.pack_header`
+    :mod:`cxlkv.layout.objheader`; the same bytes as :func:`~cxlkv.layout.objheader.pack_header`
     followed by the key and zero padding to ``header_bytes[i]``).
 
     Raises:
@@ -835,7 +835,7 @@ def cxlkv_verify_headers(
     value_hashes: U64Array,
     invalidate: bool,
 ) -> bytes:
-    """Check N object headers in ONE C call (layout: :mod:`cxlkv.objheader`).
+    """Check N object headers in ONE C call (layout: :mod:`cxlkv.layout.objheader`).
 
     Object i's extent starts at ``extent_offsets[i]``; it must describe the key
     ``keys[key_offsets[i]:+key_lens[i]]`` at ``versions[i]`` with a
@@ -845,7 +845,7 @@ def cxlkv_verify_headers(
 
     Returns:
         N bytes: 1 where the object is valid, 0 where it is not (find out why
-        with :func:`cxlkv.objheader.object_mismatch`).
+        with :func:`cxlkv.layout.objheader.object_mismatch`).
 
     Raises:
         OutOfRange: a header span outside the region (index named); nothing checked.
@@ -951,7 +951,7 @@ def cxlkv_index_store(
     flush: bool,
 ) -> None:
     """Publish N index slots in ONE C call, each under its seqlock (layout:
-    cxlkv_transport.h, :mod:`cxlkv.index`): slot ``slot_nos[i]`` of the
+    cxlkv_transport.h, :mod:`cxlkv.layout.index`): slot ``slot_nos[i]`` of the
     ``nslots``-slot table at ``table_offset`` describes ``key_hashes[i]``'s
     object at ``extent_offsets[i]`` (``value_lens[i]`` bytes, ``versions[i]``,
     value checksum ``value_hashes[i]``, ``header_bytes[i]`` header bytes) with

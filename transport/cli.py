@@ -18,7 +18,7 @@ import click
 from cxlkv.cli.sizes import Size
 from cxlkv.config import format_size
 from cxlkv.errors import CxlkvError
-from cxlkv.region import REGION_HEADER_BYTES, RegionIdentity, format_region, read_identity
+from cxlkv.layout.region import REGION_HEADER_BYTES, RegionIdentity, format_region, read_identity
 from cxlkv.transport import Region
 
 __all__ = ["region_group"]
@@ -67,7 +67,7 @@ def _refuse_if_owned(region: Region, path: str) -> None:
     import time
 
     from cxlkv.errors import RegionError
-    from cxlkv.index import read_owner
+    from cxlkv.layout.index import read_owner
 
     try:
         geometry = read_identity(region).index

@@ -176,13 +176,13 @@ int cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
                                 uint64_t *bad_index, int nc);
 
 /*
- * The object header's layout (cxlkv/objheader.py documents each field): one
+ * The object header's layout (cxlkv/layout/objheader.py documents each field): one
  * 64-byte line of little-endian fields, then the key, zero padding to the next
  * 64 bytes, the value. Offsets are from the extent's start. The checksummed
  * fields are [0, CXLKV_OBJ_CHECKSUM_OFFSET); the header checksum is their xxh3_64
  * followed by the key bytes'. The magic is b"CXLKVOB1" read as a little-endian
  * u64. Python reads these through cffi (cxlkv.transport.bindings checks
- * cxlkv/objheader.py against them at import).
+ * cxlkv/layout/objheader.py against them at import).
  */
 #define CXLKV_OBJ_HEADER_BYTES 64
 #define CXLKV_OBJ_MAGIC_U64 3549486688370448451
@@ -338,7 +338,7 @@ void cxlkv_set_nc_read_chunk_bytes(uint64_t bytes);
 /* Region index: the master's committed-object table (issue 17)             */
 /* ------------------------------------------------------------------------ */
 /*
- * Layout (little-endian, offsets absolute in the region; cxlkv/index.py writes
+ * Layout (little-endian, offsets absolute in the region; cxlkv/layout/index.py writes
  * the header page, these calls write and read the slots):
  *
  * Index header page at header_offset (CXLKV_INDEX_HEADER_BYTES):

@@ -1,7 +1,7 @@
 """Readers of the region index: find a key and copy its value in one C call, no RPC.
 
 The master publishes every committed object into the **index** in the shared
-region (layout: :mod:`cxlkv.index`, ``cxlkv_transport.h``); a process that maps
+region (layout: :mod:`cxlkv.layout.index`, ``cxlkv_transport.h``); a process that maps
 the region answers a get with memory operations alone. :class:`IndexReader`
 wraps one index::
 

@@ -6,7 +6,7 @@ same method surface that are not a plain mapping — the SSD tier's file
 non-coherent emulation (:class:`cxlkv.transport.emulate.NoncoherentRegion`,
 which models a private cache) — implement them with these, through their own
 ``copy_in``/``copy_out``/``read``/``flush``/``invalidate``, so every reader and
-writer agrees on the bytes (:mod:`cxlkv.objheader` defines them).
+writer agrees on the bytes (:mod:`cxlkv.layout.objheader` defines them).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Literal, NamedTuple, Sequence
 import xxhash
 
 from cxlkv.errors import InvalidArgument, OutOfRange
-from cxlkv.objheader import MAX_KEY_BYTES, OBJECT_HEADER_BYTES, header_bytes_for, object_mismatch, pack_header
+from cxlkv.layout.objheader import MAX_KEY_BYTES, OBJECT_HEADER_BYTES, header_bytes_for, object_mismatch, pack_header
 
 __all__ = ["copy_in_ranges_hashed", "copy_out_ranges_hashed", "write_headers", "verify_headers",
            "pack_slot", "unpack_slot", "index_store", "IndexView", "index_lookup"]
@@ -123,7 +123,7 @@ def verify_headers(region: Any, extent_offsets: Sequence[int], header_bytes: Seq
     return bytes(out)
 
 
-# -- region index (layout: cxlkv_transport.h, cxlkv/index.py) ---------------------
+# -- region index (layout: cxlkv_transport.h, cxlkv/layout/index.py) ---------------------
 # The reference forms of cxlkv_index_store and cxlkv_index_get / _probe, through
 # a region's read/copy_in/copy_out/flush/invalidate. Constants are the C ones
 # (bindings), written out here too: this module must import without compiled

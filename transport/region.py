@@ -437,7 +437,7 @@ class Region:
         ``header_bytes[i]`` bytes in; the header describes the key
         ``keys[key_offsets[i]:+key_lens[i]]`` (UTF-8) at ``versions[i]`` with a
         ``value_lens[i]``-byte value whose xxh3_64 is ``value_hashes[i]`` — the
-        bytes of :func:`cxlkv.objheader.pack_header` + key + padding.
+        bytes of :func:`cxlkv.layout.objheader.pack_header` + key + padding.
 
         Args:
             flush: write each span back to memory (non-coherent mode).
@@ -468,7 +468,7 @@ class Region:
         ``extent_offsets[i]``, value ``header_bytes[i]`` bytes in) must describe the
         key ``keys[key_offsets[i]:+key_lens[i]]`` (UTF-8) at ``versions[i]`` with a
         ``value_lens[i]``-byte value whose xxh3_64 is ``value_hashes[i]`` — the
-        checks of :func:`cxlkv.objheader.object_mismatch`, without the reason.
+        checks of :func:`cxlkv.layout.objheader.object_mismatch`, without the reason.
 
         Args:
             invalidate: invalidate the header lines first (non-coherent mode).
@@ -499,7 +499,7 @@ class Region:
         flush: bool = False,
     ) -> None:
         """Publish N slots of the region index in ONE C call (the master's write;
-        layout: :mod:`cxlkv.index`): slot ``slot_nos[i]`` of the ``nslots``-slot
+        layout: :mod:`cxlkv.layout.index`): slot ``slot_nos[i]`` of the ``nslots``-slot
         table at byte ``table_offset`` gets the object's key hash, extent offset,
         value length in bytes, version, value checksum, header bytes and
         ``meta[i] = flags | region_no << 16 | tier << 24``, each under its seqlock

@@ -1,5 +1,5 @@
 """Find the objects in a region from its bytes alone (object headers, see
-:mod:`cxlkv.objheader`), for ``cxlkv region scan|verify`` and master recovery.
+:mod:`cxlkv.layout.objheader`), for ``cxlkv region scan|verify`` and master recovery.
 
 A scan invalidates the region's cache lines (non-coherent sharing), looks at
 every 64-byte aligned offset after the region header for the object magic, and
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from cxlkv.objheader import parse_header
-from cxlkv.region import REGION_HEADER_BYTES
+from cxlkv.layout.objheader import parse_header
+from cxlkv.layout.region import REGION_HEADER_BYTES
 from cxlkv.transport.bindings import OBJ_HEADER_BYTES, OBJ_MAGIC_U64
 from cxlkv.transport.region import Region
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import click
 
-from cxlkv.keys import MAX_REPLICA_NUM
+from cxlkv.wire.keys import MAX_REPLICA_NUM
 from cxlkv.wire.protodict import message_dict
 
 __all__ = ["put_cmd", "get_cmd", "exists_cmd", "rm_cmd", "ls_cmd", "stat_cmd", "EXIT_ERROR_BASE", "exit_code_for"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cxlkv.errors import CxlkvError, DaemonUnreachable, InvalidArgument, InvalidKey, NotReady, UnknownBuffer, error_for
-from cxlkv.keys import validate_key, validate_replica_num
+from cxlkv.wire.keys import validate_key, validate_replica_num
 from cxlkv.v1 import common_pb2
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ def _utf8_keys(fn: Any) -> Any:
     string can carry) into the documented :class:`InvalidKey`.
 
     A method whose first parameter is ``key`` gets the full key rules
-    (:func:`cxlkv.keys.validate_key`); one whose first parameter is ``keys`` gets
+    (:func:`cxlkv.wire.keys.validate_key`); one whose first parameter is ``keys`` gets
     a list of ``str`` (:func:`_check_keys`).
 
     The connection is made (again, after a failure) before anything else: a
@@ -228,7 +228,7 @@ def _options(upsert: bool, replica_num: int, soft_pin: bool, hard_pin: bool) -> 
     """Wire options for a put.
 
     Raises:
-        InvalidArgument: ``replica_num`` is not an int in 1..``cxlkv.keys.MAX_REPLICA_NUM``.
+        InvalidArgument: ``replica_num`` is not an int in 1..``cxlkv.wire.keys.MAX_REPLICA_NUM``.
     """
     validate_replica_num(replica_num)
     if not upsert and replica_num == 1 and not soft_pin and not hard_pin:

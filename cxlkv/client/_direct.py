@@ -9,7 +9,7 @@ between the caller's memory and the region, none in the daemon.
 * **Put** (``DirectPutStart`` → copy + xxh3_64 (``flush`` mode: the transport's
   non-coherent copy, in memory on return) → header
   written and flushed after the value → ``DirectPutEnd``): the same extent layout,
-  object header and checksum as clientd writes (:mod:`cxlkv.objheader`). A large
+  object header and checksum as clientd writes (:mod:`cxlkv.layout.objheader`). A large
   value's hash runs in a helper thread while the start call is in flight and the
   copy runs (or in one pass with the copy, :meth:`Region.copy_in_hashed`, when
   the transport has it). A copy that fails is revoked; an exception between start
@@ -44,7 +44,7 @@ import xxhash
 from cxlkv.errors import (
     ChecksumMismatch, CxlkvError, DaemonUnreachable, ErrorCode, LeaseExpired, OutOfRange, RegionError, error_for,
 )
-from cxlkv.objheader import check_copy, header_bytes_for, pack_header
+from cxlkv.layout.objheader import check_copy, header_bytes_for, pack_header
 from cxlkv.v1 import client_pb2, common_pb2
 
 try:
@@ -147,7 +147,7 @@ class DirectPath:
             return None, "the daemon's config has direct_mode = false"
         if not info.regions:
             return None, "the daemon lists no region a direct caller may map"
-        from cxlkv.region import read_identity
+        from cxlkv.layout.region import read_identity
         from cxlkv.transport import Region, install_sigbus_guard
 
         install_sigbus_guard()  # a region file that shrinks: zeros and errors, not a SIGBUS death
@@ -539,8 +539,8 @@ def _open_index(info: client_pb2.DirectInfoResponse, mapped: dict[int, Any], ide
     if home is None:
         return None, f"the index region {info.index_region_uuid} is not mapped here"
     from cxlkv.client._index import MAX_VALUE_BYTES, IndexPath
-    from cxlkv.index import read_index_header
-    from cxlkv.region import read_identity
+    from cxlkv.layout.index import read_index_header
+    from cxlkv.layout.region import read_identity
     from cxlkv.transport.index import IndexReader
 
     try:
@@ -611,6 +611,6 @@ def _copy_out(region: Any, offset: int, dst: Any, size: int, *, fused: bool, inv
 def _check_header(region: Any, ext: client_pb2.DirectExtent, key: str, r: client_pb2.DirectGetResult,
                   size: int, got: int, *, flush: bool) -> str | None:
     """Why the bytes read from ``ext`` are not ``key`` at ``r.version`` (``None``: they
-    are): :func:`cxlkv.objheader.check_copy`, the rule clientd applies too."""
+    are): :func:`cxlkv.layout.objheader.check_copy`, the rule clientd applies too."""
     return check_copy(region, ext.extent.offset_bytes, r.header_bytes, key.encode("utf-8"), r.version, size,
                       got, r.checksum, invalidate=flush)

@@ -27,7 +27,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from cxlkv.errors import CxlkvError, InvalidKey, NotFound, OutOfRange
-from cxlkv.keys import key_error
+from cxlkv.wire.keys import key_error
 from cxlkv.v1 import client_pb2, common_pb2
 
 __all__ = ["IndexPath", "MISS", "FALLBACK", "HITS_BATCH", "HITS_DELAY_S", "MAX_VALUE_BYTES"]

@@ -22,7 +22,7 @@ from cxlkv.client._paths import Offers
 from cxlkv.client._pool import BufferPool
 from cxlkv.client.framing import METHODS_BY_NAME
 from cxlkv.errors import CxlkvError, DaemonUnreachable, InvalidArgument, NotReady, UnknownBuffer
-from cxlkv.keys import key_error
+from cxlkv.wire.keys import key_error
 from cxlkv.v1 import client_pb2
 
 __all__ = ["DaemonLink", "INDEX_CHECK_S"]

@@ -154,7 +154,7 @@ class LocalCluster:
             each, ``admin``) and run every link to the master over mutual TLS;
             :meth:`tls_files` names the files of each identity.
         index_objects: objects to size each region's committed-object index for
-            (``None``: the default, one per 16 KiB of region; cxlkv.index).
+            (``None``: the default, one per 16 KiB of region; cxlkv.layout.index).
         certs_dir: with ``tls``, use the certificates already in this directory
             (the same file names) instead of generating them.
         masters: number of masters; more than one starts a local etcd (the
@@ -297,7 +297,7 @@ class LocalCluster:
         return self
 
     def _format_regions(self) -> None:
-        from cxlkv.region import format_region
+        from cxlkv.layout.region import format_region
         from cxlkv.transport import Region
 
         for i, path in enumerate(self.region_paths):

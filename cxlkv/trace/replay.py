@@ -713,7 +713,7 @@ def cluster_capacity(socket_path: str, block_bytes: int) -> tuple[int, int, str,
 
 
 #: Bytes before each block's value in its extent: the 64-byte object header and
-#: the key (``blk/<id>``, under 64 bytes) padded to 64 (:func:`cxlkv.objheader.header_bytes_for`).
+#: the key (``blk/<id>``, under 64 bytes) padded to 64 (:func:`cxlkv.layout.objheader.header_bytes_for`).
 BLOCK_HEADER_BYTES = 128
 
 
@@ -724,12 +724,12 @@ def region_bytes_for(capacity_blocks: int, block_bytes: int, alignment_bytes: in
     key and value, aligned). With ``index`` the region also holds a committed-object
     index sized for ``capacity_blocks`` objects (format it with that
     ``expected_objects``), and the 4096-byte alignment of the index's offset."""
-    from cxlkv.region import REGION_HEADER_BYTES
+    from cxlkv.layout.region import REGION_HEADER_BYTES
 
     extent = -(-(block_bytes + header_bytes) // alignment_bytes) * alignment_bytes
     size = REGION_HEADER_BYTES + capacity_blocks * extent
     if index:
-        from cxlkv.index import index_geometry
+        from cxlkv.layout.index import index_geometry
 
         size += index_geometry(1 << 62, capacity_blocks).index_bytes + 4096
     return size

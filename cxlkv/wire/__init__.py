@@ -1,4 +1,5 @@
-"""How cxlkv's parts talk: lean frames (:mod:`~cxlkv.wire.lean`), request parsing that
+"""How cxlkv's parts talk: the rules every key and put option follows
+(:mod:`~cxlkv.wire.keys`), lean frames (:mod:`~cxlkv.wire.lean`), request parsing that
 never fails a server (:mod:`~cxlkv.wire.parse`), gRPC reflection
 (:mod:`~cxlkv.wire.reflection`), per-call limits (:mod:`~cxlkv.wire.limits`), mutual
 TLS and identities (:mod:`~cxlkv.wire.tls`), and messages as plain dicts

@@ -15,7 +15,7 @@ import pytest
 import tomli_w
 
 from cxlkv.errors import CxlkvError, Unavailable
-from cxlkv.region import format_region
+from cxlkv.layout.region import format_region
 from cxlkv.transport import Region
 
 MiB = 1 << 20

@@ -459,7 +459,7 @@ def _get_or_error(c: Any, key: str) -> bytes | str:
 # ----------------------------------------------------------------------------- forged headers, re-format
 def _forged_image(key: str, version: int, value: bytes) -> bytes:
     """An object header + key + value, exactly as a writer lays an extent out (64-aligned)."""
-    from cxlkv.objheader import header_bytes_for, pack_header
+    from cxlkv.layout.objheader import header_bytes_for, pack_header
 
     kb = key.encode()
     image = pack_header(kb, version, len(value), _xxh3(value)) + kb
@@ -535,10 +535,10 @@ def test_forged_headers_and_a_reformatted_region_restore_nothing_foreign(make_cl
 def test_index_costs_measured() -> None:
     """Bytes of region per object, the master's publish time per commit, a probe's and a
     4 KiB get's time: printed (asserted only for sanity)."""
-    from cxlkv.index import IndexWriter, set_publish_word
+    from cxlkv.layout.index import IndexWriter, set_publish_word
     from cxlkv.master.segments import Tier
-    from cxlkv.objheader import header_bytes_for
-    from cxlkv.region import format_region
+    from cxlkv.layout.objheader import header_bytes_for
+    from cxlkv.layout.region import format_region
     from cxlkv.transport import Region
     from cxlkv.transport.index import IX_HIT, IndexReader
 

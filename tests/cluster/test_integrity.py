@@ -11,7 +11,7 @@ from cxlkv.clientd.master_link import Location
 from cxlkv.config import MasterConfig, SegmentConfig
 from cxlkv.errors import ChecksumMismatch, NotFound
 from cxlkv.master.state import MasterState
-from cxlkv.objheader import (
+from cxlkv.layout.objheader import (
     OBJECT_HEADER_BYTES,
     header_bytes_for,
     key_hash,
@@ -53,7 +53,7 @@ def test_header_round_trip_and_every_field_is_checked() -> None:
 
 def test_object_mismatch_names_what_differs() -> None:
     """The one check clientd reads, SDK direct reads and tier moves share."""
-    from cxlkv.objheader import header_bytes_for, object_mismatch, pack_header
+    from cxlkv.layout.objheader import header_bytes_for, object_mismatch, pack_header
 
     key = "blk/7".encode()
     hb = header_bytes_for(len(key))

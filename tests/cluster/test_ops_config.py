@@ -142,7 +142,7 @@ def busy_port() -> Iterator[int]:
 @pytest.fixture()
 def region_file() -> Iterator[str]:
     """A formatted 4 MiB emulated region (segment cxl0) in /dev/shm."""
-    from cxlkv.region import format_region
+    from cxlkv.layout.region import format_region
     from cxlkv.transport import Region
 
     path = f"/dev/shm/cxlkv-opstest-{os.getpid()}"

@@ -2,7 +2,7 @@
 
 The master is SIGKILLed (its metadata lives in memory only) and restarted with
 ``--recover-from-region`` on the same region; it rebuilds from the region's
-committed-object index (cxlkv.index), the clientds re-register by themselves,
+committed-object index (cxlkv.layout.index), the clientds re-register by themselves,
 and every committed object is read back byte for byte — and nothing else.
 """
 

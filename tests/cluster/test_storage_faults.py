@@ -25,7 +25,7 @@ import pytest
 import tomli_w
 
 from cxlkv.errors import NoSpace, NotFound, RegionError
-from cxlkv.region import REGION_HEADER_BYTES
+from cxlkv.layout.region import REGION_HEADER_BYTES
 
 KiB = 1024
 MiB = 1 << 20
@@ -118,7 +118,7 @@ def test_clientd_refuses_sparse_file_larger_than_filesystem(small_fs: Path, tmp_
         f.truncate(64 * MiB)
     fmt = _cli("region", "format", str(path), "--segment", "s0")
     assert "does not fit its filesystem" in _one_line_error(fmt, "does not fit")  # refused there too
-    from cxlkv.region import format_region
+    from cxlkv.layout.region import format_region
     from cxlkv.transport import Region
 
     with Region.open(str(path)) as r:  # formatted anyway (the header only): clientd must refuse it

@@ -35,7 +35,7 @@ def _tiers_of(cl, key: str) -> list[int]:
 
 
 def _cxl_bytes_for(blocks: int) -> int:
-    from cxlkv.region import REGION_HEADER_BYTES
+    from cxlkv.layout.region import REGION_HEADER_BYTES
 
     return REGION_HEADER_BYTES + blocks * (BLOCK + 128)
 

@@ -9,7 +9,7 @@ import pytest
 from grpc_status import rpc_status
 
 from cxlkv import errors
-from cxlkv.keys import MAX_KEY_BYTES, key_error, validate_key
+from cxlkv.wire.keys import MAX_KEY_BYTES, key_error, validate_key
 
 
 def test_builtin_doubles() -> None:

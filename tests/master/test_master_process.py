@@ -18,7 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cxlkv.errors import CxlkvError, ErrorCode
-from cxlkv.region import REGION_HEADER_BYTES
+from cxlkv.layout.region import REGION_HEADER_BYTES
 from cxlkv.v1 import master_pb2
 
 from master_harness import (KiB, MiB, MasterProcess, Writer, all_keys, assert_invariant, exists, locate, remove,

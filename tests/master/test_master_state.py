@@ -15,7 +15,7 @@ from cxlkv.errors import (
 from cxlkv.master.eviction import ArcPolicy, LruPolicy
 from cxlkv.master.objects import ObjState
 from cxlkv.master.state import MasterState
-from cxlkv.region import REGION_HEADER_BYTES
+from cxlkv.layout.region import REGION_HEADER_BYTES
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -244,7 +244,7 @@ def test_a_put_whose_extent_cannot_be_recorded_is_refused_and_leaks_nothing(tmp_
     simply stop at their share of the slots."""
     import uuid
 
-    from cxlkv import index
+    from cxlkv.layout import index
     from cxlkv.master.publish import RegionIndex
     from cxlkv.transport import Region
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from cxlkv.errors import InvalidArgument
-from cxlkv.keys import pack_prefix_chains, prefix_chains
+from cxlkv.wire.keys import pack_prefix_chains, prefix_chains
 from cxlkv.master.eviction import available_policies, load_policy
 from cxlkv.master.prefix_policy import PrefixPolicy
 

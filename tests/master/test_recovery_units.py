@@ -18,8 +18,8 @@ from cxlkv.master.allocator import ExtentAllocator
 from cxlkv.master.objects import ObjState, RestoredObject
 from cxlkv.master.recovery import parse_recover_spec, recover_region, recover_regions
 from cxlkv.master.state import MasterState
-from cxlkv.objheader import header_bytes_for, pack_header
-from cxlkv.region import format_region
+from cxlkv.layout.objheader import header_bytes_for, pack_header
+from cxlkv.layout.region import format_region
 from cxlkv.transport import Region
 
 KiB, MiB = 1 << 10, 1 << 20

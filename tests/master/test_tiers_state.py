@@ -16,7 +16,7 @@ from cxlkv.master.eviction import load_policy
 from cxlkv.master.segments import Tier
 from cxlkv.master.state import MasterState
 from cxlkv.master.tiering import CACHE, DEMOTE, PROMOTE, AccessSketch
-from cxlkv.region import REGION_HEADER_BYTES
+from cxlkv.layout.region import REGION_HEADER_BYTES
 
 KiB, MiB = 1 << 10, 1 << 20
 EXT = 4 * KiB  # one value's extent (no header)

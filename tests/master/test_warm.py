@@ -15,8 +15,8 @@ import xxhash
 from cxlkv.config import MasterConfig, SegmentConfig
 from cxlkv.master.server import MasterServer
 from cxlkv.master.objects import RestoredObject
-from cxlkv.objheader import header_bytes_for, pack_header
-from cxlkv.region import format_region
+from cxlkv.layout.objheader import header_bytes_for, pack_header
+from cxlkv.layout.region import format_region
 from cxlkv.transport import Region
 
 MiB = 1 << 20

@@ -185,7 +185,7 @@ def test_fallback_when_the_region_cannot_be_opened(cluster, monkeypatch) -> None
 
 
 def test_identity_mismatch_is_refused(cluster) -> None:
-    from cxlkv.region import format_region, read_identity
+    from cxlkv.layout.region import format_region, read_identity
     from cxlkv.transport import Region
 
     path = cluster.region_paths[0]

@@ -257,7 +257,7 @@ def test_bad_argument_types_raise_cxlkv_errors(module_cluster, protocol: str) ->
     """Wrong types and out-of-range options raise the cxlkv.errors hierarchy with a
     clear message, never a raw protobuf ValueError/TypeError — and nothing is stored."""
     from cxlkv.errors import CxlkvError, InvalidArgument
-    from cxlkv.keys import MAX_REPLICA_NUM
+    from cxlkv.wire.keys import MAX_REPLICA_NUM
 
     with module_cluster.client(0, protocol=protocol) as c:
         for key in (123, None, b"bytes-key", 1.5, ["k"]):
@@ -289,7 +289,7 @@ def test_clientd_refuses_replica_num_over_the_max(module_cluster) -> None:
     import grpc
 
     from cxlkv.errors import ErrorCode, from_rpc_error
-    from cxlkv.keys import MAX_REPLICA_NUM
+    from cxlkv.wire.keys import MAX_REPLICA_NUM
     from cxlkv.v1 import client_pb2, client_pb2_grpc, common_pb2
 
     opts = common_pb2.PutOptions(replica_num=MAX_REPLICA_NUM + 1)

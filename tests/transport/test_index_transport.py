@@ -17,7 +17,7 @@ import pytest
 import xxhash
 
 from cxlkv.errors import InvalidArgument, OutOfRange, RegionError
-from cxlkv.objheader import header_bytes_for
+from cxlkv.layout.objheader import header_bytes_for
 from cxlkv.transport import Region, portable
 from cxlkv.transport.bindings import (
     INDEX_BUCKET_SLOTS,
@@ -46,7 +46,7 @@ def test_constants_come_from_c() -> None:
         lib.CXLKV_IX_HIT, lib.CXLKV_IX_MISS, lib.CXLKV_IX_ELSEWHERE, lib.CXLKV_IX_TOO_SMALL, lib.CXLKV_IX_UNSURE)
     assert (INDEX_HEADER_BYTES, INDEX_SLOT_BYTES, INDEX_BUCKET_SLOTS, INDEX_MAX_REGIONS) == (4096, 64, 8, 32)
     assert (IX_FLAG_LIVE, IX_FLAG_ELSEWHERE) == (1, 2)
-    index = pytest.importorskip("cxlkv.index")  # the lead's layout module agrees
+    index = pytest.importorskip("cxlkv.layout.index")  # the lead's layout module agrees
     assert (index.INDEX_HEADER_BYTES, index.SLOT_BYTES, index.BUCKET_SLOTS, index.MAX_REGIONS) == (4096, 64, 8, 32)
     assert (index.SLOT_LIVE, index.SLOT_ELSEWHERE) == (IX_FLAG_LIVE, IX_FLAG_ELSEWHERE)
 
@@ -159,7 +159,7 @@ def test_slot_bytes_c_and_reference_agree(region: Region) -> None:
         row = [cols[k][i] for k in cols]
         assert c == portable.pack_slot(2, *row)
         assert portable.unpack_slot(c) == (2, *row)
-        index = pytest.importorskip("cxlkv.index")  # and the lead's layout module reads them alike
+        index = pytest.importorskip("cxlkv.layout.index")  # and the lead's layout module reads them alike
         slot = index.unpack_slot(c)
         assert slot is not None and slot.seq == 2 and slot.key_hash == row[0] and slot.header_bytes == row[5]
         assert (slot.flags, slot.region_no, slot.tier) == (row[6] & 0xFFFF, (row[6] >> 16) & 0xFF, row[6] >> 24)
@@ -486,9 +486,9 @@ def test_one_bucket_table_and_closed_data_region(tmp_path: Path) -> None:
 
 
 def test_the_leads_index_writer_is_read(tmp_path: Path) -> None:
-    """cxlkv.index's IndexWriter (the master's) publishes through Region.index_store;
+    """cxlkv.layout.index's IndexWriter (the master's) publishes through Region.index_store;
     these readers find what it wrote."""
-    index = pytest.importorskip("cxlkv.index")
+    index = pytest.importorskip("cxlkv.layout.index")
     with Region.open(tmp_path / "r", size=4 * MiB, create=True) as r:
         g = index.index_geometry(4 * MiB)
         index.format_index(r, g, uuid.uuid4())
@@ -514,7 +514,7 @@ def test_reservations_never_crowd_keys_out_of_the_index(tmp_path: Path) -> None:
     """Grant slots handed out ahead of need (reservations) hold at most 1/8 of the table,
     a previous master's grants count against that share, and a table sized for N objects
     then takes N keys with no overflow however much the writers ask to reserve."""
-    index = pytest.importorskip("cxlkv.index")
+    index = pytest.importorskip("cxlkv.layout.index")
     with Region.open(tmp_path / "r", size=4 * MiB, create=True) as r:
         g = index.index_geometry(4 * MiB, expected_objects=4096)
         index.format_index(r, g, uuid.uuid4())
@@ -553,7 +553,7 @@ def test_a_write_in_flight_always_finds_a_grant_slot(tmp_path: Path) -> None:
     """Keys hold at most 3/4 of the slots (the rest overflow to the RPC path) and
     reservations 1/8, so a put's or move's grant always has a slot, even when its own
     buckets are full: grants may take any free slot (they are found by scanning)."""
-    index = pytest.importorskip("cxlkv.index")
+    index = pytest.importorskip("cxlkv.layout.index")
     with Region.open(tmp_path / "r", size=4 * MiB, create=True) as r:
         g = index.index_geometry(4 * MiB, expected_objects=256)  # 64 buckets, 512 slots
         index.format_index(r, g, uuid.uuid4())

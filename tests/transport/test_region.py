@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from cxlkv.cli import main
 from cxlkv.errors import InvalidArgument, RegionError
-from cxlkv.region import (
+from cxlkv.layout.region import (
     FORMAT_VERSION,
     HEADER_MAGIC,
     REGION_HEADER_BYTES,
@@ -55,7 +55,7 @@ def test_identity_survives_reopen_and_is_shared(tmp_path):
     with Region.open(path) as r:
         assert read_identity(r) == ident
     code = (
-        "from cxlkv.transport import Region; from cxlkv.region import read_identity\n"
+        "from cxlkv.transport import Region; from cxlkv.layout.region import read_identity\n"
         f"with Region.open({str(path)!r}) as r: print(read_identity(r).region_uuid)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

@@ -25,7 +25,7 @@ import pytest
 import xxhash
 
 from cxlkv.errors import InvalidArgument
-from cxlkv.objheader import header_bytes_for
+from cxlkv.layout.objheader import header_bytes_for
 from cxlkv.transport import Region
 from cxlkv.transport import bindings as b
 from cxlkv.transport.bindings import ffi, nc_trace

@@ -1,5 +1,5 @@
 """Batch reads in C: ``copy_out_ranges_hashed`` and ``verify_headers`` agree with
-the Python definitions (xxhash, :func:`cxlkv.objheader.object_mismatch`) on every
+the Python definitions (xxhash, :func:`cxlkv.layout.objheader.object_mismatch`) on every
 kind of object, valid or not, in the plain and the emulated non-coherent region."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import xxhash
 
 from cxlkv.errors import InvalidArgument, OutOfRange, RegionError
-from cxlkv.objheader import header_bytes_for, object_mismatch, pack_header
+from cxlkv.layout.objheader import header_bytes_for, object_mismatch, pack_header
 from cxlkv.transport import Region
 
 SIZE = 4 << 20
@@ -31,9 +31,9 @@ def region(request, tmp_path):
 
 
 def test_object_header_constants_come_from_c() -> None:
-    """The layout the C kernels use (CXLKV_OBJ_* through cffi) is cxlkv.objheader's,
+    """The layout the C kernels use (CXLKV_OBJ_* through cffi) is cxlkv.layout.objheader's,
     name for name, and what pack_header writes sits at C's offsets."""
-    from cxlkv import objheader
+    from cxlkv.layout import objheader
     from cxlkv.transport import bindings
 
     c = {n[len("CXLKV_OBJ_"):]: int(getattr(bindings.lib, n)) for n in dir(bindings.lib) if n.startswith("CXLKV_OBJ_")}

@@ -1,6 +1,6 @@
 /*
  * objheader.c -- object headers (layout: CXLKV_OBJ_* in cxlkv_transport.h,
- * each field documented in cxlkv/objheader.py): the batched
+ * each field documented in cxlkv/layout/objheader.py): the batched
  * write (cxlkv_write_headers) and verify (cxlkv_verify_headers), and the one
  * check every reader makes (header_ok, also used by the index reads).
  */

@@ -17,7 +17,7 @@ import operator
 from typing import Any
 
 from cxlkv.errors import InvalidArgument
-from cxlkv.keys import validate_replica_num
+from cxlkv.wire.keys import validate_replica_num
 
 __all__ = ["SoftPinAction", "ReplicateConfig", "put_options"]
 

@@ -40,7 +40,7 @@ from cxlkv.compat.mooncake.replicas import ReplicaDescriptor, replica_descriptor
 from cxlkv.compat.mooncake.tenants import DEFAULT_TENANT, TenantClient, tenant_prefix
 from cxlkv.compat.mooncake.tensor_calls import TensorCalls
 from cxlkv.errors import AlreadyExists, CxlkvError, InvalidArgument, NotReady, OutOfRange
-from cxlkv.keys import key_error
+from cxlkv.wire.keys import key_error
 
 __all__ = ["MooncakeDistributedStore", "DEFAULT_GLOBAL_SEGMENT_BYTES", "DEFAULT_LOCAL_BUFFER_BYTES",
            "DEFAULT_MASTER_SERVER_ADDR"]

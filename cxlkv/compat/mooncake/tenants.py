@@ -160,7 +160,7 @@ class TenantClient:
                 return self.client.remove_all(force=force, regex=regex)  # nothing else to keep apart
             if not regex:
                 return self.client.remove_all(force=force, regex=f"^[^{SEPARATOR}]")  # all but tenants'
-        from cxlkv.keys import compile_key_pattern
+        from cxlkv.wire.keys import compile_key_pattern
 
         pattern = compile_key_pattern(regex) if regex else None
         removed = 0

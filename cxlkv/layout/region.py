@@ -23,7 +23,7 @@ offset bytes  field
 114    6      zero padding
 120    8      xxh3_64 (seed 0) of bytes [0, 120) (u64)
 128    8      index offset (u64, format version 2): where the committed-object
-              index starts (:mod:`cxlkv.index`); object extents end there
+              index starts (:mod:`cxlkv.layout.index`); object extents end there
 136    8      index buckets (u64, format version 2): its size
 144    8      xxh3_64 (seed 0) of bytes [128, 144) (u64, format version 2)
 ====== ====== ==============================================================
@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from cxlkv.errors import InvalidArgument, RegionError
-from cxlkv.index import IndexGeometry, format_index, index_geometry
+from cxlkv.layout.index import IndexGeometry, format_index, index_geometry
 
 if TYPE_CHECKING:
     from cxlkv.transport import Region
@@ -279,7 +279,7 @@ def format_region(
         force: overwrite an existing (valid or corrupt) header.
         created_s: format time in seconds since the epoch (default: now).
         region_uuid: the uuid to record (default: a new uuid4).
-        expected_objects: objects to size the index for (:func:`cxlkv.index.index_geometry`;
+        expected_objects: objects to size the index for (:func:`cxlkv.layout.index.index_geometry`;
             default one per 16 KiB of region).
         index: lay out an index (default). Without one (or in a region under
             1 MiB when ``expected_objects`` is not given) every read goes

@@ -9,7 +9,7 @@ format is in docs/index.md; this module is its reference.
 
 Where it lives (set at format time, :func:`index_geometry`): the **index area**
 is the last ``index_bytes`` of the region, 4096-aligned; the region identity
-header (:mod:`cxlkv.region`, format version 2) records its offset and size, and
+header (:mod:`cxlkv.layout.region`, format version 2) records its offset and size, and
 object extents live in ``[REGION_HEADER_BYTES, index_offset)``::
 
     region:  [ identity header 4 KiB | object extents ........ | index header 4 KiB | slots ]
