@@ -43,8 +43,8 @@ class Registrations:
         #: Recently expired registrations, oldest first (at most 256).
         self.expired: OrderedDict[str, ClientRecord] = OrderedDict()
         self._seq_no = 0
-        #: When the master last ran (monotonic; set by the server and moved by every
-        #: expiry check), or ``None``: the caller passes time in and no stall is
+        #: When the master last ran (monotonic; set by the server, moved by every
+        #: sweep and every check of a client that looked overdue), or ``None``: the caller passes time in and no stall is
         #: credited (:meth:`credit_stall`).
         self.loop_tick: float | None = None
         #: Seconds of the master's own stalls credited to its clients so far.
@@ -58,10 +58,10 @@ class Registrations:
         for longer than ``client_ttl_s`` and was expired — its puts revoked, its
         reservations quarantined — although it heartbeated all along. A gap of more
         than a second beyond ``sweep_interval_s`` since the master last ran (a sweep,
-        or a call that checks expiry) is added to every live client's last heartbeat
-        first. A partition is not a stall (the sweep keeps running), so silent
-        clients still expire. Called before every expiry check; no-op when
-        :attr:`loop_tick` is ``None``.
+        or a check of a client that looked overdue) is added to every live client's
+        last heartbeat first. A partition is not a stall (the sweep keeps running),
+        so silent clients still expire. Called by every sweep and before any client
+        is expired (:meth:`overdue`); no-op when :attr:`loop_tick` is ``None``.
 
         Returns:
             The seconds credited now (0 when there was no stall).
@@ -77,6 +77,16 @@ class Registrations:
             client.last_heartbeat = min(now, client.last_heartbeat + gap)
         self.stall_credited_s += gap
         return gap
+
+    def overdue(self, client: ClientRecord, now: float) -> bool:
+        """Whether ``client`` has been silent past ``client_ttl_s``, once any stall of
+        the master itself is credited (:meth:`credit_stall`, only when the client
+        looks overdue: no cost on the calls of a live client)."""
+        ttl = self.config.client_ttl_s
+        if now - client.last_heartbeat <= ttl:
+            return False
+        self.credit_stall(now)  # the master's own pause is not the client's silence
+        return now - client.last_heartbeat > ttl
 
     def register(
         self, hostname: str, name: str, pid: int, regions: Sequence[RegionReport],
@@ -149,8 +159,7 @@ class Registrations:
         client = self.live.get(client_id)
         if client is None:
             raise UnknownClient(f"client {client_id!r} is unknown or expired: register again")
-        self.credit_stall(now)  # the master's own pause is not the client's silence
-        if now - client.last_heartbeat > self.config.client_ttl_s:
+        if self.overdue(client, now):
             self.expire(client, now)
             raise UnknownClient(f"client {client_id!r} expired (no heartbeat for "
                                 f"{now - client.last_heartbeat:.1f} s): register again")

@@ -357,8 +357,7 @@ class MasterState:
         client = self._clients.get(obj.client_id)
         if client is None or client.epoch != obj.epoch:
             return f"writer client {obj.client_id} is gone"
-        self.registrations.credit_stall(now)
-        if now - client.last_heartbeat > self.config.client_ttl_s:
+        if self.registrations.overdue(client, now):
             self.registrations.expire(client, now)
             return f"writer client {obj.client_id} expired"
         return None
