@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import itertools
 import mmap
 import os
 import statistics
@@ -237,11 +238,10 @@ def measure_cold_memcpy_gbps(size_bytes: int, *, runs: int = 3, pool_bytes: int 
     n = max(8, pool_bytes // size_bytes)
     pool = _faulted(n * size_bytes)
     dst = _faulted(size_bytes)
-    srcs = [pool[i * size_bytes:(i + 1) * size_bytes] for i in range(n)]
-    it = iter(range(1 << 62))
+    next_src = itertools.cycle([pool[i * size_bytes:(i + 1) * size_bytes] for i in range(n)]).__next__
 
     def one() -> None:
-        np.copyto(dst, srcs[next(it) % n])
+        np.copyto(dst, next_src())
 
     timing = time_op(one, ops=n, runs=runs, warmup=n)
     return size_bytes * timing.ops_per_s / 1e9

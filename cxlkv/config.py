@@ -26,6 +26,7 @@ from cxlkv.errors import ConfigError
 from cxlkv.wire.tls import TlsFiles, is_loopback_host
 
 __all__ = [
+    "read_toml",
     "parse_size",
     "parse_duration",
     "format_size",
@@ -608,6 +609,26 @@ def unknown_keys(unknown: Sequence[str], known: Iterable[str]) -> str:
     return text + (f"; known keys: {', '.join(known)}" if unmatched else "")
 
 
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The TOML table of the file at ``path``.
+
+    Raises:
+        ConfigError: the file is missing, unreadable (permissions, a directory, an
+            I/O error), not UTF-8 or not TOML -- one line naming the file.
+    """
+    p = Path(path)
+    try:
+        return tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except PermissionError:
+        raise ConfigError(f"config file {p}: permission denied") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {p}: {exc}") from None
+    except OSError as exc:  # a directory, an I/O error
+        raise ConfigError(f"config file {p}: {exc.strerror or exc}") from None
+
+
 def load_config(
     cls: type[T],
     path: str | os.PathLike[str] | None = None,
@@ -630,19 +651,7 @@ def load_config(
         ConfigError: unreadable file, TOML syntax error, unknown key, bad value,
             or a failed cross-field check — the message names the key.
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        try:
-            data.update(tomllib.loads(p.read_text()))
-        except FileNotFoundError:
-            raise ConfigError(f"config file {p} does not exist") from None
-        except PermissionError:
-            raise ConfigError(f"config file {p}: permission denied") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config file {p}: {exc}") from None
-        except OSError as exc:  # a directory, an I/O error
-            raise ConfigError(f"config file {p}: {exc.strerror or exc}") from None
+    data: dict[str, Any] = read_toml(path) if path is not None else {}
     from_env: dict[str, str] = {}  # field → the environment variable that set it
     if env and env_prefix:
         fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]

@@ -19,14 +19,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import tomllib
 import typing
 from pathlib import Path
 from typing import Any
 
 import click
 
-from cxlkv.config import ClientdConfig, MasterConfig, RegionConfig, SegmentConfig, load_config
+from cxlkv.config import ClientdConfig, MasterConfig, RegionConfig, SegmentConfig, load_config, read_toml
 from cxlkv.errors import ConfigError, CxlkvError
 
 __all__ = ["config_group", "KINDS", "detect_kind", "check_config", "example_toml", "EXIT_CONFIG"]
@@ -114,15 +113,7 @@ def check_config(path: str, kind: str | None = None, env: dict[str, str] | None 
     """
     p = Path(path)
     if kind is None:
-        try:
-            data = tomllib.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {p} does not exist") from None
-        except PermissionError:
-            raise ConfigError(f"config file {p}: permission denied") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config file {p}: {exc}") from None
-        kind = detect_kind(data, where=str(p))
+        kind = detect_kind(read_toml(p), where=str(p))
     cls, prefix = KINDS[kind]
     cfg: Any = load_config(cls, p, env=env, env_prefix=prefix)
     if kind == "master":
@@ -214,8 +205,8 @@ def _size_notes(path: str) -> list[str]:
     from cxlkv.config import parse_size, size_note
 
     try:
-        data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        data = read_toml(path)
+    except ConfigError:
         return []
     notes: list[str] = []
 

@@ -32,7 +32,7 @@ import json
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Container, Iterable, Sequence
 
 __all__ = [
     "TOKENS_PER_BLOCK",
@@ -159,6 +159,16 @@ class _LruPolicy:
         return [next(it) for _ in range(min(n, len(self._order)))]
 
 
+def _resident_prefix(ids: Sequence[int], resident: Container[int]) -> int:
+    """How many of ``ids``, from the first, are resident: the longest cached prefix."""
+    m = 0
+    for h in ids:
+        if h not in resident:
+            break
+        m += 1
+    return m
+
+
 def _make_policy(name: str):
     if name == "lru_builtin":
         return _LruPolicy()
@@ -196,12 +206,7 @@ def simulate(
     blocks = hit_blocks = tokens = hit_tokens = 0
     for req in trace:
         ids = req.hash_ids
-        m = 0
-        for h in ids:
-            if h in resident:
-                m += 1
-            else:
-                break
+        m = _resident_prefix(ids, resident)
         blocks += len(ids)
         hit_blocks += m
         tokens += req.prefix_tokens(len(ids))
@@ -258,12 +263,7 @@ def simulate_belady(trace: Sequence[Request], capacity_blocks: int) -> SimResult
     blocks = hit_blocks = tokens = hit_tokens = 0
     for ri, req in enumerate(trace):
         ids = req.hash_ids
-        m = 0
-        for h in ids:
-            if h in resident:
-                m += 1
-            else:
-                break
+        m = _resident_prefix(ids, resident)
         blocks += len(ids)
         hit_blocks += m
         tokens += req.prefix_tokens(len(ids))
