@@ -21,8 +21,8 @@ reported throughput is the median over runs.
 from __future__ import annotations
 
 import dataclasses
-import json
 import itertools
+import json
 import mmap
 import os
 import statistics
