@@ -40,8 +40,11 @@ log = logging.getLogger(__name__)
 #: Most bytes held reserved per object size (the stack's target is bounded by it):
 #: room for two batches of 256 values of 4 KiB, so that batched small puts keep to
 #: one master round trip (a 256-item batch with 1 MiB here went through
-#: PutStart/PutEnd for most of its items: 15.8k-31k keys/s).
-RESERVE_BYTES = 4 << 20
+#: PutStart/PutEnd for most of its items: 15.8k-31k keys/s), and for ~125 blocks of
+#: 64 KiB, so that two replay workers' bursts of ~17 puts each keep to it while a
+#: refill is in flight (at 4 MiB, 55k of the replay's 206k puts went through
+#: PutStart/PutEnd; at 8 MiB, 24k).
+RESERVE_BYTES = 8 << 20
 #: Most extents held reserved per object size (two batches of 256): tiny values
 #: would otherwise take thousands of extents, each a grant slot in the region's
 #: index (the master also bounds all reservations to 1/8 of the index's slots).

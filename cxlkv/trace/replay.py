@@ -735,22 +735,27 @@ def region_bytes_for(capacity_blocks: int, block_bytes: int, alignment_bytes: in
     return size
 
 
-def reserve_headroom_blocks(block_bytes: int, clientds: int, *, ssd: bool = False) -> int:
+def reserve_headroom_blocks(block_bytes: int, clientds: int, *, ssd: bool = False,
+                            capacity_blocks: int = 0) -> int:
     """Blocks of region space the clientds' reserved extents take (and committed
-    blocks cannot use): each clientd holds up to ``RESERVE_BYTES`` of extents of one
-    size ahead of need (clientd/reserve.py), on average three quarters of that (a
-    stack is refilled to its target when half empty). None with an SSD tier (no
-    reservations are taken there). The embedded region adds this to the capacity so
-    the committed capacity is the simulations' (at 4 KiB blocks it is ~370 blocks,
-    20 % of a 1 % cache)."""
+    blocks cannot use): each clientd holds up to its pool's bound of extents of one
+    size ahead of need (clientd/reserve.py: ``RESERVE_MAX_EXTENTS``, ``RESERVE_BYTES``
+    and the budget, at most ``CAPACITY_SHARE`` of a ``capacity_blocks`` cache), on
+    average three quarters of that (a stack is refilled to its target when half
+    empty). None with an SSD tier (no reservations are taken there). The embedded
+    region adds this to the capacity so the committed capacity is the simulations'."""
     if ssd:
         return 0
-    from cxlkv.clientd.reserve import MAX_RESERVED_BYTES, RESERVE_BYTES
+    from cxlkv.clientd.reserve import (CAPACITY_SHARE, MAX_RESERVED_BYTES, RESERVE_BUDGET_BYTES,
+                                       RESERVE_BYTES, RESERVE_MAX_EXTENTS)
 
     extent = region_bytes_for(1, block_bytes) - region_bytes_for(0, block_bytes)
     if extent > MAX_RESERVED_BYTES:
         return 0
-    return clientds * (3 * max(1, RESERVE_BYTES // extent) // 4)
+    budget = min(RESERVE_BYTES, RESERVE_BUDGET_BYTES)
+    if capacity_blocks:
+        budget = min(budget, int(capacity_blocks * extent * CAPACITY_SHARE))
+    return clientds * (3 * max(1, min(RESERVE_MAX_EXTENTS, budget // extent)) // 4)
 
 
 def run_embedded(
@@ -808,7 +813,8 @@ def run_embedded(
         run_dir or tmp.name,  # type: ignore[union-attr]
         clientds=clientds,
         region_size_bytes=region_bytes_for(cap + reserve_headroom_blocks(
-            opts.block_bytes, clientds, ssd=bool(opts.ssd_fraction) or not opts.reserve_ahead),
+            opts.block_bytes, clientds, ssd=bool(opts.ssd_fraction) or not opts.reserve_ahead,
+            capacity_blocks=cap),
             opts.block_bytes, index=True),
         index_objects=cap,
         master_options=master_options,
