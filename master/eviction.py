@@ -333,16 +333,29 @@ class Evictor:
                     n *= 2
         return evicted
 
-    def until_fits(self, candidates: Sequence[Segment], need: int, now: float) -> int:
+    def until_fits(self, candidates: Sequence[Segment], need: int, now: float, count: int = 1) -> int:
         """Evict in ``candidates`` until one has a free extent of ``need`` bytes (a put
         that found no room: not limited by the budget). SSD-only objects go first
-        when an SSD segment is among them. Returns objects evicted."""
+        when an SSD segment is among them. Returns objects evicted.
+
+        Args:
+            count: extents of ``need`` bytes wanted (a batch of reservations):
+                evicts until ``count * need`` bytes are free in all, in one pass
+                over the policy's candidates instead of one call per extent. With
+                objects of one size that is room for all ``count``; otherwise the
+                caller evicts again for an extent that still does not fit.
+        """
         st = self._st
         if not candidates:
             return 0
         ids = frozenset(s.segment_id for s in candidates)
-        fits = lambda: any(s.allocator.free_bytes >= need and s.allocator.largest_free_bytes >= need  # noqa: E731
-                           for s in candidates)
+        if count <= 1:
+            fits = lambda: any(s.allocator.free_bytes >= need and s.allocator.largest_free_bytes >= need  # noqa: E731
+                               for s in candidates)
+        else:
+            total = count * need
+            fits = lambda: (sum(s.allocator.free_bytes for s in candidates) >= total  # noqa: E731
+                            and any(s.allocator.largest_free_bytes >= need for s in candidates))
         n = 0
         if st.tiering.cold and any(s.tier == Tier.SSD for s in candidates):
             n = self.evict(now, fits, ids, None, cold=True)  # SSD-only objects first

@@ -76,9 +76,12 @@ class Reservations:
         out: list[ObjectVersion] = []
         for _ in range(count):
             extents = place_extents(candidates, need, 1)
-            if not extents:
-                st.evictor.until_fits(candidates, need, now)
+            if not extents:  # full: make room for the rest of the batch at once
+                st.evictor.until_fits(candidates, need, now, count - len(out))
                 extents = place_extents(candidates, need, 1)
+                if not extents and count - len(out) > 1:
+                    st.evictor.until_fits(candidates, need, now)  # fragmented: room for this one
+                    extents = place_extents(candidates, need, 1)
                 if not extents:
                     break
             version = st._seq

@@ -580,20 +580,20 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
 
     @_rpc
     def Commit(self, request, context):
-        keys = list(request.keys)
+        # the columns are indexed in place (no copies): this runs for every put
+        keys, tokens, sizes = request.keys, request.put_tokens, request.value_size_bytes
+        hbytes, sums, flags = request.header_bytes, request.checksums, request.flags
         n = len(keys)
-        tokens, sizes = list(request.put_tokens), list(request.value_size_bytes)
-        hbytes, sums = list(request.header_bytes), list(request.checksums)
-        flags = list(request.flags) or [0] * n
-        if not len(tokens) == len(sizes) == len(hbytes) == len(sums) == len(flags) == n:
+        if not (len(tokens) == len(sizes) == len(hbytes) == len(sums) == n and len(flags) in (0, n)):
             raise InvalidArgument(f"Commit: {n} keys with {len(tokens)} tokens, {len(sizes)} sizes, "
                                   f"{len(hbytes)} header sizes, {len(sums)} checksums, {len(flags)} flags")
         st, cid, epoch, now = self.state, request.client_id, request.epoch, self.clock()
+        commit = st.reservations.commit
 
         def one(i: int) -> None:
-            f = flags[i]
-            st.commit(cid, epoch, keys[i], tokens[i], sizes[i], hbytes[i], sums[i], now,
-                      upsert=bool(f & 1), soft_pin=bool(f & 2), hard_pin=bool(f & 4))
+            f = flags[i] if flags else 0
+            commit(cid, epoch, keys[i], tokens[i], sizes[i], hbytes[i], sums[i], now,
+                   upsert=bool(f & 1), soft_pin=bool(f & 2), hard_pin=bool(f & 4))
 
         return _per_item(n, one)
 

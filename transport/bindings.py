@@ -958,8 +958,8 @@ def cxlkv_index_store(
     ``meta[i] = flags | region_no << 16 | tier << 24``; a tombstone is all zeros.
     With ``flush`` every slot line is written back; the call ends with a fence.
 
-    The u64 columns take lists or 1-D uint64 buffers, ``header_bytes`` and
-    ``meta`` lists or 1-D uint32 buffers (used zero-copy).
+    The u64 columns take lists, tuples or 1-D uint64 buffers, ``header_bytes``
+    and ``meta`` lists, tuples or 1-D uint32 buffers (used zero-copy).
 
     Raises:
         OutOfRange: the table outside the region, a slot number >= ``nslots``
@@ -968,30 +968,33 @@ def cxlkv_index_store(
             multiple of 64, a non-int value.
         RegionError: the region is closed.
     """
-    cols64 = (slot_nos, key_hashes, extent_offsets, value_lens, versions, value_hashes)
-    if all(type(c) is list for c in cols64) and type(header_bytes) is list and type(meta) is list:
-        # the master's one-slot calls: two allocations, not eight
+    t = type(slot_nos)
+    if (t is list or t is tuple) and t is type(key_hashes) is type(extent_offsets) is type(value_lens) \
+            is type(versions) is type(value_hashes) is type(header_bytes) is type(meta):
+        # the master's calls (lists or tuples of a few slots): two allocations, not
+        # eight, and no per-column loops on the path of every commit
         n = len(slot_nos)
-        if any(len(c) != n for c in cols64) or len(header_bytes) != n or len(meta) != n:
+        if not (n == len(key_hashes) == len(extent_offsets) == len(value_lens) == len(versions)
+                == len(value_hashes) == len(header_bytes) == len(meta)):
             raise InvalidArgument("index_store: every column must have the same length")
         try:
-            owner64 = _new("uint64_t[]", [*slot_nos, *key_hashes, *extent_offsets, *value_lens, *versions,
-                                          *value_hashes])
-            owner32 = _new("uint32_t[]", [*header_bytes, *meta])
+            p = _new("uint64_t[]", slot_nos + key_hashes + extent_offsets + value_lens + versions + value_hashes)
+            q = _new("uint32_t[]", header_bytes + meta)
         except OverflowError:
             raise OutOfRange("index_store: a value does not fit its field (u64; header_bytes and meta u32)") from None
         except TypeError:
             raise InvalidArgument("index_store: every column must be a sequence of ints") from None
-        c64 = [owner64 + k * n for k in range(6)]
-        c32 = [owner32, owner32 + n]  # owner64/owner32 (locals) keep the memory alive
+        c64 = (p, p + n, p + 2 * n, p + 3 * n, p + 4 * n, p + 5 * n)
+        c32 = (q, q + n)  # p and q (locals) keep the memory alive
     else:
+        cols64 = (slot_nos, key_hashes, extent_offsets, value_lens, versions, value_hashes)
         arrs64 = [_u64_array(c, w) for c, w in zip(cols64, (
             "slot_nos", "key_hashes", "extent_offsets", "value_lens", "versions", "value_hashes"))]
         arrs32 = [_u32_array(header_bytes, "header_bytes"), _u32_array(meta, "meta")]
         n = len(arrs64[0])
         if any(len(a) != n for a in arrs64) or any(len(a) != n for a in arrs32):
             raise InvalidArgument("index_store: every column must have the same length")
-        c64, c32 = arrs64, arrs32
+        c64, c32 = arrs64, arrs32  # type: ignore[assignment]
     bad = _new("uint64_t *")
     try:
         rc = lib.cxlkv_index_store(r, table_offset, nslots, n, c64[0], c64[1], c64[2], c64[3], c64[4],

@@ -664,8 +664,7 @@ class IndexWriter:
             g = self.geometry
             store = getattr(self.region, "index_store", None)
             if store is not None:
-                cols = [list(c) for c in zip(*pending)]
-                store(g.table_offset_bytes, g.slots, *cols, self.flush)
+                store(g.table_offset_bytes, g.slots, *zip(*pending), self.flush)  # eight tuples
             else:  # a region-like object without the C call (the transport's reference writer)
                 from cxlkv.transport.portable import index_store
 
