@@ -98,6 +98,8 @@ class ReservePool:
         self._refilling: set[int] = set()
         self._generation = -1
         self._tasks: set[asyncio.Task[None]] = set()
+        self._budget_of: object = None  # the segment list budget_bytes was computed from
+        self._budget_bytes = 0
         #: Reservations taken, given back, dropped with an ended registration.
         self.taken = 0
         self.returned = 0
@@ -146,8 +148,12 @@ class ReservePool:
     def budget_bytes(self) -> int:
         """Bytes this daemon may hold reserved over all sizes: :data:`RESERVE_BUDGET_BYTES`,
         at most :data:`CAPACITY_SHARE` of the mounted CXL segments' capacity."""
-        cxl = sum(s.capacity_bytes for s in self.link.segments if s.tier == common_pb2.CXL and s.mounted)
-        return min(RESERVE_BUDGET_BYTES, int(cxl * CAPACITY_SHARE))
+        segments = self.link.segments  # a new list whenever the master's listing changes
+        if segments is not self._budget_of:
+            cxl = sum(s.capacity_bytes for s in segments if s.tier == common_pb2.CXL and s.mounted)
+            self._budget_bytes = min(RESERVE_BUDGET_BYTES, int(cxl * CAPACITY_SHARE))
+            self._budget_of = segments
+        return self._budget_bytes
 
     @property
     def held_bytes(self) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Awaitable
 
 from cxlkv.clientd.copies import URGENT_BYTES, CoreParts, SPLIT_COPY_BYTES, _Copy, _concat, _run_writes, _xxh3
 from cxlkv.clientd.master_link import _OK_STATUS, StartedExtent, StartedPut
@@ -133,23 +133,26 @@ class PutProtocol(CoreParts):
         retry_allowed: bool,
     ) -> list[int]:
         link = self.link
-        started = [i for i in todo if i not in reserved]
-        try:
-            got = await link.put_start.submit([
-                (specs[i].key, specs[i].size_bytes, specs[i].options, header_bytes_for(len(key_bytes[i])))
-                for i in started
-            ], urgent=urgent) if started else []
-        except CxlkvError as exc:
-            for i in started:
-                results[i] = exc
-            started, got = [], []
-            todo = [i for i in todo if i in reserved]
-            if not todo:
-                return []
-        by_pos = dict(zip(started, got))
-        by_pos.update(reserved)
-        todo = [i for i in todo if i in by_pos]
-        starts = [by_pos[i] for i in todo]
+        if len(reserved) == len(todo):  # every item from a reservation: no PutStart
+            starts = [reserved[i] for i in todo]
+        else:
+            started = [i for i in todo if i not in reserved]
+            try:
+                got = await link.put_start.submit([
+                    (specs[i].key, specs[i].size_bytes, specs[i].options, header_bytes_for(len(key_bytes[i])))
+                    for i in started
+                ], urgent=urgent)
+            except CxlkvError as exc:
+                for i in started:
+                    results[i] = exc
+                started, got = [], []
+                todo = [i for i in todo if i in reserved]
+                if not todo:
+                    return []
+            by_pos = dict(zip(started, got))
+            by_pos.update(reserved)
+            todo = [i for i in todo if i in by_pos]
+            starts = [by_pos[i] for i in todo]
 
         accepted: list[tuple[int, StartedPut]] = []
         failed: dict[int, CxlkvError] = {}
@@ -234,12 +237,15 @@ class PutProtocol(CoreParts):
                     commits.append((i, r))
                 continue
             (revokes if i in failed else ends).append((i, r))
-        commit_task: asyncio.Future[Any] | None = None
-        if commits:  # runs beside the PutEnd call
-            commit_task = asyncio.ensure_future(link.commit.submit([
+        commit_task: asyncio.Future[Any] | Awaitable[Any] | None = None
+        if commits:
+            commit_call = link.commit.submit([
                 (specs[i].key, r.put_token, specs[i].size_bytes, header_bytes_for(len(key_bytes[i])),
                  checksums.get(i, 0), commit_flags(specs[i].options)) for i, r in commits
-            ], urgent=urgent))
+            ], urgent=urgent)
+            # beside the PutEnd and PutRevoke calls when there are any (a task); else
+            # awaited below as it is (no task: the common put from a reservation)
+            commit_task = asyncio.ensure_future(commit_call) if ends or revokes else commit_call
         revoke_task: asyncio.Future[Any] | None = None
         if revokes:  # runs beside the PutEnd call
             revoke_task = asyncio.ensure_future(link.put_revoke.submit([

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
+from itertools import chain as _chain
 from typing import Any, NoReturn, Union
 
 from cxlkv.errors import InvalidArgument, OutOfRange, RegionError
@@ -766,13 +767,11 @@ def _header_columns(op: str, columns: list[tuple[U64Array, str]]) -> tuple[Any, 
         OutOfRange: a value outside [0, 2**64).
     """
     n = len(columns[0][0])
-    flat: list[int] = []
     for values, _ in columns:
         if len(values) != n:
             raise InvalidArgument(f"{op}: every array must have the same length")
-        flat.extend(values)
     try:
-        arr = _new("uint64_t[]", flat)
+        arr = _new("uint64_t[]", list(_chain.from_iterable([values for values, _ in columns])))
     except OverflowError:
         raise OutOfRange(f"{op}: every value must be in [0, 2**64)") from None
     except TypeError:
