@@ -341,7 +341,9 @@ class Evictor:
         if not candidates:
             return 0
         ids = frozenset(s.segment_id for s in candidates)
-        fits = lambda: any(s.allocator.free_bytes >= need and s.allocator.largest_free_bytes >= need  # noqa: E731
+        # What alloc would do, not "a block is large enough": alloc's slow path looks
+        # at a bounded number of blocks of the request's own class (allocator.can_alloc).
+        fits = lambda: any(s.allocator.free_bytes >= need and s.allocator.can_alloc(need)  # noqa: E731
                            for s in candidates)
         n = 0
         if st.tiering.cold and any(s.tier == Tier.SSD for s in candidates):
