@@ -32,7 +32,7 @@ import grpc
 from cxlkv.clientd.batcher import Coalescer
 from cxlkv.clientd.regions import RegionSet, StartupError
 from cxlkv.config import ClientdConfig
-from cxlkv.errors import CxlkvError, ErrorCode, Internal, NotReady, StaleToken, Unavailable, UnknownClient, from_rpc_error
+from cxlkv.errors import CxlkvError, ErrorCode, Internal, NotLeader, NotReady, StaleToken, Unavailable, UnknownClient, from_rpc_error
 from cxlkv.wire.keys import pack_prefix_chains
 from cxlkv.wire.lean import LeanChannel, LeanConnectError, service_methods
 from cxlkv.v1 import common_pb2, master_pb2, master_pb2_grpc
@@ -85,6 +85,10 @@ RECONNECT_CONNECT_TIMEOUT_MS = 1000
 #: (instead of every ``heartbeat_interval_s``), so the daemon registers again as soon
 #: as a restarted master serves.
 RECONNECT_POLL_S = 0.1
+
+
+#: Calls whose lost answer may leave space granted to this registration unseen.
+_GRANTING = frozenset({"PutStart", "Reserve"})
 
 
 class StartedExtent(NamedTuple):
@@ -712,10 +716,30 @@ class MasterLink:
                 raise
         gen = self.generation
         try:
-            return await self._raw(method, build(), timeout=timeout)
-        except UnknownClient:
-            await self.reregister(gen)
-            return await self._raw(method, build(), timeout=timeout)
+            try:
+                return await self._raw(method, build(), timeout=timeout)
+            except UnknownClient:
+                await self.reregister(gen)
+                return await self._raw(method, build(), timeout=timeout)
+        except NotLeader:
+            raise  # refused: nothing was granted
+        except Unavailable as exc:
+            if method in _GRANTING and self.generation == gen and self.registered:
+                self._renew_after_lost_answer(method, exc)
+            raise
+
+    def _renew_after_lost_answer(self, method: str, exc: CxlkvError) -> None:
+        """A call that hands this registration space (a put started, extents
+        reserved) got no answer: the master may have granted it anyway, to a writer
+        that never learns its token, so neither a PutRevoke nor a commit would ever
+        end it and it would stay held ("fenced" after put_timeout_s) as long as the
+        registration lives. Register again (the next call or heartbeat does): the
+        master quarantines what the old registration held and frees it once this
+        daemon's put rounds of that registration are over
+        (:meth:`~cxlkv.clientd.core.ClientdCore.release_when_drained`)."""
+        log.warning("%s to master %s got no answer (%s); registering again so that what it may have "
+                    "granted unseen is freed", method, self.address, exc.message)
+        self._registered.clear()
 
     # -- coalesced sends ----------------------------------------------------
     async def _send_put_start(

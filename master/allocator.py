@@ -124,6 +124,32 @@ class ExtentAllocator:
         cls = (row << _SL_BITS) | (self._class_maps[row].bit_length() - 1)
         return max(self._classes[cls].values())
 
+    def can_alloc(self, length_bytes: int) -> bool:
+        """Whether :meth:`alloc` of ``length_bytes`` would succeed now (it changes nothing).
+
+        Not the same as ``largest_free_bytes >= length``: when no class above the
+        request's own holds a block, :meth:`alloc` looks at only the first
+        ``_OWN_CLASS_PROBES`` blocks of its own class, so a large enough block
+        further down that class is not found. Whoever frees space until a request
+        fits (eviction, demotion) asks this, not the largest block, or it stops
+        early and the request fails with free space it never made reachable.
+        """
+        shift = self._shift
+        units = ((length_bytes - 1) >> shift) + 1 if length_bytes > 0 else 1
+        fl = units.bit_length() - 1
+        if fl < _SL_BITS:
+            cls = units
+        else:
+            cls = ((fl - _SL_BITS + 1) << _SL_BITS) | ((units >> (fl - _SL_BITS)) & _SL_MASK)
+            if units & ((1 << (fl - _SL_BITS)) - 1):
+                cls += 1
+        row = cls >> _SL_BITS
+        if row < len(self._class_maps) and self._class_maps[row] & -(1 << (cls & _SL_MASK)):
+            return True
+        if self._row_map & -(2 << row):
+            return True
+        return self._search_own_class(units, units << shift)[0] >= 0
+
     @property
     def live_extents(self) -> int:
         """Number of live extents."""

@@ -349,13 +349,15 @@ class Evictor:
         if not candidates:
             return 0
         ids = frozenset(s.segment_id for s in candidates)
+        # What alloc would do, not "a block is large enough": alloc's slow path looks
+        # at a bounded number of blocks of the request's own class (allocator.can_alloc).
         if count <= 1:
-            fits = lambda: any(s.allocator.free_bytes >= need and s.allocator.largest_free_bytes >= need  # noqa: E731
+            fits = lambda: any(s.allocator.free_bytes >= need and s.allocator.can_alloc(need)  # noqa: E731
                                for s in candidates)
         else:
             total = count * need
             fits = lambda: (sum(s.allocator.free_bytes for s in candidates) >= total  # noqa: E731
-                            and any(s.allocator.largest_free_bytes >= need for s in candidates))
+                            and any(s.allocator.can_alloc(need) for s in candidates))
         n = 0
         if st.tiering.cold and any(s.tier == Tier.SSD for s in candidates):
             n = self.evict(now, fits, ids, None, cold=True)  # SSD-only objects first

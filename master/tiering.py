@@ -424,7 +424,7 @@ class Tiering:
         (the put then lands on SSD if nothing was freed at once)."""
         st = self._st
         alloc = seg.allocator
-        if alloc.largest_free_bytes >= need:
+        if alloc.can_alloc(need):
             return
         sid = seg.segment_id
         objects = st._objects
@@ -437,7 +437,7 @@ class Tiering:
             # with an SSD copy: its CXL space is free now; without: a DEMOTE task frees it soon
             if not self.demote(obj, now):
                 break  # the SSD tier is full
-            if alloc.largest_free_bytes >= need:
+            if alloc.can_alloc(need):
                 return
 
     def copy_ahead(self, obj: ObjectVersion, now: float) -> None:
@@ -493,7 +493,7 @@ class Tiering:
         ext = place_extents(cands, need, 1)
         if not ext and evict_cold and self.cold:
             ids = frozenset(s.segment_id for s in cands)
-            st.evictor.evict(now, lambda: any(s.allocator.largest_free_bytes >= need for s in cands), ids, None,
+            st.evictor.evict(now, lambda: any(s.allocator.can_alloc(need) for s in cands), ids, None,
                         cold=True)
             ext = place_extents(cands, need, 1)
         return ext[0] if ext else None
@@ -587,9 +587,9 @@ class Tiering:
             return False  # a DRAM tier keeps many small hot objects, not a few large ones
         lru = self.dram_lru.setdefault(dram.segment_id, OrderedDict())
         alloc = dram.allocator
-        if alloc.largest_free_bytes < need:
+        if not alloc.can_alloc(need):
             for key, victim in list(itertools.islice(lru.items(), 64)):
-                if alloc.largest_free_bytes >= need:
+                if alloc.can_alloc(need):
                     break
                 del lru[key]
                 self._detach(victim, [e for e in victim.extents if e[0] == dram.segment_id])

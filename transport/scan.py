@@ -11,7 +11,6 @@ whose value checksum holds and whose bytes no newer object has overwritten.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from typing import Any
 
@@ -117,19 +116,41 @@ def live_objects(scanned: list[ScannedObject]) -> list[ScannedObject]:
     Returns:
         The chosen objects, in offset order.
     """
+    # Taken objects never overlap, so in offset order their ends rise too: the one
+    # just before an offset reaches past it exactly when the largest end before it
+    # does. Over the offsets' ranks, a byte per rank answers "any taken start in
+    # [offset, end)" (bytearray.find, C speed) and a Fenwick tree of prefix maxima
+    # "largest taken end before offset" in O(log n): the scan of a region with
+    # millions of headers (cxlkv region verify, recovery from headers) takes
+    # seconds, not hours.
+    order = [o for o in sorted(scanned, key=lambda o: -o.version) if o.checksum_ok is not False]
+    starts = np.fromiter((o.offset_bytes for o in order), dtype=np.int64, count=len(order))
+    stops = np.maximum(np.fromiter((o.end_bytes for o in order), dtype=np.int64, count=len(order)),
+                       starts + 1)
+    offsets = np.unique(starts)
+    n = len(offsets)
+    ranks = np.searchsorted(offsets, starts).tolist()
+    his = np.searchsorted(offsets, stops).tolist()
+    taken = bytearray(n)
+    ends = [0] * (n + 1)
     taken_keys: set[str] = set()
-    starts: list[int] = []
-    ends: list[int] = []
     chosen: list[ScannedObject] = []
-    for o in sorted(scanned, key=lambda o: -o.version):
-        if o.checksum_ok is False or o.key in taken_keys:
+    for o, off, end, r, hi in zip(order, starts.tolist(), stops.tolist(), ranks, his):
+        if o.key in taken_keys or taken.find(1, r, hi) >= 0:
             continue
-        end = max(o.end_bytes, o.offset_bytes + 1)
-        i = bisect.bisect_left(starts, o.offset_bytes)
-        if (i < len(starts) and starts[i] < end) or (i > 0 and ends[i - 1] > o.offset_bytes):
+        i, m = r, 0
+        while i > 0:
+            if ends[i] > m:
+                m = ends[i]
+            i -= i & -i
+        if m > off:
             continue
-        starts.insert(i, o.offset_bytes)
-        ends.insert(i, end)
+        taken[r] = 1
+        i = r + 1
+        while i <= n:
+            if ends[i] < end:
+                ends[i] = end
+            i += i & -i
         taken_keys.add(o.key)
         chosen.append(o)
     return sorted(chosen, key=lambda o: o.offset_bytes)

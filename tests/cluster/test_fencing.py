@@ -248,3 +248,40 @@ def test_a_stalled_direct_writer_in_a_reserved_extent_frees_its_quarantine(make_
         cl.wait_until(lambda: cl.master_stat(check_invariants=False).quarantined_bytes == 0, timeout_s=20,
                       what="the writer's reserved extent to be freed once it ended its put")
     cl.assert_invariants()
+
+
+def test_a_put_start_whose_answer_was_lost_does_not_hold_its_space_for_good(make_cluster) -> None:
+    # The master stalls (SIGSTOP, a VM pause) while clientd's PutStart waits in its
+    # socket; clientd's call times out (Unavailable to the caller), then the master
+    # runs and starts the put for a writer that never learns its token. It timed out
+    # into a *fenced* put, held until the writer ended it — which it never could —
+    # or its registration ended: space lost until the daemon restarted (seen as
+    # "1 fenced" in cxlkv status after a 20 s SIGSTOP of the master under load).
+    import signal
+
+    from cxlkv.errors import Unavailable
+
+    cl = make_cluster(clientds=1, master_options={"put_timeout_s": 1.0},
+                      clientd_options={"master_timeout_s": 1.0, "reserve_ahead": False})
+    with cl.client(0, direct=False) as c:
+        c.put("warm", b"w" * 1000)
+        cl.master.signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(Unavailable):
+                c.put("lost", b"x" * 100_000)
+        finally:
+            cl.master.signal(signal.SIGCONT)
+
+        cl.wait_until(lambda: cl.master_stat().counters["puts_started"] >= 2, 20,
+                      "the master to start the put whose answer was lost")
+
+        def settled() -> bool:
+            st = cl.master_stat()
+            return st.processing_count == 0 and st.fenced_count == 0 and st.quarantined_bytes == 0
+
+        cl.wait_until(settled, 20, "the lost put's space to be freed (not fenced for good)")
+        st = cl.assert_invariants()
+        assert st.key_count == 1
+        c.put("lost", b"y" * 100_000)  # the key is free, and so is its space
+        assert c.get("lost") == b"y" * 100_000
+    cl.assert_invariants()

@@ -135,3 +135,33 @@ def test_random_operations_keep_every_invariant(seed: int) -> None:
         a.free(off)
     a.check()
     assert a.used_bytes == 0 and a.free_blocks == 1
+
+
+def test_can_alloc_says_what_alloc_does() -> None:
+    # Own-class blocks too small in front of the one that fits (the slow path looks
+    # at 64): the largest block is large enough, alloc still fails; can_alloc agrees.
+    from cxlkv.master.allocator import ExtentAllocator
+
+    u = 64
+    a = ExtentAllocator(0, (70 * 1537 + 1568) * u, u)
+    holes = []
+    for _ in range(70):
+        holes.append(a.alloc(1536 * u))
+        a.alloc(u)
+    holes.append(a.alloc(1567 * u))
+    a.alloc(u)
+    assert a.free_bytes == 0 and not a.can_alloc(0)
+    for off in holes:
+        a.free(off)
+    assert a.largest_free_bytes == 1567 * u
+    seen = {}
+    for units in (1, 1000, 1536, 1537, 1565, 1567, 1568, 4000, 10**9):
+        n = units * u
+        predicted = a.can_alloc(n)
+        off = a.alloc(n) if n <= a.free_bytes else -1
+        seen[units] = predicted
+        assert predicted == (off >= 0), units
+        if off >= 0:
+            a.free(off)
+    assert seen[1536] and not seen[1565] and not seen[1568]
+    a.check()

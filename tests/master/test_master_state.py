@@ -565,3 +565,34 @@ def test_a_stall_of_the_master_itself_is_not_taken_for_silence_of_its_clients() 
     assert st.counters["clients_expired"] == 1
     with pytest.raises(UnknownClient):
         st.heartbeat(*b, 34.0)
+
+
+def test_put_evicts_until_the_allocator_can_place_it_not_just_until_a_block_is_large_enough() -> None:
+    # The allocator's slow path looks at only the first 64 blocks of a request's own
+    # size class. With 70 holes of that class just too small, one large enough
+    # block behind them and nothing larger, the largest free block "fits" but
+    # alloc fails: eviction stopped at once and every put of that size answered
+    # NO_SPACE "even after eviction", forever (seen on a live cluster: 20 MB free,
+    # largest free extent 100,288 B, puts of 100,160 B all refused).
+    u = 64
+    hole, big, sep, holes = 1536, 1567, 1, 70
+    cap_units = holes * (hole + sep) + big + sep
+    st = make_state(size=REGION_HEADER_BYTES + cap_units * u, high_watermark=1.0, low_watermark=1.0)
+    seg = st.segments()[0]
+    assert seg.capacity_bytes == cap_units * u
+    c = client(st)
+    for i in range(holes):
+        put(st, c, f"hole{i}", hole * u)
+        put(st, c, f"sep{i}", sep * u)
+    put(st, c, "big", big * u)
+    put(st, c, "sep-last", sep * u)
+    assert seg.allocator.free_bytes == 0
+    for i in range(holes):
+        st.remove(f"hole{i}", 0.0)
+    st.remove("big", 0.0)  # freed last: behind the 64 blocks the slow path looks at
+    want = (big - 2) * u
+    assert seg.allocator.largest_free_bytes >= want
+    assert not seg.allocator.can_alloc(want)
+    obj = put(st, c, "new", want)  # was NoSpace with nothing evicted
+    assert obj.size_bytes == want and st.exists("new") and st.counters["evictions"] >= 1
+    st.check_invariants()
