@@ -141,7 +141,7 @@ class ClientApi:
 
     async def BatchPut(self, req: client_pb2.BatchPutRequest) -> client_pb2.BatchPutResponse:
         """Put inline values; one result per item."""
-        results = await self._put_specs([self._inline_spec(it, False) for it in req.items])
+        results = await self._put_specs(_one_source([self._inline_spec(it, False) for it in req.items]))
         return client_pb2.BatchPutResponse(results=[_put_result(r) for r in results])
 
     async def Get(self, req: client_pb2.GetRequest) -> client_pb2.GetResponse:
@@ -512,4 +512,27 @@ def _with_upsert(opts: common_pb2.PutOptions | None) -> common_pb2.PutOptions:
     if opts is not None:
         out.CopyFrom(opts)
     out.upsert = True
+    return out
+
+
+#: Inline values up to this size are gathered into one buffer per batch call (
+#: :func:`_one_source`).
+GATHER_MAX_BYTES = 64 << 10
+
+
+def _one_source(items: list[PutSpec | CxlkvError]) -> list[PutSpec | CxlkvError]:
+    """The batch's small inline values (at most :data:`GATHER_MAX_BYTES` each) as
+    ranges of one buffer: the core copies the values of one buffer into one region
+    in one C call, where each value its own bytes object took one call per value
+    (128 values of 4 KiB: one join of 512 KiB instead of 127 more C calls)."""
+    small = [i for i, s in enumerate(items) if isinstance(s, PutSpec) and 0 < s.size_bytes <= GATHER_MAX_BYTES]
+    if len(small) < 2:
+        return items
+    blob = b"".join([items[i].src for i in small])  # type: ignore[union-attr]
+    out = list(items)
+    pos = 0
+    for i in small:
+        s = out[i]
+        out[i] = PutSpec(s.key, s.size_bytes, s.options, blob, pos)  # type: ignore[union-attr]
+        pos += s.size_bytes  # type: ignore[union-attr]
     return out

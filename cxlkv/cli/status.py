@@ -261,7 +261,9 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
         c = master["counters"]
         out["evictions"] = {"evictions": c.get("evictions", 0), "evicted_bytes": c.get("evicted_bytes", 0),
                             "puts_reclaimed": c.get("puts_reclaimed", 0), "lease_expiries": c.get("lease_expiries", 0),
-                            "no_space": c.get("no_space", 0), "since": "master start"}
+                            "no_space": c.get("no_space", 0),
+                            # NO_SPACE too: the index had no slot to record a put's grant
+                            "no_index_slot": c.get("grants_unrecorded", 0), "since": "master start"}
         out["clients_alive"] = sum(1 for cl in master["clients"] if cl["alive"])
         out["clients_expired"] = sum(1 for cl in master["clients"] if not cl["alive"])
     if window_s > 0:
@@ -346,7 +348,11 @@ def _render(st: dict[str, Any]) -> str:
         ev = st["evictions"]
         summary.append(("evictions", f"{ev['evictions']} ({format_size(ev['evicted_bytes'])}), "
                                      f"puts reclaimed {ev['puts_reclaimed']}, lease expiries {ev['lease_expiries']}, "
-                                     f"no space {ev['no_space']} (since master start)"))
+                                     f"no space {ev['no_space']}"
+                                     + (f" (+{ev['no_index_slot']} with no index slot for their grant: "
+                                        "more puts in flight than the index keeps for them)"
+                                        if ev.get("no_index_slot") else "")
+                                     + " (since master start)"))
     if local is not None:
         summary.append(("clientd", f"{local.get('name', '')} on {local.get('hostname', '')}: client "
                                    f"{local.get('client_id', '') or '(unregistered)'}, master "

@@ -89,6 +89,7 @@ one with the same methods).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import struct
 import uuid
@@ -786,8 +787,9 @@ def _grant_key(token: int, region_no: int) -> str:
     return f"\0grant:{token}:{region_no}"  # NUL: never a user key
 
 
+@functools.lru_cache(maxsize=1024)
 def client_hash(client_id: str) -> int:
-    """xxh3_64 of a client id, as grant slots record their writer."""
+    """xxh3_64 of a client id, as grant slots record their writer (cached: one per grant)."""
     return _xxh3(client_id.encode())
 
 
