@@ -25,7 +25,7 @@ __all__ = ["all_cmd", "summarize"]
 
 DEFAULT_TRACE = "../shared/traces/conversation_trace.jsonl"
 _EXTRA_KEYS = ("path", "batch", "concurrency", "coherence", "ratio_to_coherent", "buffer", "threads", "tier",
-               "config", "policy",
+               "config", "policy", "side",
                # bench ha
                "round", "write_gap_s", "takeover_s", "failed_reads", "lost", "objects", "rebuild_s",
                "changed_since_warm")
