@@ -105,7 +105,7 @@ COUNTER_HELP: dict[str, str] = {
     "objects_damaged_dropped": "objects a reader found destroyed and the master confirmed in the region: dropped",
     "damage_reports_unverified": "damage reports the master could not check in a region it maps (nothing dropped)",
     "grants_recovered": "extents a previous master had handed to writers, held for them at start",
-    "grants_unrecorded": "puts refused (NO_SPACE) because the index had no slot left to record their grant",
+    "grants_unrecorded": "puts refused (NOT_READY) because the index had no slot left to record their grant",
     "reservations": "extents reserved ahead of need for clientds (puts in one round trip)",
     "reservations_returned": "reserved extents given back unused",
     "commits": "puts committed into a reserved extent (Commit: one master round trip)",

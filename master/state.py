@@ -234,12 +234,13 @@ class MasterState:
             UnknownClient, StaleToken: the writer's registration is not current.
             InvalidKey: bad key. InvalidArgument: bad size, unknown preferred segment.
             AlreadyExists: committed key without ``upsert``.
-            NotReady: another live put of the key is in flight.
+            NotReady: another live put of the key is in flight; or the region
+                index has no slot left to record the put's extent (a grant: every
+                extent handed to a writer is recorded, so that a master taking over
+                never gives it to another object) — transient: a slot frees as soon
+                as a put in flight ends, so it is a retry, not a full cache.
             TooLarge: larger than every mounted segment (nothing evicted).
-            NoSpace: no room even after eviction (the message says why), or the
-                region index has no slot left to record the put's extent (a grant:
-                every extent handed to a writer is recorded, so that a master
-                taking over never gives it to another object).
+            NoSpace: no room even after eviction (the message says why).
             Unavailable: no segment is mounted.
         """
         client = self.writer(client_id, epoch, now)
@@ -315,9 +316,9 @@ class MasterState:
             obj.state = ObjState.FAILED
             self._free_extents(obj)  # and drops any replica's grant that was recorded
             self.counters["grants_unrecorded"] += 1
-            raise NoSpace(f"key {_short(key)}: the region index has no free slot to record this put's extent "
-                          f"({len(self._puts)} puts in flight hold one each); retry when some finish, or "
-                          f"format the region with a larger --expected-objects", key=key)
+            raise NotReady(f"key {_short(key)}: the region index has no free slot to record this put's extent "
+                           f"({len(self._puts)} puts in flight hold one each): retry when some finish, or "
+                           f"format the region with a larger --expected-objects", key=key)
         self._pending[key] = obj
         self._puts[version] = obj
         client.puts[version] = obj

@@ -262,7 +262,7 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
         out["evictions"] = {"evictions": c.get("evictions", 0), "evicted_bytes": c.get("evicted_bytes", 0),
                             "puts_reclaimed": c.get("puts_reclaimed", 0), "lease_expiries": c.get("lease_expiries", 0),
                             "no_space": c.get("no_space", 0),
-                            # NO_SPACE too: the index had no slot to record a put's grant
+                            # refused NOT_READY: the index had no slot to record a put's grant
                             "no_index_slot": c.get("grants_unrecorded", 0), "since": "master start"}
         out["clients_alive"] = sum(1 for cl in master["clients"] if cl["alive"])
         out["clients_expired"] = sum(1 for cl in master["clients"] if not cl["alive"])
@@ -349,8 +349,8 @@ def _render(st: dict[str, Any]) -> str:
         summary.append(("evictions", f"{ev['evictions']} ({format_size(ev['evicted_bytes'])}), "
                                      f"puts reclaimed {ev['puts_reclaimed']}, lease expiries {ev['lease_expiries']}, "
                                      f"no space {ev['no_space']}"
-                                     + (f" (+{ev['no_index_slot']} with no index slot for their grant: "
-                                        "more puts in flight than the index keeps for them)"
+                                     + (f", no index slot {ev['no_index_slot']} (puts refused NOT_READY: "
+                                        "more in flight than the index keeps slots for)"
                                         if ev.get("no_index_slot") else "")
                                      + " (since master start)"))
     if local is not None:

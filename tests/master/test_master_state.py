@@ -240,8 +240,9 @@ def test_reservations_commit_in_one_call_and_are_quarantined_with_their_registra
 def test_a_put_whose_extent_cannot_be_recorded_is_refused_and_leaks_nothing(tmp_path: Any) -> None:
     """Every extent handed to a writer is recorded in the region's index (a grant slot)
     so that a master taking over never gives it to another object: when the index has
-    no slot left for one, put_start answers NoSpace and frees the space; reservations
-    simply stop at their share of the slots."""
+    no slot left for one, put_start answers NotReady (a slot frees when a put in flight
+    ends: a retry, not a full cache) and frees the space; reservations simply stop at
+    their share of the slots."""
     import uuid
 
     from cxlkv.layout import index
@@ -259,11 +260,11 @@ def test_a_put_whose_extent_cannot_be_recorded_is_refused_and_leaks_nothing(tmp_
         assert len(st.reserve(*w, 1128, 8, 0.0)) == writer.ahead_limit == 1
         started = [st.put_start(*w, f"k/{i}", 1000, 0.0) for i in range(7)]  # the other 7 slots
         before = used(st)
-        with pytest.raises(NoSpace, match="no free slot to record"):
+        with pytest.raises(NotReady, match="no free slot to record"):
             st.put_start(*w, "k/7", 1000, 0.0)
         assert used(st) == before and st.counters["grants_unrecorded"] == 1
         st.put_end(*w, "k/0", started[0].version, 0.0, checksum=5)  # its grant slot becomes its key's
-        with pytest.raises(NoSpace):
+        with pytest.raises(NotReady):
             st.put_start(*w, "k/7", 1000, 0.0)
         st.put_end(*w, "k/1", started[1].version, 0.0, checksum=5)
         st.remove("k/0", 0.0)
