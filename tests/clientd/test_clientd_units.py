@@ -359,3 +359,25 @@ def test_orphan_buffer_files_of_exited_processes_are_removed(tmp_path) -> None:
     assert reg.reap_orphan_files() == [str(orphan)]
     assert not orphan.exists() and live.exists() and other.exists()
     assert reg.reap_orphan_files() == []
+
+
+def test_a_batchs_small_inline_values_are_copied_from_one_gathered_buffer() -> None:
+    """BatchPut hands the core its small inline values as ranges of one buffer (one
+    C copy per region instead of one per value); errors, empty values and values
+    over the gathering size keep their place and their own bytes."""
+    from cxlkv.clientd.api import GATHER_MAX_BYTES, _one_source
+    from cxlkv.clientd.results import PutSpec
+    from cxlkv.errors import InvalidKey
+
+    big = bytes(range(256)) * (GATHER_MAX_BYTES // 256 + 1)
+    items = [PutSpec("a", 3, None, b"abc"), InvalidKey("bad"), PutSpec("e", 0, None, b""),
+             PutSpec("big", len(big), None, big), PutSpec("b", 5, None, b"hello"), PutSpec("c", 1, None, b"z")]
+    out = _one_source(items)
+    assert len(out) == len(items) and out[1] is items[1] and out[2] is items[2] and out[3] is items[3]
+    blobs = {id(out[i].src) for i in (0, 4, 5)}
+    assert len(blobs) == 1  # one buffer for the three small values
+    for i in (0, 4, 5):
+        s, orig = out[i], items[i]
+        assert (s.key, s.size_bytes, s.options) == (orig.key, orig.size_bytes, orig.options)
+        assert bytes(s.src[s.src_offset_bytes:s.src_offset_bytes + s.size_bytes]) == orig.src
+    assert _one_source([items[0], items[1]]) == [items[0], items[1]]  # nothing to gather: unchanged
