@@ -20,6 +20,10 @@ itself; the daemon does no copy (docs/sdk.md "Direct mode"):
   answers the extents; the caller copies, verifies, and ends the lease with
   ``DirectRelease`` (or piggy-backed on its next ``DirectGet``). Releases go to
   the master batched, like the daemon's own.
+  A caller ends only leases that ``DirectGet`` granted to it (the caller is
+  known from the socket, ``SO_PEERCRED``, on the lean socket; all gRPC callers
+  are one caller): other lease ids — another process's direct leases, the
+  daemon's own — are ignored, so no caller ends a lease protecting another's copy.
 
 Thread-safety: event-loop confined.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +42,7 @@ from cxlkv.clientd.reserve import commit_flags
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument
 from cxlkv.wire.keys import key_error, options_error
 from cxlkv.layout.objheader import check_copy, header_bytes_for
+from cxlkv.wire.lean import PEER_CRED
 from cxlkv.v1 import client_pb2, common_pb2
 
 if TYPE_CHECKING:
@@ -55,6 +61,11 @@ REAP_INTERVAL_S = 0.5
 LARGE_PUT_BYTES = 1 << 20
 #: Most pending direct puts one daemon keeps (a runaway caller gets NOT_READY).
 MAX_PENDING = 1 << 20
+#: Most direct leases remembered (with their caller) for DirectRelease; the oldest
+#: are forgotten first (their leases end on the master by themselves).
+MAX_LEASES = 1 << 20
+#: A granted direct lease is remembered this long past its TTL (seconds).
+LEASE_GRACE_S = 1.0
 
 _OK = int(ErrorCode.OK)
 _INVALID_KEY = int(ErrorCode.INVALID_KEY)
@@ -103,6 +114,9 @@ class DirectPuts:
         self.core = core
         self.offered = offered
         self._pending: dict[int, _Pending] = {}
+        #: Leases DirectGet granted: lease id -> (the caller from the socket, None on
+        #: gRPC; monotonic time after which it is forgotten). Insertion order.
+        self._leases: OrderedDict[int, tuple[Any, float]] = OrderedDict()
         self._reaper: asyncio.Task[None] | None = None
         #: Records the pending direct puts for a later process of this daemon (clientd/writers.py).
         self.incarnation: Any = None
@@ -487,7 +501,7 @@ class DirectPuts:
         core = self.core
         link = core.link
         if req.release_lease_ids:
-            link.release_leases(list(req.release_lease_ids))
+            self._release_own(req.release_lease_ids)
         keys = list(req.keys)
         n = len(keys)
         resp = client_pb2.DirectGetResponse()
@@ -515,6 +529,8 @@ class DirectPuts:
                         if loc.lease_id:
                             link.release_leases([loc.lease_id])
                         continue
+                    if loc.lease_id:
+                        self._granted(loc.lease_id, loc.lease_ttl_ms)
                     reps = [self._extent(r, int(r.tier)) for r in loc.replicas]
                     reps.sort(key=lambda e: not e.direct)
                     results[i] = client_pb2.DirectGetResult(
@@ -524,10 +540,37 @@ class DirectPuts:
         resp.results.extend(results)  # type: ignore[arg-type]
         return resp
 
+    def _granted(self, lease_id: int, ttl_ms: int) -> None:
+        """Remember that the current caller holds ``lease_id`` (from DirectGet)."""
+        now = time.monotonic()
+        leases = self._leases
+        while leases:  # forget leases long ended (deadlines grow with insertion order)
+            first = next(iter(leases.values()))
+            if first[1] >= now and len(leases) < MAX_LEASES:
+                break
+            leases.popitem(last=False)
+        leases[lease_id] = (PEER_CRED.get(), now + ttl_ms / 1000.0 + LEASE_GRACE_S)
+
+    def _release_own(self, lease_ids: Any) -> None:
+        """Release the leases of ``lease_ids`` that DirectGet granted to this caller;
+        ignore the others (not granted to it, or already released)."""
+        caller = PEER_CRED.get()
+        own: list[int] = []
+        leases = self._leases
+        for lid in lease_ids:
+            held = leases.get(lid)
+            if held is not None and held[0] == caller:
+                del leases[lid]
+                own.append(lid)
+        if own:
+            self.core.link.release_leases(own)
+        if len(own) < len(lease_ids):
+            log.debug("ignored the release of %d lease(s) not granted to this caller", len(lease_ids) - len(own))
+
     def release(self, req: client_pb2.DirectReleaseRequest) -> client_pb2.DirectReleaseResponse:
         """DirectRelease: end leases of finished direct reads (sent to the master batched);
         count the caller's checksum failures with the daemon's own."""
-        self.core.link.release_leases(list(req.lease_ids))
+        self._release_own(req.lease_ids)
         self.core.counters["reads_copied_again"] += req.reads_copied_again
         if req.checksum_failures:
             self.core.counters["checksum_failures"] += req.checksum_failures

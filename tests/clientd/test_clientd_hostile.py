@@ -148,6 +148,57 @@ def test_unknown_buffer_ids(raw) -> None:
     assert code == CODE.UNKNOWN_BUFFER
 
 
+_FOREIGN_RELEASE = r"""
+import socket, sys
+from cxlkv.client import framing
+from cxlkv.v1 import client_pb2
+lease = int(sys.argv[2])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+for rid, (name, req) in enumerate([
+        ("DirectRelease", client_pb2.DirectReleaseRequest(lease_ids=[lease])),
+        ("DirectGet", client_pb2.DirectGetRequest(keys=[], release_lease_ids=[lease]))], 1):
+    s.sendall(framing.encode_request(framing.METHODS_BY_NAME[name].number, rid, req.SerializeToString()))
+    head = b""
+    while len(head) < framing.HEADER_BYTES:
+        head += s.recv(framing.HEADER_BYTES - len(head))
+    length, code, _f, got = framing.HEADER.unpack(head)
+    body = b""
+    while len(body) < length - framing.MIN_LENGTH:
+        body += s.recv(length - framing.MIN_LENGTH - len(body))
+    print(name, code)
+"""
+
+
+def test_a_caller_cannot_end_another_callers_direct_lease(raw, stub, module_cluster) -> None:
+    """A direct reader's lease protects its copy: another process (lean, known from
+    the socket) or a gRPC caller naming its lease id in DirectRelease or in
+    DirectGet's release_lease_ids does not end it — a Remove without force is
+    still refused HAS_LEASE. The reader's own release ends it."""
+    import subprocess
+    import sys
+
+    key = f"h/lease/{time.monotonic_ns()}"
+    assert grpc_code(stub.Put, client_pb2.PutRequest(key=key, value=b"v" * 1000)) == 0
+    code, resp = raw.call("DirectGet", client_pb2.DirectGetRequest(keys=[key]))
+    assert code == 0 and resp.results[0].status.code == 0, resp
+    lease = resp.results[0].lease_id
+    assert lease
+    other = subprocess.run([sys.executable, "-c", _FOREIGN_RELEASE, module_cluster.lean_socket_path(0), str(lease)],
+                           capture_output=True, text=True, timeout=60)
+    assert other.returncode == 0 and other.stdout.split() == ["DirectRelease", "0", "DirectGet", "0"], other
+    assert grpc_code(stub.DirectRelease, client_pb2.DirectReleaseRequest(lease_ids=[lease, lease + 1])) == 0
+    assert grpc_code(stub.DirectGet, client_pb2.DirectGetRequest(release_lease_ids=[lease])) == 0
+    assert grpc_code(stub.Remove, client_pb2.ClientRemoveRequest(key=key)) == CODE.HAS_LEASE
+    # the holder's own release (over another connection of its process) ends it
+    other_conn = Raw(module_cluster.lean_socket_path(0))
+    try:
+        assert other_conn.call("DirectRelease", client_pb2.DirectReleaseRequest(lease_ids=[lease]))[0] == 0
+    finally:
+        other_conn.close()
+    assert grpc_code(stub.Remove, client_pb2.ClientRemoveRequest(key=key)) == 0
+
+
 def test_buffer_used_after_unregister(raw) -> None:
     path, mm = shm_buffer(4096)
     try:
