@@ -248,6 +248,45 @@ def test_file_region_enospc_is_no_space(small_fs: Path) -> None:
         assert exc.value.code == ErrorCode.NO_SPACE
 
 
+# ---------------------------------------------------------------- a full run directory
+
+def test_clientd_starts_and_serves_with_a_full_run_directory(small_fs: Path, make_cluster, tmp_path: Path) -> None:
+    """The clientd's socket, lock, state record and ready file on a full filesystem:
+    the daemon starts and serves (the flock is the lock; records that cannot be
+    written are logged in one line each), never a traceback or a bare
+    ``cannot start: [Errno 28]``."""
+    import tomllib
+
+    from cxlkv import Client
+    from cxlkv.deploy.cluster import ManagedProcess
+
+    cl = make_cluster(clientds=1, region_size_bytes=16 * MiB)
+    cfg = tomllib.loads((cl.run_dir / "clientd-0.toml").read_text())
+    cfg.update(name="full", socket_path=str(small_fs / "full.sock"), ready_file=str(small_fs / "full.ready"))
+    conf = tmp_path / "full.toml"
+    conf.write_text(tomli_w.dumps(cfg))
+    _fill(small_fs)
+    assert os.statvfs(small_fs).f_bavail == 0
+    log_path = tmp_path / "full.log"
+    proc = ManagedProcess("full", [sys.executable, "-m", "cxlkv.cli", "clientd", "--config", str(conf)], log_path)
+    proc.start()
+    try:
+        cl.wait_until(lambda: "ready" in log_path.read_text() or not proc.alive(), timeout_s=30,
+                      what="the clientd on a full run directory to be ready")
+        log = log_path.read_text()
+        assert proc.alive(), log
+        assert f"cannot write ready_file {small_fs / 'full.ready'}: No space left on device" in log, log
+        assert "Traceback" not in log, log
+        with Client(socket_path=str(small_fs / "full.sock")) as c:
+            c.put("full/1", b"v" * 5000)
+            assert c.get("full/1") == b"v" * 5000
+    finally:
+        rc, _killed = proc.stop()
+    log = log_path.read_text()
+    assert "Traceback" not in log, log
+    assert not [p for p in small_fs.iterdir() if p.name.endswith(".tmp")]  # no partial record left
+
+
 # ---------------------------------------------------------------- a region that shrinks
 
 def _alive(cl, i: int = 0) -> bool:
