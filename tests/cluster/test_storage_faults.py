@@ -287,6 +287,25 @@ def test_clientd_starts_and_serves_with_a_full_run_directory(small_fs: Path, mak
     assert not [p for p in small_fs.iterdir() if p.name.endswith(".tmp")]  # no partial record left
 
 
+def test_master_address_file_on_a_full_filesystem_is_one_line(small_fs: Path, tmp_path: Path) -> None:
+    """The master's address_file cannot be written (full filesystem): one line naming
+    the file, exit 2, no traceback and no temporary file left (was a traceback)."""
+    region = tmp_path / "region"
+    fmt = _cli("region", "format", str(region), "--segment", "cxl0", "--create", "--size", "4MiB")
+    assert fmt.returncode == 0, fmt.stderr
+    conf = tmp_path / "master.toml"
+    address_file = small_fs / "master.address"
+    conf.write_text(tomli_w.dumps({"listen_address": "127.0.0.1:0", "address_file": str(address_file),
+                                   "segments": [{"name": "cxl0", "size_bytes": 4 * MiB, "path": str(region)}]}))
+    _fill(small_fs)
+    p = _cli("master", "--config", str(conf))
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    line = _one_line_error(p, "cannot write address_file")
+    assert str(address_file) in line and "No space left on device" in line, line
+    assert sorted(x.name for x in small_fs.iterdir()) == ["filler"]
+
+
 # ---------------------------------------------------------------- a region that shrinks
 
 def _alive(cl, i: int = 0) -> bool:
