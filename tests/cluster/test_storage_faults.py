@@ -306,6 +306,18 @@ def test_master_address_file_on_a_full_filesystem_is_one_line(small_fs: Path, tm
     assert sorted(x.name for x in small_fs.iterdir()) == ["filler"]
 
 
+def test_cluster_up_on_a_full_run_directory_is_one_line(small_fs: Path) -> None:
+    """``cxlkv cluster up --run-dir`` on a full filesystem: one line, non-zero exit,
+    nothing left running (was a traceback from writing master.toml)."""
+    _fill(small_fs)
+    run_dir = small_fs / "run"
+    p = _cli("cluster", "up", "--run-dir", str(run_dir), "--clientds", "1", "--region-size", "4MiB")
+    assert "Traceback" not in p.stderr, p.stderr
+    line = _one_line_error(p, "cannot start the cluster")
+    assert str(run_dir) in line and "No space left on device" in line, line
+    assert not (run_dir / "cluster.json").exists()
+
+
 # ---------------------------------------------------------------- a region that shrinks
 
 def _alive(cl, i: int = 0) -> bool:
