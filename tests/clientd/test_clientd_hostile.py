@@ -582,3 +582,30 @@ def test_pipelined_requests_answer_by_request_id(raw) -> None:
     assert code == CODE.INVALID_ARGUMENT
     code, err = raw.call("List", client_pb2.ListRequest(page_token="not-a-token"))
     assert code == CODE.INVALID_ARGUMENT
+
+
+def test_huge_reported_counts_never_break_stat(make_cluster) -> None:
+    """ReportHits / DirectRelease add callers' counts to the daemon's counters: counts
+    near 2^64 (twice) used to push a counter past uint64, and every Stat — ``cxlkv
+    stat`` included — failed INTERNAL from then on. It saturates instead."""
+    cl = make_cluster(clientds=1, region_size_bytes=16 * MiB)
+    ch = grpc.insecure_channel(f"unix:{cl.socket_path(0)}")
+    try:
+        s = client_pb2_grpc.ClientServiceStub(ch)
+        top = 2**64 - 1
+        for _ in range(2):
+            assert grpc_code(s.ReportHits, client_pb2.ClientReportHitsRequest(
+                get_items=top, bytes_out=top, prefix_queries=top, prefix_keys=top, prefix_hits=top,
+                reads_copied_again=top)) == 0
+            assert grpc_code(s.DirectRelease, client_pb2.DirectReleaseRequest(
+                checksum_failures=2**32 - 1, reads_copied_again=2**32 - 1)) == 0
+        st = s.Stat(client_pb2.ClientStatRequest(), timeout=10)
+        assert st.counters["get_items"] == top and st.counters["bytes_out"] == top
+    finally:
+        ch.close()
+    r = Raw(cl.lean_socket_path(0))
+    try:
+        code, resp = r.call("Stat", client_pb2.ClientStatRequest())
+        assert code == 0, resp
+    finally:
+        r.close()
