@@ -20,10 +20,12 @@ itself; the daemon does no copy (docs/sdk.md "Direct mode"):
   answers the extents; the caller copies, verifies, and ends the lease with
   ``DirectRelease`` (or piggy-backed on its next ``DirectGet``). Releases go to
   the master batched, like the daemon's own.
-  A caller ends only leases that ``DirectGet`` granted to it (the caller is
-  known from the socket, ``SO_PEERCRED``, on the lean socket; all gRPC callers
-  are one caller): other lease ids — another process's direct leases, the
-  daemon's own — are ignored, so no caller ends a lease protecting another's copy.
+* A caller acts only on its own direct puts and leases (the caller is known from
+  the socket, ``SO_PEERCRED``, on the lean socket; all gRPC callers are one
+  caller): ``DirectPutEnd`` of another's put token answers STALE_TOKEN, as an
+  unknown one; lease ids ``DirectGet`` did not grant to it — another process's
+  direct leases, the daemon's own — are ignored, so no caller ends a lease that
+  protects another's copy.
 
 Thread-safety: event-loop confined.
 """
@@ -100,6 +102,10 @@ class _Pending:
     #: the pool on revoke), or ``None``: a PutStart put (PutEnd / PutRevoke).
     reservation: "Reservation | None" = None
     flags: int = 0
+    #: The caller that started it (``SO_PEERCRED`` of its lean connection), or
+    #: ``None``: unknown (gRPC, or adopted from a previous process) — then any
+    #: caller may end it.
+    caller: Any = None
 
 
 class DirectPuts:
@@ -261,7 +267,8 @@ class DirectPuts:
                     core.counters["direct_put_fallbacks"] += 1
                     continue
                 self._pending[r.put_token] = _Pending(
-                    key, r.put_token, r.version, items[i].value_size_bytes, hbs[i], exts, pid, pid_start, gen)
+                    key, r.put_token, r.version, items[i].value_size_bytes, hbs[i], exts, pid, pid_start, gen,
+                    caller=PEER_CRED.get())
                 results[i] = client_pb2.DirectPutStartResult(
                     put_token=r.put_token, version=r.version, header_bytes=hbs[i],
                     extents=[self._extent(e, int(_CXL)) for e in exts])
@@ -297,7 +304,7 @@ class DirectPuts:
             ext = common_pb2.Extent(segment_id=r.segment_id, offset_bytes=r.offset_bytes, length_bytes=r.length_bytes)
             self._pending[r.put_token] = _Pending(
                 it.key, r.put_token, r.put_token, it.value_size_bytes, hbs[i], [ext], pid, pid_start, gen,
-                reservation=r, flags=commit_flags(o))
+                reservation=r, flags=commit_flags(o), caller=PEER_CRED.get())
             results[i] = client_pb2.DirectPutStartResult(
                 put_token=r.put_token, version=r.put_token, header_bytes=hbs[i],
                 extents=[self._extent(ext, int(_CXL))])
@@ -335,6 +342,7 @@ class DirectPuts:
                 pending; the master reclaims them after ``put_timeout_s``).
         """
         link = self.core.link
+        caller = PEER_CRED.get()
         n = len(req.items)
         out: list[common_pb2.Status | None] = [None] * n
         ends: list[tuple[int, tuple[str, int, int]]] = []
@@ -343,7 +351,7 @@ class DirectPuts:
         begun: dict[int, int] = {}  # position -> the registration (link generation) its put began in
         for i, it in enumerate(req.items):
             p = self._pending.get(it.put_token)
-            if p is None or p.key != it.key:
+            if p is None or p.key != it.key or (p.caller is not None and p.caller != caller):
                 out[i] = _status(_STALE_TOKEN, f"no pending direct put of key {it.key!r} with token "
                                                f"{it.put_token} (already ended, revoked or reclaimed)")
                 continue

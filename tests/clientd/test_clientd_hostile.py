@@ -199,6 +199,48 @@ def test_a_caller_cannot_end_another_callers_direct_lease(raw, stub, module_clus
     assert grpc_code(stub.Remove, client_pb2.ClientRemoveRequest(key=key)) == 0
 
 
+_FOREIGN_PUT_END = r"""
+import socket, sys
+from cxlkv.client import framing
+from cxlkv.v1 import client_pb2
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+req = client_pb2.DirectPutEndRequest(items=[client_pb2.DirectPutEndItem(key=sys.argv[2], put_token=int(sys.argv[3]),
+                                                                         revoke=True)])
+s.sendall(framing.encode_request(framing.METHODS_BY_NAME["DirectPutEnd"].number, 1, req.SerializeToString()))
+head = b""
+while len(head) < framing.HEADER_BYTES:
+    head += s.recv(framing.HEADER_BYTES - len(head))
+length, code, _f, _rid = framing.HEADER.unpack(head)
+body = b""
+while len(body) < length - framing.MIN_LENGTH:
+    body += s.recv(length - framing.MIN_LENGTH - len(body))
+print(code, client_pb2.DirectPutEndResponse.FromString(body).results[0].code if not code else -1)
+"""
+
+
+def test_a_caller_cannot_end_another_callers_direct_put(raw, module_cluster) -> None:
+    """DirectPutEnd (commit or revoke) of a direct put another process started on the
+    lean socket answers STALE_TOKEN and leaves the put to its writer, which then
+    ends it itself."""
+    import subprocess
+    import sys
+
+    key = f"h/dput/{time.monotonic_ns()}"
+    code, resp = raw.call("DirectPutStart", client_pb2.DirectPutStartRequest(
+        items=[client_pb2.DirectPutStartItem(key=key, value_size_bytes=100)], pid=os.getpid()))
+    assert code == 0, resp
+    r = resp.results[0]
+    assert r.status.code == 0 and not r.fallback and r.put_token, r
+    other = subprocess.run([sys.executable, "-c", _FOREIGN_PUT_END, module_cluster.lean_socket_path(0), key,
+                            str(r.put_token)], capture_output=True, text=True, timeout=60)
+    assert other.returncode == 0 and other.stdout.split() == ["0", str(int(CODE.STALE_TOKEN))], other
+    # still the writer's: its own revoke ends it (a foreign revoke would have made this STALE_TOKEN)
+    code, end = raw.call("DirectPutEnd", client_pb2.DirectPutEndRequest(
+        items=[client_pb2.DirectPutEndItem(key=key, put_token=r.put_token, revoke=True)]))
+    assert code == 0 and end.results[0].code == 0, end
+
+
 def test_buffer_used_after_unregister(raw) -> None:
     path, mm = shm_buffer(4096)
     try:
