@@ -62,9 +62,9 @@ def master_channel(address: str, tls: Any = None) -> Any:
 
     options = [("grpc.enable_http_proxy", 0)]
     if tls is not None and tls.enabled:
-        from cxlkv.wire.tls import check_client_files, grpc_channel_credentials
+        from cxlkv.wire.tls import check_certificate_files, grpc_channel_credentials
 
-        check_client_files(tls)
+        check_certificate_files(tls)
         return grpc.secure_channel(address, grpc_channel_credentials(tls), options=options)
     return grpc.insecure_channel(address, options=options)
 

@@ -29,7 +29,7 @@ from cxlkv.errors import ConfigError
 
 __all__ = ["TlsFiles", "Identity", "ADMIN_ROLE", "server_context", "client_context",
            "grpc_server_credentials", "grpc_channel_credentials", "identity_from_peercert",
-           "identity_from_auth_context", "is_loopback_host", "check_client_files"]
+           "identity_from_auth_context", "is_loopback_host", "check_certificate_files"]
 
 #: The OU value of an administrator's certificate.
 ADMIN_ROLE = "admin"
@@ -137,9 +137,10 @@ def client_context(files: TlsFiles) -> ssl.SSLContext:
     return ctx
 
 
-def check_client_files(files: TlsFiles) -> None:
-    """Check what a caller is about to present before it dials: the files parse,
-    the key is the certificate's, and the certificate is valid now.
+def check_certificate_files(files: TlsFiles) -> None:
+    """Check the certificate a part presents before it dials or serves (the command
+    line before a call; master and clientd at start): the files parse, the key is
+    the certificate's, and the certificate is valid now.
 
     gRPC reads the PEM bytes without checking them; a wrong key or an expired
     certificate then fails only at the handshake, as C-level log lines and

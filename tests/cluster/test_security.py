@@ -465,6 +465,27 @@ def test_cli_bad_client_certificates_are_one_line(tls_cluster: TestCluster, tls_
     assert ok.returncode == 0 and not ok.stderr.strip(), ok.stderr
 
 
+@pytest.mark.parametrize("kind", ["master", "clientd"])
+def test_daemon_with_an_expired_certificate_refuses_to_start(tmp_path: Path, tls_certs: TlsCerts,
+                                                             kind: str) -> None:
+    """An expired certificate stops master and clientd at start, in one line (exit 2):
+    a clientd used to wait for its master forever on "Socket closed" (the master
+    refuses the handshake without a reason the client sees)."""
+    cert, key = _expired_certificate(tls_certs, tmp_path)
+    tls = {"tls_ca_file": str(tls_certs.dir / "ca.pem"), "tls_cert_file": cert, "tls_key_file": key}
+    if kind == "master":
+        cfg: dict[str, Any] = {"listen_address": "127.0.0.1:0", **tls}
+    else:
+        cfg = {"name": "c-exp", "master_address": "127.0.0.1:1", "socket_path": str(tmp_path / "c.sock"),
+               "regions": [{"segment": "cxl0", "path": str(tmp_path / "missing-region")}], **tls}
+    conf = tmp_path / f"{kind}.toml"
+    conf.write_text(tomli_w.dumps(cfg))
+    r = _cxlkv(kind, "--config", str(conf), timeout=30)
+    assert r.returncode == 2, r
+    lines = [ln for ln in (r.stderr + r.stdout).splitlines() if ln.strip()]
+    assert len(lines) == 1 and "expired on" in lines[0] and cert in lines[0], r
+
+
 # ------------------------------------------------------------------ the state machine
 
 
