@@ -43,6 +43,8 @@ MAX_LIST_PAGE = 10_000
 _PutResult = client_pb2.PutResult
 _GetResult = client_pb2.GetResult
 _GetIntoResult = client_pb2.GetIntoResult
+#: Counters are uint64 on the wire: one fed by callers' reports (ReportHits, DirectRelease) saturates there.
+_U64_MAX = (1 << 64) - 1
 _OK_STATUS = common_pb2.Status()
 
 
@@ -473,7 +475,7 @@ class ClientApi:
             segments=link.segments,
             buffers_registered=n_buffers,
             buffer_bytes=buffer_bytes,
-            counters={k: int(v) for k, v in counters.items()},
+            counters={k: min(int(v), _U64_MAX) for k, v in counters.items()},  # callers' reports add up
             version=__version__,
             metrics_url=self.metrics_url,
             uptime_s=time.monotonic() - self.started,

@@ -54,6 +54,10 @@ def clientd_cmd(config_path, name, master_address, socket_path, lean_socket_path
     try:
         cfg = load_config(ClientdConfig, config_path, env=os.environ, env_prefix="CXLKV_CLIENTD_",
                           overrides=overrides)
+        if cfg.tls.enabled:  # an expired certificate would only meet "Socket closed" from the master, forever
+            from cxlkv.wire.tls import check_certificate_files
+
+            check_certificate_files(cfg.tls)
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

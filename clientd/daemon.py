@@ -254,7 +254,11 @@ class Daemon:
             # grpc.health follows the master link: NOT_SERVING while every call would answer UNAVAILABLE
             link.on_connected.append(lambda _up: self._follow_link(grpc_fe, link))
             if cfg.ready_file:
-                Path(cfg.ready_file).write_text(f"{os.getpid()}\n")
+                try:
+                    Path(cfg.ready_file).write_text(f"{os.getpid()}\n")
+                except OSError as exc:  # a full run directory: serve all the same, say why it is missing
+                    log.error("cannot write ready_file %s: %s (serving anyway)", cfg.ready_file,
+                              exc.strerror or exc)
             log.info("clientd %s ready", cfg.name)
             notify.ready(f"serving on {self.socket_path} as client {link.client_id} of {cfg.master_address}"
                          + (f"; metrics {metrics_url}" if metrics_url else ""))

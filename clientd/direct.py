@@ -20,6 +20,12 @@ itself; the daemon does no copy (docs/sdk.md "Direct mode"):
   answers the extents; the caller copies, verifies, and ends the lease with
   ``DirectRelease`` (or piggy-backed on its next ``DirectGet``). Releases go to
   the master batched, like the daemon's own.
+* A caller acts only on its own direct puts and leases (the caller is known from
+  the socket, ``SO_PEERCRED``, on the lean socket; all gRPC callers are one
+  caller): ``DirectPutEnd`` of another's put token answers STALE_TOKEN, as an
+  unknown one; lease ids ``DirectGet`` did not grant to it — another process's
+  direct leases, the daemon's own — are ignored, so no caller ends a lease that
+  protects another's copy.
 
 Thread-safety: event-loop confined.
 """
@@ -29,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +44,7 @@ from cxlkv.clientd.reserve import commit_flags
 from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument
 from cxlkv.wire.keys import key_error, options_error
 from cxlkv.layout.objheader import check_copy, header_bytes_for
+from cxlkv.wire.lean import PEER_CRED
 from cxlkv.v1 import client_pb2, common_pb2
 
 if TYPE_CHECKING:
@@ -55,6 +63,11 @@ REAP_INTERVAL_S = 0.5
 LARGE_PUT_BYTES = 1 << 20
 #: Most pending direct puts one daemon keeps (a runaway caller gets NOT_READY).
 MAX_PENDING = 1 << 20
+#: Most direct leases remembered (with their caller) for DirectRelease; the oldest
+#: are forgotten first (their leases end on the master by themselves).
+MAX_LEASES = 1 << 20
+#: A granted direct lease is remembered this long past its TTL (seconds).
+LEASE_GRACE_S = 1.0
 
 _OK = int(ErrorCode.OK)
 _INVALID_KEY = int(ErrorCode.INVALID_KEY)
@@ -89,6 +102,10 @@ class _Pending:
     #: the pool on revoke), or ``None``: a PutStart put (PutEnd / PutRevoke).
     reservation: "Reservation | None" = None
     flags: int = 0
+    #: The caller that started it (``SO_PEERCRED`` of its lean connection), or
+    #: ``None``: unknown (gRPC, or adopted from a previous process) — then any
+    #: caller may end it.
+    caller: Any = None
 
 
 class DirectPuts:
@@ -103,6 +120,9 @@ class DirectPuts:
         self.core = core
         self.offered = offered
         self._pending: dict[int, _Pending] = {}
+        #: Leases DirectGet granted: lease id -> (the caller from the socket, None on
+        #: gRPC; monotonic time after which it is forgotten). Insertion order.
+        self._leases: OrderedDict[int, tuple[Any, float]] = OrderedDict()
         self._reaper: asyncio.Task[None] | None = None
         #: Records the pending direct puts for a later process of this daemon (clientd/writers.py).
         self.incarnation: Any = None
@@ -247,7 +267,8 @@ class DirectPuts:
                     core.counters["direct_put_fallbacks"] += 1
                     continue
                 self._pending[r.put_token] = _Pending(
-                    key, r.put_token, r.version, items[i].value_size_bytes, hbs[i], exts, pid, pid_start, gen)
+                    key, r.put_token, r.version, items[i].value_size_bytes, hbs[i], exts, pid, pid_start, gen,
+                    caller=PEER_CRED.get())
                 results[i] = client_pb2.DirectPutStartResult(
                     put_token=r.put_token, version=r.version, header_bytes=hbs[i],
                     extents=[self._extent(e, int(_CXL)) for e in exts])
@@ -283,7 +304,7 @@ class DirectPuts:
             ext = common_pb2.Extent(segment_id=r.segment_id, offset_bytes=r.offset_bytes, length_bytes=r.length_bytes)
             self._pending[r.put_token] = _Pending(
                 it.key, r.put_token, r.put_token, it.value_size_bytes, hbs[i], [ext], pid, pid_start, gen,
-                reservation=r, flags=commit_flags(o))
+                reservation=r, flags=commit_flags(o), caller=PEER_CRED.get())
             results[i] = client_pb2.DirectPutStartResult(
                 put_token=r.put_token, version=r.put_token, header_bytes=hbs[i],
                 extents=[self._extent(ext, int(_CXL))])
@@ -321,6 +342,7 @@ class DirectPuts:
                 pending; the master reclaims them after ``put_timeout_s``).
         """
         link = self.core.link
+        caller = PEER_CRED.get()
         n = len(req.items)
         out: list[common_pb2.Status | None] = [None] * n
         ends: list[tuple[int, tuple[str, int, int]]] = []
@@ -329,7 +351,7 @@ class DirectPuts:
         begun: dict[int, int] = {}  # position -> the registration (link generation) its put began in
         for i, it in enumerate(req.items):
             p = self._pending.get(it.put_token)
-            if p is None or p.key != it.key:
+            if p is None or p.key != it.key or (p.caller is not None and p.caller != caller):
                 out[i] = _status(_STALE_TOKEN, f"no pending direct put of key {it.key!r} with token "
                                                f"{it.put_token} (already ended, revoked or reclaimed)")
                 continue
@@ -487,7 +509,7 @@ class DirectPuts:
         core = self.core
         link = core.link
         if req.release_lease_ids:
-            link.release_leases(list(req.release_lease_ids))
+            self._release_own(req.release_lease_ids)
         keys = list(req.keys)
         n = len(keys)
         resp = client_pb2.DirectGetResponse()
@@ -515,6 +537,8 @@ class DirectPuts:
                         if loc.lease_id:
                             link.release_leases([loc.lease_id])
                         continue
+                    if loc.lease_id:
+                        self._granted(loc.lease_id, loc.lease_ttl_ms)
                     reps = [self._extent(r, int(r.tier)) for r in loc.replicas]
                     reps.sort(key=lambda e: not e.direct)
                     results[i] = client_pb2.DirectGetResult(
@@ -524,10 +548,37 @@ class DirectPuts:
         resp.results.extend(results)  # type: ignore[arg-type]
         return resp
 
+    def _granted(self, lease_id: int, ttl_ms: int) -> None:
+        """Remember that the current caller holds ``lease_id`` (from DirectGet)."""
+        now = time.monotonic()
+        leases = self._leases
+        while leases:  # forget leases long ended (deadlines grow with insertion order)
+            first = next(iter(leases.values()))
+            if first[1] >= now and len(leases) < MAX_LEASES:
+                break
+            leases.popitem(last=False)
+        leases[lease_id] = (PEER_CRED.get(), now + ttl_ms / 1000.0 + LEASE_GRACE_S)
+
+    def _release_own(self, lease_ids: Any) -> None:
+        """Release the leases of ``lease_ids`` that DirectGet granted to this caller;
+        ignore the others (not granted to it, or already released)."""
+        caller = PEER_CRED.get()
+        own: list[int] = []
+        leases = self._leases
+        for lid in lease_ids:
+            held = leases.get(lid)
+            if held is not None and held[0] == caller:
+                del leases[lid]
+                own.append(lid)
+        if own:
+            self.core.link.release_leases(own)
+        if len(own) < len(lease_ids):
+            log.debug("ignored the release of %d lease(s) not granted to this caller", len(lease_ids) - len(own))
+
     def release(self, req: client_pb2.DirectReleaseRequest) -> client_pb2.DirectReleaseResponse:
         """DirectRelease: end leases of finished direct reads (sent to the master batched);
         count the caller's checksum failures with the daemon's own."""
-        self.core.link.release_leases(list(req.lease_ids))
+        self._release_own(req.lease_ids)
         self.core.counters["reads_copied_again"] += req.reads_copied_again
         if req.checksum_failures:
             self.core.counters["checksum_failures"] += req.checksum_failures

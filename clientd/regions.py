@@ -163,7 +163,7 @@ class RegionSet:
                         f"but the config maps it as segment {rc.segment!r} (wrong file?)"
                     )
                 mapped.append(MappedRegion(rc.segment, rc.path, region, identity,
-                                           watch_fd=_watch_fd(rc.path) if rc.tier != "ssd" else -1))
+                                           watch_fd=_watch_fd(rc.path)))
                 if prefault:
                     try:
                         region.prefault()

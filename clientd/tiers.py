@@ -77,6 +77,8 @@ class FileRegion:
         self._path = path
         self._fd = fd
         self._size = os.fstat(fd).st_size
+        #: Why the file may no longer be used (:meth:`retire`; "" while it is fine).
+        self._retired = ""
 
     @classmethod
     def open(cls, path: str, size: int = 0, create: bool = False) -> "FileRegion":
@@ -126,6 +128,8 @@ class FileRegion:
     def _check(self, op: str, offset: int, length: int) -> None:
         if self._fd < 0:
             raise RegionError(f"SSD tier {self._path} is closed", path=self._path)
+        if self._retired:
+            raise RegionError(self._retired, path=self._path)
         if offset < 0 or length < 0 or offset + length > self._size:
             raise RegionError(f"{op}: [{offset}, {offset + length}) is outside SSD tier {self._path} "
                               f"of {self._size} bytes", path=self._path)
@@ -271,6 +275,14 @@ class FileRegion:
 
     def prefault(self, offset: int = 0, length: int | None = None) -> None:
         """No-op: a file has no mapping to fault in."""
+
+    def retire(self) -> None:
+        """The file shrank under this daemon (``RegionSet.check_files``): refuse every
+        later read and write — a write would silently grow the file again, a read
+        past the new end is short. The descriptor stays open (copies may still be
+        running on it; closing it would let its number name another file)."""
+        self._retired = (f"SSD tier {self._path} shrank under this daemon, which uses {self._size} bytes of it: "
+                         f"restore or re-create the file and restart clientd")
 
     def close(self) -> None:
         """Close the descriptor (idempotent)."""

@@ -79,10 +79,18 @@ class Incarnation:
     def acquire(self) -> Previous | None:
         """Take the lock; the previous process's record, or ``None`` (none, or unreadable).
 
+        A full filesystem does not stop the daemon: the lock is the ``flock``, not
+        the pid written into the file (which only names the holder in the message
+        above), and a record that cannot be written is logged (:meth:`_write`).
+
         Raises:
-            StartupError: another process of this daemon holds the lock (one line, its pid).
+            StartupError: another process of this daemon holds the lock (one line, its
+                pid); the lock file cannot be opened (the message names it and why).
         """
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise StartupError(f"cannot open the lock file {self.lock_path}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -90,8 +98,11 @@ class Incarnation:
             os.close(fd)
             raise StartupError(f"another clientd process uses {self.lock_path}"
                                + (f" (pid {holder})" if holder else "") + "; stop it first") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:  # e.g. ENOSPC: the flock is held all the same
+            log.warning("cannot write this process's pid into %s: %s", self.lock_path, exc.strerror or exc)
         self._fd = fd
         try:
             with open(self.state_path, encoding="utf-8") as f:
@@ -129,6 +140,10 @@ class Incarnation:
             os.replace(tmp, self.state_path)
         except OSError as exc:
             log.warning("cannot record the daemon's registration in %s: %s", self.state_path, exc)
+            try:  # a full filesystem: leave no partial record behind
+                os.unlink(tmp)
+            except OSError:
+                pass
 
     def release(self) -> None:
         """Clean stop: drop the lock. The record stays as it is: direct writers

@@ -50,6 +50,10 @@ def master_cmd(config_path: str | None, listen: str | None, address_file: str | 
                        "metrics_address": metrics_address, "log_level": log_level, "log_json": log_json,
                        "recover_from_region": list(recover) or None},
         )
+        if cfg.tls.enabled:  # clientds and etcd would refuse an expired certificate at every handshake
+            from cxlkv.wire.tls import check_certificate_files
+
+            check_certificate_files(cfg.tls)
     except ConfigError as exc:
         click.echo(f"cxlkv master: {exc}", err=True)
         sys.exit(EXIT_CONFIG)

@@ -547,7 +547,9 @@ def overflow_records(state: Any, writer: Any) -> list[list[Any]]:
     extent's header), since a rebuild from the slots cannot see them. At most
     :data:`OVERFLOW_RECORDS_MAX`."""
     out: list[list[Any]] = []
-    for key in list(getattr(writer, "_overflowed", {}))[:OVERFLOW_RECORDS_MAX]:
+    for key in list(getattr(writer, "_overflowed", {})):
+        if len(out) >= OVERFLOW_RECORDS_MAX:
+            break
         obj = state.get_object(key)
         if obj is None or not obj.extents or not obj.header_bytes:
             continue

@@ -324,9 +324,10 @@ class HaNode:
                             "objects are not rebuilt", seg.get("name"), seg.get("path"))
 
     async def _meta_loop(self, term: Term, server: Any) -> None:
-        from cxlkv.master.election import overflow_records
+        from cxlkv.master.election import OVERFLOW_RECORDS_MAX, overflow_records
 
         last_overflow = None
+        unrecorded_warned = 0  # the count last warned about (0: none unrecorded)
         while True:
             try:
                 st = server.state
@@ -348,6 +349,16 @@ class HaNode:
                     if records:
                         log.info("index overflow: %d committed object(s) without a slot recorded in etcd for the "
                                  "next leader", len(records))
+                total = int(getattr(writer, "overflow", 0)) if writer is not None else 0
+                unrecorded = total - len(records) if len(records) >= OVERFLOW_RECORDS_MAX else 0
+                if unrecorded > 0 and (not unrecorded_warned or unrecorded >= 2 * unrecorded_warned):
+                    log.warning("index overflow: %d committed object(s) have no slot in the index and only %d can be "
+                                "recorded in etcd: %d would be lost if this leader failed now; size the index above "
+                                "the object count (cxlkv region format --expected-objects, docs/ha.md)",
+                                total, len(records), unrecorded)
+                    unrecorded_warned = unrecorded
+                elif unrecorded <= 0:
+                    unrecorded_warned = 0
             except Unavailable as exc:
                 log.debug("meta: %s", exc.message)
             except asyncio.CancelledError:

@@ -105,11 +105,24 @@ def _probe_listen(address: str, host: str, port: int) -> None:
         probe.close()
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _write_atomically(path: Path, text: str, what: str = "address_file") -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it.
+
+    Raises:
+        ConfigError: it cannot be written (a full or read-only filesystem): one
+            line naming ``what`` and the path; no temporary file is left.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise ConfigError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
 
 
 #: How often the master moves what the garbage collector has seen into its permanent

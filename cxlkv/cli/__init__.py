@@ -8,7 +8,9 @@ import cost is paid only by the command that needs it. Each entry of
 from __future__ import annotations
 
 import importlib
+import os
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -41,6 +43,13 @@ SUBCOMMANDS: dict[str, str] = {
 }
 
 
+#: Commands that are gRPC clients only: they run with gRPC's C-core logging at
+#: ERROR (unless GRPC_VERBOSITY is set), so a refused TLS handshake is the
+#: command's one error line, not C-level "Handshake failed" log lines before it.
+#: The daemons (and commands that start them) keep gRPC's default.
+QUIET_GRPC_COMMANDS = frozenset({"put", "get", "exists", "rm", "ls", "stat", "status", "admin"})
+
+
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use."""
 
@@ -53,6 +62,8 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.lazy:
+            if name in QUIET_GRPC_COMMANDS and "grpc" not in sys.modules:
+                os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # read once, when grpc is imported
             module, attr = self.lazy[name].split(":")
             # Threads a module starts as it is imported (numpy's OpenBLAS pool)
             # inherit the importing thread's signal mask: with SIGINT blocked

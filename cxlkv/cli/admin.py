@@ -54,14 +54,17 @@ def master_channel(address: str, tls: Any = None) -> Any:
     """A gRPC channel to the master: mutual TLS with ``tls`` enabled, else plaintext.
 
     Raises:
-        ConfigError: a TLS file cannot be read.
+        ConfigError: a TLS file cannot be read, its key is not the certificate's,
+            or the certificate is not valid now (checked here: gRPC would only fail
+            the handshake, in log lines and "failed to connect").
     """
     import grpc
 
     options = [("grpc.enable_http_proxy", 0)]
     if tls is not None and tls.enabled:
-        from cxlkv.wire.tls import grpc_channel_credentials
+        from cxlkv.wire.tls import check_certificate_files, grpc_channel_credentials
 
+        check_certificate_files(tls)
         return grpc.secure_channel(address, grpc_channel_credentials(tls), options=options)
     return grpc.insecure_channel(address, options=options)
 

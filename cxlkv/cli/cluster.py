@@ -125,6 +125,9 @@ def up_cmd(run_dir: str, clientds: int, region_size: int, segments: int, prefaul
         cluster.start()
     except CxlkvError as exc:
         raise click.ClickException(str(exc)) from None
+    except OSError as exc:  # the run directory cannot be written (full, read-only): stopped and cleaned up
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise click.ClickException(f"cannot start the cluster in {rd}: {exc.strerror or exc}{where}") from None
     if cluster.etcd is not None:
         click.echo(f"etcd     {cluster.etcd_endpoint}  prefix {cluster.etcd_prefix}  (log {rd / 'etcd.log'})")
         for i, (p, addr) in enumerate(zip(cluster.masters, cluster.master_addresses)):

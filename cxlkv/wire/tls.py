@@ -29,7 +29,7 @@ from cxlkv.errors import ConfigError
 
 __all__ = ["TlsFiles", "Identity", "ADMIN_ROLE", "server_context", "client_context",
            "grpc_server_credentials", "grpc_channel_credentials", "identity_from_peercert",
-           "identity_from_auth_context", "is_loopback_host"]
+           "identity_from_auth_context", "is_loopback_host", "check_certificate_files"]
 
 #: The OU value of an administrator's certificate.
 ADMIN_ROLE = "admin"
@@ -135,6 +135,36 @@ def client_context(files: TlsFiles) -> ssl.SSLContext:
     ctx.check_hostname = True
     ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
+
+
+def check_certificate_files(files: TlsFiles) -> None:
+    """Check the certificate a part presents before it dials or serves (the command
+    line before a call; master and clientd at start): the files parse, the key is
+    the certificate's, and the certificate is valid now.
+
+    gRPC reads the PEM bytes without checking them; a wrong key or an expired
+    certificate then fails only at the handshake, as C-level log lines and
+    "failed to connect" (the master closes the connection of a peer whose
+    certificate it refuses, without a reason the client could print).
+
+    Raises:
+        ConfigError: a file cannot be read or does not hold what it should; the
+            certificate is not valid yet or has expired (the message says when).
+    """
+    import datetime
+
+    from cryptography import x509
+
+    client_context(files)  # reads all three; the key must match the certificate
+    cert = x509.load_pem_x509_certificate(Path(files.cert_file).read_bytes())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    if now > end:
+        raise ConfigError(f"tls_cert_file {files.cert_file}: the certificate expired on "
+                          f"{end:%Y-%m-%d %H:%M:%S} UTC; issue a new one (cxlkv certs issue)")
+    if now < start:
+        raise ConfigError(f"tls_cert_file {files.cert_file}: the certificate is not valid before "
+                          f"{start:%Y-%m-%d %H:%M:%S} UTC (check this host's clock)")
 
 
 def grpc_server_credentials(files: TlsFiles) -> Any:

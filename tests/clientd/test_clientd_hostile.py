@@ -148,6 +148,99 @@ def test_unknown_buffer_ids(raw) -> None:
     assert code == CODE.UNKNOWN_BUFFER
 
 
+_FOREIGN_RELEASE = r"""
+import socket, sys
+from cxlkv.client import framing
+from cxlkv.v1 import client_pb2
+lease = int(sys.argv[2])
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+for rid, (name, req) in enumerate([
+        ("DirectRelease", client_pb2.DirectReleaseRequest(lease_ids=[lease])),
+        ("DirectGet", client_pb2.DirectGetRequest(keys=[], release_lease_ids=[lease]))], 1):
+    s.sendall(framing.encode_request(framing.METHODS_BY_NAME[name].number, rid, req.SerializeToString()))
+    head = b""
+    while len(head) < framing.HEADER_BYTES:
+        head += s.recv(framing.HEADER_BYTES - len(head))
+    length, code, _f, got = framing.HEADER.unpack(head)
+    body = b""
+    while len(body) < length - framing.MIN_LENGTH:
+        body += s.recv(length - framing.MIN_LENGTH - len(body))
+    print(name, code)
+"""
+
+
+def test_a_caller_cannot_end_another_callers_direct_lease(raw, stub, module_cluster) -> None:
+    """A direct reader's lease protects its copy: another process (lean, known from
+    the socket) or a gRPC caller naming its lease id in DirectRelease or in
+    DirectGet's release_lease_ids does not end it — a Remove without force is
+    still refused HAS_LEASE. The reader's own release ends it."""
+    import subprocess
+    import sys
+
+    key = f"h/lease/{time.monotonic_ns()}"
+    assert grpc_code(stub.Put, client_pb2.PutRequest(key=key, value=b"v" * 1000)) == 0
+    code, resp = raw.call("DirectGet", client_pb2.DirectGetRequest(keys=[key]))
+    assert code == 0 and resp.results[0].status.code == 0, resp
+    lease = resp.results[0].lease_id
+    assert lease
+    other = subprocess.run([sys.executable, "-c", _FOREIGN_RELEASE, module_cluster.lean_socket_path(0), str(lease)],
+                           capture_output=True, text=True, timeout=60)
+    assert other.returncode == 0 and other.stdout.split() == ["DirectRelease", "0", "DirectGet", "0"], other
+    assert grpc_code(stub.DirectRelease, client_pb2.DirectReleaseRequest(lease_ids=[lease, lease + 1])) == 0
+    assert grpc_code(stub.DirectGet, client_pb2.DirectGetRequest(release_lease_ids=[lease])) == 0
+    assert grpc_code(stub.Remove, client_pb2.ClientRemoveRequest(key=key)) == CODE.HAS_LEASE
+    # the holder's own release (over another connection of its process) ends it
+    other_conn = Raw(module_cluster.lean_socket_path(0))
+    try:
+        assert other_conn.call("DirectRelease", client_pb2.DirectReleaseRequest(lease_ids=[lease]))[0] == 0
+    finally:
+        other_conn.close()
+    assert grpc_code(stub.Remove, client_pb2.ClientRemoveRequest(key=key)) == 0
+
+
+_FOREIGN_PUT_END = r"""
+import socket, sys
+from cxlkv.client import framing
+from cxlkv.v1 import client_pb2
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+req = client_pb2.DirectPutEndRequest(items=[client_pb2.DirectPutEndItem(key=sys.argv[2], put_token=int(sys.argv[3]),
+                                                                         revoke=True)])
+s.sendall(framing.encode_request(framing.METHODS_BY_NAME["DirectPutEnd"].number, 1, req.SerializeToString()))
+head = b""
+while len(head) < framing.HEADER_BYTES:
+    head += s.recv(framing.HEADER_BYTES - len(head))
+length, code, _f, _rid = framing.HEADER.unpack(head)
+body = b""
+while len(body) < length - framing.MIN_LENGTH:
+    body += s.recv(length - framing.MIN_LENGTH - len(body))
+print(code, client_pb2.DirectPutEndResponse.FromString(body).results[0].code if not code else -1)
+"""
+
+
+def test_a_caller_cannot_end_another_callers_direct_put(raw, module_cluster) -> None:
+    """DirectPutEnd (commit or revoke) of a direct put another process started on the
+    lean socket answers STALE_TOKEN and leaves the put to its writer, which then
+    ends it itself."""
+    import subprocess
+    import sys
+
+    key = f"h/dput/{time.monotonic_ns()}"
+    code, resp = raw.call("DirectPutStart", client_pb2.DirectPutStartRequest(
+        items=[client_pb2.DirectPutStartItem(key=key, value_size_bytes=100)], pid=os.getpid()))
+    assert code == 0, resp
+    r = resp.results[0]
+    assert r.status.code == 0 and not r.fallback and r.put_token, r
+    other = subprocess.run([sys.executable, "-c", _FOREIGN_PUT_END, module_cluster.lean_socket_path(0), key,
+                            str(r.put_token)], capture_output=True, text=True, timeout=60)
+    assert other.returncode == 0 and other.stdout.split() == ["0", str(int(CODE.STALE_TOKEN))], other
+    # still the writer's: its own revoke ends it (a foreign revoke would have made this STALE_TOKEN)
+    code, end = raw.call("DirectPutEnd", client_pb2.DirectPutEndRequest(
+        items=[client_pb2.DirectPutEndItem(key=key, put_token=r.put_token, revoke=True)]))
+    assert code == 0 and end.results[0].code == 0, end
+
+
 def test_buffer_used_after_unregister(raw) -> None:
     path, mm = shm_buffer(4096)
     try:
@@ -531,3 +624,30 @@ def test_pipelined_requests_answer_by_request_id(raw) -> None:
     assert code == CODE.INVALID_ARGUMENT
     code, err = raw.call("List", client_pb2.ListRequest(page_token="not-a-token"))
     assert code == CODE.INVALID_ARGUMENT
+
+
+def test_huge_reported_counts_never_break_stat(make_cluster) -> None:
+    """ReportHits / DirectRelease add callers' counts to the daemon's counters: counts
+    near 2^64 (twice) used to push a counter past uint64, and every Stat — ``cxlkv
+    stat`` included — failed INTERNAL from then on. It saturates instead."""
+    cl = make_cluster(clientds=1, region_size_bytes=16 * MiB)
+    ch = grpc.insecure_channel(f"unix:{cl.socket_path(0)}")
+    try:
+        s = client_pb2_grpc.ClientServiceStub(ch)
+        top = 2**64 - 1
+        for _ in range(2):
+            assert grpc_code(s.ReportHits, client_pb2.ClientReportHitsRequest(
+                get_items=top, bytes_out=top, prefix_queries=top, prefix_keys=top, prefix_hits=top,
+                reads_copied_again=top)) == 0
+            assert grpc_code(s.DirectRelease, client_pb2.DirectReleaseRequest(
+                checksum_failures=2**32 - 1, reads_copied_again=2**32 - 1)) == 0
+        st = s.Stat(client_pb2.ClientStatRequest(), timeout=10)
+        assert st.counters["get_items"] == top and st.counters["bytes_out"] == top
+    finally:
+        ch.close()
+    r = Raw(cl.lean_socket_path(0))
+    try:
+        code, resp = r.call("Stat", client_pb2.ClientStatRequest())
+        assert code == 0, resp
+    finally:
+        r.close()

@@ -262,3 +262,24 @@ def test_objects_the_index_has_no_slot_for_survive_a_failover(make_cluster: Any)
     assert all(r.value == value_of(k, 512) for k, r in zip(keys, got))
     st = cl.assert_invariants(processing=None)
     assert st.key_count == len(keys)
+
+
+def test_an_overflow_etcd_cannot_record_is_warned(make_cluster: Any) -> None:
+    """More objects without an index slot than P/overflow records (8,192): the leader
+    warns that a failover now would lose the rest and how to size the index (before,
+    it logged only "8192 ... recorded" at INFO: the loss was silent)."""
+    from cxlkv.master.election import OVERFLOW_RECORDS_MAX
+
+    cl = _ha_cluster(make_cluster, index_objects=64)
+    leader = follow_leader(cl)
+    n = OVERFLOW_RECORDS_MAX + 300
+    with cl.client(0) as c:
+        for start in range(0, n, 16):  # a batch's puts in flight each hold a slot of the small index
+            res = c.put_many([(f"ovf/{i}", b"v") for i in range(start, min(n, start + 16))])
+            assert all(r.ok for r in res), [r.error for r in res if not r.ok][:3]
+    log_path = cl.masters[leader].log_path
+    cl.wait_until(lambda: "would be lost if this leader failed now" in log_path.read_text(), 15,
+                  "the leader to warn about the overflow it cannot record")
+    line = next(ln for ln in log_path.read_text().splitlines() if "would be lost if this leader failed now" in ln)
+    assert "WARNING" in line and f"only {OVERFLOW_RECORDS_MAX} can be recorded" in line, line
+    assert "--expected-objects" in line, line

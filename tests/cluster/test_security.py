@@ -407,6 +407,85 @@ def test_unreadable_certificate_is_one_line(tmp_path: Path, tls_certs: TlsCerts)
     assert len(lines) == 1 and "missing.pem" in lines[0], r.stderr
 
 
+def _expired_certificate(tls_certs: TlsCerts, out: Path) -> tuple[str, str]:
+    """An admin certificate signed by the cluster's CA that expired yesterday."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    ca_key = serialization.load_pem_private_key((tls_certs.dir / "ca-key.pem").read_bytes(), None)
+    ca = x509.load_pem_x509_certificate((tls_certs.dir / "ca.pem").read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "old-admin"),
+                                     x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "admin")]))
+            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=10)).not_valid_after(now - datetime.timedelta(days=1))
+            .sign(ca_key, hashes.SHA256()))
+    cert_path, key_path = out / "expired.pem", out / "expired-key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    key_path.chmod(0o600)
+    return str(cert_path), str(key_path)
+
+
+def test_cli_bad_client_certificates_are_one_line(tls_cluster: TestCluster, tls_certs: TlsCerts,
+                                                   tmp_path: Path) -> None:
+    """``cxlkv status`` / ``cxlkv admin`` with a key that is not the certificate's, an
+    expired certificate, a file that is no certificate, or another CA: one error line
+    on stderr naming the cause, a non-zero exit, no gRPC C-core log lines."""
+    admin, other = tls_certs.files("admin"), tls_certs.files("clientd-2")
+    expired_cert, expired_key = _expired_certificate(tls_certs, tmp_path)
+    cases = [
+        ((admin.ca_file, admin.cert_file, other.key_file), "key values mismatch"),
+        ((admin.ca_file, expired_cert, expired_key), "expired on"),
+        ((admin.ca_file, str(tls_certs.dir / "ca-key.pem"), admin.key_file), "ca-key.pem"),
+        ((str(tls_certs.rogue_dir / "ca.pem"), admin.cert_file, admin.key_file), "CERTIFICATE_VERIFY_FAILED"),
+    ]
+    env_had = os.environ.pop("GRPC_VERBOSITY", None)
+    try:
+        for (ca, cert, key), needle in cases:
+            for cmd in (["status"], ["admin", "ls"]):
+                r = _cxlkv(*cmd, "--master", tls_cluster.master_address, "--tls-ca", ca, "--tls-cert", cert,
+                           "--tls-key", key)
+                lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+                assert r.returncode != 0, (cmd, needle, r)
+                assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("error: "), (cmd, r.stderr)
+                assert not r.stdout.strip(), r.stdout
+    finally:
+        if env_had is not None:
+            os.environ["GRPC_VERBOSITY"] = env_had
+    ok = _cxlkv("status", "--master", tls_cluster.master_address, "--tls-ca", admin.ca_file,
+                "--tls-cert", admin.cert_file, "--tls-key", admin.key_file)
+    assert ok.returncode == 0 and not ok.stderr.strip(), ok.stderr
+
+
+@pytest.mark.parametrize("kind", ["master", "clientd"])
+def test_daemon_with_an_expired_certificate_refuses_to_start(tmp_path: Path, tls_certs: TlsCerts,
+                                                             kind: str) -> None:
+    """An expired certificate stops master and clientd at start, in one line (exit 2):
+    a clientd used to wait for its master forever on "Socket closed" (the master
+    refuses the handshake without a reason the client sees)."""
+    cert, key = _expired_certificate(tls_certs, tmp_path)
+    tls = {"tls_ca_file": str(tls_certs.dir / "ca.pem"), "tls_cert_file": cert, "tls_key_file": key}
+    if kind == "master":
+        cfg: dict[str, Any] = {"listen_address": "127.0.0.1:0", **tls}
+    else:
+        cfg = {"name": "c-exp", "master_address": "127.0.0.1:1", "socket_path": str(tmp_path / "c.sock"),
+               "regions": [{"segment": "cxl0", "path": str(tmp_path / "missing-region")}], **tls}
+    conf = tmp_path / f"{kind}.toml"
+    conf.write_text(tomli_w.dumps(cfg))
+    r = _cxlkv(kind, "--config", str(conf), timeout=30)
+    assert r.returncode == 2, r
+    lines = [ln for ln in (r.stderr + r.stdout).splitlines() if ln.strip()]
+    assert len(lines) == 1 and "expired on" in lines[0] and cert in lines[0], r
+
+
 # ------------------------------------------------------------------ the state machine
 
 

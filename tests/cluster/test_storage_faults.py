@@ -248,6 +248,76 @@ def test_file_region_enospc_is_no_space(small_fs: Path) -> None:
         assert exc.value.code == ErrorCode.NO_SPACE
 
 
+# ---------------------------------------------------------------- a full run directory
+
+def test_clientd_starts_and_serves_with_a_full_run_directory(small_fs: Path, make_cluster, tmp_path: Path) -> None:
+    """The clientd's socket, lock, state record and ready file on a full filesystem:
+    the daemon starts and serves (the flock is the lock; records that cannot be
+    written are logged in one line each), never a traceback or a bare
+    ``cannot start: [Errno 28]``."""
+    import tomllib
+
+    from cxlkv import Client
+    from cxlkv.deploy.cluster import ManagedProcess
+
+    cl = make_cluster(clientds=1, region_size_bytes=16 * MiB)
+    cfg = tomllib.loads((cl.run_dir / "clientd-0.toml").read_text())
+    cfg.update(name="full", socket_path=str(small_fs / "full.sock"), ready_file=str(small_fs / "full.ready"))
+    conf = tmp_path / "full.toml"
+    conf.write_text(tomli_w.dumps(cfg))
+    _fill(small_fs)
+    assert os.statvfs(small_fs).f_bavail == 0
+    log_path = tmp_path / "full.log"
+    proc = ManagedProcess("full", [sys.executable, "-m", "cxlkv.cli", "clientd", "--config", str(conf)], log_path)
+    proc.start()
+    try:
+        cl.wait_until(lambda: "ready" in log_path.read_text() or not proc.alive(), timeout_s=30,
+                      what="the clientd on a full run directory to be ready")
+        log = log_path.read_text()
+        assert proc.alive(), log
+        assert f"cannot write ready_file {small_fs / 'full.ready'}: No space left on device" in log, log
+        assert "Traceback" not in log, log
+        with Client(socket_path=str(small_fs / "full.sock")) as c:
+            c.put("full/1", b"v" * 5000)
+            assert c.get("full/1") == b"v" * 5000
+    finally:
+        rc, _killed = proc.stop()
+    log = log_path.read_text()
+    assert "Traceback" not in log, log
+    assert not [p for p in small_fs.iterdir() if p.name.endswith(".tmp")]  # no partial record left
+
+
+def test_master_address_file_on_a_full_filesystem_is_one_line(small_fs: Path, tmp_path: Path) -> None:
+    """The master's address_file cannot be written (full filesystem): one line naming
+    the file, exit 2, no traceback and no temporary file left (was a traceback)."""
+    region = tmp_path / "region"
+    fmt = _cli("region", "format", str(region), "--segment", "cxl0", "--create", "--size", "4MiB")
+    assert fmt.returncode == 0, fmt.stderr
+    conf = tmp_path / "master.toml"
+    address_file = small_fs / "master.address"
+    conf.write_text(tomli_w.dumps({"listen_address": "127.0.0.1:0", "address_file": str(address_file),
+                                   "segments": [{"name": "cxl0", "size_bytes": 4 * MiB, "path": str(region)}]}))
+    _fill(small_fs)
+    p = _cli("master", "--config", str(conf))
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    line = _one_line_error(p, "cannot write address_file")
+    assert str(address_file) in line and "No space left on device" in line, line
+    assert sorted(x.name for x in small_fs.iterdir()) == ["filler"]
+
+
+def test_cluster_up_on_a_full_run_directory_is_one_line(small_fs: Path) -> None:
+    """``cxlkv cluster up --run-dir`` on a full filesystem: one line, non-zero exit,
+    nothing left running (was a traceback from writing master.toml)."""
+    _fill(small_fs)
+    run_dir = small_fs / "run"
+    p = _cli("cluster", "up", "--run-dir", str(run_dir), "--clientds", "1", "--region-size", "4MiB")
+    assert "Traceback" not in p.stderr, p.stderr
+    line = _one_line_error(p, "cannot start the cluster")
+    assert str(run_dir) in line and "No space left on device" in line, line
+    assert not (run_dir / "cluster.json").exists()
+
+
 # ---------------------------------------------------------------- a region that shrinks
 
 def _alive(cl, i: int = 0) -> bool:
@@ -301,6 +371,44 @@ def test_region_truncated_under_running_clientd(make_cluster, direct: bool) -> N
     with cl.client(0, direct=False) as c:  # the daemon still answers everything else
         assert isinstance(c.exists("t/0"), bool)  # answered (whether it is listed is the master's matter)
 
+
+
+def test_ssd_tier_truncated_under_running_clientd(make_cluster, tmp_path: Path) -> None:
+    """Truncate the SSD tier file under a running cluster: the clientd sees it as it
+    sees a shrunk CXL region — every later read and write on the tier is one clear
+    error naming the file (was: "short read at N" per object, and writes that grew
+    the file again, sparse), the daemon stays up, never wrong bytes."""
+    from cxlkv.errors import CxlkvError
+
+    ssd_dir = tmp_path / "ssd"
+    ssd_dir.mkdir()
+    cl = make_cluster(clientds=1, region_size_bytes=REGION_HEADER_BYTES + 64 * (BLOCK + 128),
+                      ssd_size_bytes=4 * MiB, ssd_dir=str(ssd_dir), master_options=TIER_MASTER)
+    with cl.client(0) as c:
+        for j in range(0, 300, 10):
+            assert all(r.ok for r in c.put_many([(f"s/{i}", _value(i)) for i in range(j, j + 10)]))
+        cl.wait_until(lambda: _counters(cl)["demotions"] > 100, timeout_s=20, what="demotions to SSD")
+        os.truncate(cl.ssd_path, 1 * MiB)
+        log_path = cl.run_dir / "clientd-0.log"
+        cl.wait_until(lambda: "shrank to 1048576 bytes" in log_path.read_text(), timeout_s=10,
+                      what="clientd to see the SSD tier shrink")
+        outcomes: dict[str, int] = {}
+        for i in range(300):
+            try:
+                assert c.get(f"s/{i}") == _value(i), f"wrong bytes for s/{i}"
+                outcomes["ok"] = outcomes.get("ok", 0) + 1
+            except CxlkvError as exc:
+                assert "shrank" in exc.message, exc.message
+                outcomes["shrank"] = outcomes.get("shrank", 0) + 1
+        assert outcomes.get("shrank", 0) > 0 and outcomes.get("ok", 0) > 0, outcomes
+        for j in range(300, 400, 10):  # demotions and SSD puts into the shrunk file: refused
+            c.put_many([(f"s/{i}", _value(i)) for i in range(j, j + 10)])
+        assert os.path.getsize(cl.ssd_path) == 1 * MiB  # not grown again by writes past its end
+        assert _alive(cl)
+    log = log_path.read_text()
+    assert "Traceback" not in log
+    errors = [ln for ln in log.splitlines() if "ERROR" in ln and "shrank to 1048576 bytes under this daemon" in ln]
+    assert len(errors) == 1, errors  # found once (failed moves quote it, at a bounded rate)
 
 
 _GUARD_SCRIPT = r"""
