@@ -57,6 +57,17 @@ def _size_class(units: int) -> int:
     return ((fl - _SL_BITS + 1) << _SL_BITS) | ((units >> (fl - _SL_BITS)) & _SL_MASK)
 
 
+def _request_class(units: int) -> int:
+    """The first class whose every block holds ``units`` alignment units: the class of
+    ``units`` itself if ``units`` is its lower bound, else the next one (what
+    :meth:`ExtentAllocator.alloc` and :meth:`ExtentAllocator.can_alloc` look in first)."""
+    fl = units.bit_length() - 1
+    if fl < _SL_BITS:
+        return units
+    cls = ((fl - _SL_BITS + 1) << _SL_BITS) | ((units >> (fl - _SL_BITS)) & _SL_MASK)
+    return cls + 1 if units & ((1 << (fl - _SL_BITS)) - 1) else cls
+
+
 def align_up(n_bytes: int, alignment_bytes: int) -> int:
     """``n_bytes`` rounded up to a multiple of ``alignment_bytes`` (a power of two)."""
     return (n_bytes + alignment_bytes - 1) & ~(alignment_bytes - 1)
@@ -136,13 +147,7 @@ class ExtentAllocator:
         """
         shift = self._shift
         units = ((length_bytes - 1) >> shift) + 1 if length_bytes > 0 else 1
-        fl = units.bit_length() - 1
-        if fl < _SL_BITS:
-            cls = units
-        else:
-            cls = ((fl - _SL_BITS + 1) << _SL_BITS) | ((units >> (fl - _SL_BITS)) & _SL_MASK)
-            if units & ((1 << (fl - _SL_BITS)) - 1):
-                cls += 1
+        cls = _request_class(units)
         row = cls >> _SL_BITS
         if row < len(self._class_maps) and self._class_maps[row] & -(1 << (cls & _SL_MASK)):
             return True
@@ -199,15 +204,7 @@ class ExtentAllocator:
         shift = self._shift
         units = ((length_bytes - 1) >> shift) + 1 if length_bytes > 0 else 1
         need = units << shift
-        # First class whose every block holds `units`: the class of `units`
-        # itself if `units` is its lower bound, else the next one.
-        fl = units.bit_length() - 1
-        if fl < _SL_BITS:
-            cls = units
-        else:
-            cls = ((fl - _SL_BITS + 1) << _SL_BITS) | ((units >> (fl - _SL_BITS)) & _SL_MASK)
-            if units & ((1 << (fl - _SL_BITS)) - 1):
-                cls += 1
+        cls = _request_class(units)
         row = cls >> _SL_BITS
         maps = self._class_maps
         m = maps[row] & -(1 << (cls & _SL_MASK))  # classes >= cls in this row

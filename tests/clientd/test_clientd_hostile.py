@@ -148,24 +148,32 @@ def test_unknown_buffer_ids(raw) -> None:
     assert code == CODE.UNKNOWN_BUFFER
 
 
-_FOREIGN_RELEASE = r"""
+#: What the "other process" scripts below share: one lean call on a connection of
+#: their own (the daemon knows the caller from the socket).
+_FOREIGN_CALL = r"""
 import socket, sys
 from cxlkv.client import framing
 from cxlkv.v1 import client_pb2
-lease = int(sys.argv[2])
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 s.connect(sys.argv[1])
-for rid, (name, req) in enumerate([
-        ("DirectRelease", client_pb2.DirectReleaseRequest(lease_ids=[lease])),
-        ("DirectGet", client_pb2.DirectGetRequest(keys=[], release_lease_ids=[lease]))], 1):
+def call(rid, name, req):
     s.sendall(framing.encode_request(framing.METHODS_BY_NAME[name].number, rid, req.SerializeToString()))
     head = b""
     while len(head) < framing.HEADER_BYTES:
         head += s.recv(framing.HEADER_BYTES - len(head))
-    length, code, _f, got = framing.HEADER.unpack(head)
+    length, code, _f, _rid = framing.HEADER.unpack(head)
     body = b""
     while len(body) < length - framing.MIN_LENGTH:
         body += s.recv(length - framing.MIN_LENGTH - len(body))
+    return code, body
+"""
+
+_FOREIGN_RELEASE = _FOREIGN_CALL + r"""
+lease = int(sys.argv[2])
+for rid, (name, req) in enumerate([
+        ("DirectRelease", client_pb2.DirectReleaseRequest(lease_ids=[lease])),
+        ("DirectGet", client_pb2.DirectGetRequest(keys=[], release_lease_ids=[lease]))], 1):
+    code, _body = call(rid, name, req)
     print(name, code)
 """
 
@@ -199,22 +207,10 @@ def test_a_caller_cannot_end_another_callers_direct_lease(raw, stub, module_clus
     assert grpc_code(stub.Remove, client_pb2.ClientRemoveRequest(key=key)) == 0
 
 
-_FOREIGN_PUT_END = r"""
-import socket, sys
-from cxlkv.client import framing
-from cxlkv.v1 import client_pb2
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.connect(sys.argv[1])
+_FOREIGN_PUT_END = _FOREIGN_CALL + r"""
 req = client_pb2.DirectPutEndRequest(items=[client_pb2.DirectPutEndItem(key=sys.argv[2], put_token=int(sys.argv[3]),
                                                                          revoke=True)])
-s.sendall(framing.encode_request(framing.METHODS_BY_NAME["DirectPutEnd"].number, 1, req.SerializeToString()))
-head = b""
-while len(head) < framing.HEADER_BYTES:
-    head += s.recv(framing.HEADER_BYTES - len(head))
-length, code, _f, _rid = framing.HEADER.unpack(head)
-body = b""
-while len(body) < length - framing.MIN_LENGTH:
-    body += s.recv(length - framing.MIN_LENGTH - len(body))
+code, body = call(1, "DirectPutEnd", req)
 print(code, client_pb2.DirectPutEndResponse.FromString(body).results[0].code if not code else -1)
 """
 
