@@ -247,6 +247,8 @@ class Daemon:
             self.tier_worker = tier_worker
             if prev is not None:
                 alive = [w for w in prev.direct if still_running(w)]
+                kept = {w.put_token for w in alive}
+                incarnation.direct_ended(w.put_token for w in prev.direct if w.put_token not in kept)
                 api.direct.adopt_previous(alive)
                 self._release_prev = asyncio.ensure_future(core.release_when_drained(
                     prev.epoch, -1, tuple(w.put_token for w in alive)))

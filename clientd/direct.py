@@ -120,6 +120,9 @@ class DirectPuts:
         self.core = core
         self.offered = offered
         self._pending: dict[int, _Pending] = {}
+        #: Changes to ``_pending`` not yet in the incarnation's record: started, ended.
+        self._started: list[_Pending] = []
+        self._ended: list[int] = []
         #: Leases DirectGet granted: lease id -> (the caller from the socket, None on
         #: gRPC; monotonic time after which it is forgotten). Insertion order.
         self._leases: OrderedDict[int, tuple[Any, float]] = OrderedDict()
@@ -137,18 +140,33 @@ class DirectPuts:
         writers still run: each is ended when its writer sends DirectPutEnd (STALE_TOKEN,
         then PutRevoke frees its quarantined space) or revoked when the writer exits."""
         for w in writers:
-            self._pending[w.put_token] = _Pending(w.key, w.put_token, w.put_token, 0, 0, [], w.pid,
-                                                  w.pid_start, -1)
+            self._add(_Pending(w.key, w.put_token, w.put_token, 0, 0, [], w.pid, w.pid_start, -1))
         if writers:
             self._ensure_reaper()
             self._record()
 
-    def _record(self) -> None:
-        if self.incarnation is not None:
-            from cxlkv.clientd.writers import DirectWriter
+    def _add(self, p: _Pending) -> None:
+        self._pending[p.token] = p
+        self._started.append(p)
 
-            self.incarnation.record_direct([DirectWriter(p.token, p.key, p.pid, p.pid_start)
-                                            for p in self._pending.values()])
+    def _drop(self, token: int) -> None:
+        if self._pending.pop(token, None) is not None:
+            self._ended.append(token)
+
+    def _record(self) -> None:
+        """Tell the incarnation's record what started and ended since the last call
+        (O(changes): one append each way, clientd/writers.py)."""
+        started, self._started = self._started, []
+        ended, self._ended = self._ended, []
+        if self.incarnation is None:
+            return
+        from cxlkv.clientd.writers import DirectWriter
+
+        if started:
+            self.incarnation.direct_started(DirectWriter(p.token, p.key, p.pid, p.pid_start)
+                                            for p in started if p.token in self._pending)
+        if ended:
+            self.incarnation.direct_ended(ended)
 
     # ------------------------------------------------------------- regions
     def _direct_region(self, segment_id: int) -> "MappedRegion | None":
@@ -266,9 +284,9 @@ class DirectPuts:
                         fallback=True, extents=[self._extent(e) for e in exts])
                     core.counters["direct_put_fallbacks"] += 1
                     continue
-                self._pending[r.put_token] = _Pending(
+                self._add(_Pending(
                     key, r.put_token, r.version, items[i].value_size_bytes, hbs[i], exts, pid, pid_start, gen,
-                    caller=PEER_CRED.get())
+                    caller=PEER_CRED.get()))
                 results[i] = client_pb2.DirectPutStartResult(
                     put_token=r.put_token, version=r.version, header_bytes=hbs[i],
                     extents=[self._extent(e, int(_CXL)) for e in exts])
@@ -302,9 +320,9 @@ class DirectPuts:
             it = items[i]
             o = it.options if it.HasField("options") else None
             ext = common_pb2.Extent(segment_id=r.segment_id, offset_bytes=r.offset_bytes, length_bytes=r.length_bytes)
-            self._pending[r.put_token] = _Pending(
+            self._add(_Pending(
                 it.key, r.put_token, r.put_token, it.value_size_bytes, hbs[i], [ext], pid, pid_start, gen,
-                reservation=r, flags=commit_flags(o), caller=PEER_CRED.get())
+                reservation=r, flags=commit_flags(o), caller=PEER_CRED.get()))
             results[i] = client_pb2.DirectPutStartResult(
                 put_token=r.put_token, version=r.put_token, header_bytes=hbs[i],
                 extents=[self._extent(ext, int(_CXL))])
@@ -355,7 +373,7 @@ class DirectPuts:
                 out[i] = _status(_STALE_TOKEN, f"no pending direct put of key {it.key!r} with token "
                                                f"{it.put_token} (already ended, revoked or reclaimed)")
                 continue
-            del self._pending[it.put_token]
+            self._drop(it.put_token)
             begun[i] = p.generation
             if it.revoke:
                 if not self._give_back([p]):
@@ -483,7 +501,7 @@ class DirectPuts:
         if not dead:
             return 0
         for p in dead:
-            self._pending.pop(p.token, None)
+            self._drop(p.token)
         self._record()
         log.info("revoking %d direct put(s) of exited writer(s) %s", len(dead),
                  sorted({p.pid for p in dead}))

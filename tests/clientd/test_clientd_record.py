@@ -1,0 +1,102 @@
+"""The record a clientd process leaves for the next one (clientd/writers.py):
+appended per direct put, rewritten whole rarely, read back exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from cxlkv.clientd import writers
+from cxlkv.clientd.writers import DirectWriter, Incarnation, parse_record
+
+
+def _claimed(tmp_path: Path) -> Incarnation:
+    inc = Incarnation(str(tmp_path / "clientd.sock"))
+    assert inc.acquire() is None
+    inc.record_registration("cid-1", 3)
+    return inc
+
+
+def _read(inc: Incarnation):
+    return parse_record(Path(inc.state_path).read_bytes())
+
+
+def test_starts_and_ends_are_appended_and_read_back_in_order(tmp_path: Path) -> None:
+    inc = _claimed(tmp_path)
+    rewrites = inc.rewrites
+    inc.direct_started([DirectWriter(7, "a key with spaces", 11, 123), DirectWriter(8, "k\nnl\"q", 12, None)])
+    inc.direct_started([DirectWriter(9, "z", 11, 123)])
+    inc.direct_ended([7, 999])  # 999: never started, not recorded
+    assert inc.rewrites == rewrites  # appends only
+    prev = _read(inc)
+    assert (prev.pid, prev.client_id, prev.epoch) == (os.getpid(), "cid-1", 3)
+    assert {w.put_token: w for w in prev.direct} == {8: DirectWriter(8, "k\nnl\"q", 12, None),
+                                                      9: DirectWriter(9, "z", 11, 123)}
+    assert Path(inc.state_path).read_text().count("\n") == 2 + 3 + 1  # magic, R, three +, one -
+
+
+def test_the_record_is_rewritten_once_appends_outnumber_the_live_entries(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(writers, "COMPACT_MIN_LINES", 16)
+    inc = _claimed(tmp_path)
+    for t in range(1, 101):
+        inc.direct_started([DirectWriter(t, f"k{t}", 5, 6)])
+        inc.direct_ended([t])
+    inc.direct_started([DirectWriter(500, "kept", 5, 6)])
+    text = Path(inc.state_path).read_text()
+    assert text.count("\n") <= 2 + 16 + 1  # never more than the threshold past a rewrite
+    assert [w.put_token for w in _read(inc).direct] == [500]
+
+
+def test_an_unfinished_last_line_is_ignored(tmp_path: Path) -> None:
+    inc = _claimed(tmp_path)
+    inc.direct_started([DirectWriter(1, "a", 5, 6)])
+    with open(inc.state_path, "ab") as f:
+        f.write(b"- 1")  # the process died inside this write
+    assert [w.put_token for w in _read(inc).direct] == [1]
+
+
+def test_a_new_process_keeps_the_previous_writers_until_told_they_ended(tmp_path: Path) -> None:
+    inc = _claimed(tmp_path)
+    inc.direct_started([DirectWriter(1, "a", 5, 6), DirectWriter(2, "b", 5, 6)])
+    inc.release()
+    nxt = Incarnation(inc.state_path[: -len(".state")])
+    prev = nxt.acquire()
+    assert prev is not None and prev.client_id == "cid-1" and len(prev.direct) == 2
+    nxt.record_registration("cid-1", 4)  # registering again rewrites the record: the writers stay in it
+    assert sorted(w.put_token for w in _read(nxt).direct) == [1, 2]
+    nxt.direct_ended([1])
+    assert [w.put_token for w in _read(nxt).direct] == [2] and _read(nxt).epoch == 4
+    nxt.release()
+
+
+def test_the_json_record_of_earlier_versions_is_read(tmp_path: Path) -> None:
+    raw = json.dumps({"pid": 9, "client_id": "old", "epoch": 2, "direct": [[5, "k", 77, None], [6, "j", 78, 1]]})
+    prev = parse_record(raw.encode())
+    assert prev.client_id == "old" and prev.direct == [DirectWriter(5, "k", 77, None), DirectWriter(6, "j", 78, 1)]
+
+
+@pytest.mark.parametrize("raw", [b"garbage\n", b"cxlkv-clientd-state 1\n? 1 2\n", b"cxlkv-clientd-state 1\n+ x\n"])
+def test_a_damaged_record_is_refused_with_the_line(raw: bytes) -> None:
+    with pytest.raises(ValueError):
+        parse_record(raw)
+
+
+def test_a_failed_append_makes_the_next_change_rewrite_the_record(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    inc = _claimed(tmp_path)
+    real_write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(writers.os, "write", full)
+    inc.direct_started([DirectWriter(1, "a", 5, 6)])  # logged, not raised
+    monkeypatch.setattr(writers.os, "write", real_write)
+    rewrites = inc.rewrites
+    inc.direct_started([DirectWriter(2, "b", 5, 6)])
+    assert inc.rewrites == rewrites + 1
+    assert sorted(w.put_token for w in _read(inc).direct) == [1, 2]
