@@ -46,6 +46,9 @@ __all__ = [
     "cxlkv_nc_write_kernel",
     "cxlkv_set_nc_write_kernel",
     "cxlkv_nc_read_chunk_bytes",
+    "cxlkv_copy_hash",
+    "cxlkv_copy_hash_kernel",
+    "cxlkv_set_copy_hash_kernel",
     "cxlkv_set_nc_read_chunk_bytes",
     "cxlkv_map",
     "cxlkv_unmap",
@@ -294,6 +297,45 @@ def cxlkv_set_nc_write_kernel(name: str) -> None:
     if lib.cxlkv_set_nc_write_kernel(name.encode()) != _OK:
         raise InvalidArgument(f"non-coherent write kernel {name!r} is unknown or not supported by this CPU "
                               "(avx512-nt, avx2-nt, sse2-nt, movdir64b, cached)")
+
+
+def cxlkv_copy_hash(dst: BufferLike, src: BufferLike) -> int:
+    """Copy all of ``src`` into the start of writable ``dst`` and return the xxh3_64
+    (seed 0) of the bytes stored, in one pass (``cxlkv_copy_hash`` in
+    cxlkv_transport.h); GIL released.
+
+    Returns:
+        ``xxhash.xxh3_64_intdigest`` of the bytes now in ``dst[:len(src)]``.
+
+    Raises:
+        InvalidArgument: a buffer is not contiguous, ``dst`` is read-only or shorter
+            than ``src``, or the two overlap.
+    """
+    s = _buffer(src, False, "src")
+    d = _buffer(dst, True, "dst")
+    if len(d) < len(s):
+        raise InvalidArgument(f"copy_hash: dst of {len(d)} B is shorter than src of {len(s)} B")
+    out = ffi.new("uint64_t *")
+    if lib.cxlkv_copy_hash(d, s, len(s), out) != _OK:
+        raise InvalidArgument("copy_hash: source and destination overlap")
+    return int(out[0])
+
+
+def cxlkv_copy_hash_kernel() -> str:
+    """The copy-while-hashing kernel in use: ``"avx512"``, ``"avx2"`` (x86-64, from
+    CPUID) or ``"two-pass"`` (copy, then hash the destination while in cache)."""
+    return ffi.string(lib.cxlkv_copy_hash_kernel()).decode()
+
+
+def cxlkv_set_copy_hash_kernel(name: str) -> None:
+    """Use another copy-while-hashing kernel, process-wide (tests, benchmarks).
+
+    Raises:
+        InvalidArgument: ``name`` unknown, or not supported by this CPU.
+    """
+    if lib.cxlkv_set_copy_hash_kernel(name.encode()) != _OK:
+        raise InvalidArgument(f"copy-hash kernel {name!r} is unknown or not supported by this CPU "
+                              "(avx512, avx2, two-pass)")
 
 
 def cxlkv_nc_read_chunk_bytes() -> int:
@@ -552,7 +594,9 @@ def _copy_hashed(c_fn: Any, r: Handle, offset: int, buf: Any, op: str, nc: int) 
 def cxlkv_copy_in_hashed(r: Handle, offset: int, src: BufferLike, nc: int = 0) -> int:
     """:func:`cxlkv_copy_in` and the xxh3_64 of the bytes copied, in one pass.
 
-    The copy runs in 256 KiB chunks, each hashed while still in cache (see
+    Each 64-byte stripe is hashed from the register it was stored from
+    (:func:`cxlkv_copy_hash`); from the stream threshold on, and for non-coherent
+    copies, in 256 KiB chunks, each hashed while still in cache (see
     ``cxlkv_copy_in_hashed`` in cxlkv_transport.h); GIL released throughout.
 
     Returns:

@@ -114,15 +114,16 @@ int cxlkv_copy_out(const cxlkv_region_t *r, uint64_t offset, void *dst,
                    uint64_t length, int nc);
 
 /*
- * Fused copy + checksum: the same copies as cxlkv_copy_in / cxlkv_copy_out,
- * done in chunks of CXLKV_HASH_CHUNK_BYTES, each chunk hashed (xxh3_64, seed 0:
- * equal to python-xxhash's xxh3_64_intdigest) right after it is copied, while
- * it is still in this core's cache -- one pass over memory instead of two.
- * copy_in hashes the source (what was written). copy_out hashes the
- * destination (what the caller receives) below the stream threshold, and the
- * source chunk it has just loaded from it on (streamed stores leave the
- * destination out of cache); see copy_hashed() in c/copies.c for why that is the
- * same bytes under a lease. Source and destination must not overlap
+ * Fused copy + checksum (xxh3_64, seed 0: equal to python-xxhash's
+ * xxh3_64_intdigest): the same copies as cxlkv_copy_in / cxlkv_copy_out. Below
+ * the stream threshold in one pass, each stripe hashed from the register it was
+ * stored from (cxlkv_copy_hash, c/copyhash.c): the hash is of the bytes both
+ * sides now hold. From the stream threshold on, and for non-coherent copies, in
+ * chunks of CXLKV_HASH_CHUNK_BYTES, each hashed right after it is copied, while
+ * in this core's cache: copy_in hashes the source (what was written), copy_out
+ * the source chunk it has just loaded (streamed stores leave the destination
+ * out of cache); see copy_hashed() in c/copies.c for why that is the same
+ * bytes under a lease. Source and destination must not overlap
  * (CXLKV_E_INVAL). *hash_out is written only on CXLKV_OK.
  */
 #define CXLKV_HASH_CHUNK_BYTES 262144
@@ -278,6 +279,21 @@ void cxlkv_set_stream_threshold_bytes(uint64_t bytes);
  * (glibc: CPUs without AVX2, other architectures).
  */
 const char *cxlkv_copy_kernel(void);
+
+/*
+ * Copy while hashing: copy `length` bytes from `src` to `dst` (non-overlapping:
+ * CXLKV_E_INVAL) and set *hash_out to the xxh3_64 (seed 0) of the bytes
+ * stored -- XXH3_64bits(dst, length), python-xxhash's xxh3_64_intdigest -- in
+ * one pass (c/copyhash.c). The index reads and the hashed copies above use the
+ * same kernel. cxlkv_copy_hash_kernel() names it: "avx512", "avx2" (x86-64,
+ * chosen at load from CPUID) or "two-pass" (copy, then hash the destination
+ * while in cache); cxlkv_set_copy_hash_kernel() picks another one (tests,
+ * benchmarks): CXLKV_OK, or CXLKV_E_INVAL for a name unknown or not supported
+ * here.
+ */
+int cxlkv_copy_hash(void *dst, const void *src, uint64_t length, uint64_t *hash_out);
+const char *cxlkv_copy_hash_kernel(void);
+int cxlkv_set_copy_hash_kernel(const char *name);
 
 /* Cache line size in bytes used by flush/invalidate. */
 uint64_t cxlkv_cache_line_bytes(void);

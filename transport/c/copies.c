@@ -89,6 +89,10 @@ copy_hashed(char *dst, const char *src, uint64_t length, int hash_dst, int nc,
 
     if (stream)
         hash_dst = 0;
+    if (!nc && !stream) { /* one pass: the bytes stored are the bytes loaded (copyhash.c) */
+        *hash_out = g_copy_hash_fn(dst, src, (size_t)length);
+        return CXLKV_OK;
+    }
     if (XXH3_64bits_reset(&state) != XXH_OK)
         return CXLKV_E_INVAL;
     while (done < length) {
@@ -336,10 +340,11 @@ copy_ranges_hashed(const cxlkv_region_t *r, char *buf, uint64_t buf_bytes,
             }
             continue;
         }
-        if (nc)
-            nc_write_nf(dst, src, (size_t)lengths[i]);
-        else if (lengths[i] != 0)
-            copy_bytes(dst, src, (size_t)lengths[i]);
+        if (!nc) {
+            hashes_out[i] = g_copy_hash_fn(dst, src, (size_t)lengths[i]);
+            continue;
+        }
+        nc_write_nf(dst, src, (size_t)lengths[i]);
         hashes_out[i] = XXH3_64bits(b, (size_t)lengths[i]);
     }
     if (nc)

@@ -36,6 +36,7 @@ __attribute__((constructor)) void
 cxlkv_init(void)
 {
     cpu_init();
+    copy_hash_init();
     g_ready = 1;
 }
 

@@ -221,36 +221,14 @@ ix_find(const cxlkv_index_t *ix, uint64_t h, uint64_t w[8])
 }
 
 /*
- * Copy n bytes (non-overlapping) with cached stores and hash the destination,
- * chunk by chunk while it is in cache: the reader holds no lease, so the hash
- * must be of the bytes it delivers, not of a second load of the source.
+ * Copy n bytes (non-overlapping) with cached stores and hash what was stored,
+ * in one pass (copyhash.c): the reader holds no lease, so the hash must be of
+ * the bytes it delivers, not of a second load of the source.
  */
-static uint64_t
+static inline uint64_t
 copy_hash_dst(char *dst, const char *src, uint64_t n)
 {
-    XXH3_state_t state;
-    uint64_t done = 0;
-
-    if (n <= CXLKV_HASH_CHUNK_BYTES) {
-        if (n >= g_vector_min)
-            g_copy_fn(dst, src, (size_t)n, 0);
-        else if (n != 0)
-            memcpy(dst, src, (size_t)n);
-        return XXH3_64bits(n != 0 ? (const void *)dst : (const void *)"", (size_t)n);
-    }
-    (void)XXH3_64bits_reset(&state);
-    while (done < n) {
-        uint64_t c = n - done;
-        if (c > CXLKV_HASH_CHUNK_BYTES)
-            c = CXLKV_HASH_CHUNK_BYTES;
-        if (c >= g_vector_min)
-            g_copy_fn(dst + done, src + done, (size_t)c, 0);
-        else
-            memcpy(dst + done, src + done, (size_t)c);
-        (void)XXH3_64bits_update(&state, dst + done, (size_t)c);
-        done += c;
-    }
-    return XXH3_64bits_digest(&state);
+    return g_copy_hash_fn(dst, src, (size_t)n);
 }
 
 /* copy_hash_dst for non-coherent readers: nc_read with cached stores, dst

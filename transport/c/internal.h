@@ -16,6 +16,7 @@
  *   nc.c             the non-coherent write and read pipeline, the test trace
  *   mapping.c        map, unmap, retire
  *   copies.c         the copy entry points (single, batched, hashed)
+ *   copyhash.c       copy while hashing: the fused xxh3 copy kernels
  *   objheader.c      object headers: write and verify
  *   maintenance.c    flush, invalidate, prefault of a range
  *   index.c          the region index: store, get, probe
@@ -180,6 +181,14 @@ copy_plain(char *dst, const char *src, size_t n, int stream)
     else if (n != 0)
         memcpy(dst, src, n);
 }
+
+/* Copy n bytes (non-overlapping) and return the xxh3_64 of the bytes stored
+ * (copyhash.c: fused kernels where the CPU has them, else copy_hash_two_pass). */
+typedef uint64_t (*cxlkv_copy_hash_fn)(char *dst, const char *src, size_t n);
+extern cxlkv_copy_hash_fn g_copy_hash_fn;
+extern const char *g_copy_hash_name;
+uint64_t copy_hash_two_pass(char *dst, const char *src, size_t n);
+void copy_hash_init(void);
 
 /* ------------------------------------------------------------------------ */
 /* Non-coherent primitives (nc.c)                                            */
