@@ -304,7 +304,9 @@ def test_invalid_input() -> None:
 # ---------------------------------------------------------------------- eviction
 
 def test_soft_pinned_objects_are_evicted_last() -> None:
-    st = make_state(size=REGION_HEADER_BYTES + 4 * MiB, soft_pin_ttl_s=100.0)
+    # evicting only when full: the last put fills the whole segment
+    st = make_state(size=REGION_HEADER_BYTES + 4 * MiB, soft_pin_ttl_s=100.0, high_watermark=1.0,
+                    low_watermark=1.0)
     c = client(st)
     put(st, c, "soft", MiB, soft_pin=True)  # the least recently used, but pinned
     put(st, c, "plain1", MiB)
@@ -356,7 +358,7 @@ def test_soft_pins_expire() -> None:
 
 
 def test_too_large_evicts_nothing() -> None:
-    st = make_state(size=REGION_HEADER_BYTES + 4 * MiB)
+    st = make_state(size=REGION_HEADER_BYTES + 4 * MiB, high_watermark=1.0, low_watermark=1.0)
     c = client(st)
     for i in range(4):
         put(st, c, f"k{i}", MiB)
@@ -597,3 +599,29 @@ def test_put_evicts_until_the_allocator_can_place_it_not_just_until_a_block_is_l
     obj = put(st, c, "new", want)  # was NoSpace with nothing evicted
     assert obj.size_bytes == want and st.exists("new") and st.counters["evictions"] >= 1
     st.check_invariants()
+
+
+def test_a_value_the_next_sweep_would_evict_at_once_is_refused_too_large() -> None:
+    """A value that alone passes high_watermark would be the sweep's to evict (down to
+    low_watermark, itself included): TOO_LARGE up front, nothing evicted, instead of an
+    acknowledged put that is gone a sweep later."""
+    st = make_state(size=REGION_HEADER_BYTES + 4 * MiB, high_watermark=0.9, low_watermark=0.5)
+    c = client(st)
+    put(st, c, "small", 64 * KiB)
+    with pytest.raises(TooLarge, match="high_watermark"):
+        st.put_start(c[0], c[1], "big", int(3.7 * MiB), 0.0)
+    assert st.counters["too_large"] == 1 and st.exists("small") and st.counters["evictions"] == 0
+    put(st, c, "fits", int(3.4 * MiB))  # under 0.9 of 4 MiB: kept (others evicted as needed)
+    st.sweep(1.0)
+    assert st.exists("fits")
+    put(st, c, "pinned", int(3.7 * MiB), hard_pin=True)  # never evicted: the sweep cannot take it
+    st.sweep(2.0)
+    assert st.exists("pinned")
+
+
+def test_without_a_high_watermark_a_value_may_fill_the_segment() -> None:
+    st = make_state(size=REGION_HEADER_BYTES + 4 * MiB, high_watermark=1.0, low_watermark=1.0)
+    c = client(st)
+    put(st, c, "big", int(3.9 * MiB))
+    st.sweep(1.0)
+    assert st.exists("big")
