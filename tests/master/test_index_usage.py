@@ -93,3 +93,19 @@ def test_usage_counts_objects_grants_and_overflow(indexed) -> None:
 def test_no_index_has_no_usage() -> None:
     assert NoIndex().usage() is None
     assert _state().index.usage() is None
+
+
+def _call_stat(st: MasterState) -> master_pb2.StatResponse:
+    servicer = MasterServicer(st, clock=lambda: 1.0)
+    return asyncio.run(servicer.Stat(master_pb2.StatRequest(), None))
+
+
+def test_stat_carries_the_index_only_when_there_is_one(indexed) -> None:
+    assert not _call_stat(_state()).HasField("index")
+    st, writer = indexed
+    _fill(st, 30)
+    ix = _call_stat(st).index
+    u = st.index.usage()
+    assert (ix.slots, ix.object_slots, ix.grant_slots, ix.key_limit, ix.overflow_objects) == (
+        u.slots, u.object_slots, u.grant_slots, u.key_limit, u.overflow_objects)
+    assert ix.overflow_objects > 0
