@@ -109,3 +109,24 @@ def test_stat_carries_the_index_only_when_there_is_one(indexed) -> None:
     assert (ix.slots, ix.object_slots, ix.grant_slots, ix.key_limit, ix.overflow_objects) == (
         u.slots, u.object_slots, u.grant_slots, u.key_limit, u.overflow_objects)
     assert ix.overflow_objects > 0
+
+
+def _families(st: MasterState) -> dict[str, Any]:
+    loop = asyncio.new_event_loop()
+    try:
+        return {f.name: f for f in MasterCollector(st, RequestStats("t_rpc", "t"), loop).collect()}
+    finally:
+        loop.close()
+
+
+def test_metrics_export_the_index_gauges_only_when_there_is_one(indexed) -> None:
+    fams = _families(_state())
+    assert not {n for n in fams if n.startswith("cxlkv_master_index_")} - {"cxlkv_master_index_hits"}
+    st, _ = indexed
+    _fill(st, 30)
+    fams = _families(st)
+    u = st.index.usage()
+    assert [s.value for s in fams["cxlkv_master_index_slots"].samples] == [32]
+    used = {s.labels["kind"]: s.value for s in fams["cxlkv_master_index_slots_used"].samples}
+    assert used == {"object": u.object_slots, "grant": u.grant_slots}
+    assert [s.value for s in fams["cxlkv_master_index_overflow_objects"].samples] == [u.overflow_objects]
