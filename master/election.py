@@ -231,6 +231,10 @@ class FencedIndex:
         """As the inner index (reads only)."""
         return self.inner.damaged(obj)
 
+    def usage(self) -> Any:
+        """As the inner index (reads only: answers after the fence closed too)."""
+        return self.inner.usage()
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 

@@ -19,6 +19,8 @@ Metrics (docs/operations.md has the full list with meanings):
 * ``cxlkv_master_keys``, ``cxlkv_master_puts_in_flight``, ``cxlkv_master_leases``,
   ``cxlkv_master_deferred_frees_pending``, ``cxlkv_master_clients{state}``,
   ``cxlkv_master_{high,low}_watermark_ratio``;
+* ``cxlkv_master_index_slots``, ``cxlkv_master_index_slots_used{kind="object"|"grant"}``,
+  ``cxlkv_master_index_overflow_objects`` (none without a region index);
 * one ``cxlkv_master_<counter>_total`` per entry of ``MasterState.counters``
   (puts, leases, evictions, reclaims, …);
 * ``cxlkv_master_rpcs_total{method,result}``,
@@ -40,6 +42,7 @@ from typing import Any, Iterator
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from cxlkv.master.publish import IndexUsage
 from cxlkv.master.segments import Tier
 from cxlkv.master.state import MasterState
 from cxlkv.runtime.metrics import RequestStats, StallCollector, build_info, serve_metrics
@@ -166,6 +169,7 @@ class _Snapshot:
     clients_expired: int
     high_watermark: float
     low_watermark: float
+    index: IndexUsage | None = None  # None: no region index
 
 
 def _tier_name(tier: int) -> str:
@@ -209,7 +213,7 @@ class MasterCollector:
             deferred=st.deferred_count, reserved_bytes=st.reserved_bytes, quarantined_bytes=st.quarantined_bytes,
             counters=dict(st.counters), clients_alive=alive,
             clients_expired=expired, high_watermark=st.config.high_watermark,
-            low_watermark=st.config.low_watermark,
+            low_watermark=st.config.low_watermark, index=st.index.usage(),
         )
 
     def _snapshot_from_thread(self) -> _Snapshot | None:
@@ -285,6 +289,8 @@ class MasterCollector:
         clients.add_metric(["alive"], snap.clients_alive)
         clients.add_metric(["expired"], snap.clients_expired)
         yield clients
+        if snap.index is not None:
+            yield from _index_families(snap.index)
         yield GaugeMetricFamily("cxlkv_master_high_watermark_ratio",
                                 "used/capacity at which a segment starts evicting", value=snap.high_watermark)
         yield GaugeMetricFamily("cxlkv_master_low_watermark_ratio",
@@ -296,6 +302,22 @@ class MasterCollector:
         yield GaugeMetricFamily("cxlkv_master_scrape_duration_seconds",
                                 "time this scrape spent collecting (snapshot included), seconds",
                                 value=perf_counter() - t0)
+
+
+def _index_families(ix: IndexUsage) -> Iterator[Any]:
+    """The region index's gauges (docs/index.md, "Sizing and cost")."""
+    yield GaugeMetricFamily("cxlkv_master_index_slots",
+                            "slots in the region's index table (fixed at format time: --expected-objects)",
+                            value=ix.slots)
+    used = GaugeMetricFamily("cxlkv_master_index_slots_used",
+                             "index slots in use: committed objects, or grants (extents handed to writers)",
+                             labels=["kind"])
+    used.add_metric(["object"], ix.object_slots)
+    used.add_metric(["grant"], ix.grant_slots)
+    yield used
+    yield GaugeMetricFamily("cxlkv_master_index_overflow_objects",
+                            "committed objects without an index slot: their reads and every miss take the leased "
+                            "RPC path", value=ix.overflow_objects)
 
 
 def start_master_metrics(address: str, state: MasterState, loop: asyncio.AbstractEventLoop,

@@ -15,10 +15,16 @@ and the state calls them before the allocator can hand the space out again, so
 no reader is ever sent to space given to another object — the contract of
 docs/index.md. :class:`NoIndex` is the state's default (pure-state tests, a
 master that maps no region); :class:`RegionIndex` is the master server's.
+
+:meth:`ObjectIndex.usage` says how full the table is (:class:`IndexUsage`, O(1)):
+the master's /metrics, its Stat and ``cxlkv status`` show it, and
+:class:`OverflowAlarm` decides when the master warns that objects overflowed the
+table (their reads, and every miss, then take the leased RPC path).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import xxhash
@@ -27,12 +33,74 @@ from cxlkv.layout.index import IndexWriter
 from cxlkv.master.objects import ObjectVersion, ObjState
 from cxlkv.master.segments import Segment, Tier
 
-__all__ = ["ObjectIndex", "NoIndex", "RegionIndex", "VERIFY_MAX_BYTES"]
+__all__ = ["ObjectIndex", "NoIndex", "RegionIndex", "IndexUsage", "OverflowAlarm", "overflow_warning",
+           "VERIFY_MAX_BYTES"]
 
 #: Damage reports of larger values are not checked (and so never drop the object).
 VERIFY_MAX_BYTES = 16 << 20
 
 _xxh3 = xxhash.xxh3_64_intdigest
+
+
+@dataclass(frozen=True, slots=True)
+class IndexUsage:
+    """How full the region's index is (counts of slots and objects, read in O(1)).
+
+    Attributes:
+        slots: slots in the table (fixed at format time: ``cxlkv region format
+            --expected-objects N`` gives at least ``2 N``).
+        object_slots: slots holding a committed object.
+        grant_slots: slots recording an extent handed to a writer (a put in
+            flight, a reservation, a previous master's grant).
+        key_limit: most slots objects may hold (3/4 of the table); a new object
+            past it, or whose two buckets are full, overflows.
+        overflow_objects: committed objects without a slot: their reads, and
+            every miss while this is non-zero, take the leased RPC path.
+    """
+
+    slots: int
+    object_slots: int
+    grant_slots: int
+    key_limit: int
+    overflow_objects: int
+
+    @property
+    def used_slots(self) -> int:
+        """Slots in use: objects and grants."""
+        return self.object_slots + self.grant_slots
+
+
+class OverflowAlarm:
+    """When the master warns that objects overflowed the index: the first time the
+    overflow count is non-zero, then each time it reaches twice the count last
+    warned about — at most ``log2(objects) + 1`` warnings in a master's life, never
+    one per put. Pure state (the caller logs); not reset when the count falls
+    again, so a count that hovers around a threshold warns once.
+    """
+
+    def __init__(self) -> None:
+        #: The overflow count of the last warning (0: none yet).
+        self.warned_at = 0
+
+    def check(self, overflow_objects: int) -> bool:
+        """Whether ``overflow_objects`` (the count now) deserves a warning; if so it
+        becomes the count to double before the next one."""
+        if overflow_objects <= 0 or (self.warned_at and overflow_objects < 2 * self.warned_at):
+            return False
+        self.warned_at = overflow_objects
+        return True
+
+
+def overflow_warning(usage: IndexUsage) -> str:
+    """The master's warning line for ``usage`` (overflowed objects): the count, the
+    table's capacity, what it costs and the fix."""
+    objects = usage.object_slots + usage.overflow_objects
+    return (f"index overflow: {usage.overflow_objects:,} committed object(s) have no slot in the region's index "
+            f"({usage.slots:,} slots, objects take at most {usage.key_limit:,}; {usage.object_slots:,} held): "
+            f"their reads, and every miss while any object overflows, take the leased RPC path (a master round "
+            f"trip instead of a memory read); size the index for the objects held: cxlkv region format "
+            f"--expected-objects N with N >= {objects:,} (re-formatting empties the region; docs/index.md "
+            f"\"Sizing and cost\"). Next warning at {2 * usage.overflow_objects:,}")
 
 
 class ObjectIndex(Protocol):
@@ -57,6 +125,9 @@ class ObjectIndex(Protocol):
     def damaged(self, obj: ObjectVersion) -> bool | None:
         """Whether ``obj``'s bytes are destroyed, checked in the region (``None``: cannot tell)."""
 
+    def usage(self) -> IndexUsage | None:
+        """How full the table is now, O(1) (``None``: no index)."""
+
 
 class NoIndex:
     """No index: every read goes through the leased RPC path."""
@@ -79,6 +150,10 @@ class NoIndex:
 
     def damaged(self, obj: ObjectVersion) -> bool | None:
         """Cannot tell: no region mapped."""
+        return None
+
+    def usage(self) -> IndexUsage | None:
+        """No table."""
         return None
 
 
@@ -153,6 +228,14 @@ class RegionIndex:
     def sync(self) -> None:
         """Write the queued slots (one C call)."""
         self.writer.sync()
+
+    def usage(self) -> IndexUsage:
+        """The writer's counts (O(1)); ``overflow_objects`` is the count the region's
+        overflow word gets at the next :meth:`sync`."""
+        w = self.writer
+        keys = w.key_slots
+        return IndexUsage(slots=w.geometry.slots, object_slots=keys, grant_slots=w.live_slots - keys,
+                          key_limit=w.key_limit, overflow_objects=w.overflow)
 
     def damaged(self, obj: ObjectVersion) -> bool | None:
         """Check ``obj`` in the first named region holding a replica: its object header

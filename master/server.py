@@ -47,7 +47,7 @@ from cxlkv.runtime.loops import StallMonitor
 from cxlkv.master.owner import Deposed, RegionOwnership
 from cxlkv.master.recovery import parse_recover_spec, recover_regions
 from cxlkv.master.service import MasterServicer
-from cxlkv.master.publish import NoIndex
+from cxlkv.master.publish import NoIndex, OverflowAlarm, overflow_warning
 from cxlkv.master.state import MasterState
 from cxlkv.runtime.systemd import Notifier
 from cxlkv.v1 import master_pb2
@@ -207,6 +207,8 @@ class MasterServer:
         self._stopped = asyncio.Event()
         #: How long the event loop is held (cxlkv_event_loop_stall_* metrics).
         self.stalls = StallMonitor()
+        #: When the sweep warns of objects that overflowed the region's index.
+        self.overflow_alarm = OverflowAlarm()
 
     async def start(self) -> str:
         """Bind, start serving, start the sweep, write the address file.
@@ -334,6 +336,14 @@ class MasterServer:
                             done["clients_expired"], done["puts_reclaimed"])
             if done["evicted"]:
                 log.debug("sweep: evicted %d object(s) to the low watermark", done["evicted"])
+            self._check_index_overflow()
+
+    def _check_index_overflow(self) -> None:
+        """Warn when objects first overflow the region's index, then each time their
+        count doubles (:class:`~cxlkv.master.publish.OverflowAlarm`); once per sweep, O(1)."""
+        usage = self.state.index.usage()
+        if usage is not None and self.overflow_alarm.check(usage.overflow_objects):
+            log.warning("%s", overflow_warning(usage))
 
     async def _owner_loop(self) -> None:
         """Renew the owner leases every quarter of their TTL; stop when deposed."""

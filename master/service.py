@@ -825,6 +825,13 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             allocation_strategy=st.strategy.name, eviction_policy=st.policy.name,
             uptime_s=now - self.started_at, metrics_url=self.metrics_url,
         )
+        usage = st.index.usage()  # O(1): the writer's counts
+        if usage is not None:
+            resp.index.slots = usage.slots
+            resp.index.object_slots = usage.object_slots
+            resp.index.grant_slots = usage.grant_slots
+            resp.index.key_limit = usage.key_limit
+            resp.index.overflow_objects = usage.overflow_objects
         full = self.auth is None or self.auth.full_stat(_CALLER.get())
         for seg in st.segments(include_unmounted=True):
             info = segment_info(seg, resp.segments.add())

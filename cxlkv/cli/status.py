@@ -5,7 +5,8 @@ Sources, in order:
 1. the master's ``Stat`` — from ``--master HOST:PORT``, or from the address the
    local clientd (``--socket``, ``$CXLKV_SOCKET``, else its default socket)
    reports: segments and tiers with usage, keys, clients alive and expired,
-   eviction and reclaim counters, each daemon's ``metrics_url``;
+   eviction and reclaim counters, how full the region's index is (and how many
+   objects overflowed it), each daemon's ``metrics_url``;
 2. the local clientd's ``Stat`` when a socket is used (its identity, master
    connection and counters);
 3. each alive clientd's ``/metrics`` (``metrics_url``, 2 s timeout each): the
@@ -37,7 +38,7 @@ from cxlkv.cli.admin import tls_options
 
 from cxlkv.config import format_size
 
-__all__ = ["status_cmd", "collect_status", "usage_bar"]
+__all__ = ["status_cmd", "collect_status", "usage_bar", "index_summary", "index_line"]
 
 #: Seconds to wait for a daemon's /metrics.
 SCRAPE_TIMEOUT_S = 2.0
@@ -53,6 +54,38 @@ def usage_bar(used: int, capacity: int, width: int = _BAR_WIDTH) -> str:
     ratio = min(max(used / capacity, 0.0), 1.0)
     filled = int(round(ratio * width))
     return f"[{'#' * filled}{'.' * (width - filled)}] {ratio:6.1%}"
+
+
+def index_summary(info: dict[str, int] | None) -> dict[str, Any] | None:
+    """The ``index`` entry of ``cxlkv status --json`` from the master's ``Stat.index``
+    (``None``: the master publishes no index).
+
+    Returns:
+        ``info``'s counts (``slots``, ``object_slots``, ``grant_slots``, ``key_limit``,
+        ``overflow_objects``) plus ``used_slots``, ``usage_ratio`` (used / slots) and
+        ``hint``: what an overflow costs and how to size the index ("" without one).
+    """
+    if info is None:
+        return None
+    used = info["object_slots"] + info["grant_slots"]
+    over = info["overflow_objects"]
+    hint = ""
+    if over:
+        hint = (f"{over:,} objects overflowed: their reads and every miss take the RPC path (size it: cxlkv "
+                f"region format --expected-objects N, N >= {info['object_slots'] + over:,})")
+    return {**info, "used_slots": used, "usage_ratio": used / info["slots"] if info["slots"] else 0.0,
+            "hint": hint}
+
+
+def index_line(ix: dict[str, Any]) -> str:
+    """The ``index`` row of ``cxlkv status``: bar, slots, objects and grants, and the
+    overflow with its consequence and fix (``ix``: :func:`index_summary`'s dict)::
+
+        [##########..............]  41.2%  of 8,192 slots (3,300 objects, 75 grants)
+    """
+    line = (f"{usage_bar(ix['used_slots'], ix['slots'])}  of {ix['slots']:,} slots "
+            f"({ix['object_slots']:,} objects, at most {ix['key_limit']:,}; {ix['grant_slots']:,} grants)")
+    return line + (f"; {ix['hint']}" if ix["hint"] else "")
 
 
 def _tier_name(tier: int) -> str:
@@ -104,6 +137,9 @@ def _master_stat(address: str, tls: Any = None) -> dict[str, Any]:
         "reserved_bytes": st.reserved_bytes, "reserved_count": st.reserved_count,
         "quarantined_bytes": st.quarantined_bytes, "quarantined_count": st.quarantined_count,
         "counters": dict(st.counters), "segments": segments, "clients": clients,
+        "index": ({"slots": st.index.slots, "object_slots": st.index.object_slots,
+                   "grant_slots": st.index.grant_slots, "key_limit": st.index.key_limit,
+                   "overflow_objects": st.index.overflow_objects} if st.HasField("index") else None),
     }
 
 
@@ -264,6 +300,8 @@ def collect_status(master_address: str | None, socket_path: str | None, window_s
                             "no_space": c.get("no_space", 0),
                             # refused NOT_READY: the index had no slot to record a put's grant
                             "no_index_slot": c.get("grants_unrecorded", 0), "since": "master start"}
+        # the region's index: slots in use, objects that overflowed it (null: no index)
+        out["index"] = index_summary(master["index"])
         out["clients_alive"] = sum(1 for cl in master["clients"] if cl["alive"])
         out["clients_expired"] = sum(1 for cl in master["clients"] if not cl["alive"])
     if window_s > 0:
@@ -343,6 +381,7 @@ def _render(st: dict[str, Any]) -> str:
             ("keys", f"{m['key_count']}  ({m['processing_count']} puts in flight, {m['lease_count']} leases"
                      + (f", {m['fenced_count']} fenced" if m["fenced_count"] else "") + ")"),
             *_space_rows(st),
+            ("index", index_line(st["index"]) if st.get("index") else "none (every read takes the leased RPC path)"),
             ("clients", f"{st['clients_alive']} alive, {st['clients_expired']} expired"),
         ]
         ev = st["evictions"]

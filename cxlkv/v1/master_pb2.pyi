@@ -499,7 +499,7 @@ class ClientInfo(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., hostname: _Optional[str] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., alive: bool = ..., last_heartbeat_age_s: _Optional[float] = ..., metrics_url: _Optional[str] = ...) -> None: ...
 
 class StatResponse(_message.Message):
-    __slots__ = ("master_id", "version", "segments", "key_count", "processing_count", "lease_count", "clients", "capacity_bytes", "used_bytes", "counters", "high_watermark", "low_watermark", "allocation_strategy", "eviction_policy", "uptime_s", "metrics_url", "invariant_violation", "fenced_count", "reserved_count", "quarantined_count", "quarantined_bytes", "reserved_bytes")
+    __slots__ = ("master_id", "version", "segments", "key_count", "processing_count", "lease_count", "clients", "capacity_bytes", "used_bytes", "counters", "high_watermark", "low_watermark", "allocation_strategy", "eviction_policy", "uptime_s", "metrics_url", "invariant_violation", "fenced_count", "reserved_count", "quarantined_count", "quarantined_bytes", "reserved_bytes", "index")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -529,6 +529,7 @@ class StatResponse(_message.Message):
     QUARANTINED_COUNT_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_BYTES_FIELD_NUMBER: _ClassVar[int]
     RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     master_id: str
     version: str
     segments: _containers.RepeatedCompositeFieldContainer[_common_pb2.SegmentInfo]
@@ -551,7 +552,22 @@ class StatResponse(_message.Message):
     quarantined_count: int
     quarantined_bytes: int
     reserved_bytes: int
-    def __init__(self, master_id: _Optional[str] = ..., version: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., key_count: _Optional[int] = ..., processing_count: _Optional[int] = ..., lease_count: _Optional[int] = ..., clients: _Optional[_Iterable[_Union[ClientInfo, _Mapping]]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., high_watermark: _Optional[float] = ..., low_watermark: _Optional[float] = ..., allocation_strategy: _Optional[str] = ..., eviction_policy: _Optional[str] = ..., uptime_s: _Optional[float] = ..., metrics_url: _Optional[str] = ..., invariant_violation: _Optional[str] = ..., fenced_count: _Optional[int] = ..., reserved_count: _Optional[int] = ..., quarantined_count: _Optional[int] = ..., quarantined_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ...) -> None: ...
+    index: IndexInfo
+    def __init__(self, master_id: _Optional[str] = ..., version: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., key_count: _Optional[int] = ..., processing_count: _Optional[int] = ..., lease_count: _Optional[int] = ..., clients: _Optional[_Iterable[_Union[ClientInfo, _Mapping]]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., high_watermark: _Optional[float] = ..., low_watermark: _Optional[float] = ..., allocation_strategy: _Optional[str] = ..., eviction_policy: _Optional[str] = ..., uptime_s: _Optional[float] = ..., metrics_url: _Optional[str] = ..., invariant_violation: _Optional[str] = ..., fenced_count: _Optional[int] = ..., reserved_count: _Optional[int] = ..., quarantined_count: _Optional[int] = ..., quarantined_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., index: _Optional[_Union[IndexInfo, _Mapping]] = ...) -> None: ...
+
+class IndexInfo(_message.Message):
+    __slots__ = ("slots", "object_slots", "grant_slots", "key_limit", "overflow_objects")
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    OBJECT_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    GRANT_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    KEY_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    OVERFLOW_OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    slots: int
+    object_slots: int
+    grant_slots: int
+    key_limit: int
+    overflow_objects: int
+    def __init__(self, slots: _Optional[int] = ..., object_slots: _Optional[int] = ..., grant_slots: _Optional[int] = ..., key_limit: _Optional[int] = ..., overflow_objects: _Optional[int] = ...) -> None: ...
 
 class MoveTask(_message.Message):
     __slots__ = ("task_id", "kind", "key", "version", "value_size_bytes", "header_bytes", "checksum", "source", "destination", "deadline_ms")

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cxlkv.cli.status import usage_bar
+from cxlkv.cli.status import index_line, index_summary, usage_bar
 from ops_helpers import METRICS_ON
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -30,6 +30,21 @@ def test_usage_bar() -> None:
     assert usage_bar(50, 100, 10) == "[#####.....]  50.0%"
     assert usage_bar(100, 100, 10) == "[##########] 100.0%"
     assert "n/a" in usage_bar(5, 0, 10)
+
+
+def test_index_line() -> None:
+    assert index_summary(None) is None
+    ix = index_summary({"slots": 8192, "object_slots": 3300, "grant_slots": 75, "key_limit": 6144,
+                        "overflow_objects": 0})
+    assert ix["used_slots"] == 3375 and abs(ix["usage_ratio"] - 3375 / 8192) < 1e-12 and ix["hint"] == ""
+    assert index_line(ix) == ("[##########..............]  41.2%  of 8,192 slots "
+                              "(3,300 objects, at most 6,144; 75 grants)")
+    ix = index_summary({"slots": 8192, "object_slots": 6144, "grant_slots": 246, "key_limit": 6144,
+                        "overflow_objects": 3856})
+    assert index_line(ix) == (
+        "[###################.....]  78.0%  of 8,192 slots (6,144 objects, at most 6,144; 246 grants); "
+        "3,856 objects overflowed: their reads and every miss take the RPC path "
+        "(size it: cxlkv region format --expected-objects N, N >= 10,000)")
 
 
 def test_status_table_and_json(make_cluster, tmp_path: Path) -> None:
@@ -63,6 +78,9 @@ def test_status_table_and_json(make_cluster, tmp_path: Path) -> None:
     # space held ahead of need (a clientd's reservations) is used but no object's: said
     assert m["reserved_bytes"] == cl.master_stat(False).reserved_bytes
     assert st["space"]["reserved_bytes"] == m["reserved_bytes"] and st["space"]["quarantined_bytes"] == 0
+    # the region's index (64 MiB at the default sizing: 8,192 slots), nothing overflowed
+    assert st["index"]["slots"] == m["index"]["slots"] == 8192 and st["index"]["object_slots"] == 8
+    assert st["index"]["overflow_objects"] == 0 and st["index"]["hint"] == ""
 
     r = _status("--socket", cl.socket_path(0))
     assert r.returncode == 0, r.stderr
@@ -71,6 +89,8 @@ def test_status_table_and_json(make_cluster, tmp_path: Path) -> None:
     assert "hit rate   66.7% (4 of 6 prefix blocks" in out, out
     if m["reserved_bytes"]:
         assert "reserved ahead of need" in out, out
+    assert re.search(r"^index +\[#*\.+\] +\d+\.\d%  of 8,192 slots \(8 objects, at most 6,144; \d+ grants\)$", out,
+                     re.M), out
     for name in ("clientd-0", "clientd-1", "cxl0", m["metrics_url"]):
         assert name in out, (name, out)
 
