@@ -99,8 +99,12 @@ def cluster_group() -> None:
 @click.option("--masters", default=1, show_default=True, type=click.IntRange(min=1),
               help="Masters; more than one also starts a local etcd and runs them with leader election "
                    "(docs/ha.md).")
+@click.option("--expected-objects", type=click.IntRange(min=1), default=None,
+              help="Objects to size each region's index for (2 slots of 64 B each; default: region size "
+                   "/ 16 KiB). Small values need more: past it, objects overflow and their reads take the "
+                   "RPC path (docs/index.md).")
 def up_cmd(run_dir: str, clientds: int, region_size: int, segments: int, prefault: bool, tls: bool,
-           masters: int) -> None:
+           masters: int, expected_objects: int | None) -> None:
     """Start a local cluster and leave it running (plaintext on loopback, or --tls)."""
     from cxlkv.deploy.cluster import LocalCluster
     from cxlkv.errors import CxlkvError
@@ -121,7 +125,8 @@ def up_cmd(run_dir: str, clientds: int, region_size: int, segments: int, prefaul
     try:
         size = region_size
         cluster = LocalCluster(rd, clientds=clientds, region_size_bytes=size, segments=segments,
-                               clientd_options={"prefault": prefault}, tls=tls, masters=masters)
+                               clientd_options={"prefault": prefault}, tls=tls, masters=masters,
+                               index_objects=expected_objects)
         cluster.start()
     except CxlkvError as exc:
         raise click.ClickException(str(exc)) from None

@@ -99,3 +99,27 @@ def test_a_full_index_is_shown_and_warned_once_per_doubling(make_cluster) -> Non
     assert re.search(r"\[#+\.*\]\s+\d+\.\d%  of 128 slots \(\d+ objects, at most 96; \d+ grants\)", row), row
     assert (f"; {ix.overflow_objects:,} objects overflowed: their reads and every miss take the RPC path "
             f"(size it: cxlkv region format --expected-objects N, N >= {n:,})") in row, row
+
+
+def test_cluster_up_sizes_the_index_for_the_expected_objects(tmp_path) -> None:
+    """``cxlkv cluster up --expected-objects N``: the region's index is sized for N
+    objects (at least 2 N slots), as ``cxlkv region format --expected-objects N``."""
+    run_dir = tmp_path / "up"
+    env = {k: v for k, v in os.environ.items() if k != "CXLKV_SOCKET"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "cxlkv.cli", *args], capture_output=True, text=True,
+                              timeout=120, env=env, stdin=subprocess.DEVNULL)
+
+    up = cli("cluster", "up", "--run-dir", str(run_dir), "--clientds", "1", "--region-size", "64MiB",
+             "--expected-objects", "20000")
+    try:
+        assert up.returncode == 0, up.stderr
+        state = json.loads((run_dir / "cluster.json").read_text())
+        st = cli("status", "--json", "--master", state["master_address"])
+        assert st.returncode == 0, st.stderr
+        index = json.loads(st.stdout)["index"]
+        # 64 MiB / 16 KiB = 4,096 by default; 20,000 needs buckets of 8 for 40,000 slots: 8,192 buckets
+        assert index["slots"] == 65536 and index["overflow_objects"] == 0, index
+    finally:
+        cli("cluster", "down", "--run-dir", str(run_dir))
