@@ -436,6 +436,12 @@ def from_rpc_error(exc: grpc.RpcError, *, target: str = "") -> CxlkvError:
         where = f" ({target})" if target else ""
         return LimitExceeded(f"message refused{where}: {details} (the server's max_request_bytes, "
                              "or this side's receive limit); split the call", limit_name="max_request_bytes")
+    if code == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details and "Socket closed" in details:
+        # The server took the connection and closed it before any answer: what a TLS
+        # server does to a plaintext client (its first bytes are no TLS ClientHello)
+        details = (f"{details} (the server closed the connection at once: if it serves TLS, this side must "
+                   "use TLS too: tls_ca_file, tls_cert_file and tls_key_file in its configuration, or "
+                   "--tls-ca/--tls-cert/--tls-key on the command line)")
     cls = _FROM_GRPC.get(code, Internal)  # type: ignore[arg-type]
     name = getattr(code, "name", "error")
     if name == cls.code.name:  # the error's own code says it: never "UNAVAILABLE: UNAVAILABLE (…)"

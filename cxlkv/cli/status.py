@@ -157,6 +157,9 @@ def _why_unreachable(message: str) -> str:
         return "its host name does not resolve"
     if "handshake" in low or "ssl" in low or "certificate" in low:
         return "TLS handshake failed (check --tls-ca/--tls-cert/--tls-key)"
+    if "socket closed" in low:
+        return ("the master closed the connection at once: it serves TLS and this call did not "
+                "(pass --tls-ca/--tls-cert/--tls-key, or tls_*_file in the configuration)")
     return message.split(":", 1)[-1].strip() if message.startswith("master ") else message
 
 

@@ -158,8 +158,10 @@ def test_outsiders_get_nothing_and_change_nothing_grpc(tls_cluster: TestCluster,
              "no certificate": grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes()),
              "rogue CA": grpc_channel_credentials(tls_certs.files("rogue"))}[who]
     for name, request in _attacks(tls_cluster):
-        with pytest.raises(Unavailable):  # the handshake fails: no call reaches the master
+        with pytest.raises(Unavailable) as exc:  # the handshake fails: no call reaches the master
             _grpc_call(tls_cluster, creds, name, request)
+        if who == "plaintext":  # the error says what to fix, not only gRPC's "Socket closed"
+            assert "if it serves TLS, this side must use TLS too" in exc.value.message, exc.value.message
     assert _snapshot(tls_cluster) == before
 
 
