@@ -107,6 +107,8 @@ COUNTER_HELP: dict[str, str] = {
     "index_hits": "reads served from the region's index (no lease), reported afterwards in batches",
     "objects_damaged_dropped": "objects a reader found destroyed and the master confirmed in the region: dropped",
     "damage_reports_unverified": "damage reports the master could not check in a region it maps (nothing dropped)",
+    "damage_reports_ssd": ("damage reports of objects only on the SSD tier (which clientds read, not the master): "
+                           "trusted, the object dropped (counted in objects_damaged_dropped too)"),
     "grants_recovered": "extents a previous master had handed to writers, held for them at start",
     "grants_unrecorded": "puts refused (NOT_READY) because the index had no slot left to record their grant",
     "reservations": "extents reserved ahead of need for clientds (puts in one round trip)",

@@ -89,6 +89,7 @@ COUNTERS = (
     # writes in one round trip and writer fencing (docs/master.md)
     "reservations", "reservations_returned", "commits", "quarantined", "quarantine_released_bytes",
     "grants_unrecorded", "grants_recovered", "objects_damaged_dropped", "damage_reports_unverified",
+    "damage_reports_ssd",
     # tiers (docs/tiers.md)
     "demotions_started", "demotions", "demotions_no_copy", "promotions_started", "promotions", "promotions_skipped",
     "dram_caches_started", "dram_caches", "moves_failed", "moves_retried", "moves_dropped",
@@ -574,7 +575,8 @@ class MasterState:
     def report_damaged(self, items: Iterable[tuple[str, int]]) -> int:
         """Readers found these ``(key, version)`` destroyed under a valid lease: each
         committed version the index confirms damaged (its header or checksum no
-        longer holds in the region) is dropped, so it is not listed forever; the
+        longer holds in the region), or held only on the SSD tier (clientds read it,
+        the master cannot: the report is trusted), is dropped, so it is not listed forever; the
         others (another version by now, or not checkable) are left alone.
 
         Returns:
@@ -586,6 +588,12 @@ class MasterState:
             if obj is None or obj.version != version:
                 continue
             verdict = self.index.damaged(obj)
+            if verdict is None and self._only_on_ssd(obj):
+                # SSD tier files are read by clientds (pread), never by the master: the
+                # reader's verified copy, under a lease (its extent cannot be reused),
+                # is the proof. Kept, the object would fail every read and promotion.
+                self.counters["damage_reports_ssd"] += 1
+                verdict = True
             if verdict:
                 self._drop_committed(obj, evicted=False)
                 dropped += 1
@@ -691,6 +699,12 @@ class MasterState:
         """
         matcher = compile_key_pattern(pattern) if pattern is not None else None
         return RemoveAllCursor(self, matcher, force)
+
+    def _only_on_ssd(self, obj: ObjectVersion) -> bool:
+        """Whether every replica of ``obj`` is on an SSD tier segment."""
+        by_id = self.segment_table.by_id
+        return bool(obj.extents) and all(
+            (seg := by_id.get(sid)) is not None and seg.tier == Tier.SSD for sid, _, _ in obj.extents)
 
     def _drop_committed(self, obj: ObjectVersion, evicted: bool) -> None:
         """Take a committed version out of the key space and retire it."""

@@ -4,6 +4,7 @@ a clientd killed mid-move, and exact accounting over every segment after it all.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -164,3 +165,42 @@ def test_clientd_killed_mid_move_leaves_every_object_readable(make_cluster):
     cl.wait_until(lambda: cl.master_stat(check_invariants=False).lease_count == 0, what="leases released")
     st = cl.assert_invariants()
     assert st.counters["objects_lost"] == 0 and st.counters["evictions"] == 0
+
+
+def test_a_corrupt_object_on_the_ssd_tier_is_dropped_not_kept_failing(tiered):
+    """A byte of an SSD-only object changed behind the store's back: the read is a
+    CHECKSUM_MISMATCH (never data), the clientd reports it, and the master — which does
+    not read SSD tier files itself — drops the object, so it is not listed and failing
+    every read and promotion forever; the key can be written again."""
+    from cxlkv.errors import ChecksumMismatch
+    from master_harness import locate
+
+    cl = tiered
+    n = 200
+    with cl.client(0) as c0:
+        keys = [f"bad/{i}" for i in range(n)]
+        for i in range(0, n, 20):
+            res = c0.put_many([(keys[j], _value(j)) for j in range(i, i + 20)])
+            assert all(r.ok for r in res), [r.error for r in res if not r.ok]
+        cl.wait_until(lambda: any(_tiers_of(cl, k) == [common_pb2.SSD] for k in keys[:50]), what="a demotion")
+        victim = next(k for k in keys[:50] if _tiers_of(cl, k) == [common_pb2.SSD])
+        loc = locate(cl.master_stub(), victim, no_lease=True)
+        ext, hb = loc.replicas[0], loc.header_bytes
+        fd = os.open(cl.ssd_path, os.O_RDWR)
+        try:
+            at = ext.offset_bytes + hb + 10
+            b = os.pread(fd, 1, at)
+            os.pwrite(fd, bytes([b[0] ^ 0xFF]), at)
+        finally:
+            os.close(fd)
+        dropped = _counters(cl)["objects_damaged_dropped"]
+        with pytest.raises(ChecksumMismatch):
+            c0.get(victim)
+        cl.wait_until(lambda: _counters(cl)["objects_damaged_dropped"] == dropped + 1,
+                      what="the master to drop the corrupt SSD object")
+        assert _counters(cl)["damage_reports_ssd"] >= 1
+        with pytest.raises(NotFound):
+            c0.get(victim)
+        c0.put(victim, b"again")
+        assert c0.get(victim) == b"again"
+    cl.assert_invariants()
