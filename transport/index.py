@@ -102,6 +102,9 @@ _from_buffer = ffi.from_buffer
 _new = ffi.new
 _tuple_new = tuple.__new__
 _c_get = lib.cxlkv_index_get
+_unpack = ffi.unpack
+#: Size of a thread's scratch buffer for :meth:`IndexReader.get_small`, in bytes.
+SMALL_BYTES = 64 << 10
 _c_probe = lib.cxlkv_index_probe
 _E_CLOSED = lib.CXLKV_E_CLOSED
 _E_RANGE = lib.CXLKV_E_RANGE
@@ -367,6 +370,35 @@ class IndexReader:
             self._raise(rc, "index get", key_utf8)
         return _tuple_new(IndexResult, (res.outcome, res.tier, res.value_len, res.version, res.retries))
 
+    def get_small(self, key_utf8: bytes) -> tuple[int, int, int, bytes | None]:
+        """:meth:`get` into this thread's own scratch buffer of :data:`SMALL_BYTES`,
+        the value returned as new ``bytes``: the single-key ``get`` of small values,
+        without a destination or a result object to build.
+
+        Returns:
+            ``(outcome, value_len_bytes, retries, value)``: ``value`` is the value's
+            bytes on HIT, else ``None`` (TOO_SMALL: the value is larger than
+            :data:`SMALL_BYTES`; use :meth:`get` with a destination that fits).
+
+        Raises:
+            InvalidArgument: a bad key.
+            RegionError: the index's region is closed.
+        """
+        try:
+            res, d = _tls.small
+        except AttributeError:
+            res, d = _tls.small = (_new("cxlkv_ix_result_t *"), _new("char[]", SMALL_BYTES))
+        try:
+            rc = _c_get(self._ix, key_utf8, len(key_utf8), d, SMALL_BYTES, res)
+        except TypeError:
+            rc = -1
+        if rc:
+            self._raise(rc, "index get", key_utf8)
+        n = res.value_len
+        if res.outcome == IX_HIT:
+            return IX_HIT, n, res.retries, _unpack(d, n)
+        return res.outcome, n, res.retries, None
+
     def probe(self, key_utf8: bytes) -> IndexResult:
         """Whether ``key_utf8`` is committed: HIT (slot and object header agree),
         ELSEWHERE (committed, not readable here), MISS, UNSURE; no value is read.
@@ -510,6 +542,12 @@ class PortableIndexReader(IndexReader):
 
     def probe(self, key_utf8: bytes) -> IndexResult:
         return self._lookup(key_utf8, None, True)
+
+    def get_small(self, key_utf8: bytes) -> tuple[int, int, int, bytes | None]:
+        buf = bytearray(SMALL_BYTES)
+        r = self._lookup(key_utf8, buf, False)
+        value = bytes(buf[:r.value_len_bytes]) if r.outcome == IX_HIT else None
+        return r.outcome, r.value_len_bytes, r.retries, value
 
     def _batch(self, keys: Sequence[bytes], dsts: Sequence[Any] | None, prefix: bool) -> list[IndexResult]:
         for i, k in enumerate(keys):

@@ -31,7 +31,7 @@ from cxlkv.client._conn import connector
 from cxlkv.client._cuda import CudaCopier, CudaSource, CudaTarget, host_copy, read_through_host
 from cxlkv.client._daemon import DaemonPath
 from cxlkv.client._direct import FALLBACK, DirectPath
-from cxlkv.client._index import FALLBACK as _IX_FALLBACK
+from cxlkv.client._index import FALLBACK as _IX_FALLBACK, MISS as _IX_MISS, _not_found
 from cxlkv.client._batches import BatchCalls
 from cxlkv.client._memory import dst_array, src_array
 from cxlkv.client._paths import Memory, Offers, Op, Path, daemon_path, memory_of, plan, starts_at_index
@@ -357,8 +357,10 @@ class Client(BatchCalls):
         """
         ix = self._index_path(key)
         if starts_at_index(Op.GET, Memory.NONE, ix is not None):
-            v = ix.get_value(key)  # type: ignore[union-attr]
+            v = ix.get(key)  # type: ignore[union-attr]
             if v is not _IX_FALLBACK:
+                if v is _IX_MISS:
+                    raise _not_found(key)
                 return v  # type: ignore[return-value]
         return self._get_daemon(key)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from typing import Any, Callable, Sequence
 
 from cxlkv.errors import CxlkvError, InvalidKey, NotFound, OutOfRange
@@ -41,8 +42,6 @@ HITS_BATCH = 512
 HITS_DELAY_S = 0.02
 #: Longer values are read through the daemon (a lease protects a long copy), in bytes.
 MAX_VALUE_BYTES = 4 << 20
-#: Size of a thread's scratch buffer for ``get`` (larger values are copied straight into their ``bytes``).
-_SCRATCH_BYTES = 64 << 10
 
 
 class _Marker:
@@ -56,6 +55,7 @@ class _Marker:
 
 
 _monotonic = time.monotonic
+_INF = float("inf")
 
 #: The key is not committed (a definite miss, from the index).
 MISS = _Marker("MISS")
@@ -85,14 +85,18 @@ class IndexPath:
         self._send = send
         self._call = call
         self._hit, self._miss, self._small, self._elsewhere = IX_HIT, IX_MISS, IX_TOO_SMALL, IX_ELSEWHERE
-        self._local = threading.local()
-        self._hits: list[str] = []
+        # Single-key gets note their hit (key) and their bytes (0: a miss) with one
+        # deque append each, lock-free (deque appends and pops are atomic): a report
+        # takes exactly what was appended before it, never loses one appended meanwhile.
+        self._hits: deque[str] = deque()
+        self._get_bytes: deque[int] = deque()
+        #: Monotonic time by which what is pending is reported (inf: nothing pending).
+        self._due_at = _INF
         self._chain_keys: list[str] = []  # prefix queries since the last report (packed)
         self._chain_lengths: list[int] = []
         self._chain_matched: list[int] = []
-        self._stats = dict.fromkeys(_STATS, 0)  # not yet reported
+        self._stats = dict.fromkeys(_STATS, 0)  # not yet reported (besides the deques)
         self._pending = False
-        self._hits_since = 0.0
         self._hits_lock = threading.Lock()
         #: Lookups answered (hit or miss) and handed to the daemon, since start.
         self.answered = 0
@@ -104,11 +108,11 @@ class IndexPath:
         master's eviction policy) and the prefix query's ``chain`` (all its keys; the
         policy learns the prefix structure from it); report when :data:`HITS_BATCH`
         hits or :data:`HITS_DELAY_S` have accumulated."""
-        now = time.monotonic()
+        now = _monotonic()
         with self._hits_lock:
-            if not self._pending:
-                self._hits_since = now
-                self._pending = True
+            self._pending = True
+            if self._due_at == _INF:
+                self._due_at = now + HITS_DELAY_S
             self._hits.extend(hits)
             if chain is not None:
                 self._chain_keys.extend(chain)
@@ -117,40 +121,38 @@ class IndexPath:
             pending = self._stats
             for k, v in stats.items():
                 pending[k] += v
-            due = (len(self._hits) + len(self._chain_keys) >= HITS_BATCH
-                   or now - self._hits_since >= HITS_DELAY_S)
+            due = len(self._hits) + len(self._chain_keys) >= HITS_BATCH or now >= self._due_at
         if due:
             self.flush_hits()
 
     def _note_get(self, key: str | None, nbytes: int) -> None:
         """:meth:`_note` of one single-key get (a hit of ``nbytes`` when ``key`` is
-        given, else a miss), without its generality: it runs on every read."""
-        now = _monotonic()
-        with self._hits_lock:
-            if not self._pending:
-                self._hits_since = now
-                self._pending = True
-            hits = self._hits
-            if key is not None:
-                hits.append(key)
-            stats = self._stats
-            stats["get_items"] += 1
-            stats["bytes_out"] += nbytes
-            due = len(hits) + len(self._chain_keys) >= HITS_BATCH or now - self._hits_since >= HITS_DELAY_S
-        if due:
+        given, else a miss), without its generality or its lock: it runs on every read."""
+        if key is not None:
+            self._hits.append(key)
+        self._get_bytes.append(nbytes)
+        if self._due_at == _INF:
+            self._due_at = _monotonic() + HITS_DELAY_S
+        elif len(self._hits) >= HITS_BATCH or _monotonic() >= self._due_at:
             self.flush_hits()
 
     def flush_hits(self, wait: bool = False) -> None:
         """Send the pending report now; with ``wait``, as a call whose answer is
         awaited (``Client.close``: the daemon has counted it before close returns)."""
         with self._hits_lock:
-            if not self._pending:
+            hits, sizes = self._hits, self._get_bytes
+            if not self._pending and not hits and not sizes:
+                self._due_at = _INF
                 return
-            keys, self._hits = self._hits, []
+            keys = [hits.popleft() for _ in range(len(hits))]  # what was appended so far, exactly
+            got = [sizes.popleft() for _ in range(len(sizes))]
             chains = (self._chain_keys, self._chain_lengths, self._chain_matched)
             self._chain_keys, self._chain_lengths, self._chain_matched = [], [], []
             stats, self._stats = self._stats, dict.fromkeys(_STATS, 0)
             self._pending = False
+            self._due_at = _INF
+        stats["get_items"] += len(got)
+        stats["bytes_out"] += sum(got)
         try:
             (self._call if wait and self._call is not None else self._send)(
                 "ReportHits", client_pb2.ClientReportHitsRequest(
@@ -159,42 +161,30 @@ class IndexPath:
             pass  # only the eviction policy's and the metrics' information is lost, never data
 
     # -- reads -------------------------------------------------------------------
-    def _scratch(self) -> Any:
-        # a numpy array: the reader keeps a thread's last numpy destination converted
-        # for C (cxlkv.transport.index), so a read does no buffer conversion
-        buf = getattr(self._local, "buf", None)
-        if buf is None:
-            import numpy as np
-
-            buf = self._local.buf = np.empty(_SCRATCH_BYTES, dtype=np.uint8)
-        return buf
-
     def get(self, key: str) -> bytes | _Marker:
         """The value of ``key`` as bytes, :data:`MISS`, or :data:`FALLBACK`.
 
-        A value that fits the thread's scratch buffer (64 KiB) is copied there, then
-        into the ``bytes`` returned; a larger one is copied once, straight into the
-        ``bytes`` returned (:func:`cxlkv.transport.bindings.fresh_bytes`).
+        A value of up to 64 KiB is copied into the thread's scratch buffer, then into
+        the ``bytes`` returned (:meth:`~cxlkv.transport.index.IndexReader.get_small`);
+        a larger one is copied once, straight into the ``bytes`` returned
+        (:func:`cxlkv.transport.bindings.fresh_bytes`).
         """
         k = key.encode()
-        buf = self._scratch()
-        r = self.reader.get(k, buf)
-        oc = r.outcome
-        value = None
+        oc, n, retries, value = self.reader.get_small(k)
         if oc == self._small:
-            value, target = self._fresh_bytes(r.value_len_bytes)
+            value, target = self._fresh_bytes(n)
             r = self.reader.get(k, target)
             del target
-            oc = r.outcome
-        if r.retries:
+            oc, retries = r.outcome, r.retries
+            if oc == self._hit and r.value_len_bytes != n:  # upserted smaller in between
+                n = r.value_len_bytes
+                value = value[:n]
+        if retries:
             self._note(reads_copied_again=1)
         if oc == self._hit:
             self.answered += 1
-            n = r.value_len_bytes
             self._note_get(key, n)
-            if value is None:
-                return buf[:n].tobytes()
-            return value if n == len(value) else value[:n]  # upserted smaller in between
+            return value  # type: ignore[return-value]
         if oc == self._miss:
             self.answered += 1
             self._note_get(None, 0)

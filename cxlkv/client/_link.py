@@ -25,6 +25,23 @@ from cxlkv.errors import CxlkvError, DaemonUnreachable, InvalidArgument, NotRead
 from cxlkv.wire.keys import key_error
 from cxlkv.v1 import client_pb2
 
+#: This process's pid, kept current across fork by the hook below: the hot paths
+#: compare it instead of calling ``os.getpid()`` (a system call, 0.2 µs here).
+_pid_now = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _pid_now
+    _pid_now = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def this_pid() -> int:
+    """This process's pid (:func:`os.getpid`, without the system call)."""
+    return _pid_now
+
 __all__ = ["DaemonLink", "INDEX_CHECK_S"]
 
 #: How often reads from the index check the daemon connection (seconds): a
@@ -65,7 +82,7 @@ class DaemonLink:
         call checks it (a restarted daemon on another region turns direct mode
         off); a daemon that is down does not stop reads from the index."""
         d = self._direct
-        if d is None or d.index is None or d.disabled or self._closed or self._pid != os.getpid():
+        if d is None or d.index is None or d.disabled or self._closed or self._pid != _pid_now:
             return None
         if key is not _NO_KEY and (type(key) is not str or key_error(key) is not None):
             return None
@@ -138,7 +155,7 @@ class DaemonLink:
                 mode it also checks that the daemon still maps the regions this
                 process mapped (:meth:`_check_direct`).
         """
-        if self._pid != os.getpid():
+        if self._pid != _pid_now:
             raise InvalidArgument("this Client was created in the parent process; create a new one after fork")
         if self._closed:
             raise InvalidArgument("this Client is closed")

@@ -307,3 +307,41 @@ def test_direct_path_tells_a_changed_region_from_one_it_cannot_see_yet() -> None
     d.disable("test")
     assert d.get(["a", "b"], [None, None]) == [FALLBACK, FALLBACK]
     assert d.put([(0, "a", b"x", None), (3, "b", b"y", None)]) == {0: FALLBACK, 3: FALLBACK}
+
+
+def test_hit_reports_from_many_threads_lose_and_double_nothing() -> None:
+    """Single-key gets note their hits lock-free (cxlkv/client/_index.py): under eight
+    threads reading while reports are sent, every hit is reported exactly once, and the
+    counts (get_items, bytes_out) add up to what was read."""
+    import threading
+
+    from cxlkv.client._index import IndexPath
+
+    sent: list = []
+    send_lock = threading.Lock()
+
+    def send(name: str, req) -> None:
+        with send_lock:
+            sent.append(req)
+
+    ix = IndexPath(reader=None, send=send)
+    per_thread, threads = 20_000, 8
+
+    def reader(t: int) -> None:
+        for i in range(per_thread):
+            if i % 5 == 4:
+                ix._note_get(None, 0)  # a miss
+            else:
+                ix._note_get(f"t{t}/{i}", 100)
+
+    ts = [threading.Thread(target=reader, args=(t,)) for t in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    ix.flush_hits()
+    keys = [k for r in sent for k in r.keys]
+    hits = threads * per_thread * 4 // 5
+    assert len(keys) == len(set(keys)) == hits
+    assert sum(r.get_items for r in sent) == threads * per_thread
+    assert sum(r.bytes_out for r in sent) == hits * 100
