@@ -119,6 +119,12 @@ def summarize(json_dir: Path) -> str:
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in records:
             details = ", ".join(f"{k}={r[k]}" for k in _EXTRA_KEYS if r.get(k) not in (None, ""))
+            if r.get("cold_limit_gbps"):
+                details += (f"; memcpy from out of cache {r['cold_limit_gbps']:.2f} GB/s (ratio "
+                            f"{r['ratio_to_cold_limit']:.2f})")
+            if r.get("written_limit_gbps"):
+                details += (f", of bytes just written by another process {r['written_limit_gbps']:.2f} GB/s "
+                            f"(ratio {r['ratio_to_written_limit']:.2f})")
             if r.get("call_limit_ops_per_s"):
                 details += (f"; no-op call {r['call_limit_ops_per_s']:,.0f}/s (ratio "
                             f"{r['ratio_to_call_limit']:.2f}), echo {r['echo_limit_ops_per_s']:,.0f}/s")

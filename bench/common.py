@@ -42,6 +42,8 @@ __all__ = [
     "time_op",
     "ops_for",
     "measure_memcpy_gbps",
+    "measure_cold_memcpy_gbps",
+    "measure_written_memcpy_gbps",
     "memcpy_timing",
     "human_size",
     "print_table",
@@ -245,6 +247,65 @@ def measure_cold_memcpy_gbps(size_bytes: int, *, runs: int = 3, pool_bytes: int 
 
     timing = time_op(one, ops=n, runs=runs, warmup=n)
     return size_bytes * timing.ops_per_s / 1e9
+
+
+def _written_slots(conn: Any, pool: mmap.mmap, size_bytes: int) -> None:
+    """The writer of :func:`measure_written_memcpy_gbps` (a child process): for each
+    slot number received, write that slot of ``pool`` with cached stores, then answer."""
+    view = np.frombuffer(pool, dtype=np.uint8)
+    src = np.full(size_bytes, 0xA5, dtype=np.uint8)
+    while True:
+        i = conn.recv()
+        if i is None:
+            return
+        np.copyto(view[i * size_bytes:(i + 1) * size_bytes], src)
+        conn.send(i)
+
+
+def measure_written_memcpy_gbps(size_bytes: int, *, copies: int = 64, pool_bytes: int = 64 << 20) -> float:
+    """The memcpy bandwidth for ``size_bytes``-byte copies of bytes another process
+    has just written, GB/s (1e9 B/s): the physical limit of a get of a value another
+    process put a moment ago on this host, whose lines are still modified in the
+    writer core's cache (slower to read than memory out of cache: each line is
+    fetched from the other core).
+
+    A child process writes one slot of a shared ``pool_bytes`` pool at a time
+    (cached stores); as soon as it has, this process copies that slot into a warm
+    destination, timed. The median of ``copies`` copies.
+
+    Raises:
+        ValueError: ``size_bytes`` < 1.
+    """
+    import multiprocessing
+
+    if size_bytes < 1:
+        raise ValueError("size_bytes must be >= 1")
+    n = max(2, pool_bytes // size_bytes)
+    pool = mmap.mmap(-1, n * size_bytes)
+    view = np.frombuffer(pool, dtype=np.uint8)
+    view.fill(0x5A)
+    dst = _faulted(size_bytes)
+    ctx = multiprocessing.get_context("fork")
+    mine, theirs = ctx.Pipe()
+    writer = ctx.Process(target=_written_slots, args=(theirs, pool, size_bytes), daemon=True)
+    writer.start()
+    times: list[float] = []
+    try:
+        for j in range(copies + 2):
+            i = j % n
+            mine.send(i)
+            mine.recv()
+            src = view[i * size_bytes:(i + 1) * size_bytes]
+            t0 = time.perf_counter()
+            np.copyto(dst, src)
+            if j >= 2:  # two warm-up rounds
+                times.append(time.perf_counter() - t0)
+    finally:
+        mine.send(None)
+        writer.join(10)
+        if writer.is_alive():
+            writer.kill()
+    return size_bytes / statistics.median(times) / 1e9
 
 
 def measure_memcpy_gbps(

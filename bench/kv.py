@@ -27,7 +27,10 @@ same run (:func:`cxlkv.bench.common.measure_memcpy_gbps`: warm buffers, so up to
 few MiB it runs at cache speed). Gets from 64 KiB also carry ``cold_limit_gbps``
 and ``ratio_to_cold_limit``: memcpy from a source out of this core's caches
 (:func:`cxlkv.bench.common.measure_cold_memcpy_gbps`), which is where a get's
-bytes always are -- another process wrote them. The single-key 4 KiB
+bytes always are -- another process wrote them -- and ``written_limit_gbps`` /
+``ratio_to_written_limit``: memcpy of bytes another process has just written, still
+modified in its core's cache (:func:`cxlkv.bench.common.measure_written_memcpy_gbps`;
+slower than either at 1 MiB on this VM). The single-key 4 KiB
 figures of the bytes API (``path = "inline"``, 1 and 16 callers) are bound by the
 cost of a call, not by bytes, so they also carry the per-call ceilings of
 :mod:`cxlkv.bench.calls` measured in the same run with as many caller processes:
@@ -70,7 +73,8 @@ import numpy as np
 
 from cxlkv.bench.calls import KINDS as CALL_LIMIT_KINDS
 from cxlkv.bench.calls import CallLimit, measure_call_limit
-from cxlkv.bench.common import (Record, Timing, emit, measure_cold_memcpy_gbps, measure_memcpy_gbps, ops_for,
+from cxlkv.bench.common import (Record, Timing, emit, measure_cold_memcpy_gbps, measure_memcpy_gbps,
+                                measure_written_memcpy_gbps, ops_for,
                                 output_options)
 
 __all__ = ["run_kv", "must_show_failures", "kv_cmd", "SIZES"]
@@ -413,14 +417,20 @@ def _settle_limits(records: list[Record], first: dict[int, float], log: Callable
     # A get reads what another clientd's process wrote: its source is never in the
     # reader's caches (on a CXL pool, never in any of this host's), so beside the
     # warm limit each get also gets a copy from a source out of cache.
+    # And a copy of bytes another process has just written, still modified in its
+    # core's cache (a value put on this host a moment ago): slower than either.
     cold: dict[int, float] = {}
+    written: dict[int, float] = {}
     for rec in records:
         if rec.op != "get" or rec.size_bytes < COLD_LIMIT_MIN_BYTES:
             continue
         if rec.size_bytes not in cold:
             cold[rec.size_bytes] = max(measure_cold_memcpy_gbps(rec.size_bytes) for _ in range(2))
+            written[rec.size_bytes] = max(measure_written_memcpy_gbps(rec.size_bytes) for _ in range(2))
         rec.extra["cold_limit_gbps"] = round(cold[rec.size_bytes], 3)
         rec.extra["ratio_to_cold_limit"] = round(rec.gbps / cold[rec.size_bytes], 3)
+        rec.extra["written_limit_gbps"] = round(written[rec.size_bytes], 3)
+        rec.extra["ratio_to_written_limit"] = round(rec.gbps / written[rec.size_bytes], 3)
 
 
 def run_kv(*, quick: bool = False, log: Callable[[str], None] = lambda m: None,
@@ -741,7 +751,8 @@ def must_show_failures(records: list[Record]) -> list[str]:
     r = best("get", MiB, path="default", concurrency=1, batch=1)
     if r is None or (r.ratio_to_limit or 0) < 0.5:
         out.append(f"1 MiB get, default Client: ratio_to_limit {r.ratio_to_limit if r else None} < 0.5"
-                   + (f" (ratio_to_cold_limit {r.extra['ratio_to_cold_limit']})" if r and "ratio_to_cold_limit" in r.extra else ""))
+                   + (f" (ratio_to_cold_limit {r.extra['ratio_to_cold_limit']}, ratio_to_written_limit "
+                      f"{r.extra.get('ratio_to_written_limit')})" if r and "ratio_to_cold_limit" in r.extra else ""))
     r = best("get", 4 * KiB, concurrency=16, batch=1)
     if r is None or r.ops_per_s < 200_000:
         out.append(f"4 KiB get with 16 callers: {r.ops_per_s if r else 0:,.0f}/s < 200,000/s")

@@ -76,17 +76,20 @@ def test_gets_carry_a_cold_source_limit(monkeypatch) -> None:
     """Gets from 64 KiB are also rated against memcpy from a source out of cache
     (where a get's bytes are); puts and small gets are not."""
     from cxlkv.bench import kv
-    from cxlkv.bench.common import Record, measure_cold_memcpy_gbps
+    from cxlkv.bench.common import Record, measure_cold_memcpy_gbps, measure_written_memcpy_gbps
 
     cold = measure_cold_memcpy_gbps(1 << 20, runs=1, pool_bytes=64 << 20)
     assert cold > 0.1
+    assert measure_written_memcpy_gbps(1 << 20, copies=8, pool_bytes=8 << 20) > 0.1  # a real writer process
     recs = [Record("kv", "get", 1 << 20, 1000.0, 1.048576, 1.0, 2.0, 10.0, 0.1),
             Record("kv", "put", 1 << 20, 1000.0, 1.048576, 1.0, 2.0, 10.0, 0.1),
             Record("kv", "get", 4096, 1000.0, 0.004096, 1.0, 2.0, 5.0, 0.0008)]
     monkeypatch.setattr(kv, "measure_memcpy_gbps", lambda size, runs=3: 10.0)
     monkeypatch.setattr(kv, "measure_cold_memcpy_gbps", lambda size: 4.0)
+    monkeypatch.setattr(kv, "measure_written_memcpy_gbps", lambda size: 2.0)
     kv._settle_limits(recs, {1 << 20: 10.0, 4096: 5.0}, lambda m: None)
-    assert recs[0].extra == {"cold_limit_gbps": 4.0, "ratio_to_cold_limit": round(1.048576 / 4.0, 3)}
+    assert recs[0].extra == {"cold_limit_gbps": 4.0, "ratio_to_cold_limit": round(1.048576 / 4.0, 3),
+                             "written_limit_gbps": 2.0, "ratio_to_written_limit": round(1.048576 / 2.0, 3)}
     assert "cold_limit_gbps" not in recs[1].extra and "cold_limit_gbps" not in recs[2].extra
 
 
