@@ -198,6 +198,13 @@ class MasterState:
         """Changes whenever a segment is mounted or unmounted."""
         return self.segment_table.version
 
+    def _keeps(self, seg: Segment, need: int) -> bool:
+        """Whether ``seg`` keeps an extent of ``need`` bytes past its next eviction sweep
+        (see :meth:`_largest_kept`)."""
+        high = self.config.high_watermark
+        return (high >= 1.0 or (seg.tier == Tier.SSD and self.tiering.has_ssd)
+                or need <= int(high * seg.capacity_bytes))
+
     def _largest_kept(self) -> int:
         """The largest extent some mounted segment keeps past its next eviction sweep,
         in bytes: a CXL segment evicts everything once past ``high_watermark`` of its
@@ -212,6 +219,7 @@ class MasterState:
             whole = high >= 1.0 or (seg.tier == Tier.SSD and self.tiering.has_ssd)
             kept = max(kept, seg.capacity_bytes if whole else int(high * seg.capacity_bytes))
         return kept
+
 
     def segments(self, include_unmounted: bool = False) -> list[Segment]:
         """Mounted segments in id order; with ``include_unmounted``, the current
@@ -296,8 +304,10 @@ class MasterState:
                 key=key, requested_bytes=value_size_bytes,
             )
         high = self.config.high_watermark
-        if (high < 1.0 and need > high * table.max_capacity and not hard_pin
-                and need > (kept := self._largest_kept())):
+        # Past high_watermark of a CXL segment a value would be the next sweep's to evict
+        # (itself included): placed only where it is kept (None: everywhere it fits)
+        keeps = None if high >= 1.0 or hard_pin or need <= high * table.min_capacity else self._keeps
+        if keeps is not None and need > high * table.max_capacity and need > (kept := self._largest_kept()):
             self.counters["too_large"] += 1
             raise TooLarge(
                 f"key {_short(key)}: value of {value_size_bytes} B needs {need} B with its object header, "
@@ -314,6 +324,8 @@ class MasterState:
             replica_num = 1
         mounted = table.mounted
         fitting = mounted if need <= table.min_capacity else [s for s in mounted if s.capacity_bytes >= need]
+        if keeps is not None:
+            fitting = [s for s in fitting if keeps(s, need)]
         if self.tiering.active:  # DRAM tiers are host-local caches: never the home of a new object;
             # a tier whose filesystem refused a write waits out its backoff
             fitting = [s for s in fitting if s.tier != Tier.DRAM and s.refused_until <= now]

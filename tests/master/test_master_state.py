@@ -625,3 +625,21 @@ def test_without_a_high_watermark_a_value_may_fill_the_segment() -> None:
     put(st, c, "big", int(3.9 * MiB))
     st.sweep(1.0)
     assert st.exists("big")
+
+
+def test_a_large_value_goes_only_to_a_segment_that_keeps_it() -> None:
+    """Two CXL segments, 4 and 16 MiB, high_watermark 0.9: a 3.7 MiB value fits the small
+    one's capacity, not its watermark; it is placed on the large one, and kept by sweeps."""
+    segs = [SegmentConfig(name="small", size_bytes=REGION_HEADER_BYTES + 4 * MiB),
+            SegmentConfig(name="large", size_bytes=REGION_HEADER_BYTES + 16 * MiB)]
+    config = MasterConfig(segments=segs, high_watermark=0.9, low_watermark=0.5)
+    config.validate()
+    st = MasterState(config)
+    c = client(st)
+    for i in range(3):
+        # over 0.9 of the small segment: not placed there even when asked to
+        obj = put(st, c, f"big{i}", 3 * MiB + 700 * KiB, preferred_segment="small")
+        assert {st.segment_table.by_id[sid].name for sid, _, _ in obj.extents} == {"large"}, i
+    st.sweep(1.0)
+    assert st.exists("big2") and st.counters["too_large"] == 0
+    st.check_invariants()
