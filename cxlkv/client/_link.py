@@ -25,6 +25,8 @@ from cxlkv.errors import CxlkvError, DaemonUnreachable, InvalidArgument, NotRead
 from cxlkv.wire.keys import key_error
 from cxlkv.v1 import client_pb2
 
+__all__ = ["DaemonLink", "INDEX_CHECK_S"]
+
 #: This process's pid, kept current across fork by the hook below: the hot paths
 #: compare it instead of calling ``os.getpid()`` (a system call, 0.2 µs here).
 _pid_now = os.getpid()
@@ -36,13 +38,6 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def this_pid() -> int:
-    """This process's pid (:func:`os.getpid`, without the system call)."""
-    return _pid_now
-
-__all__ = ["DaemonLink", "INDEX_CHECK_S"]
 
 #: How often reads from the index check the daemon connection (seconds): a
 #: daemon restarted on another region is noticed within this long.

@@ -307,3 +307,34 @@ def test_clientd_refuses_replica_num_over_the_max(module_cluster) -> None:
         # 0 on the wire is the protobuf default: one replica
         stub.Put(client_pb2.PutRequest(key="types/raw0", value=b"x", options=common_pb2.PutOptions(replica_num=0)),
                  timeout=10)
+
+
+def test_a_client_used_after_fork_says_so_and_the_parents_keeps_working(module_cluster) -> None:
+    """The fork check of the index read path (a pid kept by ``os.register_at_fork``, not a
+    ``getpid()`` per read): in the child a get from the parent's Client is refused in one
+    line (never a read through the parent's connections); a new Client in the child works."""
+    with module_cluster.client(0) as c:
+        c.put("fork/k", b"v" * 5000)
+        assert c.get("fork/k") == b"v" * 5000  # reads from the index in this process
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            code = b"?"
+            try:
+                try:
+                    c.get("fork/k")
+                    code = b"R"  # read through the parent's Client: wrong
+                except InvalidArgument as exc:
+                    code = b"I" if "parent process" in str(exc) else b"M"
+                with module_cluster.client(0) as fresh:
+                    code += b"F" if fresh.get("fork/k") == b"v" * 5000 else b"W"
+            except BaseException:
+                code += b"E"
+            finally:
+                os.write(w, code)
+                os._exit(0)
+        os.close(w)
+        got = os.read(r, 8)
+        os.waitpid(pid, 0)
+        assert got == b"IF", got
+        assert c.get("fork/k") == b"v" * 5000
