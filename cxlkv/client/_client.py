@@ -161,6 +161,9 @@ class Client(BatchCalls):
                                   lambda name, reqs: self._call_many(name, reqs), self._pool)
         self._direct: DirectPath | None = None
         self._index_check_at = 0.0
+        #: Hit reports of reads from the index dropped because the daemon was not
+        #: taking requests (stopped, or its socket full): the eviction policy's loss only.
+        self.reports_dropped = 0
         #: The daemon could not yet say whether it maps the regions direct mode mapped.
         self._direct_unsure = False
         self._conn()  # fail fast when the daemon is not running
@@ -171,7 +174,8 @@ class Client(BatchCalls):
         #: Why direct mode is or is not in use (one line).
         self.direct_status = "off (direct=False)"
         if direct:
-            self._direct, why = DirectPath.open(self._call, prefault=direct_prefault, send=self._send)
+            self._direct, why = DirectPath.open(self._call, prefault=direct_prefault, send=self._send,
+                                                report=self._send_nowait)
             if self._direct is not None:
                 self.direct_status = "on" + (f" (skipped: {why})" if why else "")
             else:

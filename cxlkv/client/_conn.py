@@ -47,6 +47,8 @@ _pack = HEADER.pack
 _unpack_from = HEADER.unpack_from
 _ErrorDetail = common_pb2.ErrorDetail
 _RECV_BYTES = 256 << 10
+#: Most :meth:`GrpcConnection.send_nowait` calls in flight; more are dropped.
+MAX_UNANSWERED_SENDS = 64
 _JOIN_BYTES = 64 << 10
 #: Shortest and longest pause of the gRPC channel between reconnection attempts
 #: to the daemon's socket, in milliseconds.
@@ -111,6 +113,16 @@ class Connection(Protocol):
         """
         ...
 
+    def send_nowait(self, method: Method, request: Any) -> bool:
+        """:meth:`send` that never blocks the caller: ``False`` when the daemon is not
+        taking requests right now (stopped, or its socket full), the request dropped.
+        For reports whose loss costs only information (hit reports).
+
+        Raises:
+            Unavailable: the connection is closed or lost.
+        """
+        ...
+
     def close(self) -> None:
         """Close (idempotent)."""
         ...
@@ -138,6 +150,9 @@ class LeanConnection:
         self._rstart = 0
         self._rend = 0
         self._large = bytearray()
+        #: The rest of a request :meth:`send_nowait` could not write whole: written
+        #: before anything else goes on this connection.
+        self._unsent = b""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout_s)
@@ -218,6 +233,9 @@ class LeanConnection:
         payload = request.SerializeToString()
         header = _pack(MIN_LENGTH + len(payload), method.number, 0, rid)
         try:
+            if self._unsent:
+                sock.sendall(self._unsent)
+                self._unsent = b""
             if len(payload) <= _JOIN_BYTES:
                 sock.sendall(header + payload)
             else:
@@ -254,10 +272,74 @@ class LeanConnection:
         self._next_id = rid + 1
         payload = request.SerializeToString()
         try:
+            self._skip_answers()
+            if self._unsent:
+                sock.sendall(self._unsent)
+                self._unsent = b""
             sock.sendall(_pack(MIN_LENGTH + len(payload), method.number, 0, rid) + payload)
         except OSError as exc:
             self.close()
             raise DaemonUnreachable(f"connection to clientd at {self.path} lost during {method.name}: {exc}") from None
+
+    def send_nowait(self, method: Method, request: Any) -> bool:
+        """:meth:`send` that never blocks: ``False`` when the daemon's socket is full
+        (the daemon is stopped, or not reading), the request dropped. A request the
+        socket took in part is finished before anything else is written on this
+        connection.
+
+        Raises:
+            Unavailable: the connection is closed or lost.
+        """
+        sock = self._sock
+        if sock is None:
+            raise DaemonUnreachable(f"connection to clientd at {self.path} is closed")
+        try:
+            self._skip_answers()
+            if self._unsent:
+                self._unsent = self._unsent[sock.send(self._unsent, socket.MSG_DONTWAIT):]
+                if self._unsent:
+                    return False
+            payload = request.SerializeToString()
+            data = _pack(MIN_LENGTH + len(payload), method.number, 0, self._next_id) + payload
+            n = sock.send(data, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            self.close()
+            raise DaemonUnreachable(f"connection to clientd at {self.path} lost during {method.name}: {exc}") from None
+        self._next_id += 1
+        if n < len(data):
+            self._unsent = data[n:]
+        return True
+
+    def _skip_answers(self) -> None:
+        """Read, without blocking, and drop the answers already here to earlier
+        :meth:`send` calls (nobody waits for them, and no call is in flight on a
+        connection while it sends). Left unread they would fill the daemon's side
+        until it stops reading this connection: a process that only reads from the
+        index, sending hit reports, would then block in a send after some millions
+        of reads."""
+        sock, rb = self._sock, self._rb
+        assert sock is not None
+        while True:
+            while self._rend - self._rstart >= HEADER_BYTES:  # drop whole frames
+                total = LENGTH_BYTES + _unpack_from(rb, self._rstart)[0]
+                if total > self._rend - self._rstart:
+                    break
+                self._rstart += total
+            if self._rstart == self._rend:
+                self._rstart = self._rend = 0
+            self._compact()
+            room = len(rb) - self._rend
+            if not room:
+                return  # a frame larger than the buffer: the next call reads it
+            try:
+                n = sock.recv_into(self._rmv[self._rend:], room, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            if not n:
+                return  # the daemon closed: the next call finds out
+            self._rend += n
 
     def _read_frame(self) -> tuple[int, int, Any]:
         """Read one whole frame: (code, request id, body)."""
@@ -335,7 +417,8 @@ class LeanConnection:
             payload = req.SerializeToString()
             parts.append(_pack(MIN_LENGTH + len(payload), m.number, 0, rid))
             parts.append(payload)
-        out_buf = memoryview(b"".join(parts))
+        out_buf = memoryview(self._unsent + b"".join(parts))
+        self._unsent = b""
         del parts
         sent = 0
         results: list[Any] = [None] * len(calls)
@@ -471,6 +554,9 @@ class GrpcConnection:
         ])
         self._stub = client_pb2_grpc.ClientServiceStub(self._channel)
         self.closed = False
+        #: Calls :meth:`send_nowait` started whose answer has not come yet.
+        self._unanswered = 0
+        self._unanswered_lock = threading.Lock()
         #: Set when the channel became ready again after losing its connection (the
         #: daemon may have restarted and forgotten its buffers); the Client clears it
         #: once it has checked them.
@@ -527,6 +613,26 @@ class GrpcConnection:
             CxlkvError: the daemon's error, or Unavailable.
         """
         self.call(method, request)
+
+    def send_nowait(self, method: Method, request: Any) -> bool:
+        """The call started and not waited for (its answer or error dropped); at most
+        :data:`MAX_UNANSWERED_SENDS` in flight, else ``False`` and the request dropped:
+        a stopped daemon never blocks the caller, nor piles up calls."""
+        if self._unanswered >= MAX_UNANSWERED_SENDS:
+            return False
+        with self._unanswered_lock:
+            self._unanswered += 1
+        try:
+            fut = getattr(self._stub, method.name).future(request, timeout=self.timeout_s)
+        except self._grpc.RpcError as exc:
+            self._answered(None)
+            raise self._error(exc) from None
+        fut.add_done_callback(self._answered)
+        return True
+
+    def _answered(self, _fut: Any) -> None:
+        with self._unanswered_lock:
+            self._unanswered -= 1
 
     def _error(self, exc: Any) -> CxlkvError:
         """The cxlkv error of a failed call. A bare gRPC UNAVAILABLE or CANCELLED

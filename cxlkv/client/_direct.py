@@ -132,8 +132,13 @@ class DirectPath:
     # ------------------------------------------------------------ set-up
     @classmethod
     def open(cls, call: Callable[[str, Any], Any], *, prefault: bool = False,
-             send: Callable[[str, Any], None] | None = None) -> tuple["DirectPath | None", str]:
+             send: Callable[[str, Any], None] | None = None,
+             report: Callable[[str, Any], Any] | None = None) -> tuple["DirectPath | None", str]:
         """Ask the daemon for the offer and map every region it lists, checking identity.
+
+        ``send`` sends without waiting for the answer (lease releases); ``report``, which
+        the index path's hit reports use, must never block (a stopped daemon must not
+        stop reads from the index): default ``send``.
 
         Returns:
             ``(path, why)``: ``path`` is ``None`` when direct mode cannot be used
@@ -187,8 +192,8 @@ class DirectPath:
         idents = {r.segment_id: r.region_uuid for r in info.regions if r.segment_id in mapped}
         path = cls(call, mapped, flush=info.coherence == "flush", send=send, identities=idents,
                    verify_first=info.flush_reads != "invalidate_first")
-        path.index, index_why = _open_index(info, mapped, idents, flush=path.flush, send=send or call, call=call,
-                                            verify_first=path.verify_first)
+        path.index, index_why = _open_index(info, mapped, idents, flush=path.flush, send=report or send or call,
+                                            call=call, verify_first=path.verify_first)
         if index_why:
             log.info("direct mode: index reads off: %s", index_why)
         return path, why
@@ -528,7 +533,7 @@ class DirectPath:
 
 # ===================================================================== helpers
 def _open_index(info: client_pb2.DirectInfoResponse, mapped: dict[int, Any], idents: dict[int, str], *,
-                flush: bool, send: Callable[[str, Any], None],
+                flush: bool, send: Callable[[str, Any], Any],
                 call: Callable[[str, Any], Any] | None = None, verify_first: bool = True) -> tuple[Any, str]:
     """An :class:`~cxlkv.client._index.IndexPath` over the regions mapped here, when
     the daemon reports a published index in one of them; else ``(None, why)``."""

@@ -68,6 +68,7 @@ class DaemonLink:
     inline_threshold_bytes: int
     direct_threshold_bytes: int
     direct_status: str
+    reports_dropped: int
 
     def _index_path(self, key: Any = _NO_KEY) -> IndexPath | None:
         """The index reader when reads may use it now, else ``None`` (the daemon path).
@@ -188,6 +189,15 @@ class DaemonLink:
     def _send(self, name: str, request: Any) -> None:
         """Send without waiting for the answer where the framing allows (lean), else call."""
         self._conn().send(_M[name], request)
+
+    def _send_nowait(self, name: str, request: Any) -> bool:
+        """Send without waiting and without ever blocking; ``False`` when the daemon is
+        not taking requests now (stopped, or its socket full): the request is dropped
+        and counted in :attr:`reports_dropped`."""
+        if self._conn().send_nowait(_M[name], request):
+            return True
+        self.reports_dropped += 1
+        return False
 
     def _call_many(self, name: str, requests: list[Any]) -> list[Any]:
         m = _M[name]
