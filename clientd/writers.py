@@ -143,6 +143,9 @@ class Incarnation:
             return None
         if not prev.client_id:
             return None
+        # carried until this process registers: a rewrite before then (a clean stop while
+        # the master is down) must pass the registration on, not an empty client id
+        self._client_id, self._epoch = prev.client_id, prev.epoch
         self._direct = {w.put_token: w for w in prev.direct}
         return prev
 

@@ -100,3 +100,24 @@ def test_a_failed_append_makes_the_next_change_rewrite_the_record(tmp_path: Path
     inc.direct_started([DirectWriter(2, "b", 5, 6)])
     assert inc.rewrites == rewrites + 1
     assert sorted(w.put_token for w in _read(inc).direct) == [1, 2]
+
+
+def test_a_process_stopped_before_it_registered_passes_the_record_on_whole(tmp_path: Path) -> None:
+    """A process that read the previous one's record and stopped before the master
+    answered (it was down) rewrites the record at its clean stop: the client id, the
+    epoch and the writers must survive it, or the next process registers afresh and
+    the old registration's quarantined space waits for an operator (found: the
+    rewrite wrote ``R <pid> 0 `` with no client id, and the next acquire returned None)."""
+    inc = _claimed(tmp_path)
+    inc.direct_started([DirectWriter(1, "a", 5, 6), DirectWriter(2, "b", 5, 6)])
+    # killed: no release; the next process never registers and is stopped cleanly
+    second = Incarnation(inc.state_path[: -len(".state")])
+    os.close(inc._fd)  # the first process's flock goes with it
+    inc._fd = -1
+    assert second.acquire() is not None
+    second.release()
+    third = Incarnation(inc.state_path[: -len(".state")])
+    prev = third.acquire()
+    assert prev is not None and (prev.client_id, prev.epoch) == ("cid-1", 3)
+    assert sorted(w.put_token for w in prev.direct) == [1, 2]
+    third.release()
