@@ -36,7 +36,7 @@ from typing import Any, Iterable
 
 from cxlkv.clientd.regions import StartupError
 
-__all__ = ["Incarnation", "Previous", "DirectWriter", "parse_record", "RECORD_MAGIC"]
+__all__ = ["Incarnation", "Previous", "DirectWriter", "parse_record", "running", "RECORD_MAGIC"]
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +311,24 @@ def _read_pid(fd: int) -> int:
         return int(os.pread(fd, 32, 0).split(b"\n", 1)[0] or b"0")
     except (OSError, ValueError):
         return 0
+
+
+def running(ws: Iterable[DirectWriter]) -> list[DirectWriter]:
+    """The writers of ``ws`` whose process is the same one still running, in order:
+    :func:`still_running` of each, with one look at ``/proc`` per writer process
+    (a record holds up to ``MAX_PENDING`` puts, most of them from a few writers)."""
+    from cxlkv.clientd import buffers
+
+    starts: dict[int, int | None] = {}
+    out = []
+    for w in ws:
+        if w.pid <= 0:
+            continue
+        if w.pid not in starts:
+            starts[w.pid] = buffers.process_start_time(w.pid)
+        if starts[w.pid] == w.pid_start:
+            out.append(w)
+    return out
 
 
 def still_running(w: DirectWriter | Any) -> bool:

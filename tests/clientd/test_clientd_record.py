@@ -164,3 +164,29 @@ def test_a_full_filesystem_costs_one_rewrite_attempt_a_second_not_one_per_put(
     assert sorted(w.put_token for w in _read(inc).direct) == [*range(1, 201), 5000]
     inc.direct_ended([5000])
     assert sorted(w.put_token for w in _read(inc).direct) == list(range(1, 201))  # appends again
+
+
+def test_the_previous_writers_still_running_are_found_with_one_look_per_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new process checks which of its predecessor's direct writers still run before
+    it serves (on its event loop, after registering): one /proc read per entry took
+    15 s for a record of 1M pending puts (MAX_PENDING) from one writer, past the
+    master's client TTL. One look per writer process, whatever its pending puts."""
+    from cxlkv.clientd import buffers
+
+    me = os.getpid()
+    start = buffers.process_start_time(me)
+    looks: list[int] = []
+    real = buffers.process_start_time
+
+    def counted(pid: int):
+        looks.append(pid)
+        return real(pid)
+
+    monkeypatch.setattr(buffers, "process_start_time", counted)
+    ws = [DirectWriter(t, f"k{t}", me, start) for t in range(5000)]
+    ws += [DirectWriter(9000 + t, f"j{t}", me, (start or 0) + 1) for t in range(10)]  # pid reused
+    ws += [DirectWriter(9100, "gone", 0, None)]
+    alive = writers.running(ws)
+    assert [w.put_token for w in alive] == list(range(5000))
+    assert len(looks) <= 1
