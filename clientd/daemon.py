@@ -39,7 +39,7 @@ from cxlkv.clientd.grpc_service import GrpcFrontEnd
 from cxlkv.clientd.lean import LeanServer
 from cxlkv.clientd.master_link import MasterLink
 from cxlkv.clientd.regions import RegionSet, StartupError
-from cxlkv.clientd.writers import Incarnation, still_running
+from cxlkv.clientd.writers import Incarnation, running
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError
 from cxlkv.runtime.loops import StallMonitor
@@ -246,7 +246,7 @@ class Daemon:
             tier_worker.start()
             self.tier_worker = tier_worker
             if prev is not None:
-                alive = [w for w in prev.direct if still_running(w)]
+                alive = running(prev.direct)  # one look per writer process
                 kept = {w.put_token for w in alive}
                 incarnation.direct_ended(w.put_token for w in prev.direct if w.put_token not in kept)
                 api.direct.adopt_previous(alive)

@@ -30,12 +30,13 @@ import fcntl
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from cxlkv.clientd.regions import StartupError
 
-__all__ = ["Incarnation", "Previous", "DirectWriter", "parse_record", "RECORD_MAGIC"]
+__all__ = ["Incarnation", "Previous", "DirectWriter", "parse_record", "running", "RECORD_MAGIC"]
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,10 @@ class Incarnation:
         #: Lines appended since the record was last written whole.
         self._appended = 0
         #: An append failed (a full filesystem): the record may end in a partial line,
-        #: so the next change rewrites it whole.
+        #: so the next change rewrites it whole (tried again at most once per
+        #: :data:`REWRITE_RETRY_S`, from :attr:`_retry_at` on).
         self._dirty = False
+        self._retry_at = 0.0
         self.rewrites = 0
 
     def acquire(self) -> Previous | None:
@@ -143,6 +146,9 @@ class Incarnation:
             return None
         if not prev.client_id:
             return None
+        # carried until this process registers: a rewrite before then (a clean stop while
+        # the master is down) must pass the registration on, not an empty client id
+        self._client_id, self._epoch = prev.client_id, prev.epoch
         self._direct = {w.put_token: w for w in prev.direct}
         return prev
 
@@ -177,7 +183,14 @@ class Incarnation:
         if self._fd < 0:
             return
         self._appended += lines
-        if self._dirty or self._log_fd < 0 or self._appended > max(COMPACT_MIN_LINES, 2 * len(self._direct)):
+        if self._dirty or self._log_fd < 0:
+            # the record on disk is stale until a rewrite succeeds; on a full filesystem
+            # each attempt formats every entry and fails: one a REWRITE_RETRY_S at most,
+            # not one per start and end (O(pending) each, on the daemon's event loop)
+            if _monotonic() >= self._retry_at:
+                self._rewrite()
+            return
+        if self._appended > max(COMPACT_MIN_LINES, 2 * len(self._direct)):
             self._rewrite()
             return
         data = text.encode()
@@ -186,6 +199,7 @@ class Incarnation:
                 raise OSError(28, "short write")
         except OSError as exc:
             self._dirty = True
+            self._retry_at = 0.0  # the next change tries the rewrite
             log.warning("cannot record a direct put in %s: %s (the record is rewritten at the next change)",
                         self.state_path, exc.strerror or exc)
 
@@ -202,15 +216,22 @@ class Incarnation:
                 f.write("".join(lines))
             os.replace(tmp, self.state_path)
         except OSError as exc:
+            if self._retry_at == 0.0:  # once per failing spell, not per retry
+                log.warning("cannot record the daemon's registration and pending direct puts in %s: %s "
+                            "(retried every %g s)", self.state_path, exc, REWRITE_RETRY_S)
             self._dirty = True
-            log.warning("cannot record the daemon's registration in %s: %s", self.state_path, exc)
+            self._retry_at = _monotonic() + REWRITE_RETRY_S
             try:  # a full filesystem: leave no partial record behind
                 os.unlink(tmp)
             except OSError:
                 pass
             return
+        if self._retry_at:
+            log.warning("recorded the registration and %d pending direct put(s) in %s again",
+                        len(self._direct), self.state_path)
         self.rewrites += 1
         self._dirty = False
+        self._retry_at = 0.0
         self._appended = 0
         if self._log_fd >= 0:
             os.close(self._log_fd)
@@ -231,6 +252,11 @@ class Incarnation:
             os.close(self._fd)  # drops the flock
             self._fd = -1
 
+
+#: A record that could not be written (a full filesystem) is tried again at most this
+#: often, in seconds, while direct puts start and end.
+REWRITE_RETRY_S = 1.0
+_monotonic = time.monotonic
 
 #: First line of the record (its format version).
 RECORD_MAGIC = "cxlkv-clientd-state 1"
@@ -285,6 +311,24 @@ def _read_pid(fd: int) -> int:
         return int(os.pread(fd, 32, 0).split(b"\n", 1)[0] or b"0")
     except (OSError, ValueError):
         return 0
+
+
+def running(ws: Iterable[DirectWriter]) -> list[DirectWriter]:
+    """The writers of ``ws`` whose process is the same one still running, in order:
+    :func:`still_running` of each, with one look at ``/proc`` per writer process
+    (a record holds up to ``MAX_PENDING`` puts, most of them from a few writers)."""
+    from cxlkv.clientd import buffers
+
+    starts: dict[int, int | None] = {}
+    out = []
+    for w in ws:
+        if w.pid <= 0:
+            continue
+        if w.pid not in starts:
+            starts[w.pid] = buffers.process_start_time(w.pid)
+        if starts[w.pid] == w.pid_start:
+            out.append(w)
+    return out
 
 
 def still_running(w: DirectWriter | Any) -> bool:

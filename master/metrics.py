@@ -71,7 +71,7 @@ COUNTER_HELP: dict[str, str] = {
     "evicted_bytes": "bytes of extents freed by eviction",
     "deferred_frees": "removed versions freed when their last lease ended",
     "no_space": "puts refused with NO_SPACE after eviction",
-    "too_large": "puts refused with TOO_LARGE (larger than every segment, or than any keeps under high_watermark)",
+    "too_large": "puts refused with TOO_LARGE (larger than every segment, or than any keeps past a sweep to low_watermark)",
     "clients_registered": "clientd registrations (including re-registrations)",
     "clients_expired": "clientd registrations expired (no heartbeat for client_ttl_s)",
     "clients_deregistered": "clientd registrations ended by the clientd itself (a planned stop: DeregisterClient)",

@@ -201,25 +201,25 @@ class MasterState:
     def _keeps(self, seg: Segment, need: int) -> bool:
         """Whether ``seg`` keeps an extent of ``need`` bytes past its next eviction sweep
         (see :meth:`_largest_kept`)."""
-        high = self.config.high_watermark
-        return (high >= 1.0 or (seg.tier == Tier.SSD and self.tiering.has_ssd)
-                or need <= int(high * seg.capacity_bytes))
+        return (self.config.high_watermark >= 1.0 or (seg.tier == Tier.SSD and self.tiering.has_ssd)
+                or need <= int(self.config.low_watermark * seg.capacity_bytes))
 
     def _largest_kept(self) -> int:
         """The largest extent some mounted segment keeps past its next eviction sweep,
-        in bytes: a CXL segment evicts everything once past ``high_watermark`` of its
-        capacity, so no more than that; an SSD tier segment (with tiering) and a
-        segment under ``high_watermark = 1`` keep up to their capacity. DRAM tiers
-        hold only extra copies (never a new object's home)."""
-        high = self.config.high_watermark
+        in bytes: a CXL segment past ``high_watermark`` of its capacity (anything else
+        stored or reserved beside the value takes it there) is drained down to
+        ``low_watermark``, and a value larger than that cannot survive the drain, however
+        recently used; so no more than ``low_watermark`` x capacity. An SSD tier segment
+        (with tiering) and a segment under ``high_watermark = 1`` keep up to their
+        capacity. DRAM tiers hold only extra copies (never a new object's home)."""
+        high, low = self.config.high_watermark, self.config.low_watermark
         kept = 0
         for seg in self.segment_table.mounted:
             if seg.tier == Tier.DRAM:
                 continue
             whole = high >= 1.0 or (seg.tier == Tier.SSD and self.tiering.has_ssd)
-            kept = max(kept, seg.capacity_bytes if whole else int(high * seg.capacity_bytes))
+            kept = max(kept, seg.capacity_bytes if whole else int(low * seg.capacity_bytes))
         return kept
-
 
     def segments(self, include_unmounted: bool = False) -> list[Segment]:
         """Mounted segments in id order; with ``include_unmounted``, the current
@@ -264,7 +264,7 @@ class MasterState:
                 never gives it to another object) — transient: a slot frees as soon
                 as a put in flight ends, so it is a retry, not a full cache.
             TooLarge: larger than every mounted segment, or than what any keeps past its
-                next eviction sweep (``high_watermark`` of a CXL segment's capacity:
+                next eviction sweep (``low_watermark`` of a CXL segment's capacity:
                 :meth:`_largest_kept`; a hard-pinned value is never evicted, so only
                 the first bound applies to it); nothing evicted.
             NoSpace: no room even after eviction (the message says why).
@@ -304,17 +304,19 @@ class MasterState:
                 key=key, requested_bytes=value_size_bytes,
             )
         high = self.config.high_watermark
-        # Past high_watermark of a CXL segment a value would be the next sweep's to evict
-        # (itself included): placed only where it is kept (None: everywhere it fits)
-        keeps = None if high >= 1.0 or hard_pin or need <= high * table.min_capacity else self._keeps
-        if keeps is not None and need > high * table.max_capacity and need > (kept := self._largest_kept()):
+        # A value over low_watermark of a CXL segment would be that segment's sweep's to
+        # evict (see _largest_kept): placed only where it is kept (None: anywhere it fits)
+        low = self.config.low_watermark
+        keeps = None if high >= 1.0 or hard_pin or need <= low * table.min_capacity else self._keeps
+        if keeps is not None and need > low * table.max_capacity and need > (kept := self._largest_kept()):
             self.counters["too_large"] += 1
             raise TooLarge(
                 f"key {_short(key)}: value of {value_size_bytes} B needs {need} B with its object header, "
                 f"more than any segment keeps: a segment past high_watermark "
                 f"({self.config.high_watermark:g} of its capacity) is evicted down to low_watermark "
-                f"({self.config.low_watermark:g}), so the next sweep would evict this value at once; "
-                f"the most a segment keeps is {kept} B (raise high_watermark, or add a larger segment); "
+                f"({self.config.low_watermark:g}), which a value this large cannot fit under, so the "
+                f"first sweep after anything else is stored beside it would evict it; "
+                f"the most a segment keeps is {kept} B (raise low_watermark, or add a larger segment); "
                 "nothing was evicted",
                 key=key, requested_bytes=value_size_bytes,
             )
