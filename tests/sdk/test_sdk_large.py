@@ -9,7 +9,8 @@ GiB = 1 << 30
 
 
 def test_one_gib_value_round_trip(make_cluster) -> None:
-    cl = make_cluster(region_size_bytes=GiB + 128 * MiB)  # under the high watermark with the index (0.8 %)
+    # under the low watermark (0.9: a sweep drains to it), with the index (0.8 %)
+    cl = make_cluster(region_size_bytes=GiB + 256 * MiB)
     with cl.client(0, buffer_pool_bytes=64 * MiB) as a, cl.client(1, buffer_pool_bytes=64 * MiB) as b:
         src = a.buffer(GiB)
         words = np.frombuffer(src, dtype=np.uint64)
