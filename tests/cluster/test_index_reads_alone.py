@@ -32,6 +32,14 @@ def report_every_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(index_path, "HITS_BATCH", 1)
 
 
+def _stored(c, prefix: str) -> list[str]:
+    """100 small keys put through ``c`` (read back from the index afterwards)."""
+    keys = [f"{prefix}/{i}" for i in range(100)]
+    for k in keys:
+        c.put(k, b"r" * 200, upsert=True)
+    return keys
+
+
 def _reads(c, keys: list[str], seconds: float) -> tuple[int, float]:
     n, slowest, end = 0, 0.0, time.monotonic() + seconds
     while time.monotonic() < end:
@@ -46,9 +54,7 @@ def _reads(c, keys: list[str], seconds: float) -> tuple[int, float]:
 @pytest.mark.parametrize("protocol", ["lean", "grpc"])
 def test_only_reads_from_the_index_never_block(cluster, report_every_read, protocol: str) -> None:
     with cluster.client(0, protocol=protocol) as c:
-        keys = [f"alone/{i}" for i in range(100)]
-        for k in keys:
-            c.put(k, b"r" * 200, upsert=True)
+        keys = _stored(c, "alone")
         n, slowest = 0, 0.0
         while n < 120_000:  # past the 81k reads that filled the answers before
             got, worst = _reads(c, keys, 1.0)
@@ -65,9 +71,7 @@ def test_only_reads_from_the_index_never_block(cluster, report_every_read, proto
 @pytest.mark.parametrize("protocol", ["lean", "grpc"])
 def test_reads_from_the_index_go_on_while_the_daemon_is_stopped(cluster, report_every_read, protocol: str) -> None:
     with cluster.client(0, protocol=protocol) as c:
-        keys = [f"paused/{i}" for i in range(100)]
-        for k in keys:
-            c.put(k, b"p" * 200, upsert=True)
+        keys = _stored(c, "paused")
         proc = cluster.clientds[0]
         proc.signal(signal.SIGSTOP)
         try:
