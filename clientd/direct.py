@@ -489,15 +489,11 @@ class DirectPuts:
         Returns:
             Puts revoked.
         """
-        starts: dict[int, int | None] = {}
-        dead: list[_Pending] = []
-        for p in list(self._pending.values()):
-            if not p.pid:
-                continue
-            if p.pid not in starts:
-                starts[p.pid] = process_start_time(p.pid)
-            if starts[p.pid] != p.pid_start:
-                dead.append(p)
+        from cxlkv.clientd.writers import running
+
+        watched = [p for p in self._pending.values() if p.pid]  # pid 0: a writer of unknown process
+        alive = {id(p) for p in running(watched)}
+        dead = [p for p in watched if id(p) not in alive]
         if not dead:
             return 0
         for p in dead:

@@ -32,11 +32,13 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Iterable, TypeVar
 
 from cxlkv.clientd.regions import StartupError
 
 __all__ = ["Incarnation", "Previous", "DirectWriter", "parse_record", "running", "RECORD_MAGIC"]
+
+W = TypeVar("W")
 
 log = logging.getLogger(__name__)
 
@@ -174,11 +176,6 @@ class Incarnation:
         if ended:
             self._append("".join(f"- {t}\n" for t in ended), len(ended))
 
-    @property
-    def direct(self) -> list[DirectWriter]:
-        """The pending direct puts as recorded."""
-        return list(self._direct.values())
-
     def _append(self, text: str, lines: int) -> None:
         if self._fd < 0:
             return
@@ -313,10 +310,11 @@ def _read_pid(fd: int) -> int:
         return 0
 
 
-def running(ws: Iterable[DirectWriter]) -> list[DirectWriter]:
-    """The writers of ``ws`` whose process is the same one still running, in order:
-    :func:`still_running` of each, with one look at ``/proc`` per writer process
-    (a record holds up to ``MAX_PENDING`` puts, most of them from a few writers)."""
+def running(ws: Iterable[W]) -> list[W]:
+    """The writers of ``ws`` (anything with ``pid`` and ``pid_start``: a
+    :class:`DirectWriter`, a pending direct put) whose process is the same one still
+    running, in order; one look at ``/proc`` per writer process (a record holds up to
+    ``MAX_PENDING`` puts, most of them from a few writers). A pid of 0 never runs."""
     from cxlkv.clientd import buffers
 
     starts: dict[int, int | None] = {}
@@ -329,10 +327,3 @@ def running(ws: Iterable[DirectWriter]) -> list[DirectWriter]:
         if starts[w.pid] == w.pid_start:
             out.append(w)
     return out
-
-
-def still_running(w: DirectWriter | Any) -> bool:
-    """Whether the writer process of ``w`` is the same process still running."""
-    from cxlkv.clientd.buffers import process_start_time
-
-    return w.pid > 0 and process_start_time(w.pid) == w.pid_start

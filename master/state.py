@@ -198,28 +198,26 @@ class MasterState:
         """Changes whenever a segment is mounted or unmounted."""
         return self.segment_table.version
 
+    def _kept_bytes(self, seg: Segment) -> int:
+        """The largest extent ``seg`` keeps past its next eviction sweep, in bytes: a CXL
+        segment past ``high_watermark`` of its capacity (anything else stored or reserved
+        beside the value takes it there) is drained down to ``low_watermark``, and a value
+        larger than that cannot survive the drain, however recently used; so no more
+        than ``low_watermark`` x capacity. An SSD tier segment (with tiering) and a
+        segment under ``high_watermark = 1`` keep up to their capacity."""
+        if self.config.high_watermark >= 1.0 or (seg.tier == Tier.SSD and self.tiering.has_ssd):
+            return seg.capacity_bytes
+        return int(self.config.low_watermark * seg.capacity_bytes)
+
     def _keeps(self, seg: Segment, need: int) -> bool:
-        """Whether ``seg`` keeps an extent of ``need`` bytes past its next eviction sweep
-        (see :meth:`_largest_kept`)."""
-        return (self.config.high_watermark >= 1.0 or (seg.tier == Tier.SSD and self.tiering.has_ssd)
-                or need <= int(self.config.low_watermark * seg.capacity_bytes))
+        """Whether ``seg`` keeps an extent of ``need`` bytes (:meth:`_kept_bytes`)."""
+        return need <= self._kept_bytes(seg)
 
     def _largest_kept(self) -> int:
-        """The largest extent some mounted segment keeps past its next eviction sweep,
-        in bytes: a CXL segment past ``high_watermark`` of its capacity (anything else
-        stored or reserved beside the value takes it there) is drained down to
-        ``low_watermark``, and a value larger than that cannot survive the drain, however
-        recently used; so no more than ``low_watermark`` x capacity. An SSD tier segment
-        (with tiering) and a segment under ``high_watermark = 1`` keep up to their
-        capacity. DRAM tiers hold only extra copies (never a new object's home)."""
-        high, low = self.config.high_watermark, self.config.low_watermark
-        kept = 0
-        for seg in self.segment_table.mounted:
-            if seg.tier == Tier.DRAM:
-                continue
-            whole = high >= 1.0 or (seg.tier == Tier.SSD and self.tiering.has_ssd)
-            kept = max(kept, seg.capacity_bytes if whole else int(low * seg.capacity_bytes))
-        return kept
+        """The largest extent some mounted segment keeps (:meth:`_kept_bytes`), in bytes;
+        DRAM tiers hold only extra copies (never a new object's home)."""
+        return max((self._kept_bytes(seg) for seg in self.segment_table.mounted if seg.tier != Tier.DRAM),
+                   default=0)
 
     def segments(self, include_unmounted: bool = False) -> list[Segment]:
         """Mounted segments in id order; with ``include_unmounted``, the current

@@ -233,9 +233,7 @@ class LeanConnection:
         payload = request.SerializeToString()
         header = _pack(MIN_LENGTH + len(payload), method.number, 0, rid)
         try:
-            if self._unsent:
-                sock.sendall(self._unsent)
-                self._unsent = b""
+            self._send_unsent(sock)
             if len(payload) <= _JOIN_BYTES:
                 sock.sendall(header + payload)
             else:
@@ -273,9 +271,7 @@ class LeanConnection:
         payload = request.SerializeToString()
         try:
             self._skip_answers()
-            if self._unsent:
-                sock.sendall(self._unsent)
-                self._unsent = b""
+            self._send_unsent(sock)
             sock.sendall(_pack(MIN_LENGTH + len(payload), method.number, 0, rid) + payload)
         except OSError as exc:
             self.close()
@@ -311,6 +307,12 @@ class LeanConnection:
         if n < len(data):
             self._unsent = data[n:]
         return True
+
+    def _send_unsent(self, sock: socket.socket) -> None:
+        """Finish, blocking, the request :meth:`send_nowait` left partly written."""
+        if self._unsent:
+            sock.sendall(self._unsent)
+            self._unsent = b""
 
     def _skip_answers(self) -> None:
         """Read, without blocking, and drop the answers already here to earlier
