@@ -291,17 +291,6 @@ class IndexPath:
         return out
 
     # -- the answers in the Client's terms ---------------------------------------
-    def get_value(self, key: str) -> bytes | _Marker:
-        """:meth:`get`: the value, or :data:`FALLBACK`.
-
-        Raises:
-            NotFound: a definite miss.
-        """
-        v = self.get(key)
-        if v is MISS:
-            raise _not_found(key)
-        return v
-
     def get_into_size(self, key: str, dst: Any) -> int | _Marker:
         """:meth:`get_into` (``dst`` an array): the value's size, or :data:`FALLBACK`.
 
