@@ -446,6 +446,12 @@ class ClientApi:
         """Commit or revoke direct puts; per item STALE_TOKEN, CHECKSUM_MISMATCH (bad header), …"""
         return await self.direct.put_end(req)
 
+    async def DirectReserve(self, req: client_pb2.DirectReserveRequest) -> client_pb2.DirectReserveResponse:
+        """Hand reservations to a direct writer that commits them to the master itself
+        (``offered = false`` where it may not). Raises INVALID_ARGUMENT (not offered,
+        pid not running)."""
+        return await self.direct.reserve(req)
+
     async def DirectGet(self, req: client_pb2.DirectGetRequest) -> client_pb2.DirectGetResponse:
         """Locate and lease objects for a direct reader; per item NOT_FOUND, INVALID_KEY, …"""
         return await self.direct.get(req)

@@ -20,6 +20,16 @@ itself; the daemon does no copy (docs/sdk.md "Direct mode"):
   answers the extents; the caller copies, verifies, and ends the lease with
   ``DirectRelease`` (or piggy-backed on its next ``DirectGet``). Releases go to
   the master batched, like the daemon's own.
+* ``DirectReserve`` (direct commit): reservations from the daemon's pool handed
+  to a writer, with the registration to commit them under; the writer commits
+  to the master's lean port itself (one round trip per put or batch, none
+  through the daemon). They are the writer's pending puts until it says it is
+  done with them (``done_put_tokens``) or exits: then they go back to the master
+  (``Reserve`` with ``unreserve_put_tokens``, or ``PutRevoke`` when their
+  registration ended), never into the daemon's pool — the master refuses the
+  give-back of a token that was committed, so no committed object's extent is
+  ever reused. The daemon does not check the header of a directly committed
+  object: a reader checks it (a value whose header does not match is a miss).
 * A caller acts only on its own direct puts and leases (the caller is known from
   the socket, ``SO_PEERCRED``, on the lean socket; all gRPC callers are one
   caller): ``DirectPutEnd`` of another's put token answers STALE_TOKEN, as an
@@ -45,7 +55,7 @@ from cxlkv.errors import CxlkvError, ErrorCode, InvalidArgument
 from cxlkv.wire.keys import key_error, options_error
 from cxlkv.layout.objheader import check_copy, header_bytes_for
 from cxlkv.wire.lean import PEER_CRED
-from cxlkv.v1 import client_pb2, common_pb2
+from cxlkv.v1 import client_pb2, common_pb2, master_pb2
 
 if TYPE_CHECKING:
     from cxlkv.clientd.core import ClientdCore
@@ -63,6 +73,9 @@ REAP_INTERVAL_S = 0.5
 LARGE_PUT_BYTES = 1 << 20
 #: Most pending direct puts one daemon keeps (a runaway caller gets NOT_READY).
 MAX_PENDING = 1 << 20
+#: Most reservations one writer process holds from DirectReserve at once (two
+#: batches of the SDK's largest direct-commit call).
+MAX_HANDED_PER_WRITER = 1024
 #: Most direct leases remembered (with their caller) for DirectRelease; the oldest
 #: are forgotten first (their leases end on the master by themselves).
 MAX_LEASES = 1 << 20
@@ -106,6 +119,11 @@ class _Pending:
     #: ``None``: unknown (gRPC, or adopted from a previous process) — then any
     #: caller may end it.
     caller: Any = None
+    #: Handed to the writer by DirectReserve: the writer may commit it to the master
+    #: itself, so the daemon never puts it back in its own pool (the extent may be
+    #: a committed object's by now); it is given back to the master, which refuses
+    #: a token already committed.
+    handed: bool = False
 
 
 class DirectPuts:
@@ -127,6 +145,7 @@ class DirectPuts:
         #: gRPC; monotonic time after which it is forgotten). Insertion order.
         self._leases: OrderedDict[int, tuple[Any, float]] = OrderedDict()
         self._reaper: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         #: Records the pending direct puts for a later process of this daemon (clientd/writers.py).
         self.incarnation: Any = None
         core.direct_pending = self.pending_tokens
@@ -140,7 +159,9 @@ class DirectPuts:
         writers still run: each is ended when its writer sends DirectPutEnd (STALE_TOKEN,
         then PutRevoke frees its quarantined space) or revoked when the writer exits."""
         for w in writers:
-            self._add(_Pending(w.key, w.put_token, w.put_token, 0, 0, [], w.pid, w.pid_start, -1))
+            # a key-less one was handed to the writer (DirectReserve): it may have committed it
+            self._add(_Pending(w.key, w.put_token, w.put_token, 0, 0, [], w.pid, w.pid_start, -1,
+                               handed=not w.key))
         if writers:
             self._ensure_reaper()
             self._record()
@@ -335,12 +356,131 @@ class DirectPuts:
         master: PutStart puts, and reservations taken under a registration that
         ended (the master quarantined them; PutRevoke frees them, the writer is done)."""
         rest: list[_Pending] = []
+        handed: list[_Pending] = []
         for p in pending:
-            if p.reservation is None or p.generation != self.core.link.generation:
+            if p.handed:
+                handed.append(p)
+            elif p.reservation is None or p.generation != self.core.link.generation:
                 rest.append(p)
             else:
                 self.core.reserve.give_back(p.header_bytes + p.size, [p.reservation])
+        if handed:
+            self._spawn(self._end_handed(handed))
         return rest
+
+    async def _end_handed(self, handed: list[_Pending]) -> None:
+        """Give reservations a writer is done with back to the master: those of the
+        current registration with ``Reserve(unreserve_put_tokens)``, older ones
+        (quarantined when their registration ended) with ``PutRevoke``. A token the
+        writer committed is refused (STALE_TOKEN) and stays the object's."""
+        link = self.core.link
+        gen = link.generation
+        current = [p.token for p in handed if p.generation == gen]
+        older = [("", p.token, 0) for p in handed if p.generation != gen]
+        if current:
+            try:
+                await link.call("Reserve", lambda: master_pb2.ReserveRequest(
+                    client_id=link.client_id, epoch=link.epoch, unreserve_put_tokens=current))
+            except CxlkvError as exc:  # quarantined with the registration when it ends
+                log.debug("giving back %d handed reservation(s) failed: %s", len(current), exc.message)
+        if older:
+            await self._revoke(older)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _end_reported(self, req: client_pb2.DirectReserveRequest, caller: Any) -> None:
+        """Forget the handed reservations the writer reports done: a committed one
+        the index shows committed with its version is the object's now; every other
+        (unused, or a claim the index does not confirm) goes back to the master,
+        which refuses — and so keeps — a token that was committed."""
+        back: list[_Pending] = []
+
+        def own(t: int) -> _Pending | None:
+            p = self._pending.get(t)
+            if p is None or not p.handed or (p.caller is not None and p.caller != caller):
+                return None
+            self._drop(t)
+            return p
+
+        for t in req.done_put_tokens:
+            if (p := own(t)) is not None:
+                back.append(p)
+        claimed = [(p, k) for t, k in zip(req.committed_put_tokens, req.committed_keys) if (p := own(t)) is not None]
+        if claimed:
+            reader = self.core.index.reader()
+            keys = [k.encode("utf-8", "surrogatepass") for _, k in claimed]
+            try:
+                if reader is None or any(not 1 <= len(k) <= 4096 for k in keys):
+                    raise InvalidArgument("no index to confirm the commits")
+                found = reader.probe_many(keys)
+            except CxlkvError:
+                found = [None] * len(claimed)
+            for (p, _), r in zip(claimed, found):
+                if r is None or r.version != p.token:
+                    back.append(p)
+        if back:
+            self._give_back(back)
+
+    async def reserve(self, req: client_pb2.DirectReserveRequest) -> client_pb2.DirectReserveResponse:
+        """DirectReserve: hand reservations to a direct writer that commits them itself.
+
+        Raises:
+            InvalidArgument: direct mode is not offered; no ``pid``, or it is not
+                running; ``need_bytes`` and ``counts`` differ in length.
+        """
+        self._check_offered()
+        pid = int(req.pid)
+        pid_start = process_start_time(pid) if pid else None
+        if pid_start is None:
+            raise InvalidArgument(f"DirectReserve needs the pid of a running writer process (got {pid})")
+        needs, counts = list(req.need_bytes), list(req.counts)
+        if len(needs) != len(counts):
+            raise InvalidArgument(f"DirectReserve: {len(needs)} sizes with {len(counts)} counts")
+        caller = PEER_CRED.get()
+        if len(req.committed_put_tokens) != len(req.committed_keys):
+            raise InvalidArgument(f"DirectReserve: {len(req.committed_put_tokens)} committed tokens with "
+                                  f"{len(req.committed_keys)} keys")
+        if req.done_put_tokens or req.committed_put_tokens:
+            self._end_reported(req, caller)
+        resp = client_pb2.DirectReserveResponse()
+        core = self.core
+        route = core.link.commit_route() if core.cfg.direct_commit else None
+        why = ("config direct_commit is off" if not core.cfg.direct_commit
+               else "reservations are off (config reserve_ahead)" if not core.reserve.enabled
+               else "the master link is not plaintext lean framing, or not registered" if route is None else "")
+        if why:
+            resp.why_not = why
+            self._record()
+            return resp
+        resp.offered = True
+        resp.master_address, resp.client_id, resp.epoch = route  # type: ignore[misc]
+        self._ensure_reaper()
+        gen = core.link.generation
+        pool = core.reserve
+        held = sum(1 for p in self._pending.values() if p.handed and p.pid == pid)
+        for need, count in zip(needs, counts):
+            count = max(0, min(int(count), MAX_HANDED_PER_WRITER - held, MAX_PENDING - len(self._pending)))
+            got = pool.take(int(need), count) if count else []
+            granted = 0
+            for r in got:
+                if self._direct_region(r.segment_id) is None:  # not a region direct callers map
+                    pool.give_back(int(need), [r])
+                    continue
+                ext = common_pb2.Extent(segment_id=r.segment_id, offset_bytes=r.offset_bytes,
+                                        length_bytes=r.length_bytes)
+                self._add(_Pending("", r.put_token, r.put_token, int(need), 0, [ext], pid, pid_start, gen,
+                                   reservation=r, caller=caller, handed=True))
+                resp.put_tokens.append(r.put_token)
+                resp.extents.append(self._extent(ext, int(_CXL)))
+                granted += 1
+            held += granted
+            resp.granted.append(granted)
+            core.counters["direct_reserved_handed"] += granted
+        self._record()  # before the writer learns its extents: a later process must know of it
+        return resp
 
     async def put_end(self, req: client_pb2.DirectPutEndRequest) -> client_pb2.DirectPutEndResponse:
         """DirectPutEnd: commit (or revoke) each item; one status per item.
@@ -369,7 +509,7 @@ class DirectPuts:
         begun: dict[int, int] = {}  # position -> the registration (link generation) its put began in
         for i, it in enumerate(req.items):
             p = self._pending.get(it.put_token)
-            if p is None or p.key != it.key or (p.caller is not None and p.caller != caller):
+            if p is None or p.handed or p.key != it.key or (p.caller is not None and p.caller != caller):
                 out[i] = _status(_STALE_TOKEN, f"no pending direct put of key {it.key!r} with token "
                                                f"{it.put_token} (already ended, revoked or reclaimed)")
                 continue

@@ -381,6 +381,17 @@ class MasterLink:
         """Whether the daemon holds a registration (it may have expired unnoticed)."""
         return self._registered.is_set()
 
+    def commit_route(self) -> tuple[str, str, int] | None:
+        """Where a direct-mode writer may commit reservations of this registration
+        itself: ``(master lean host:port, client_id, epoch)``, or ``None`` — not
+        registered, no lean link, or the link uses TLS (the writer holds no
+        identity of the cluster's: it commits through the daemon then)."""
+        lean = self._lean
+        if lean is None or self._ssl is not None or not self.registered or not self.client_id:
+            return None
+        host = lean.host if ":" not in lean.host else f"[{lean.host}]"
+        return f"{host}:{lean.port}", self.client_id, self.epoch
+
     def coalescers(self) -> list[Coalescer[Any, Any]]:
         """Every coalescer, for stats."""
         return [self.put_start, self.put_end, self.commit, self.put_revoke, self.locate, self.exist,

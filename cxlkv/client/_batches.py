@@ -132,6 +132,19 @@ class BatchCalls(DaemonLink):
                     results[i] = Result(False, error=r)
                 else:
                     results[i] = Result(True, version=int(r))  # type: ignore[arg-type]
+        d = self._direct
+        if inline and d is not None and d.commit_available:  # committed to the master from here
+            done = d.commit([(i, keys[i], src_array(values[i]), opts) for i in inline])
+            rest: list[int] = []
+            for i in inline:
+                r = done.get(i, FALLBACK)
+                if r is FALLBACK:
+                    rest.append(i)
+                elif isinstance(r, CxlkvError):
+                    results[i] = Result(False, error=r)
+                else:
+                    results[i] = Result(True, version=int(r))
+            inline = rest
         # Inline items refused as too large for this daemon go through the pool.
         over = self._daemon.put_inline_many(keys, values, inline, opts, results)
         staged.extend((i, src_array(values[i])) for i in over)

@@ -175,7 +175,7 @@ class Client(BatchCalls):
         self.direct_status = "off (direct=False)"
         if direct:
             self._direct, why = DirectPath.open(self._call, prefault=direct_prefault, send=self._send,
-                                                report=self._send_nowait)
+                                                report=self._send_nowait, commit_timeout_s=self.timeout_s)
             if self._direct is not None:
                 self.direct_status = "on" + (f" (skipped: {why})" if why else "")
             else:
@@ -211,6 +211,8 @@ class Client(BatchCalls):
                 self._direct.index.flush_hits(wait=True)
             except Exception:  # noqa: BLE001 - closing must not fail on a lost report
                 pass
+        if self._direct is not None and self._direct.commits is not None and self._pid == os.getpid():
+            self._direct.commits.close()  # reservations held go back while the daemon is still reachable
         self._closed = True
         d, self._direct = self._direct, None
         cu, self._cuda = self._cuda, None
@@ -319,6 +321,13 @@ class Client(BatchCalls):
         """
         for path in paths:
             if path == Path.INLINE:
+                d = self._direct
+                if d is not None and d.commit_available:  # committed to the master from here
+                    r = d.commit([(0, key, src_array(src) if a is None else a, opts)])[0]
+                    if isinstance(r, CxlkvError):
+                        raise r
+                    if r is not FALLBACK:
+                        return r
                 r = self._daemon.put_inline(key, src if a is None else a.tobytes(), opts)
             elif path == Path.STAGED:
                 return self._daemon.put_staged(key, src_array(src) if a is None else a, opts)

@@ -141,8 +141,10 @@ class LeanConnection:
             the caller, root or the socket's owner (``SO_PEERCRED``).
     """
 
-    def __init__(self, path: str, timeout_s: float) -> None:
+    def __init__(self, path: str, timeout_s: float, *, _sock: socket.socket | None = None) -> None:
         self.path = path
+        #: Who answers, for messages.
+        self.peer = f"clientd at {path}"
         self.timeout_s = timeout_s
         self._next_id = 1
         self._rb = bytearray(_RECV_BYTES)
@@ -153,6 +155,9 @@ class LeanConnection:
         #: The rest of a request :meth:`send_nowait` could not write whole: written
         #: before anything else goes on this connection.
         self._unsent = b""
+        if _sock is not None:
+            self._sock: socket.socket | None = _sock
+            return
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout_s)
@@ -173,7 +178,33 @@ class LeanConnection:
             if isinstance(exc, UntrustedDaemon):
                 raise
             raise DaemonUnreachable(_unreachable(path, exc)) from None
-        self._sock: socket.socket | None = sock
+        self._sock = sock
+
+    @classmethod
+    def tcp(cls, address: str, timeout_s: float, *, peer: str) -> "LeanConnection":
+        """A connection to a lean-framing service on TCP ``host:port`` (plaintext;
+        the master's lean port, for direct commit), ``peer`` naming it in messages.
+
+        Raises:
+            Unavailable: nobody listens there, or no connection within ``timeout_s``.
+        """
+        host, _, port = address.rpartition(":")
+        try:
+            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
+        except (OSError, ValueError) as exc:
+            raise Unavailable(f"cannot connect to {peer} at {address}: {exc}") from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(None)
+            tv = _timeval(timeout_s)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+        except OSError as exc:
+            sock.close()
+            raise Unavailable(f"cannot connect to {peer} at {address}: {exc}") from None
+        conn = cls(address, timeout_s, _sock=sock)
+        conn.peer = f"{peer} at {address}"
+        return conn
 
     @property
     def closed(self) -> bool:
@@ -227,7 +258,7 @@ class LeanConnection:
         """
         sock = self._sock
         if sock is None:
-            raise DaemonUnreachable(f"connection to clientd at {self.path} is closed")
+            raise DaemonUnreachable(f"connection to {self.peer} is closed")
         rid = self._next_id
         self._next_id = rid + 1
         payload = request.SerializeToString()
@@ -245,10 +276,10 @@ class LeanConnection:
                     break  # answers to abandoned requests (none in practice) are skipped
         except (socket.timeout, BlockingIOError):  # SO_RCVTIMEO / SO_SNDTIMEO expired
             self.close()
-            raise Unavailable(f"clientd at {self.path} did not answer {method.name} within {self.timeout_s:g} s") from None
+            raise Unavailable(f"{self.peer} did not answer {method.name} within {self.timeout_s:g} s") from None
         except OSError as exc:
             self.close()
-            raise DaemonUnreachable(f"connection to clientd at {self.path} lost during {method.name}: {exc}") from None
+            raise DaemonUnreachable(f"connection to {self.peer} lost during {method.name}: {exc}") from None
         if code:
             raise _error_from_detail(code, body)
         try:
@@ -265,7 +296,7 @@ class LeanConnection:
         """
         sock = self._sock
         if sock is None:
-            raise DaemonUnreachable(f"connection to clientd at {self.path} is closed")
+            raise DaemonUnreachable(f"connection to {self.peer} is closed")
         rid = self._next_id
         self._next_id = rid + 1
         payload = request.SerializeToString()
@@ -275,7 +306,7 @@ class LeanConnection:
             sock.sendall(_pack(MIN_LENGTH + len(payload), method.number, 0, rid) + payload)
         except OSError as exc:
             self.close()
-            raise DaemonUnreachable(f"connection to clientd at {self.path} lost during {method.name}: {exc}") from None
+            raise DaemonUnreachable(f"connection to {self.peer} lost during {method.name}: {exc}") from None
 
     def send_nowait(self, method: Method, request: Any) -> bool:
         """:meth:`send` that never blocks: ``False`` when the daemon's socket is full
@@ -288,7 +319,7 @@ class LeanConnection:
         """
         sock = self._sock
         if sock is None:
-            raise DaemonUnreachable(f"connection to clientd at {self.path} is closed")
+            raise DaemonUnreachable(f"connection to {self.peer} is closed")
         try:
             self._skip_answers()
             if self._unsent:
@@ -302,7 +333,7 @@ class LeanConnection:
             return False
         except OSError as exc:
             self.close()
-            raise DaemonUnreachable(f"connection to clientd at {self.path} lost during {method.name}: {exc}") from None
+            raise DaemonUnreachable(f"connection to {self.peer} lost during {method.name}: {exc}") from None
         self._next_id += 1
         if n < len(data):
             self._unsent = data[n:]
@@ -409,7 +440,7 @@ class LeanConnection:
                 return [exc]
         sock = self._sock
         if sock is None:
-            raise DaemonUnreachable(f"connection to clientd at {self.path} is closed")
+            raise DaemonUnreachable(f"connection to {self.peer} is closed")
         pending: dict[int, int] = {}
         parts: list[bytes] = []
         for i, (m, req) in enumerate(calls):
@@ -458,10 +489,10 @@ class LeanConnection:
                     self._fill()
         except (socket.timeout, BlockingIOError):
             self.close()
-            raise Unavailable(f"clientd at {self.path} did not answer within {self.timeout_s:g} s") from None
+            raise Unavailable(f"{self.peer} did not answer within {self.timeout_s:g} s") from None
         except OSError as exc:
             self.close()
-            raise DaemonUnreachable(f"connection to clientd at {self.path} lost: {exc}") from None
+            raise DaemonUnreachable(f"connection to {self.peer} lost: {exc}") from None
         finally:
             if self._sock is not None:
                 self._sock.setblocking(True)
@@ -715,8 +746,10 @@ class LeanConnector:
         timeout_s: longest wait for an answer, in seconds.
     """
 
-    def __init__(self, path: str, timeout_s: float) -> None:
+    def __init__(self, path: str, timeout_s: float, *, _sock: socket.socket | None = None) -> None:
         self.path = path
+        #: Who answers, for messages.
+        self.peer = f"clientd at {path}"
         self.timeout_s = timeout_s
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -760,8 +793,10 @@ class GrpcConnector:
         timeout_s: deadline of each call, in seconds.
     """
 
-    def __init__(self, path: str, timeout_s: float) -> None:
+    def __init__(self, path: str, timeout_s: float, *, _sock: socket.socket | None = None) -> None:
         self.path = path
+        #: Who answers, for messages.
+        self.peer = f"clientd at {path}"
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._conn: GrpcConnection | None = None

@@ -66,6 +66,10 @@ HASH_IN_THREAD_BYTES = 1 << 20
 #: transport can (False).
 PUT_HASH_OVERLAP = os.environ.get("CXLKV_DIRECT_PUT_FUSED", "") != "1"
 
+#: Items of a batch committed directly per call (reservations asked for and one
+#: Commit each; the daemon hands a writer at most 256 per size and call).
+COMMIT_CALL_ITEMS = 256
+
 _xxh3 = xxhash.xxh3_64_intdigest
 _UNKNOWN_CLIENT = int(ErrorCode.UNKNOWN_CLIENT)
 
@@ -118,6 +122,8 @@ class DirectPath:
         self.disabled = ""
         #: Reads from the region's index (:mod:`cxlkv.client._index`), or None.
         self.index: Any = None
+        #: Puts committed to the master by this process (:mod:`cxlkv.client._commit`), or None.
+        self.commits: Any = None
         self.flush = flush
         self.verify_first = verify_first
         self._pool: ThreadPoolExecutor | None = None
@@ -133,12 +139,14 @@ class DirectPath:
     @classmethod
     def open(cls, call: Callable[[str, Any], Any], *, prefault: bool = False,
              send: Callable[[str, Any], None] | None = None,
-             report: Callable[[str, Any], Any] | None = None) -> tuple["DirectPath | None", str]:
+             report: Callable[[str, Any], Any] | None = None,
+             commit_timeout_s: float = 5.0) -> tuple["DirectPath | None", str]:
         """Ask the daemon for the offer and map every region it lists, checking identity.
 
         ``send`` sends without waiting for the answer (lease releases); ``report``, which
         the index path's hit reports use, must never block (a stopped daemon must not
-        stop reads from the index): default ``send``.
+        stop reads from the index): default ``send``. ``commit_timeout_s``: longest
+        wait for the master's answer to a direct commit, seconds.
 
         Returns:
             ``(path, why)``: ``path`` is ``None`` when direct mode cannot be used
@@ -196,6 +204,11 @@ class DirectPath:
                                             call=call, verify_first=path.verify_first)
         if index_why:
             log.info("direct mode: index reads off: %s", index_why)
+        from cxlkv.client._commit import DirectCommits
+
+        reader = path.index.reader if path.index is not None else None
+        path.commits = DirectCommits(call, path._write, (lambda k: reader.probe(k).version) if reader else None,
+                                     commit_timeout_s)
         return path, why
 
     def changed(self, info: client_pb2.DirectInfoResponse) -> str | None:
@@ -225,6 +238,9 @@ class DirectPath:
 
     def close(self) -> None:
         """Unmap the regions and stop the helper thread (idempotent)."""
+        commits, self.commits = self.commits, None
+        if commits is not None:
+            commits.close()
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
@@ -263,11 +279,40 @@ class DirectPath:
             return {pos: FALLBACK for pos, *_ in items}
         out: dict[int, Any] = {}
         todo = [_PutItem(pos, key, src, _nbytes(src), opts) for pos, key, src, opts in items]
+        commits = self.commits
+        if commits is not None and commits.available:  # host values first to the master, directly
+            host = [it for it in todo if isinstance(it.src, np.ndarray)]
+            if host:
+                done = commits.put(host, FALLBACK)
+                out.update((pos, r) for pos, r in done.items() if r is not FALLBACK)
+                todo = [it for it in todo if it.pos not in out]
         for attempt in range(2):
             if not todo:
                 break
             todo = self._put_attempt(todo, out, retry_allowed=attempt == 0)
         return out
+
+    def commit(self, items: list[tuple[int, str, np.ndarray, common_pb2.PutOptions | None]]) -> dict[int, Any]:
+        """:meth:`put` by direct commit only (small values: the daemon's inline path
+        is cheaper than DirectPutStart/End for what cannot be committed directly).
+
+        Returns:
+            Position → version, a :class:`CxlkvError`, or :data:`FALLBACK`.
+        """
+        commits = self.commits
+        if self.disabled or commits is None or not commits.available:
+            return {pos: FALLBACK for pos, *_ in items}
+        out: dict[int, Any] = {}
+        todo = [_PutItem(pos, key, a, a.nbytes, opts) for pos, key, a, opts in items]
+        for start in range(0, len(todo), COMMIT_CALL_ITEMS):
+            out.update(commits.put(todo[start:start + COMMIT_CALL_ITEMS], FALLBACK))
+        return out
+
+    @property
+    def commit_available(self) -> bool:
+        """Whether :meth:`commit` may take puts now."""
+        c = self.commits
+        return c is not None and not self.disabled and c.available
 
     def put_batch(self, items: list[tuple[int, str, Any, common_pb2.PutOptions | None]],
                   per_call: int) -> dict[int, Any]:
@@ -324,7 +369,7 @@ class DirectPath:
         ends: list[tuple[_PutItem, bool]] = []
         try:
             for it, r in started:
-                err = self._write(it, r)
+                err = self._write(it, r.version, r.header_bytes, r.extents)
                 if err is not None:
                     out[it.pos] = err
                 ends.append((it, err is not None))
@@ -359,14 +404,15 @@ class DirectPath:
                 out[it.pos] = error_for(st.code, st.message, key=it.key)
         return retry
 
-    def _write(self, it: _PutItem, r: client_pb2.DirectPutStartResult) -> CxlkvError | None:
-        """Copy the value into every extent, hash it, write the header (flushing in
-        flush mode); the error that stopped it, or ``None``."""
+    def _write(self, it: _PutItem, version: int, header_bytes: int, extents: Any) -> CxlkvError | None:
+        """Copy the value into every extent (``DirectExtent`` messages), hash it,
+        write the header of ``version`` (flushing in flush mode); the error that
+        stopped it, or ``None``. ``header_bytes`` 0: the size for the key."""
         key_utf8 = it.key.encode("utf-8")
-        hb = r.header_bytes or header_bytes_for(len(key_utf8))
+        hb = header_bytes or header_bytes_for(len(key_utf8))
         faults = _guard_total_hits()
         try:
-            for n, ext in enumerate(r.extents):
+            for n, ext in enumerate(extents):
                 region = self._region(ext)
                 if region is None:  # the daemon vouched for these; defensive
                     return CxlkvError(f"segment {ext.extent.segment_id} is not mapped by this process")
@@ -382,9 +428,9 @@ class DirectPath:
                     it.checksum = _xxh3(b"")
             checksum = _value(it.checksum)
             it.checksum = checksum
-            head = pack_header(key_utf8, r.version, it.size, checksum) + key_utf8
+            head = pack_header(key_utf8, version, it.size, checksum) + key_utf8
             head += bytes(hb - len(head))
-            for ext in r.extents:
+            for ext in extents:
                 region = self._region(ext)
                 # Written back in both modes (one or two lines): the daemon checks it
                 # from its own mapping before PutEnd, on coherent and non-coherent memory.
@@ -394,7 +440,7 @@ class DirectPath:
         except (TypeError, ValueError, BufferError) as exc:
             return CxlkvError(f"copy failed: {exc}")
         if _guard_total_hits() != faults:  # some mapping's file shrank meanwhile: was it ours?
-            for ext in r.extents:
+            for ext in extents:
                 region = self._region(ext)
                 if region is not None and getattr(region, "guard_hits", 0):
                     return RegionError(f"region {region.path} shrank under this process: the value was not "

@@ -6,6 +6,42 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class DirectReserveRequest(_message.Message):
+    __slots__ = ("pid", "need_bytes", "counts", "done_put_tokens", "committed_put_tokens", "committed_keys")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    NEED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    DONE_PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    need_bytes: _containers.RepeatedScalarFieldContainer[int]
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    done_put_tokens: _containers.RepeatedScalarFieldContainer[int]
+    committed_put_tokens: _containers.RepeatedScalarFieldContainer[int]
+    committed_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pid: _Optional[int] = ..., need_bytes: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., done_put_tokens: _Optional[_Iterable[int]] = ..., committed_put_tokens: _Optional[_Iterable[int]] = ..., committed_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DirectReserveResponse(_message.Message):
+    __slots__ = ("offered", "master_address", "client_id", "epoch", "granted", "put_tokens", "extents", "why_not")
+    OFFERED_FIELD_NUMBER: _ClassVar[int]
+    MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    WHY_NOT_FIELD_NUMBER: _ClassVar[int]
+    offered: bool
+    master_address: str
+    client_id: str
+    epoch: int
+    granted: _containers.RepeatedScalarFieldContainer[int]
+    put_tokens: _containers.RepeatedScalarFieldContainer[int]
+    extents: _containers.RepeatedCompositeFieldContainer[DirectExtent]
+    why_not: str
+    def __init__(self, offered: bool = ..., master_address: _Optional[str] = ..., client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., granted: _Optional[_Iterable[int]] = ..., put_tokens: _Optional[_Iterable[int]] = ..., extents: _Optional[_Iterable[_Union[DirectExtent, _Mapping]]] = ..., why_not: _Optional[str] = ...) -> None: ...
+
 class ClientReportHitsRequest(_message.Message):
     __slots__ = ("keys", "get_items", "bytes_out", "prefix_queries", "prefix_keys", "prefix_hits", "chain_keys", "chain_lengths", "chain_matched", "reads_copied_again")
     KEYS_FIELD_NUMBER: _ClassVar[int]

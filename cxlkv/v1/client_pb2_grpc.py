@@ -179,6 +179,11 @@ class ClientServiceStub(object):
                 request_serializer=cxlkv_dot_v1_dot_client__pb2.ClientReportHitsRequest.SerializeToString,
                 response_deserializer=cxlkv_dot_v1_dot_client__pb2.ClientReportHitsResponse.FromString,
                 _registered_method=True)
+        self.DirectReserve = channel.unary_unary(
+                '/cxlkv.v1.ClientService/DirectReserve',
+                request_serializer=cxlkv_dot_v1_dot_client__pb2.DirectReserveRequest.SerializeToString,
+                response_deserializer=cxlkv_dot_v1_dot_client__pb2.DirectReserveResponse.FromString,
+                _registered_method=True)
 
 
 class ClientServiceServicer(object):
@@ -400,6 +405,20 @@ class ClientServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DirectReserve(self, request, context):
+        """Direct commit (docs/sdk.md "Direct commit"): extents the daemon reserved with
+        the master, handed to a direct writer that commits them to the master itself
+        (MasterService.Commit on the master's lean port, with the registration this
+        answer names), so that a put costs one round trip between the writer and the
+        master and none through the daemon. The reservations belong to the writer's
+        `pid` as direct puts do: when it exits, the daemon gives back what it holds.
+        `offered = false` (the daemon's master link uses TLS, has no lean port, is not
+        registered, or config `direct_commit` is off): put through the daemon.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClientServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -547,6 +566,11 @@ def add_ClientServiceServicer_to_server(servicer, server):
                     servicer.ReportHits,
                     request_deserializer=cxlkv_dot_v1_dot_client__pb2.ClientReportHitsRequest.FromString,
                     response_serializer=cxlkv_dot_v1_dot_client__pb2.ClientReportHitsResponse.SerializeToString,
+            ),
+            'DirectReserve': grpc.unary_unary_rpc_method_handler(
+                    servicer.DirectReserve,
+                    request_deserializer=cxlkv_dot_v1_dot_client__pb2.DirectReserveRequest.FromString,
+                    response_serializer=cxlkv_dot_v1_dot_client__pb2.DirectReserveResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1332,6 +1356,33 @@ class ClientService(object):
             '/cxlkv.v1.ClientService/ReportHits',
             cxlkv_dot_v1_dot_client__pb2.ClientReportHitsRequest.SerializeToString,
             cxlkv_dot_v1_dot_client__pb2.ClientReportHitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DirectReserve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cxlkv.v1.ClientService/DirectReserve',
+            cxlkv_dot_v1_dot_client__pb2.DirectReserveRequest.SerializeToString,
+            cxlkv_dot_v1_dot_client__pb2.DirectReserveResponse.FromString,
             options,
             channel_credentials,
             insecure,

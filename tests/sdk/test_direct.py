@@ -317,9 +317,10 @@ def _reservations(cluster) -> tuple[int, int]:
     return cluster.master_stat().reserved_count, held
 
 
-def test_a_direct_put_costs_one_master_round_trip(cluster) -> None:
-    """Direct puts of a size the daemon holds reservations for: DirectPutStart answers
-    from the pool (no master call), DirectPutEnd is one Commit."""
+def test_a_direct_put_costs_one_master_round_trip(make_cluster) -> None:
+    """Direct puts of a size the daemon holds reservations for, direct commit off:
+    DirectPutStart answers from the pool (no master call), DirectPutEnd is one Commit."""
+    cluster = make_cluster(clientd_options={"direct_commit": False})
     size = 200 * KiB
     with cluster.client(0, direct_threshold_bytes=64 * KiB) as a, cluster.client(1) as b:
         for i in range(30):  # the pool learns the size
