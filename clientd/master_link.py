@@ -389,6 +389,8 @@ class MasterLink:
         lean = self._lean
         if lean is None or self._ssl is not None or not self.registered or not self.client_id:
             return None
+        if lean.unix_path:
+            return f"unix:{lean.unix_path}", self.client_id, self.epoch
         host = lean.host if ":" not in lean.host else f"[{lean.host}]"
         return f"{host}:{lean.port}", self.client_id, self.epoch
 
@@ -543,7 +545,7 @@ class MasterLink:
         self.heartbeat_interval_s = resp.heartbeat_interval_s or 1.0
         self.client_ttl_s = resp.client_ttl_s or 10.0
         self.lease_ttl_s = resp.lease_ttl_s or 5.0
-        self._use_lean(resp.lean_port)
+        self._use_lean(resp.lean_port, resp.lean_socket_path)
         self.index_region_uuid = resp.index_region_uuid
         self.index_epoch = resp.index_epoch
         await self._mount_local()
@@ -585,18 +587,23 @@ class MasterLink:
         self.regions.bind(listing.segments)
         self.segments = [s for s in listing.segments if s.mounted]
 
-    def _use_lean(self, port: int) -> None:
+    def _use_lean(self, port: int, unix_path: str = "") -> None:
         """Send hot-path calls over the master's lean framing when it serves one
-        (a Python gRPC call costs 0.5-1 ms of CPU on each side; a lean one a tenth)."""
-        if self._lean is not None and self._lean.port == port:
+        (a Python gRPC call costs 0.5-1 ms of CPU on each side; a lean one a tenth):
+        on its Unix socket when it serves one and its address is a loopback one
+        (the same host; about half a TCP loopback round trip), else on its TCP port."""
+        host = self.address.rsplit(":", 1)[0].strip("[]")
+        if self._ssl is not None or not _is_loopback(host):
+            unix_path = ""  # a path of the master's host means nothing here
+        if self._lean is not None and self._lean.port == port and self._lean.unix_path == unix_path:
             return
         if self._lean is not None:
             self._lean.close()
             self._lean = None
         if port:
-            host = self.address.rsplit(":", 1)[0].strip("[]")
-            self._lean = LeanChannel(host, port, _MASTER_METHODS, ssl=self._ssl)
-            log.info("lean link to the master on %s:%d%s", host, port, " (mutual TLS)" if self._ssl else "")
+            self._lean = LeanChannel(host, port, _MASTER_METHODS, ssl=self._ssl, unix_path=unix_path)
+            log.info("lean link to the master on %s%s", unix_path or f"{host}:{port}",
+                     " (mutual TLS)" if self._ssl else "")
 
     async def reregister(self, seen_generation: int) -> None:
         """Register again unless another caller already did since ``seen_generation``.
@@ -985,3 +992,15 @@ class MasterLink:
     def pending_releases(self) -> int:
         """Leases waiting to be released."""
         return len(self._pending_releases)
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this host's loopback."""
+    if host == "localhost":
+        return True
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

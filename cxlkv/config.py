@@ -195,6 +195,10 @@ class MasterConfig:
         "", "MasterService in lean frames for clientds' hot path: host:port (\"\" = listen_address's host, "
         "a free port at every start: set a fixed one, e.g. \"0.0.0.0:50052\", where a firewall must let "
         "clientds in; \"off\" = gRPC only)")
+    lean_socket_path: str = _f(
+        "", "MasterService in lean frames on this Unix socket too, for clientds and direct-mode writers on the "
+        "master's host when it listens on loopback (a round trip costs about half of TCP loopback's); "
+        "plaintext, so not served with TLS; file permissions (0660) decide who may connect (\"\" = none)")
     metrics_address: str = _f("", "Prometheus /metrics host:port (\"\" = disabled; port 0 picks)")
     tls_ca_file: str = _f("", "PEM certificate of the cluster CA: with tls_cert_file and tls_key_file, gRPC, the "
                           "lean port and /metrics require mutual TLS, every caller a certificate this CA signed "

@@ -199,6 +199,7 @@ class MasterServer:
         self._metrics: Any = None
         self._server: grpc.aio.Server | None = None
         self._lean: LeanFrameServer | None = None
+        self._lean_unix: LeanFrameServer | None = None
         self._health: health.aio.HealthServicer | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._owner_task: asyncio.Task[None] | None = None
@@ -260,6 +261,8 @@ class MasterServer:
             except OSError as exc:
                 raise ListenError(f"cannot listen on {cfg.lean_listen_address or lean_host + ':0'} "
                                   f"(lean_listen_address): {exc.strerror or exc}") from None
+            if cfg.lean_socket_path and not tls.enabled:  # plaintext: never beside TLS
+                await self._start_lean_unix(cfg.lean_socket_path, cfg.max_request_bytes)
         await server.start()
         self._server = server
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -281,6 +284,27 @@ class MasterServer:
         if cfg.address_file:
             _write_atomically(Path(cfg.address_file), self.address + "\n")
         return self.address
+
+    async def _start_lean_unix(self, path: str, max_frame_bytes: int) -> None:
+        """Serve the lean routes on the Unix socket ``path`` too (a socket file left by a
+        master that died is replaced; one another process listens on is an error)."""
+        if os.path.exists(path):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(path)
+            except OSError:
+                os.unlink(path)  # nobody listens: left behind
+            else:
+                raise ListenError(f"cannot listen on {path} (lean_socket_path): another process serves it")
+            finally:
+                probe.close()
+        self._lean_unix = LeanFrameServer(self.servicer.lean_routes(), max_frame_bytes=max_frame_bytes)
+        try:
+            await self._lean_unix.start_unix(path)
+        except OSError as exc:
+            self._lean_unix = None
+            raise ListenError(f"cannot listen on {path} (lean_socket_path): {exc.strerror or exc}") from None
+        self.servicer.lean_socket_path = path
 
     def _start_metrics(self) -> None:
         from cxlkv.master.metrics import start_master_metrics
@@ -381,6 +405,13 @@ class MasterServer:
         if self._lean is not None:
             await self._lean.stop(self.grace_s)
             self._lean = None
+        if self._lean_unix is not None:
+            await self._lean_unix.stop(self.grace_s)
+            self._lean_unix = None
+            try:
+                os.unlink(self.servicer.lean_socket_path)
+            except OSError:
+                pass
         if self._owner_task is not None:
             self._owner_task.cancel()
             try:

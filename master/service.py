@@ -268,6 +268,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
     fence: Any = None
     #: TCP port of the lean-framing MasterService (0: not served); told to clients at registration.
     lean_port: int = 0
+    #: The lean service's Unix socket ("" = none), told to clientds at registration.
+    lean_socket_path: str = ""
     #: The region holding the index this master publishes ("" = none) and its epoch; told at registration.
     index_region_uuid: str = ""
     index_epoch: int = 0
@@ -382,6 +384,7 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
             client_id=client.client_id, epoch=client.epoch,
             heartbeat_interval_s=st.config.heartbeat_interval_s, client_ttl_s=st.config.client_ttl_s,
             lease_ttl_s=st.config.lease_ttl_s, master_id=st.master_id, lean_port=self.lean_port,
+            lean_socket_path=self.lean_socket_path,
             index_region_uuid=self.index_region_uuid, index_epoch=self.index_epoch,
         )
         for seg in st.segments():

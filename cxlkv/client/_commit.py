@@ -40,7 +40,7 @@ import time
 from typing import Any, Callable
 
 from cxlkv.client.framing import service_methods
-from cxlkv.errors import CxlkvError, ErrorCode, Unavailable, error_for
+from cxlkv.errors import CxlkvError, DaemonUnreachable, ErrorCode, Unavailable, error_for
 from cxlkv.layout.objheader import header_bytes_for
 from cxlkv.v1 import client_pb2, master_pb2
 
@@ -154,7 +154,7 @@ class DirectCommits:
             counts=[min(MAX_HELD_PER_SIZE, n + AHEAD) for n in missing.values()], done_put_tokens=done,
             committed_put_tokens=[t for t, _ in committed], committed_keys=[k for _, k in committed])
         try:
-            resp = self._call("DirectReserve", req)
+            resp = self._call_daemon(req)
         except CxlkvError as exc:
             with self._lock:  # reported again next time (the daemon reaps them when we exit)
                 self._done.extend(done)
@@ -177,6 +177,15 @@ class DirectCommits:
                     stack.append((int(resp.put_tokens[j]), resp.extents[j]))
                 pos += n
             self.why_not = ""
+
+    def _call_daemon(self, req: Any) -> Any:
+        """DirectReserve, once more on a new connection when the daemon's went away
+        (a restarted daemon: the one answering now knows this writer from its
+        predecessor's record)."""
+        try:
+            return self._call("DirectReserve", req)
+        except DaemonUnreachable:
+            return self._call("DirectReserve", req)
 
     # ------------------------------------------------------------------ puts
     def put(self, items: list[Any], fallback: Any) -> dict[int, Any]:
@@ -291,7 +300,7 @@ class DirectCommits:
             conn = self._conns.pop() if self._conns else None
         if conn is None:
             try:
-                conn = LeanConnection.tcp(address, self.timeout_s, peer="the master")
+                conn = LeanConnection.service(address, self.timeout_s, peer="the master")
             except Unavailable as exc:
                 exc._cxlkv_sent = False  # type: ignore[attr-defined]
                 raise
@@ -339,6 +348,7 @@ class DirectCommits:
         if stale:
             with self._lock:
                 self._retire_route()
+            self._report()  # the old registration's space is quarantined until the daemon hears
         self.committed += sum(1 for it, _, _ in ready if isinstance(out.get(it.pos), int))
 
     def _committed_one(self, token: int, key: str) -> None:
@@ -352,16 +362,23 @@ class DirectCommits:
             if self._pid != os.getpid():
                 return  # the parent's to report
             self._retire_route()
+        self._report()
+
+    def _report(self) -> None:
+        """Tell the daemon now what was used and what will not be (best effort)."""
+        with self._lock:
             done, self._done = self._done, []
             committed, self._committed = self._committed, []
         if not done and not committed:
             return
         try:
-            self._call("DirectReserve", client_pb2.DirectReserveRequest(
+            self._call_daemon(client_pb2.DirectReserveRequest(
                 pid=os.getpid(), done_put_tokens=done, committed_put_tokens=[t for t, _ in committed],
                 committed_keys=[k for _, k in committed]))
         except CxlkvError:
-            pass
+            with self._lock:  # told next time; the daemon reaps them when this process exits
+                self._done.extend(done)
+                self._committed.extend(committed)
 
 
 def _flags(o: Any) -> int:

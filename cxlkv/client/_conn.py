@@ -181,13 +181,21 @@ class LeanConnection:
         self._sock = sock
 
     @classmethod
-    def tcp(cls, address: str, timeout_s: float, *, peer: str) -> "LeanConnection":
-        """A connection to a lean-framing service on TCP ``host:port`` (plaintext;
-        the master's lean port, for direct commit), ``peer`` naming it in messages.
+    def service(cls, address: str, timeout_s: float, *, peer: str) -> "LeanConnection":
+        """A plaintext connection to a lean-framing service (the master's, for direct
+        commit) at TCP ``host:port`` or ``unix:PATH``, ``peer`` naming it in messages.
 
         Raises:
-            Unavailable: nobody listens there, or no connection within ``timeout_s``.
+            Unavailable: nobody listens there, no connection within ``timeout_s``,
+                or the Unix socket's listener runs as another user (not root).
         """
+        if address.startswith("unix:"):
+            try:
+                conn = cls(address[5:], timeout_s)
+            except (CxlkvError, UntrustedDaemon) as exc:
+                raise Unavailable(f"cannot connect to {peer} at {address}: {exc}") from None
+            conn.peer = f"{peer} at {address}"
+            return conn
         host, _, port = address.rpartition(":")
         try:
             sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)

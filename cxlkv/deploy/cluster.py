@@ -315,6 +315,8 @@ class LocalCluster:
         cfg: dict[str, Any] = {
             "listen_address": "127.0.0.1:0",
             "address_file": str(address_file),
+            # clientds and direct-mode writers of this host reach it there (not with TLS)
+            "lean_socket_path": str(self.run_dir / "master.lean"),
             "metrics_address": "127.0.0.1:0",
             "segments": [
                 {"name": f"cxl{i}", "size_bytes": self.region_size_bytes, "path": p}

@@ -145,7 +145,7 @@ class RegisterClientRequest(_message.Message):
     def __init__(self, hostname: _Optional[str] = ..., name: _Optional[str] = ..., pid: _Optional[int] = ..., regions: _Optional[_Iterable[_Union[RegionIdentity, _Mapping]]] = ..., previous_client_id: _Optional[str] = ..., metrics_url: _Optional[str] = ...) -> None: ...
 
 class RegisterClientResponse(_message.Message):
-    __slots__ = ("client_id", "epoch", "heartbeat_interval_s", "client_ttl_s", "segments", "lease_ttl_s", "master_id", "lean_port", "index_region_uuid", "index_epoch")
+    __slots__ = ("client_id", "epoch", "heartbeat_interval_s", "client_ttl_s", "segments", "lease_ttl_s", "master_id", "lean_port", "index_region_uuid", "index_epoch", "lean_socket_path")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,7 @@ class RegisterClientResponse(_message.Message):
     LEAN_PORT_FIELD_NUMBER: _ClassVar[int]
     INDEX_REGION_UUID_FIELD_NUMBER: _ClassVar[int]
     INDEX_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEAN_SOCKET_PATH_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     epoch: int
     heartbeat_interval_s: float
@@ -166,7 +167,8 @@ class RegisterClientResponse(_message.Message):
     lean_port: int
     index_region_uuid: str
     index_epoch: int
-    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., client_ttl_s: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., lease_ttl_s: _Optional[float] = ..., master_id: _Optional[str] = ..., lean_port: _Optional[int] = ..., index_region_uuid: _Optional[str] = ..., index_epoch: _Optional[int] = ...) -> None: ...
+    lean_socket_path: str
+    def __init__(self, client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., client_ttl_s: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[_common_pb2.SegmentInfo, _Mapping]]] = ..., lease_ttl_s: _Optional[float] = ..., master_id: _Optional[str] = ..., lean_port: _Optional[int] = ..., index_region_uuid: _Optional[str] = ..., index_epoch: _Optional[int] = ..., lean_socket_path: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("client_id", "epoch")

@@ -476,15 +476,18 @@ class LeanChannel:
         ssl: a client :class:`ssl.SSLContext` (:func:`cxlkv.wire.tls.client_context`):
             the connection is TLS, the server verified against ``host``; ``None``:
             plaintext.
+        unix_path: connect to this Unix socket instead of ``host:port`` (plaintext;
+            ``host`` and ``port`` still name the service).
 
     Not thread-safe: use from one event loop.
     """
 
     def __init__(self, host: str, port: int, methods: tuple[Method, ...], *,
-                 ssl: _ssl.SSLContext | None = None) -> None:
+                 ssl: _ssl.SSLContext | None = None, unix_path: str = "") -> None:
         self.host, self.port = host, port
         self.ssl = ssl
-        self.target = f"{host}:{port}"
+        self.unix_path = unix_path
+        self.target = unix_path or f"{host}:{port}"
         self._by_name = {m.name: m for m in methods}
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[Any], Any]] = {}
@@ -501,7 +504,9 @@ class LeanChannel:
             if self._proto is not None and self._proto.transport is not None and not self._proto.transport.is_closing():
                 return self._proto
             loop = asyncio.get_running_loop()
-            connect = loop.create_connection(lambda: _ChannelProtocol(self), self.host, self.port, ssl=self.ssl)
+            connect = (loop.create_unix_connection(lambda: _ChannelProtocol(self), self.unix_path)
+                       if self.unix_path else
+                       loop.create_connection(lambda: _ChannelProtocol(self), self.host, self.port, ssl=self.ssl))
             try:
                 # bounded: a host that drops packets would hold the call for the kernel's
                 # SYN retries (minutes); a timeout is a failed connect (nothing was sent)
