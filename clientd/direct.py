@@ -391,6 +391,26 @@ class DirectPuts:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _reserve_now(self, need_bytes: int, count: int, gen: int) -> list["Reservation"]:
+        """``count`` reservations of ``need_bytes`` straight from the master (none
+        when it has no room, cannot be reached, or the registration changed)."""
+        from cxlkv.clientd.reserve import MAX_RESERVED_BYTES, Reservation
+
+        link = self.core.link
+        if need_bytes > MAX_RESERVED_BYTES or need_bytes <= 0:
+            return []
+        try:
+            resp = await link.call("Reserve", lambda: master_pb2.ReserveRequest(
+                client_id=link.client_id, epoch=link.epoch, need_bytes=[need_bytes], counts=[count]))
+        except CxlkvError as exc:
+            log.debug("Reserve of %d handed extent(s) failed: %s", count, exc.message)
+            return []
+        got = [Reservation(t, sid, o, n) for t, sid, o, n in zip(
+            resp.put_tokens, resp.segment_ids, resp.offsets_bytes, resp.lengths_bytes)]
+        if link.generation != gen:  # granted to a registration that has ended: quarantined there
+            return []
+        return got
+
     def _end_reported(self, req: client_pb2.DirectReserveRequest, caller: Any) -> None:
         """Forget the handed reservations the writer reports done: a committed one
         the index shows committed with its version is the object's now; every other
@@ -464,6 +484,8 @@ class DirectPuts:
         for need, count in zip(needs, counts):
             count = max(0, min(int(count), MAX_HANDED_PER_WRITER - held, MAX_PENDING - len(self._pending)))
             got = pool.take(int(need), count) if count else []
+            if len(got) < count:  # the pool is short: the rest from the master, in this call
+                got += await self._reserve_now(int(need), count - len(got), gen)
             granted = 0
             for r in got:
                 if self._direct_region(r.segment_id) is None:  # not a region direct callers map

@@ -23,6 +23,7 @@ from cxlkv.client._api import Result, _check_keys, _options, _retried, _utf8_key
 from cxlkv.client._cuda import CudaSource, CudaTarget, host_copy
 from cxlkv.client._daemon import DaemonPath
 from cxlkv.client._direct import FALLBACK
+from cxlkv.client._commit import MAX_VALUE_BYTES as MAX_COMMIT_VALUE_BYTES
 from cxlkv.client._index import FALLBACK as _IX_FALLBACK
 from cxlkv.client._link import DaemonLink
 from cxlkv.client._memory import dst_array, src_array
@@ -89,6 +90,9 @@ class BatchCalls(DaemonLink):
         staged: list[tuple[int, np.ndarray]] = []
         direct: list[tuple[int, str, Any, Any]] = []
         offers = self._offers(batch=True)
+        d = self._direct
+        commit = d is not None and d.commit_available  # small host values committed to the master from here
+        committed: list[tuple[int, str, Any, Any]] = []
 
         def through_daemon(i: int, a: np.ndarray, handed_back: bool = False) -> None:
             loc = self._daemon.locate(a)
@@ -120,8 +124,20 @@ class BatchCalls(DaemonLink):
                 through_daemon(i, h)
             elif first == Path.DIRECT:
                 direct.append((i, keys[i], a, opts))
+            elif commit and nbytes <= MAX_COMMIT_VALUE_BYTES:  # DAEMON, but this process can do it all
+                committed.append((i, keys[i], a, opts))
             else:  # DAEMON
                 through_daemon(i, a)  # type: ignore[arg-type]
+        if committed:
+            done = d.commit(committed)  # type: ignore[union-attr]
+            for i, _, a, _ in committed:
+                r = done.get(i, FALLBACK)
+                if r is FALLBACK:
+                    through_daemon(i, a)
+                elif isinstance(r, CxlkvError):
+                    results[i] = Result(False, error=r)
+                else:
+                    results[i] = Result(True, version=int(r))  # type: ignore[arg-type]
         if direct:
             done = self._direct.put_batch(direct, _daemon.BATCH_ITEMS)  # type: ignore[union-attr]
             for i, _, a, _ in direct:
@@ -132,8 +148,7 @@ class BatchCalls(DaemonLink):
                     results[i] = Result(False, error=r)
                 else:
                     results[i] = Result(True, version=int(r))  # type: ignore[arg-type]
-        d = self._direct
-        if inline and d is not None and d.commit_available:  # committed to the master from here
+        if inline and commit:  # committed to the master from here
             done = d.commit([(i, keys[i], src_array(values[i]), opts) for i in inline])
             rest: list[int] = []
             for i in inline:

@@ -30,6 +30,7 @@ from cxlkv.client._api import (
 from cxlkv.client._conn import connector
 from cxlkv.client._cuda import CudaCopier, CudaSource, CudaTarget, host_copy, read_through_host
 from cxlkv.client._daemon import DaemonPath
+from cxlkv.client._commit import MAX_VALUE_BYTES as MAX_COMMIT_VALUE_BYTES
 from cxlkv.client._direct import FALLBACK, DirectPath
 from cxlkv.client._index import FALLBACK as _IX_FALLBACK, MISS as _IX_MISS, _not_found
 from cxlkv.client._batches import BatchCalls
@@ -345,6 +346,13 @@ class Client(BatchCalls):
                 return self._put_along(key, h, h, (Path.DAEMON,), opts)
             else:  # DAEMON: the memory is located only now (it may register shared memory)
                 assert a is not None
+                d = self._direct
+                if d is not None and d.commit_available and a.nbytes <= MAX_COMMIT_VALUE_BYTES:
+                    r = d.commit([(0, key, a, opts)])[0]  # this process can do it all
+                    if isinstance(r, CxlkvError):
+                        raise r
+                    if r is not FALLBACK:
+                        return r
                 loc = self._daemon.locate(a)
                 return self._put_along(key, src, a, daemon_path(Op.PUT, loc is not None, a.nbytes, self._offers()),
                                        opts, loc)

@@ -44,13 +44,15 @@ from cxlkv.errors import CxlkvError, DaemonUnreachable, ErrorCode, Unavailable, 
 from cxlkv.layout.objheader import header_bytes_for
 from cxlkv.v1 import client_pb2, master_pb2
 
-__all__ = ["DirectCommits", "MAX_OBJECT_BYTES"]
+__all__ = ["DirectCommits", "MAX_OBJECT_BYTES", "MAX_VALUE_BYTES"]
 
 log = logging.getLogger(__name__)
 
 #: Largest object (header + value, bytes) committed directly: the daemon's
 #: reservations end there (clientd/reserve.py ``MAX_RESERVED_BYTES``).
 MAX_OBJECT_BYTES = (1 << 20) + 64 + 4096
+#: Largest value committed directly with any key.
+MAX_VALUE_BYTES = 1 << 20
 #: Reservations asked for beyond what a call needs, per size: a lone caller's
 #: puts ask the daemon once per this many.
 AHEAD = 16
@@ -343,7 +345,9 @@ class DirectCommits:
                 with self._lock:
                     self._done.append(token)
                 out[it.pos] = fallback
-            else:  # the master's answer for this key (the reservation is consumed)
+            else:  # the master's answer for this key (the reservation is consumed: the daemon forgets it)
+                with self._lock:
+                    self._done.append(token)
                 out[it.pos] = error_for(code, messages.get(i, ""), key=it.key)
         if stale:
             with self._lock:
