@@ -438,9 +438,16 @@ class DirectPuts:
                 found = reader.probe_many(keys)
             except CxlkvError:
                 found = [None] * len(claimed)
+            confirmed = 0
             for (p, _), r in zip(claimed, found):
                 if r is None or r.version != p.token:
                     back.append(p)
+                else:
+                    confirmed += 1
+            counters = self.core.counters
+            counters["put_items"] += confirmed         # puts this daemon served (metrics), of which
+            counters["direct_put_items"] += confirmed  # ... direct (the caller copied), of which
+            counters["direct_commits"] += confirmed    # ... committed by the caller itself
         if back:
             self._give_back(back)
 

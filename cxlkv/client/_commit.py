@@ -53,9 +53,14 @@ log = logging.getLogger(__name__)
 MAX_OBJECT_BYTES = (1 << 20) + 64 + 4096
 #: Largest value committed directly with any key.
 MAX_VALUE_BYTES = 1 << 20
-#: Reservations asked for beyond what a call needs, per size: a lone caller's
-#: puts ask the daemon once per this many.
+#: Reservations asked for beyond what a call needs, per size: none the first time
+#: a size is asked for, then 2, doubling at every later ask up to the larger of
+#: this and the call's need (a lone caller's puts then ask the daemon once per 16,
+#: a batch's every other batch), and to :data:`AHEAD_BYTES` of the size — as the
+#: daemon's own pool grows its stacks (clientd/reserve.py), so odd sizes hold little.
 AHEAD = 16
+#: Most bytes held ahead per object size.
+AHEAD_BYTES = 4 << 20
 #: Most reservations held per object size (the daemon's per-writer bound is 1,024).
 MAX_HELD_PER_SIZE = 256
 #: Most object sizes held at once (least recently asked for are reported done).
@@ -95,6 +100,8 @@ class DirectCommits:
         self._pid = os.getpid()
         #: object size → held reservations ``(put_token, DirectExtent)``, least recently used size first.
         self._stacks: dict[int, list[tuple[int, Any]]] = {}
+        #: object size → how many it asked for ahead of need last time (:data:`AHEAD`).
+        self._ahead: dict[int, int] = {}
         self._route: tuple[str, str, int] | None = None  # (master host:port, client_id, epoch)
         self._conns: list[Any] = []  # idle master connections of the current route
         self._done: list[int] = []
@@ -151,9 +158,16 @@ class DirectCommits:
             while len(self._stacks) > MAX_SIZES:
                 old = next(iter(self._stacks))
                 self._done.extend(t for t, _ in self._stacks.pop(old))
+            counts = []
+            for need, n in missing.items():
+                extra = self._ahead.get(need)
+                extra = 0 if extra is None else min(max(2, 2 * extra), max(AHEAD, n), AHEAD_BYTES // need)
+                self._ahead[need] = extra
+                counts.append(min(MAX_HELD_PER_SIZE, n + extra))
+            while len(self._ahead) > 4 * MAX_SIZES:
+                del self._ahead[next(iter(self._ahead))]
         req = client_pb2.DirectReserveRequest(
-            pid=os.getpid(), need_bytes=list(missing),
-            counts=[min(MAX_HELD_PER_SIZE, n + AHEAD) for n in missing.values()], done_put_tokens=done,
+            pid=os.getpid(), need_bytes=list(missing), counts=counts, done_put_tokens=done,
             committed_put_tokens=[t for t, _ in committed], committed_keys=[k for _, k in committed])
         try:
             resp = self._call_daemon(req)
@@ -202,12 +216,13 @@ class DirectCommits:
         todo: list[Any] = []
         needs: list[int] = []
         seen: dict[str, int] = {}
-        for it in items:
-            seen[it.key] = seen.get(it.key, 0) + 1
+        if len(items) > 1:
+            for it in items:
+                seen[it.key] = seen.get(it.key, 0) + 1
         for it in items:
             o = it.opts
             need = header_bytes_for(len(it.key.encode("utf-8"))) + it.size
-            if (need > MAX_OBJECT_BYTES or seen[it.key] > 1
+            if (need > MAX_OBJECT_BYTES or seen.get(it.key, 1) > 1
                     or (o is not None and (o.upsert or o.replica_num > 1 or o.preferred_segment))):
                 out[it.pos] = fallback
             else:
@@ -322,6 +337,13 @@ class DirectCommits:
                 sent: bool, retried: bool = False) -> None:
         """Each item's answer from ``resp`` (``None``: no answer; ``sent``: the
         request may have reached the master)."""
+        if resp is not None and not resp.error_positions and len(resp.codes) == len(ready):  # all committed
+            for it, token, _ in ready:
+                out[it.pos] = token
+            with self._lock:
+                self._committed.extend((token, it.key) for it, token, _ in ready)
+            self.committed += len(ready)
+            return
         codes = list(resp.codes) if resp is not None else None
         messages = dict(zip(resp.error_positions, resp.messages)) if resp is not None else {}
         stale = False
