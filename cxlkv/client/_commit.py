@@ -286,11 +286,13 @@ class DirectCommits:
             try:
                 resp = self._send(address, req)
                 break
-            except Unavailable as exc:  # no answer: lost while or after sending, or no connection
+            except _NotConnected as exc:
                 why = exc.message
-                sent = sent or getattr(exc, "_cxlkv_sent", True)
                 if not sent:
                     break  # nothing reached the master: the daemon's path, at once
+            except Unavailable as exc:  # no answer: lost while or after sending
+                why = exc.message
+                sent = True
             except CxlkvError as exc:  # the whole call refused (nothing committed)
                 self._off(f"the master refused a commit: {exc.message}")
                 with self._lock:
@@ -308,7 +310,8 @@ class DirectCommits:
         """One Commit on an idle connection (a new one if none); its answer.
 
         Raises:
-            Unavailable: no answer (``_cxlkv_sent`` false: nothing was sent).
+            _NotConnected: no connection (nothing was sent).
+            Unavailable: no answer (the request may have reached the master).
             CxlkvError: the master refused the whole call.
         """
         from cxlkv.client._conn import LeanConnection
@@ -319,8 +322,7 @@ class DirectCommits:
             try:
                 conn = LeanConnection.service(address, self.timeout_s, peer="the master")
             except Unavailable as exc:
-                exc._cxlkv_sent = False  # type: ignore[attr-defined]
-                raise
+                raise _NotConnected(exc.message) from None
         try:
             resp = conn.call(_COMMIT, req)  # Unavailable: lost after (or while) sending
         except CxlkvError:
@@ -405,6 +407,10 @@ class DirectCommits:
             with self._lock:  # told next time; the daemon reaps them when this process exits
                 self._done.extend(done)
                 self._committed.extend(committed)
+
+
+class _NotConnected(Unavailable):
+    """The master could not be reached: nothing was sent."""
 
 
 def _flags(o: Any) -> int:

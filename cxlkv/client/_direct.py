@@ -66,6 +66,9 @@ HASH_IN_THREAD_BYTES = 1 << 20
 #: transport can (False).
 PUT_HASH_OVERLAP = os.environ.get("CXLKV_DIRECT_PUT_FUSED", "") != "1"
 
+#: Longest wait for the master's answer to a direct commit, seconds (as clientd's
+#: ``master_timeout_s``; a commit is asked twice before the daemon's path is tried).
+MAX_COMMIT_WAIT_S = 10.0
 #: Items of a batch committed directly per call (reservations asked for and one
 #: Commit each; the daemon hands a writer at most 256 per size and call).
 COMMIT_CALL_ITEMS = 256
@@ -208,7 +211,7 @@ class DirectPath:
 
         reader = path.index.reader if path.index is not None else None
         path.commits = DirectCommits(call, path._write, (lambda k: reader.probe(k).version) if reader else None,
-                                     commit_timeout_s)
+                                     min(commit_timeout_s, MAX_COMMIT_WAIT_S))
         return path, why
 
     def changed(self, info: client_pb2.DirectInfoResponse) -> str | None:
