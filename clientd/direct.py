@@ -438,13 +438,15 @@ class DirectPuts:
                 found = reader.probe_many(keys)
             except CxlkvError:
                 found = [None] * len(claimed)
-            confirmed = 0
-            for (p, _), r in zip(claimed, found):
+            confirmed = written = 0
+            for (p, _), r, k in zip(claimed, found, keys):
                 if r is None or r.version != p.token:
                     back.append(p)
                 else:
                     confirmed += 1
+                    written += max(0, p.size - header_bytes_for(len(k)))  # the value's bytes (0: adopted)
             counters = self.core.counters
+            counters["bytes_in"] += written  # the host's writes, as the readers' reports count its reads
             counters["put_items"] += confirmed         # puts this daemon served (metrics), of which
             counters["direct_put_items"] += confirmed  # ... direct (the caller copied), of which
             counters["direct_commits"] += confirmed    # ... committed by the caller itself

@@ -119,7 +119,8 @@ def test_client_refuses_use_after_fork(module_cluster) -> None:
 
 def test_sdk_falls_back_to_shared_memory_below_its_inline_threshold(make_cluster) -> None:
     cl = make_cluster(clientds=1, clientd_options={"max_inline_bytes": 1024})
-    with cl.client(0) as a:  # SDK inlines up to 64 KiB; this daemon only 1 KiB
+    # the daemon's paths (direct mode would commit these values itself)
+    with cl.client(0, direct=False) as a:  # SDK inlines up to 64 KiB; this daemon only 1 KiB
         v = os.urandom(8000)
         a.put("small-limit/one", v)
         assert a.get("small-limit/one") == v

@@ -155,7 +155,7 @@ def test_remove_and_put_reusing_space_never_mixes_bytes(cluster) -> None:
     from cxlkv.clientd.core import ClientdCore
 
     size = 64 * KiB
-    with cluster.client(0) as a:
+    with cluster.client(0, direct=False) as a:  # through clientd: its puts' space, as the allocator hands it
         a.put("reuse/k", b"A" * size)
         old = _location(cluster, "reuse/k")
         a.remove("reuse/k")

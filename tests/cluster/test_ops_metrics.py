@@ -81,8 +81,8 @@ def test_values_move_with_operations(module_cluster) -> None:
     m0, c0 = _all(cl)
     n, size = 20, 10 * KiB
     keys = [f"ops/{SECRET}/{i}" for i in range(n)]
-    # b reads through its clientd (direct=False), which reads the region's index
-    with cl.client(0) as a, cl.client(1, direct=False) as b:
+    # a writes and b reads through their clientds (direct=False; b's reads the region's index)
+    with cl.client(0, direct=False) as a, cl.client(1, direct=False) as b:
         for i, k in enumerate(keys):
             a.put(k, bytes([i]) * size)
         for i, k in enumerate(keys):
