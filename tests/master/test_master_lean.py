@@ -99,7 +99,7 @@ def test_lean_can_be_turned_off(tmp_path: Path) -> None:
 def test_clientd_falls_back_to_grpc_when_the_lean_port_is_unreachable(make_cluster) -> None:
     """The master's lean port bound where clients cannot reach it (127.0.0.2, while
     they dial 127.0.0.1): every call still works, over gRPC, and the clientd says so once."""
-    cl = make_cluster(clientds=1, master_options={"lean_listen_address": "127.0.0.2:0"})
+    cl = make_cluster(clientds=1, master_options={"lean_listen_address": "127.0.0.2:0", "lean_socket_path": ""})
     with cl.client(0) as c:
         for i in range(20):
             c.put(f"fallback/{i}", b"v%d" % i)
@@ -234,3 +234,35 @@ def test_master_and_clientd_serve_on_the_standard_loop(make_cluster) -> None:
         assert c.get("std/a") == b"x" * 5000
         assert c.exists_many(["std/a", "std/b"]) == [True, False]
     cl.assert_invariants()
+
+
+def test_local_clientds_use_the_masters_unix_socket_and_a_stale_one_is_replaced(make_cluster) -> None:
+    """A master with lean_socket_path (cxlkv cluster sets it) serves lean frames there
+    too; the clientd of its host (a loopback master address) uses it. A socket file
+    left by a master killed with SIGKILL is replaced by the next one."""
+    import signal
+    import time
+
+    from cxlkv.errors import CxlkvError
+
+    cl = make_cluster(clientds=1)
+    path = cl.run_dir / "master.lean"
+    with cl.client(0) as c:
+        c.put("unix/1", b"one")
+        assert c.get("unix/1") == b"one"
+    assert f"lean link to the master on {path}" in cl.clientds[0].log_path.read_text()
+    cl.master.signal(signal.SIGKILL)
+    cl.master.proc.wait(10)
+    assert path.exists()  # left behind
+    cl.start_master_again()
+    deadline = time.monotonic() + 30
+    with cl.client(0) as c:
+        while True:
+            try:
+                c.put("unix/2", b"two")
+                break
+            except CxlkvError:
+                assert time.monotonic() < deadline, "no put after the master came back"
+                time.sleep(0.2)
+        assert c.get("unix/2") == b"two"
+    assert "another process serves it" not in cl.master.log_path.read_text()
