@@ -479,7 +479,8 @@ class DirectPuts:
         route = core.link.commit_route() if core.cfg.direct_commit else None
         why = ("config direct_commit is off" if not core.cfg.direct_commit
                else "reservations are off (config reserve_ahead)" if not core.reserve.enabled
-               else "the master link is not plaintext lean framing, or not registered" if route is None else "")
+               else ("the master link is not plaintext lean framing, not registered, or to one of several "
+                     "masters") if route is None else "")
         if why:
             resp.why_not = why
             self._record()

@@ -384,10 +384,12 @@ class MasterLink:
     def commit_route(self) -> tuple[str, str, int] | None:
         """Where a direct-mode writer may commit reservations of this registration
         itself: ``(master lean host:port, client_id, epoch)``, or ``None`` — not
-        registered, no lean link, or the link uses TLS (the writer holds no
-        identity of the cluster's: it commits through the daemon then)."""
+        registered, no lean link, the link uses TLS (the writer holds no
+        identity of the cluster's: it commits through the daemon then), or several
+        masters (the daemon follows the leader; a writer would wait on a stopped one)."""
         lean = self._lean
-        if lean is None or self._ssl is not None or not self.registered or not self.client_id:
+        if (lean is None or self._ssl is not None or not self.registered or not self.client_id
+                or len(self.addresses) > 1):
             return None
         if lean.unix_path:
             return f"unix:{lean.unix_path}", self.client_id, self.epoch

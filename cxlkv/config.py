@@ -402,7 +402,7 @@ class ClientdConfig:
                              "costs one master round trip (clientd/reserve.py)")
     direct_commit: bool = _f(True, "hand reserved extents to direct-mode SDK writers, which commit their puts "
                              "to the master themselves (one round trip, none through this daemon); offered only "
-                             "while the master link is plaintext lean framing (docs/sdk.md \"Direct commit\")")
+                             "while the master link is plaintext lean framing to a single master (docs/sdk.md \"Direct commit\")")
     index_reads: bool = _f(True, "serve gets, prefix matches and existence checks from the committed-object "
                            "index the master publishes in the region (no master round trip; docs/index.md)")
     index_max_value_bytes: int = _f(
