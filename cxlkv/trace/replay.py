@@ -736,14 +736,16 @@ def region_bytes_for(capacity_blocks: int, block_bytes: int, alignment_bytes: in
 
 
 def reserve_headroom_blocks(block_bytes: int, clientds: int, *, ssd: bool = False,
-                            capacity_blocks: int = 0) -> int:
+                            capacity_blocks: int = 0, writers: int = 0) -> int:
     """Blocks of region space the clientds' reserved extents take (and committed
     blocks cannot use): each clientd holds up to its pool's bound of extents of one
     size ahead of need (clientd/reserve.py: ``RESERVE_MAX_EXTENTS``, ``RESERVE_BYTES``
     and the budget, at most ``CAPACITY_SHARE`` of a ``capacity_blocks`` cache), on
     average three quarters of that (a stack is refilled to its target when half
-    empty). None with an SSD tier (no reservations are taken there). The embedded
-    region adds this to the capacity so the committed capacity is the simulations'."""
+    empty); each of ``writers`` direct-commit writer processes holds up to
+    :data:`~cxlkv.client._commit.AHEAD` more (docs/sdk.md "Direct commit"). None
+    with an SSD tier (no reservations are taken there). The embedded region adds
+    this to the capacity so the committed capacity is the simulations'."""
     if ssd:
         return 0
     from cxlkv.clientd.reserve import (CAPACITY_SHARE, MAX_RESERVED_BYTES, RESERVE_BUDGET_BYTES,
@@ -755,7 +757,10 @@ def reserve_headroom_blocks(block_bytes: int, clientds: int, *, ssd: bool = Fals
     budget = min(RESERVE_BYTES, RESERVE_BUDGET_BYTES)
     if capacity_blocks:
         budget = min(budget, int(capacity_blocks * extent * CAPACITY_SHARE))
-    return clientds * (3 * max(1, min(RESERVE_MAX_EXTENTS, budget // extent)) // 4)
+    from cxlkv.client._commit import AHEAD, AHEAD_BYTES
+
+    pools = clientds * (3 * max(1, min(RESERVE_MAX_EXTENTS, budget // extent)) // 4)
+    return pools + writers * min(AHEAD, AHEAD_BYTES // extent)
 
 
 def run_embedded(
@@ -814,7 +819,7 @@ def run_embedded(
         clientds=clientds,
         region_size_bytes=region_bytes_for(cap + reserve_headroom_blocks(
             opts.block_bytes, clientds, ssd=bool(opts.ssd_fraction) or not opts.reserve_ahead,
-            capacity_blocks=cap),
+            capacity_blocks=cap, writers=opts.workers),
             opts.block_bytes, index=True),
         index_objects=cap,
         master_options=master_options,
