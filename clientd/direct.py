@@ -446,7 +446,7 @@ class DirectPuts:
                     confirmed += 1
                     written += max(0, p.size - header_bytes_for(len(k)))  # the value's bytes (0: adopted)
             counters = self.core.counters
-            counters["bytes_in"] += written  # the host's writes, as the readers' reports count its reads
+            counters["direct_commit_bytes"] += written  # value bytes the host's writers put themselves
             counters["put_items"] += confirmed         # puts this daemon served (metrics), of which
             counters["direct_put_items"] += confirmed  # ... direct (the caller copied), of which
             counters["direct_commits"] += confirmed    # ... committed by the caller itself

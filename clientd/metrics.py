@@ -138,6 +138,11 @@ class ClientdCollector:
         moved.add_metric(["in"], c.get("bytes_in", 0))
         moved.add_metric(["out"], c.get("bytes_out", 0))
         yield moved
+        yield CounterMetricFamily(
+            "cxlkv_clientd_direct_commit_bytes_total",
+            "Value bytes direct-mode writers of this host copied and committed themselves (direct commit; "
+            "counted when the writer reports them, checked against the index)",
+            value=c.get("direct_commit_bytes", 0))
         calls = CounterMetricFamily("cxlkv_clientd_master_calls_total", "Coalesced master calls", labels=["kind"])
         sent = CounterMetricFamily("cxlkv_clientd_master_items_total", "Items in coalesced master calls",
                                    labels=["kind"])
