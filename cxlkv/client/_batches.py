@@ -93,6 +93,7 @@ class BatchCalls(DaemonLink):
         d = self._direct
         commit = d is not None and d.commit_available  # small host values committed to the master from here
         committed: list[tuple[int, str, Any, Any]] = []
+        committed_arrays: dict[int, Any] = {}
 
         def through_daemon(i: int, a: np.ndarray, handed_back: bool = False) -> None:
             loc = self._daemon.locate(a)
@@ -126,18 +127,12 @@ class BatchCalls(DaemonLink):
                 direct.append((i, keys[i], a, opts))
             elif commit and nbytes <= MAX_COMMIT_VALUE_BYTES:  # DAEMON, but this process can do it all
                 committed.append((i, keys[i], a, opts))
+                committed_arrays[i] = a
             else:  # DAEMON
                 through_daemon(i, a)  # type: ignore[arg-type]
         if committed:
-            done = d.commit(committed)  # type: ignore[union-attr]
-            for i, _, a, _ in committed:
-                r = done.get(i, FALLBACK)
-                if r is FALLBACK:
-                    through_daemon(i, a)
-                elif isinstance(r, CxlkvError):
-                    results[i] = Result(False, error=r)
-                else:
-                    results[i] = Result(True, version=int(r))  # type: ignore[arg-type]
+            for i in _committed_into(d, committed, results):
+                through_daemon(i, committed_arrays[i])
         if direct:
             done = self._direct.put_batch(direct, _daemon.BATCH_ITEMS)  # type: ignore[union-attr]
             for i, _, a, _ in direct:
@@ -149,17 +144,7 @@ class BatchCalls(DaemonLink):
                 else:
                     results[i] = Result(True, version=int(r))  # type: ignore[arg-type]
         if inline and commit:  # committed to the master from here
-            done = d.commit([(i, keys[i], src_array(values[i]), opts) for i in inline])
-            rest: list[int] = []
-            for i in inline:
-                r = done.get(i, FALLBACK)
-                if r is FALLBACK:
-                    rest.append(i)
-                elif isinstance(r, CxlkvError):
-                    results[i] = Result(False, error=r)
-                else:
-                    results[i] = Result(True, version=int(r))
-            inline = rest
+            inline = _committed_into(d, [(i, keys[i], src_array(values[i]), opts) for i in inline], results)
         # Inline items refused as too large for this daemon go through the pool.
         over = self._daemon.put_inline_many(keys, values, inline, opts, results)
         staged.extend((i, src_array(values[i])) for i in over)
@@ -356,3 +341,19 @@ class BatchCalls(DaemonLink):
             Unavailable: the daemon cannot be reached.
         """
         return self._daemon.remove_many(list(keys), force)
+
+
+def _committed_into(direct: Any, items: list[tuple[int, str, Any, Any]], results: list[Any]) -> list[int]:
+    """Commit ``items`` (position, key, array, options) directly, each answer into
+    ``results``; the positions handed back (:data:`FALLBACK`: the daemon's paths)."""
+    done = direct.commit(items)
+    back: list[int] = []
+    for i, *_ in items:
+        r = done.get(i, FALLBACK)
+        if r is FALLBACK:
+            back.append(i)
+        elif isinstance(r, CxlkvError):
+            results[i] = Result(False, error=r)
+        else:
+            results[i] = Result(True, version=int(r))
+    return back

@@ -322,11 +322,8 @@ class Client(BatchCalls):
         """
         for path in paths:
             if path == Path.INLINE:
-                d = self._direct
-                if d is not None and d.commit_available:  # committed to the master from here
-                    r = d.commit([(0, key, src_array(src) if a is None else a, opts)])[0]
-                    if isinstance(r, CxlkvError):
-                        raise r
+                if self._direct is not None and self._direct.commit_available:  # to the master from here
+                    r = self._commit_one(key, src_array(src) if a is None else a, opts)
                     if r is not FALLBACK:
                         return r
                 r = self._daemon.put_inline(key, src if a is None else a.tobytes(), opts)
@@ -346,11 +343,9 @@ class Client(BatchCalls):
                 return self._put_along(key, h, h, (Path.DAEMON,), opts)
             else:  # DAEMON: the memory is located only now (it may register shared memory)
                 assert a is not None
-                d = self._direct
-                if d is not None and d.commit_available and a.nbytes <= MAX_COMMIT_VALUE_BYTES:
-                    r = d.commit([(0, key, a, opts)])[0]  # this process can do it all
-                    if isinstance(r, CxlkvError):
-                        raise r
+                if (self._direct is not None and self._direct.commit_available
+                        and a.nbytes <= MAX_COMMIT_VALUE_BYTES):  # this process can do it all
+                    r = self._commit_one(key, a, opts)
                     if r is not FALLBACK:
                         return r
                 loc = self._daemon.locate(a)
@@ -359,6 +354,13 @@ class Client(BatchCalls):
             if r is not FALLBACK:
                 return r
         raise AssertionError(f"put of {key!r}: no path in {paths} took it")  # every plan ends in one that does
+
+    def _commit_one(self, key: str, a: np.ndarray, opts: Opts) -> Any:
+        """One put by direct commit: its version, or :data:`FALLBACK` (raises its error)."""
+        r = self._direct.commit([(0, key, a, opts)])[0]  # type: ignore[union-attr]
+        if isinstance(r, CxlkvError):
+            raise r
+        return r
 
     @_utf8_keys
     def upsert(self, key: str, value: Any, **options: Any) -> int:
