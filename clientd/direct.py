@@ -138,6 +138,8 @@ class DirectPuts:
         self.core = core
         self.offered = offered
         self._pending: dict[int, _Pending] = {}
+        #: Writer pid → how many of ``_pending`` are handed to it (DirectReserve's bound, O(1)).
+        self._handed: dict[int, int] = {}
         #: Changes to ``_pending`` not yet in the incarnation's record: started, ended.
         self._started: list[_Pending] = []
         self._ended: list[int] = []
@@ -167,12 +169,27 @@ class DirectPuts:
             self._record()
 
     def _add(self, p: _Pending) -> None:
+        old = self._pending.get(p.token)
+        if old is not None and old.handed:
+            self._unhand(old.pid)
         self._pending[p.token] = p
+        if p.handed:
+            self._handed[p.pid] = self._handed.get(p.pid, 0) + 1
         self._started.append(p)
 
     def _drop(self, token: int) -> None:
-        if self._pending.pop(token, None) is not None:
+        p = self._pending.pop(token, None)
+        if p is not None:
+            if p.handed:
+                self._unhand(p.pid)
             self._ended.append(token)
+
+    def _unhand(self, pid: int) -> None:
+        n = self._handed.get(pid, 0) - 1
+        if n > 0:
+            self._handed[pid] = n
+        else:
+            self._handed.pop(pid, None)
 
     def _record(self) -> None:
         """Tell the incarnation's record what started and ended since the last call
@@ -490,27 +507,35 @@ class DirectPuts:
         self._ensure_reaper()
         gen = core.link.generation
         pool = core.reserve
-        held = sum(1 for p in self._pending.values() if p.handed and p.pid == pid)
+        held = self._handed.get(pid, 0)
+        packed = req.packed_extents
+        mapped: dict[int, bool] = {}  # segment id → whether direct callers map its region
         for need, count in zip(needs, counts):
             count = max(0, min(int(count), MAX_HANDED_PER_WRITER - held, MAX_PENDING - len(self._pending)))
             got = pool.take(int(need), count) if count else []
             if len(got) < count:  # the pool is short: the rest from the master, in this call
                 got += await self._reserve_now(int(need), count - len(got), gen)
-            granted = 0
+            handed: list[Reservation] = []
             for r in got:
-                if self._direct_region(r.segment_id) is None:  # not a region direct callers map
+                ok = mapped.get(r.segment_id)
+                if ok is None:
+                    ok = mapped[r.segment_id] = self._direct_region(r.segment_id) is not None
+                if not ok:  # not a region direct callers map
                     pool.give_back(int(need), [r])
                     continue
-                ext = common_pb2.Extent(segment_id=r.segment_id, offset_bytes=r.offset_bytes,
-                                        length_bytes=r.length_bytes)
-                self._add(_Pending("", r.put_token, r.put_token, int(need), 0, [ext], pid, pid_start, gen,
+                handed.append(r)
+                self._add(_Pending("", r.put_token, r.put_token, int(need), 0, [r], pid, pid_start, gen,
                                    reservation=r, caller=caller, handed=True))
-                resp.put_tokens.append(r.put_token)
-                resp.extents.append(self._extent(ext, int(_CXL)))
-                granted += 1
-            held += granted
-            resp.granted.append(granted)
-            core.counters["direct_reserved_handed"] += granted
+            resp.put_tokens.extend([r.put_token for r in handed])
+            if packed:
+                resp.segment_ids.extend([r.segment_id for r in handed])
+                resp.offsets_bytes.extend([r.offset_bytes for r in handed])
+                resp.lengths_bytes.extend([r.length_bytes for r in handed])
+            else:
+                resp.extents.extend([self._extent(r, int(_CXL)) for r in handed])
+            held += len(handed)
+            resp.granted.append(len(handed))
+            core.counters["direct_reserved_handed"] += len(handed)
         self._record()  # before the writer learns its extents: a later process must know of it
         return resp
 

@@ -177,6 +177,21 @@ int cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
                                 uint64_t *bad_index, int nc);
 
 /*
+ * Copy N separate sources into the region, hashing each (xxh3_64, seed 0) right
+ * after its copy, while it is in cache: srcs[i] (lengths[i] bytes) goes to
+ * region_offsets[i] and hashes_out[i] is the hash of its bytes — a batch of
+ * values that live in separate buffers (the SDK's direct puts) in one call.
+ * Every range is checked before any byte moves: CXLKV_E_RANGE (a range
+ * outside the region) or CXLKV_E_INVAL (a NULL source, or one that overlaps
+ * its region range) names it in *bad_index. nc: as cxlkv_copy_in.
+ */
+int cxlkv_copy_in_gather_hashed(const cxlkv_region_t *r, uint64_t n,
+                                const void *const *srcs,
+                                const uint64_t *region_offsets,
+                                const uint64_t *lengths, uint64_t *hashes_out,
+                                uint64_t *bad_index, int nc);
+
+/*
  * The object header's layout (cxlkv/layout/objheader.py documents each field): one
  * 64-byte line of little-endian fields, then the key, zero padding to the next
  * 64 bytes, the value. Offsets are from the extent's start. The checksummed

@@ -419,6 +419,25 @@ class Region:
         """
         return _b.cxlkv_copy_in_ranges_hashed(self._r, buf, buf_offsets, region_offsets, lengths, 1 if flush else 0)
 
+    def copy_in_gather_hashed(self, srcs: Sequence[BufferLike], region_offsets: U64Array, lengths: U64Array,
+                              *, flush: bool = False) -> list[int]:
+        """Copy ``srcs[i][:lengths[i]]`` to ``region[region_offsets[i]:+lengths[i]]`` for
+        all i in ONE C call, hashing each source as it is copied (from cache): many
+        separate buffers, many region extents. ``flush``: as :meth:`copy_in`, one
+        SFENCE for the call.
+
+        Returns:
+            Per source, the xxh3_64 (seed 0) of the bytes copied.
+
+        Raises:
+            OutOfRange: a range outside the region, or longer than its source;
+                nothing is copied.
+            InvalidArgument: ragged arrays, a source that is not a C-contiguous
+                buffer or overlaps its range; nothing is copied.
+            RegionError: the region is closed.
+        """
+        return _b.cxlkv_copy_in_gather_hashed(self._r, srcs, region_offsets, lengths, 1 if flush else 0)
+
     def write_headers(
         self,
         extent_offsets: U64Array,

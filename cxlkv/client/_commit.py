@@ -81,8 +81,10 @@ class DirectCommits:
 
     Args:
         call: ``call(method_name, request) -> response`` on the daemon.
-        write: ``write(item, version, header_bytes, extents) -> CxlkvError | None``:
-            copy the value and write the header (:meth:`DirectPath._write`).
+        write: ``write(entries) -> [CxlkvError | None]``, ``entries`` a list of
+            ``(item, version, header_bytes, (segment_id, offset_bytes, length_bytes))``:
+            copy each value into its extent and write its header, one answer per
+            entry (:meth:`DirectPath.write_reserved`).
         probe: ``probe(key_utf8) -> version or 0`` in the region's index, or ``None``
             (no index here: a lost answer sends the put through the daemon).
         timeout_s: longest wait for the master's answer, seconds.
@@ -168,7 +170,8 @@ class DirectCommits:
                 del self._ahead[next(iter(self._ahead))]
         req = client_pb2.DirectReserveRequest(
             pid=os.getpid(), need_bytes=list(missing), counts=counts, done_put_tokens=done,
-            committed_put_tokens=[t for t, _ in committed], committed_keys=[k for _, k in committed])
+            committed_put_tokens=[t for t, _ in committed], committed_keys=[k for _, k in committed],
+            packed_extents=True)
         try:
             resp = self._call_daemon(req)
         except CxlkvError as exc:
@@ -186,11 +189,22 @@ class DirectCommits:
             if route != self._route:
                 self._retire_route()
                 self._route = route
+            tokens = resp.put_tokens
+            if resp.segment_ids:  # packed_extents
+                exts = list(zip(resp.segment_ids, resp.offsets_bytes, resp.lengths_bytes))
+            else:  # a daemon that answers DirectExtent messages: every one is in a region we map
+                exts = [(e.extent.segment_id, e.extent.offset_bytes, e.extent.length_bytes) if e.direct else None
+                        for e in resp.extents]
+            if len(exts) != len(tokens):
+                exts = [None] * len(tokens)
             pos = 0
             for need, n in zip(missing, resp.granted):
                 stack = self._stacks.setdefault(need, [])
                 for j in range(pos, pos + n):
-                    stack.append((int(resp.put_tokens[j]), resp.extents[j]))
+                    if exts[j] is None:
+                        self._done.append(int(tokens[j]))
+                    else:
+                        stack.append((int(tokens[j]), exts[j]))
                 pos += n
             self.why_not = ""
 
@@ -250,7 +264,7 @@ class DirectCommits:
             got = [g if g is not None else next(it_more) for g in got]
         else:
             route = before
-        ready: list[tuple[Any, int, int]] = []  # (item, token, header bytes)
+        entries: list[tuple[Any, int, int, tuple[int, int, int]]] = []  # (item, token, header bytes, extent)
         for it, need, g in zip(todo, needs, got):
             if g is None or route is None:
                 if g is not None:
@@ -258,9 +272,9 @@ class DirectCommits:
                         self._done.append(g[0])
                 out[it.pos] = fallback
                 continue
-            token, ext = g
-            hb = need - it.size
-            err = self._write(it, token, hb, [ext])
+            entries.append((it, g[0], need - it.size, g[1]))
+        ready: list[tuple[Any, int, int]] = []  # (item, token, header bytes)
+        for (it, token, hb, _), err in zip(entries, self._write(entries) if entries else ()):
             if err is not None:
                 with self._lock:
                     self._done.append(token)

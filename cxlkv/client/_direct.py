@@ -44,7 +44,7 @@ import xxhash
 from cxlkv.errors import (
     ChecksumMismatch, CxlkvError, DaemonUnreachable, ErrorCode, LeaseExpired, OutOfRange, RegionError, error_for,
 )
-from cxlkv.layout.objheader import check_copy, header_bytes_for, pack_header
+from cxlkv.layout.objheader import MAX_KEY_BYTES, check_copy, header_bytes_for, pack_header
 from cxlkv.v1 import client_pb2, common_pb2
 
 try:
@@ -210,7 +210,7 @@ class DirectPath:
         from cxlkv.client._commit import DirectCommits
 
         reader = path.index.reader if path.index is not None else None
-        path.commits = DirectCommits(call, path._write, (lambda k: reader.probe(k).version) if reader else None,
+        path.commits = DirectCommits(call, path.write_reserved, (lambda k: reader.probe(k).version) if reader else None,
                                      min(commit_timeout_s, MAX_COMMIT_WAIT_S))
         return path, why
 
@@ -450,6 +450,74 @@ class DirectPath:
                                        "written", path=region.path)
         return None
 
+    def write_reserved(self, entries: list[tuple[_PutItem, int, int, tuple[int, int, int]]]
+                       ) -> list[CxlkvError | None]:
+        """Write direct commits' objects: ``(item, version, header_bytes, (segment_id,
+        offset_bytes, length_bytes))`` each, one extent per object.
+
+        Host values go region by region in two C calls (copy and hash every value
+        with ``copy_in_gather_hashed``, then ``write_headers``, written back in
+        both modes); any other source, or a region without those calls, takes
+        :meth:`_write` one at a time. Sets each item's ``checksum``.
+
+        Returns:
+            Per entry, the error that stopped it, or ``None`` (written).
+        """
+        out: list[CxlkvError | None] = [None] * len(entries)
+        by_region: dict[int, list[int]] = {}
+        for i, (it, version, hb, (sid, off, length)) in enumerate(entries):
+            region = self.regions.get(sid)
+            key_ok = 1 <= len(it.key) <= MAX_KEY_BYTES // 4 or 1 <= len(it.key.encode("utf-8")) <= MAX_KEY_BYTES
+            if (region is None or not isinstance(it.src, np.ndarray) or it.checksum is not None or not key_ok
+                    or not hasattr(region, "copy_in_gather_hashed")):
+                # one at a time: a key write_headers refuses (the master answers INVALID_KEY
+                # for that one alone), a device source, a region without the batch calls
+                ext = client_pb2.DirectExtent(extent=common_pb2.Extent(
+                    segment_id=sid, offset_bytes=off, length_bytes=length), direct=region is not None)
+                out[i] = self._write(it, version, hb, [ext])
+            elif length < hb + it.size:
+                out[i] = CxlkvError(f"extent of {length} bytes for a {it.size}-byte value and a {hb}-byte "
+                                    "header (daemon bug)")
+            else:
+                by_region.setdefault(sid, []).append(i)
+        if not by_region:
+            return out
+        faults = _guard_total_hits()
+        for sid, idx in by_region.items():
+            region = self.regions[sid]
+            group = [entries[i] for i in idx]
+            keys = [it.key.encode("utf-8") for it, *_ in group]
+            try:
+                sums = _copy_in_gather(region, [it.src for it, *_ in group],
+                                       [off + hb for _, _, hb, (_, off, _) in group], [it.size for it, *_ in group],
+                                       flush=self.flush)
+                koffs, pos = [], 0
+                for k in keys:
+                    koffs.append(pos)
+                    pos += len(k)
+                # written back in both modes (one or two lines): readers on other hosts check it
+                region.write_headers([off for *_, (_, off, _) in group], [hb for _, _, hb, _ in group],
+                                     b"".join(keys), koffs, [len(k) for k in keys],
+                                     [v for _, v, _, _ in group], [it.size for it, *_ in group], sums, flush=True)
+            except CxlkvError as exc:
+                for i in idx:
+                    out[i] = exc
+                continue
+            except (TypeError, ValueError, BufferError) as exc:
+                for i in idx:
+                    out[i] = CxlkvError(f"copy failed: {exc}")
+                continue
+            for (it, *_), h in zip(group, sums):
+                it.checksum = h
+        if _guard_total_hits() != faults:  # some mapping's file shrank meanwhile: was it one of ours?
+            for sid, idx in by_region.items():
+                region = self.regions[sid]
+                if getattr(region, "guard_hits", 0):
+                    for i in idx:
+                        out[i] = RegionError(f"region {region.path} shrank under this process: the value was "
+                                             "not written", path=region.path)
+        return out
+
     def _revoke_quietly(self, items: list[_PutItem]) -> None:
         req = client_pb2.DirectPutEndRequest()
         for it in items:
@@ -645,6 +713,13 @@ def _copy_in(region: Any, offset: int, src: Any, checksum: Future[int] | int | N
         return int(region.copy_in_hashed(offset, src, flush=flush))
     region.copy_in(offset, src, flush=flush)
     return _xxh3(src)
+
+
+def _copy_in_gather(region: Any, srcs: list[np.ndarray], offsets: list[int], sizes: list[int], *,
+                    flush: bool = False) -> list[int]:
+    """Copy each host array ``srcs[i]`` into the region at ``offsets[i]`` in one C call;
+    each one's xxh3_64. ``flush``: non-coherent mode (the bytes in memory when it returns)."""
+    return region.copy_in_gather_hashed(srcs, offsets, sizes, flush=flush)
 
 
 def _copy_out(region: Any, offset: int, dst: Any, size: int, *, fused: bool, invalidate: bool = False) -> int:

@@ -179,6 +179,11 @@ class ReplayOptions:
             default; one master round trip per put). ``False``: PutStart/PutEnd, and
             no region space held in reserve (the committed capacity is exactly the
             simulations').
+        prefault: each worker faults in its own mapping of the region before the
+            timed part (``Client(direct_prefault=True)``), as the embedded
+            clientds do theirs: the replay then measures no first-touch page
+            faults (otherwise one per 4 KiB page of a ``/dev/shm`` region, in
+            every worker). ``False`` for a region too large to map page by page.
     """
 
     trace_path: str = DEFAULT_TRACE
@@ -198,6 +203,7 @@ class ReplayOptions:
     tier_low_watermark: float = 0.99
     copy_ahead_watermark: float = 0.5
     reserve_ahead: bool = True
+    prefault: bool = True
 
 
 @dataclass
@@ -381,7 +387,8 @@ def _replay_worker(
         mine = trace[worker::n_workers]
         B = opts.block_bytes
         max_blocks = max((len(r.hash_ids) for r in mine), default=1)
-        with Client(socket_path, buffer_pool_bytes=max(64 * MiB, 2 * max_blocks * B + MiB)) as client:
+        with Client(socket_path, buffer_pool_bytes=max(64 * MiB, 2 * max_blocks * B + MiB),
+                    direct_prefault=opts.prefault) as client:
             buf = client.buffer(max_blocks * B)
             views = [buf[i * B:(i + 1) * B] for i in range(max_blocks)]
             start.ready[worker] = 1
@@ -878,8 +885,11 @@ def _master_counters(address: str, tls: Any = None) -> dict[str, int]:
 @click.option("--tls", is_flag=True, help="Embedded: run the cluster's links to the master over mutual TLS.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON record.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON record here.")
+@click.option("--prefault/--no-prefault", default=True, show_default=True,
+              help="Each worker faults in its mapping of the region before the timed part "
+                   "(--no-prefault for a region too large to map page by page).")
 def replay_cmd(trace, embedded, sockets, block_bytes, capacity_fraction, clientds, workers, speedup,
-               limit, policy, ssd_fraction, dram_fraction, key_prefix, tls, as_json, out) -> None:
+               limit, policy, ssd_fraction, dram_fraction, key_prefix, tls, as_json, out, prefault) -> None:
     """Replay a KV-cache trace: longest cached prefix, fetch + verify hits, put misses.
 
     TRACE defaults to the Mooncake conversation trace in ../shared/traces/ beside
@@ -897,7 +907,7 @@ def replay_cmd(trace, embedded, sockets, block_bytes, capacity_fraction, clientd
     opts = ReplayOptions(
         trace_path=trace, block_bytes=bb, capacity_fraction=capacity_fraction, limit=limit,
         workers=workers, speedup=speedup, key_prefix=key_prefix, policy=policy,
-        ssd_fraction=ssd_fraction, dram_fraction=dram_fraction,
+        ssd_fraction=ssd_fraction, dram_fraction=dram_fraction, prefault=prefault,
     )
     progress = sys.stderr.isatty() and not as_json
     try:

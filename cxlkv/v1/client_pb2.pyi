@@ -7,23 +7,25 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DirectReserveRequest(_message.Message):
-    __slots__ = ("pid", "need_bytes", "counts", "done_put_tokens", "committed_put_tokens", "committed_keys")
+    __slots__ = ("pid", "need_bytes", "counts", "done_put_tokens", "committed_put_tokens", "committed_keys", "packed_extents")
     PID_FIELD_NUMBER: _ClassVar[int]
     NEED_BYTES_FIELD_NUMBER: _ClassVar[int]
     COUNTS_FIELD_NUMBER: _ClassVar[int]
     DONE_PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_EXTENTS_FIELD_NUMBER: _ClassVar[int]
     pid: int
     need_bytes: _containers.RepeatedScalarFieldContainer[int]
     counts: _containers.RepeatedScalarFieldContainer[int]
     done_put_tokens: _containers.RepeatedScalarFieldContainer[int]
     committed_put_tokens: _containers.RepeatedScalarFieldContainer[int]
     committed_keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, pid: _Optional[int] = ..., need_bytes: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., done_put_tokens: _Optional[_Iterable[int]] = ..., committed_put_tokens: _Optional[_Iterable[int]] = ..., committed_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    packed_extents: bool
+    def __init__(self, pid: _Optional[int] = ..., need_bytes: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., done_put_tokens: _Optional[_Iterable[int]] = ..., committed_put_tokens: _Optional[_Iterable[int]] = ..., committed_keys: _Optional[_Iterable[str]] = ..., packed_extents: bool = ...) -> None: ...
 
 class DirectReserveResponse(_message.Message):
-    __slots__ = ("offered", "master_address", "client_id", "epoch", "granted", "put_tokens", "extents", "why_not")
+    __slots__ = ("offered", "master_address", "client_id", "epoch", "granted", "put_tokens", "extents", "why_not", "segment_ids", "offsets_bytes", "lengths_bytes")
     OFFERED_FIELD_NUMBER: _ClassVar[int]
     MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +34,9 @@ class DirectReserveResponse(_message.Message):
     PUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EXTENTS_FIELD_NUMBER: _ClassVar[int]
     WHY_NOT_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_BYTES_FIELD_NUMBER: _ClassVar[int]
     offered: bool
     master_address: str
     client_id: str
@@ -40,7 +45,10 @@ class DirectReserveResponse(_message.Message):
     put_tokens: _containers.RepeatedScalarFieldContainer[int]
     extents: _containers.RepeatedCompositeFieldContainer[DirectExtent]
     why_not: str
-    def __init__(self, offered: bool = ..., master_address: _Optional[str] = ..., client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., granted: _Optional[_Iterable[int]] = ..., put_tokens: _Optional[_Iterable[int]] = ..., extents: _Optional[_Iterable[_Union[DirectExtent, _Mapping]]] = ..., why_not: _Optional[str] = ...) -> None: ...
+    segment_ids: _containers.RepeatedScalarFieldContainer[int]
+    offsets_bytes: _containers.RepeatedScalarFieldContainer[int]
+    lengths_bytes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, offered: bool = ..., master_address: _Optional[str] = ..., client_id: _Optional[str] = ..., epoch: _Optional[int] = ..., granted: _Optional[_Iterable[int]] = ..., put_tokens: _Optional[_Iterable[int]] = ..., extents: _Optional[_Iterable[_Union[DirectExtent, _Mapping]]] = ..., why_not: _Optional[str] = ..., segment_ids: _Optional[_Iterable[int]] = ..., offsets_bytes: _Optional[_Iterable[int]] = ..., lengths_bytes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ClientReportHitsRequest(_message.Message):
     __slots__ = ("keys", "get_items", "bytes_out", "prefix_queries", "prefix_keys", "prefix_hits", "chain_keys", "chain_lengths", "chain_matched", "reads_copied_again")

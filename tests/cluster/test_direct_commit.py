@@ -180,3 +180,44 @@ def test_direct_commit_is_declined_with_tls(make_cluster, tls_certs) -> None:
                                                                        counts=[1]))
         assert not resp.offered and "plaintext" in resp.why_not, resp
         assert a._direct.commits.committed == 0
+
+
+def test_reservations_come_packed_or_as_extent_messages(cluster, monkeypatch) -> None:
+    """DirectReserve answers the extents in packed columns when asked
+    (``packed_extents``, what this SDK asks), else as DirectExtent messages (an
+    older SDK): both describe the same kind of reservation, and an SDK given the
+    message form still commits from it."""
+    from cxlkv.client import _commit
+    from cxlkv.v1 import client_pb2
+
+    with cluster.client(0) as a, cluster.client(1, direct=False) as b:
+        a.put("warm", _value(0, 4 * KiB))
+        for packed in (True, False):
+            resp = a._call("DirectReserve", client_pb2.DirectReserveRequest(
+                pid=os.getpid(), need_bytes=[4160], counts=[3], packed_extents=packed))
+            assert resp.offered and list(resp.granted) == [3] and len(resp.put_tokens) == 3
+            if packed:
+                assert not resp.extents and len(resp.segment_ids) == len(resp.offsets_bytes) == 3
+                assert list(resp.lengths_bytes) == [4160] * 3
+            else:
+                assert not resp.segment_ids and len(resp.extents) == 3
+                assert all(e.direct and e.extent.length_bytes == 4160 for e in resp.extents)
+            a._call("DirectReserve", client_pb2.DirectReserveRequest(pid=os.getpid(),
+                                                                     done_put_tokens=resp.put_tokens))
+        # this SDK, answered the message form (as by a daemon that predates packed_extents)
+        real = client_pb2.DirectReserveRequest
+
+        def unpacked(**kw):
+            kw.pop("packed_extents", None)
+            return real(**kw)
+
+        monkeypatch.setattr(_commit.client_pb2, "DirectReserveRequest", unpacked)
+        with cluster.client(0) as c:
+            before = c._direct.commits.committed
+            results = c.put_many([(f"msgform/{i}", _value(i, 4 * KiB)) for i in range(40)])
+            assert all(r.ok for r in results)
+            assert c._direct.commits.committed > before
+        assert [r.value for r in b.get_many([f"msgform/{i}" for i in range(40)])] == \
+            [_value(i, 4 * KiB) for i in range(40)]
+    cluster.wait_until(lambda: _reservations_settled(cluster), what="the writer's reservations given back")
+    cluster.assert_invariants()

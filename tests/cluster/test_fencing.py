@@ -21,19 +21,30 @@ from cxlkv.errors import CxlkvError, NotFound, NotReady, StaleToken
 MiB = 1 << 20
 
 
+def _before_direct_copies(monkeypatch, stall) -> None:
+    """Run ``stall()`` before each direct-mode copy of this process into the region,
+    by either path: one value (``_copy_in``) or a direct commit's batch (``_copy_in_gather``)."""
+    for name in ("_copy_in", "_copy_in_gather"):
+        real = getattr(direct_mod, name)
+
+        def stalled_copy(*args, _real=real, **kwargs):
+            stall()
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(direct_mod, name, stalled_copy)
+
+
 def _stall_the_first_direct_copy(monkeypatch, seconds: float) -> threading.Event:
     """Make this process's first direct-mode copy into the region wait ``seconds``
     before it starts (a writer stopped mid-put); the event is set when it waits."""
-    real_copy_in = direct_mod._copy_in
     stalled = threading.Event()
 
-    def copy_in_after_a_stall(*args, **kwargs):
+    def stall() -> None:
         if not stalled.is_set():
             stalled.set()
             time.sleep(seconds)  # the master may revoke the put meanwhile
-        return real_copy_in(*args, **kwargs)
 
-    monkeypatch.setattr(direct_mod, "_copy_in", copy_in_after_a_stall)
+    _before_direct_copies(monkeypatch, stall)
     return stalled
 
 
@@ -130,16 +141,14 @@ def test_a_direct_writer_stalled_across_a_restart_of_its_clientd_never_lands_in_
 
     cl = make_cluster(region_size_bytes=64 * MiB, master_options={"client_ttl_s": 1.0,
                                                                    "heartbeat_interval_s": 0.2})
-    real_copy_in = direct_mod._copy_in
     stalled, resume = threading.Event(), threading.Event()
 
-    def copy_in_after_a_stall(*args, **kwargs):
+    def stall() -> None:
         if not stalled.is_set():
             stalled.set()
             resume.wait(60)  # the clientd is killed and restarted meanwhile
-        return real_copy_in(*args, **kwargs)
 
-    monkeypatch.setattr(direct_mod, "_copy_in", copy_in_after_a_stall)
+    _before_direct_copies(monkeypatch, stall)
     late = np.full(20 * MiB, 0x11, np.uint8)
     outcome: list[object] = []
     with cl.client(0, direct_threshold_bytes=0) as writer, cl.client(1, direct=False) as other:
@@ -199,16 +208,14 @@ def test_a_stalled_direct_writer_in_a_reserved_extent_frees_its_quarantine(make_
     cl = make_cluster(region_size_bytes=64 * MiB, master_options={"client_ttl_s": 1.0,
                                                                    "heartbeat_interval_s": 0.2})
     size = 256 << 10
-    real_copy_in = direct_mod._copy_in
     armed, stalled, resume = threading.Event(), threading.Event(), threading.Event()
 
-    def copy_in_after_a_stall(*args, **kwargs):
+    def stall() -> None:
         if armed.is_set() and not stalled.is_set():
             stalled.set()
             resume.wait(60)  # the clientd is restarted or paused meanwhile
-        return real_copy_in(*args, **kwargs)
 
-    monkeypatch.setattr(direct_mod, "_copy_in", copy_in_after_a_stall)
+    _before_direct_copies(monkeypatch, stall)
     outcome: list[object] = []
     with cl.client(0, direct_threshold_bytes=0) as writer, cl.client(1, direct=False) as other:
         assert writer.direct, writer.direct_status

@@ -250,3 +250,46 @@ def test_portable_checks_values_and_key_ranges_like_c(tmp_path) -> None:
         assert r.verify_headers([0], [128], memoryview(b"key"), [0], [3], [1], [0], [0]) == b"\x01"
     finally:
         r.close()
+
+
+@pytest.mark.parametrize("flush", [False, True])
+def test_copy_in_gather_hashed_copies_and_hashes_separate_sources(tmp_path, flush: bool) -> None:
+    """Many separate buffers (bytes, numpy views) into many extents in one call; each
+    hash is of its source's bytes; a zero length copies nothing and hashes b""."""
+    import numpy as np
+
+    r = Region.open(tmp_path / "r", 16 << 20, create=True)
+    try:
+        rnd = random.Random(7)
+        lengths = [0, 1, 63, 4096, 65536, (256 << 10) + 7, 1 << 20]
+        srcs: list[object] = [rnd.randbytes(n) for n in lengths]
+        srcs[3] = np.frombuffer(rnd.randbytes(8192), dtype=np.uint8)[100:100 + 4096]  # a view, offset
+        offsets = [64 + i * (1 << 20) + i * 4096 for i in range(len(lengths))]
+        hashes = r.copy_in_gather_hashed(srcs, offsets, lengths, flush=flush)
+        for src, off, n, h in zip(srcs, offsets, lengths, hashes):
+            b = bytes(memoryview(src).cast("B"))[:n]
+            assert r.read(off, n) == b
+            assert h == xxhash.xxh3_64_intdigest(b)
+        assert r.copy_in_gather_hashed([], [], []) == []
+    finally:
+        r.close()
+
+
+def test_copy_in_gather_hashed_checks_every_range_before_copying(tmp_path) -> None:
+    """A range outside the region, a length past its source, an overlap with the
+    region, ragged arrays: refused, and no byte of the earlier sources moved."""
+    r = Region.open(tmp_path / "r", SIZE, create=True)
+    try:
+        good = b"\x5a" * 4096
+        before = r.read(0, 8192)
+        with pytest.raises(OutOfRange, match="#1 of 2"):
+            r.copy_in_gather_hashed([good, good], [0, SIZE - 100], [4096, 4096])
+        with pytest.raises(OutOfRange, match="holds 4096 bytes"):
+            r.copy_in_gather_hashed([good, good], [0, 4096], [4096, 5000])
+        with pytest.raises(InvalidArgument, match="overlaps"):
+            r.copy_in_gather_hashed([good, r.view(1 << 20, 8192)], [0, (1 << 20) + 64], [4096, 4096])
+        with pytest.raises(InvalidArgument, match="same length"):
+            r.copy_in_gather_hashed([good], [0, 4096], [4096])
+        assert r.read(0, 8192) == before
+    finally:
+        r.close()

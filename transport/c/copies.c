@@ -377,3 +377,61 @@ cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
                               lengths, hashes_out, bad_index, 0, nc);
 }
 
+
+int
+cxlkv_copy_in_gather_hashed(const cxlkv_region_t *r, uint64_t n,
+                            const void *const *srcs,
+                            const uint64_t *region_offsets,
+                            const uint64_t *lengths, uint64_t *hashes_out,
+                            uint64_t *bad_index, int nc)
+{
+    char *base;
+    uint64_t i;
+    int rc;
+
+    if (bad_index == NULL)
+        return CXLKV_E_INVAL;
+    *bad_index = 0;
+    if (r == NULL || r->base == NULL)
+        return CXLKV_E_CLOSED;
+    if (n != 0 && (srcs == NULL || region_offsets == NULL || lengths == NULL || hashes_out == NULL))
+        return CXLKV_E_INVAL;
+    base = (char *)r->base;
+    for (i = 0; i < n; i++) { /* every range checked before any byte moves */
+        if (!in_bounds(r->size_bytes, region_offsets[i], lengths[i])) {
+            *bad_index = i;
+            return CXLKV_E_RANGE;
+        }
+        if (lengths[i] != 0 && (srcs[i] == NULL ||
+                                !disjoint(srcs[i], base + region_offsets[i], lengths[i]))) {
+            *bad_index = i;
+            return CXLKV_E_INVAL;
+        }
+    }
+    for (i = 0; i < n; i++) {
+        char *dst = base + region_offsets[i];
+        const char *src = (const char *)srcs[i];
+        if (lengths[i] == 0) {
+            hashes_out[i] = XXH3_64bits("", 0);
+            continue;
+        }
+        if (lengths[i] > CXLKV_HASH_CHUNK_BYTES) {
+            /* large: the chunked kernel keeps each hashed chunk in cache */
+            rc = copy_hashed(dst, src, lengths[i], 0, nc ? 2 : 0, &hashes_out[i]);
+            if (rc != CXLKV_OK) {
+                *bad_index = i;
+                return rc;
+            }
+            continue;
+        }
+        if (!nc) {
+            hashes_out[i] = g_copy_hash_fn(dst, src, (size_t)lengths[i]);
+            continue;
+        }
+        nc_write_nf(dst, src, (size_t)lengths[i]);
+        hashes_out[i] = XXH3_64bits(src, (size_t)lengths[i]);
+    }
+    if (nc)
+        nc_store_fence();
+    return CXLKV_OK;
+}
