@@ -183,7 +183,8 @@ class ReplayOptions:
             timed part (``Client(direct_prefault=True)``), as the embedded
             clientds do theirs: the replay then measures no first-touch page
             faults (otherwise one per 4 KiB page of a ``/dev/shm`` region, in
-            every worker). ``False`` for a region too large to map page by page.
+            every worker). ``False`` for a region too large to map page by page
+            (the CLI's default with ``--socket``).
     """
 
     trace_path: str = DEFAULT_TRACE
@@ -885,9 +886,10 @@ def _master_counters(address: str, tls: Any = None) -> dict[str, int]:
 @click.option("--tls", is_flag=True, help="Embedded: run the cluster's links to the master over mutual TLS.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON record.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON record here.")
-@click.option("--prefault/--no-prefault", default=True, show_default=True,
+@click.option("--prefault/--no-prefault", default=None,
               help="Each worker faults in its mapping of the region before the timed part "
-                   "(--no-prefault for a region too large to map page by page).")
+                   "[default: on with --embedded, off with --socket: a running cluster's region "
+                   "may be too large to map page by page].")
 def replay_cmd(trace, embedded, sockets, block_bytes, capacity_fraction, clientds, workers, speedup,
                limit, policy, ssd_fraction, dram_fraction, key_prefix, tls, as_json, out, prefault) -> None:
     """Replay a KV-cache trace: longest cached prefix, fetch + verify hits, put misses.
@@ -907,7 +909,8 @@ def replay_cmd(trace, embedded, sockets, block_bytes, capacity_fraction, clientd
     opts = ReplayOptions(
         trace_path=trace, block_bytes=bb, capacity_fraction=capacity_fraction, limit=limit,
         workers=workers, speedup=speedup, key_prefix=key_prefix, policy=policy,
-        ssd_fraction=ssd_fraction, dram_fraction=dram_fraction, prefault=prefault,
+        ssd_fraction=ssd_fraction, dram_fraction=dram_fraction,
+        prefault=embedded if prefault is None else prefault,
     )
     progress = sys.stderr.isatty() and not as_json
     try:

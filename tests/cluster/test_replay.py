@@ -96,6 +96,31 @@ def test_replay_cli_errors(tmp_path: Path) -> None:
     assert r.exit_code != 0 and "--embedded" in r.output
 
 
+def test_replay_workers_prefault_by_default_only_on_the_embedded_cluster(tmp_path: Path, monkeypatch) -> None:
+    """``--embedded`` workers fault their mapping in before the timed part (the region is
+    the one the replay sized); against a running cluster (``--socket``) only when asked,
+    its region may be too large to map page by page."""
+    from click.testing import CliRunner
+
+    import cxlkv.trace.replay as replay_mod
+
+    seen: list[bool] = []
+
+    def capture(opts, *args, **kwargs):
+        seen.append(opts.prefault)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(replay_mod, "run_embedded", capture)
+    monkeypatch.setattr(replay_mod, "run_replay", capture)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}\n')
+    for args in (["--embedded"], ["--embedded", "--no-prefault"], ["--socket", "x.sock"],
+                 ["--socket", "x.sock", "--prefault"]):
+        CliRunner().invoke(replay_mod.replay_cmd, [str(trace), *args])
+    assert seen == [True, False, False, True]
+    assert ReplayOptions().prefault is True
+
+
 def test_cluster_up_status_down(tmp_path: Path) -> None:
     run_dir = tmp_path / "c"
     cli = [sys.executable, "-m", "cxlkv.cli", "cluster"]
