@@ -285,6 +285,27 @@ cxlkv_copy_out_ranges(const cxlkv_region_t *r, void *buf, uint64_t buf_bytes,
  * buf, else buf -> region hashing the source. Overlapping sides are refused
  * before any byte moves (the hash would be of bytes the copy overwrote).
  */
+/*
+ * One range of a hashed batch copy (every path but the non-coherent read):
+ * from CXLKV_HASH_CHUNK_BYTES on chunk by chunk, each chunk hashed while in
+ * cache; below it one fused pass (copyhash.c); nc: non-temporal stores into
+ * the region, hashing the source (the caller fences once for the batch).
+ */
+static int
+copy_range_hashed(char *dst, const char *src, uint64_t length, int out, int nc,
+                  uint64_t *hash_out)
+{
+    if (length > CXLKV_HASH_CHUNK_BYTES)
+        return copy_hashed(dst, src, length, out, nc ? 2 : 0, hash_out);
+    if (!nc) {
+        *hash_out = g_copy_hash_fn(dst, src, (size_t)length);
+        return CXLKV_OK;
+    }
+    nc_write_nf(dst, src, (size_t)length);
+    *hash_out = XXH3_64bits(src, (size_t)length);
+    return CXLKV_OK;
+}
+
 static int
 copy_ranges_hashed(const cxlkv_region_t *r, char *buf, uint64_t buf_bytes,
                    uint64_t n, const uint64_t *buf_offsets,
@@ -326,26 +347,15 @@ copy_ranges_hashed(const cxlkv_region_t *r, char *buf, uint64_t buf_bytes,
         }
         return CXLKV_OK;
     }
-    for (i = 0; i < n; i++) {
+    for (i = 0; i < n; i++) { /* nc here: into the region (the read returned above) */
         char *b = buf + buf_offsets[i];
         char *reg = base + region_offsets[i];
-        char *dst = out ? b : reg;
-        const char *src = out ? reg : b;
-        if (lengths[i] > CXLKV_HASH_CHUNK_BYTES) {
-            /* large: the chunked kernel keeps each hashed chunk in cache */
-            rc = copy_hashed(dst, src, lengths[i], out, nc ? 2 : 0, &hashes_out[i]);
-            if (rc != CXLKV_OK) {
-                *bad_index = i;
-                return rc;
-            }
-            continue;
+
+        rc = copy_range_hashed(out ? b : reg, out ? reg : b, lengths[i], out, nc, &hashes_out[i]);
+        if (rc != CXLKV_OK) {
+            *bad_index = i;
+            return rc;
         }
-        if (!nc) {
-            hashes_out[i] = g_copy_hash_fn(dst, src, (size_t)lengths[i]);
-            continue;
-        }
-        nc_write_nf(dst, src, (size_t)lengths[i]);
-        hashes_out[i] = XXH3_64bits(b, (size_t)lengths[i]);
     }
     if (nc)
         nc_store_fence();
@@ -376,7 +386,6 @@ cxlkv_copy_in_ranges_hashed(const cxlkv_region_t *r, const void *buf,
     return copy_ranges_hashed(r, (char *)buf, buf_bytes, n, buf_offsets, region_offsets,
                               lengths, hashes_out, bad_index, 0, nc);
 }
-
 
 int
 cxlkv_copy_in_gather_hashed(const cxlkv_region_t *r, uint64_t n,
@@ -409,27 +418,16 @@ cxlkv_copy_in_gather_hashed(const cxlkv_region_t *r, uint64_t n,
         }
     }
     for (i = 0; i < n; i++) {
-        char *dst = base + region_offsets[i];
-        const char *src = (const char *)srcs[i];
-        if (lengths[i] == 0) {
+        if (lengths[i] == 0) { /* the source may be NULL */
             hashes_out[i] = XXH3_64bits("", 0);
             continue;
         }
-        if (lengths[i] > CXLKV_HASH_CHUNK_BYTES) {
-            /* large: the chunked kernel keeps each hashed chunk in cache */
-            rc = copy_hashed(dst, src, lengths[i], 0, nc ? 2 : 0, &hashes_out[i]);
-            if (rc != CXLKV_OK) {
-                *bad_index = i;
-                return rc;
-            }
-            continue;
+        rc = copy_range_hashed(base + region_offsets[i], (const char *)srcs[i], lengths[i], 0, nc,
+                               &hashes_out[i]);
+        if (rc != CXLKV_OK) {
+            *bad_index = i;
+            return rc;
         }
-        if (!nc) {
-            hashes_out[i] = g_copy_hash_fn(dst, src, (size_t)lengths[i]);
-            continue;
-        }
-        nc_write_nf(dst, src, (size_t)lengths[i]);
-        hashes_out[i] = XXH3_64bits(src, (size_t)lengths[i]);
     }
     if (nc)
         nc_store_fence();
