@@ -93,7 +93,6 @@ class BatchCalls(DaemonLink):
         d = self._direct
         commit = d is not None and d.commit_available  # small host values committed to the master from here
         committed: list[tuple[int, str, Any, Any]] = []
-        committed_arrays: dict[int, Any] = {}
 
         def through_daemon(i: int, a: np.ndarray, handed_back: bool = False) -> None:
             loc = self._daemon.locate(a)
@@ -127,12 +126,14 @@ class BatchCalls(DaemonLink):
                 direct.append((i, keys[i], a, opts))
             elif commit and nbytes <= MAX_COMMIT_VALUE_BYTES:  # DAEMON, but this process can do it all
                 committed.append((i, keys[i], a, opts))
-                committed_arrays[i] = a
             else:  # DAEMON
                 through_daemon(i, a)  # type: ignore[arg-type]
         if committed:
-            for i in _committed_into(d, committed, results):
-                through_daemon(i, committed_arrays[i])
+            back = _committed_into(d, committed, results)
+            if back:
+                arrays = {i: a for i, _, a, _ in committed}
+                for i in back:
+                    through_daemon(i, arrays[i])
         if direct:
             done = self._direct.put_batch(direct, _daemon.BATCH_ITEMS)  # type: ignore[union-attr]
             for i, _, a, _ in direct:

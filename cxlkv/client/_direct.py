@@ -75,6 +75,8 @@ COMMIT_CALL_ITEMS = 256
 
 _xxh3 = xxhash.xxh3_64_intdigest
 _UNKNOWN_CLIENT = int(ErrorCode.UNKNOWN_CLIENT)
+#: Header sizes of keys of 1 to MAX_KEY_BYTES bytes (what write_headers takes in one call).
+_HEADER_MIN, _HEADER_MAX = header_bytes_for(1), header_bytes_for(MAX_KEY_BYTES)
 
 
 class Fallback:
@@ -467,11 +469,11 @@ class DirectPath:
         by_region: dict[int, list[int]] = {}
         for i, (it, version, hb, (sid, off, length)) in enumerate(entries):
             region = self.regions.get(sid)
-            key_ok = 1 <= len(it.key) <= MAX_KEY_BYTES // 4 or 1 <= len(it.key.encode("utf-8")) <= MAX_KEY_BYTES
-            if (region is None or not isinstance(it.src, np.ndarray) or it.checksum is not None or not key_ok
-                    or not hasattr(region, "copy_in_gather_hashed")):
-                # one at a time: a key write_headers refuses (the master answers INVALID_KEY
-                # for that one alone), a device source, a region without the batch calls
+            if (region is None or not isinstance(it.src, np.ndarray) or it.checksum is not None
+                    or not _HEADER_MIN <= hb <= _HEADER_MAX or not hasattr(region, "copy_in_gather_hashed")):
+                # one at a time: a key write_headers refuses (empty or over MAX_KEY_BYTES, as
+                # its header size says; the master answers INVALID_KEY for that one alone), a
+                # device source, a region without the batch calls
                 ext = client_pb2.DirectExtent(extent=common_pb2.Extent(
                     segment_id=sid, offset_bytes=off, length_bytes=length), direct=region is not None)
                 out[i] = self._write(it, version, hb, [ext])
