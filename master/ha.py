@@ -24,6 +24,11 @@ a lone :class:`~cxlkv.master.server.MasterServer` (docs/ha.md):
 
 On SIGTERM a leader stops cleanly: it lets the region's owner lease lapse and
 revokes its etcd lease, so a standby takes over at once instead of after the TTL.
+The stop is bounded: each step of it (the warm state, the resignation, the etcd
+channel, the metrics server) gets what is left of :data:`STOP_LIMIT_S`, and a step
+that overruns is logged by name and left behind; should the process still be up
+:data:`STOP_LIMIT_S` after the signal (an interpreter exit that hangs), it writes
+every thread's stack to its log and exits with code 1.
 """
 
 from __future__ import annotations
@@ -32,7 +37,11 @@ import asyncio
 import dataclasses
 import json
 import logging
+import faulthandler
+import os
 import signal
+import sys
+import threading
 import time
 import uuid
 from typing import Any
@@ -44,12 +53,15 @@ from cxlkv.master.etcd import EtcdClient
 from cxlkv.master.publish import NoIndex
 from cxlkv.runtime.systemd import Notifier
 
-__all__ = ["HaNode", "run_ha_master", "META_INTERVAL_S"]
+__all__ = ["HaNode", "run_ha_master", "META_INTERVAL_S", "STOP_LIMIT_S"]
 
 log = logging.getLogger("cxlkv.master")
 
 #: How often the leader rewrites ``P/meta`` (segments, version floor), seconds.
 META_INTERVAL_S = 2.0
+#: Seconds the clean steps of a stop share (each gets at least 0.5 s); 2.5 s after
+#: them the process exits regardless (systemd's ``TimeoutStopSec=`` is longer).
+STOP_LIMIT_S = 6.0
 #: The version floor recorded in ``P/meta`` runs this far ahead of the counters
 #: (so a new leader starts above anything handed out until the next write).
 FLOOR_HEADROOM = 1 << 32
@@ -83,6 +95,8 @@ class HaNode:
         self.last_takeover_s = 0.0
         self.epoch = 0
         self._stop = asyncio.Event()
+        #: Monotonic time by which the stop must be done (set by :meth:`request_stop`).
+        self._stop_deadline = 0.0
         #: The standby's warm state (master/warm.py) and the task keeping it up.
         self.warm: Any = None
         self._warm_task: asyncio.Task[None] | None = None
@@ -92,7 +106,24 @@ class HaNode:
 
     def request_stop(self) -> None:
         """Stop at the end of the current step (signal-handler safe on the loop thread)."""
+        if not self._stop.is_set():
+            self._stop_deadline = time.monotonic() + STOP_LIMIT_S
         self._stop.set()
+
+    async def _stop_step(self, what: str, step: Any, cap_s: float = STOP_LIMIT_S) -> None:
+        """Await ``step`` (a coroutine) within what is left of the stop's time (at
+        most ``cap_s`` seconds, at least 0.5 s); one that overruns is cancelled and
+        logged by name, one that fails is logged."""
+        left = max(0.5, self._stop_deadline - time.monotonic()) if self._stop_deadline else STOP_LIMIT_S
+        left = min(left, cap_s)
+        try:
+            await asyncio.wait_for(step, left)
+        except asyncio.TimeoutError:
+            log.warning("stopping: %s did not finish within %.1f s; going on without it", what, left)
+        except CxlkvError as exc:
+            log.warning("stopping: %s failed: %s", what, exc)
+        except Exception:  # a bug; stopping must go on
+            log.exception("stopping: %s failed", what)
 
     def _term_config(self) -> MasterConfig:
         """This term's configuration: recover every configured CXL region from its
@@ -133,14 +164,14 @@ class HaNode:
                 await self._lead(term)
         finally:
             self.notify.stopping("resigning")
-            await self._stop_warm()
-            if self.warm is not None:
+            await self._stop_step("stopping the warm standby", self._stop_warm())
+            if self.warm is not None and self._warm_task is None:
                 self.warm.close()
                 self.warm = None
-            await self.elector.close(resign=True)
-            await self.client.close()
+            await self._stop_step("resigning (revoking the etcd lease)", self.elector.close(resign=True))
+            await self._stop_step("closing the etcd channel", self.client.close())
             if self.metrics is not None:
-                await self.metrics.close()
+                await self._stop_step("stopping the metrics server", self.metrics.close())
         return 0
 
     async def _lead(self, term: Term) -> None:
@@ -238,7 +269,9 @@ class HaNode:
             term.fence.close("stopping: handed over to a standby")
             server.ownership.release()
             server.deposed = "handed over"  # stop() must not write the owner record again: it may be the successor's
-            await self.elector.step_down(term)
+            # Deleting the leader key hands over at once; should etcd not answer, the
+            # lease revoked at exit (or its TTL) does it.
+            await self._stop_step("deleting the leader key", self.elector.step_down(term), cap_s=2.5)
             server.grace_s = 0.5
             await server.stop()
         else:
@@ -258,14 +291,23 @@ class HaNode:
             self._warm_task = asyncio.get_running_loop().create_task(self._warm_loop(), name="warm-standby")
 
     async def _stop_warm(self) -> None:
-        """Stop keeping warm (a pass under way finishes first: it runs in a thread)."""
-        task, self._warm_task = self._warm_task, None
+        """Stop keeping warm (a pass under way finishes first: it runs in a thread).
+
+        Cancelling this wait leaves the task running and :attr:`_warm_task` set: the
+        warm state must not be closed under a pass (its regions would be unmapped).
+        """
+        task = self._warm_task
         if task is not None:
             self._warm_stop = True
             try:
-                await task
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if task.done():  # the task itself was cancelled, not this wait
+                    self._warm_task = None
+                raise
             except Exception:  # logged in the loop
                 pass
+            self._warm_task = None
 
     async def _warm_loop(self) -> None:
         from cxlkv.master.warm import WarmState
@@ -413,7 +455,8 @@ async def run_ha_master(config: MasterConfig, *, notifier: Notifier | None = Non
     """Run one master of a leader-elected group until SIGTERM/SIGINT.
 
     Returns:
-        The exit code (0).
+        The exit code (0; the process exits with 1 itself when the stop overruns
+        :data:`STOP_LIMIT_S`, module docstring).
 
     Raises:
         ConfigError: as :class:`~cxlkv.master.server.MasterServer` for settings
@@ -425,11 +468,34 @@ async def run_ha_master(config: MasterConfig, *, notifier: Notifier | None = Non
                           "the masters' addresses), got port 0")
     node = HaNode(config, notifier=notifier)
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if not node._stop.is_set():
+            _arm_exit_deadline(STOP_LIMIT_S + 2.5)
+        node.request_stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, node.request_stop)
+        loop.add_signal_handler(sig, on_signal)
     tasks = [loop.create_task(node.notify.run_watchdog(), name="watchdog")]
     try:
         return await node.run()
     finally:
         for t in tasks:
             t.cancel()
+
+
+def _arm_exit_deadline(limit_s: float) -> None:
+    """Exit the process with code 1 if it is still up ``limit_s`` seconds from now,
+    after writing every thread's stack to stderr (the log): the last resort of a
+    stop whose clean steps are bounded but whose interpreter exit (a library's
+    thread or atexit hook) might not be."""
+    def expire() -> None:
+        log.error("the master did not exit within %.1f s of the stop signal: exiting now; the threads' stacks "
+                  "follow", limit_s)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(1)
+
+    t = threading.Timer(limit_s, expire)
+    t.daemon = True
+    t.start()

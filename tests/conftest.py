@@ -22,6 +22,7 @@ import glob
 import os
 import signal
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -169,10 +170,19 @@ def _check_teardown(cl: TestCluster, killed: list[str]) -> None:
     problems: list[str] = []
     if killed:
         problems.append(f"processes had to be killed: {killed}")
+        for p in [*cl.masters, cl.master, *cl.clientds]:  # their stacks, dumped on SIGUSR1 before the kill
+            if p is not None and p.name in killed:
+                problems.append(f"{p.name}'s log ends:\n{p.log_tail(80)}")
+                killed = [k for k in killed if k != p.name]
     for p in [cl.master, *cl.clientds]:
         if p is not None and p.alive():
             problems.append(f"{p.name} (pid {p.pid}) still running")
             p.signal(signal.SIGKILL)
+    for p in cl.masters:  # a stop step that overran its bound (master/ha.py): shown, not failed
+        text = p.log_path.read_text(errors="replace") if p.log_path.exists() else ""
+        slow = [ln for ln in text.splitlines() if "did not finish within" in ln or "did not exit within" in ln]
+        if slow:
+            warnings.warn(f"{p.name} stopped slowly: {slow[:3]}; log {p.log_path}", stacklevel=1)
     for p in cl.clientds:
         text = p.log_path.read_text(errors="replace") if p.log_path.exists() else ""
         if "Traceback" in text:

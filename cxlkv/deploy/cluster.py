@@ -92,7 +92,8 @@ class ManagedProcess:
             self.proc.send_signal(sig)
 
     def stop(self, timeout_s: float = 10.0) -> tuple[int | None, bool]:
-        """SIGTERM, wait up to ``timeout_s``, then SIGKILL.
+        """SIGTERM, wait up to ``timeout_s``, then SIGUSR1 (the daemon writes its
+        threads' stacks to its log: cxlkv/runtime/logs.py) and SIGKILL.
 
         Returns:
             (exit code, whether SIGKILL was needed).
@@ -105,6 +106,11 @@ class ManagedProcess:
         try:
             return self.proc.wait(timeout_s), False
         except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)
+            try:
+                return self.proc.wait(1.0), True  # it stopped meanwhile: still report the slow stop
+            except subprocess.TimeoutExpired:
+                pass
             self.proc.kill()
             return self.proc.wait(5.0), True
 

@@ -2,12 +2,18 @@
 
 An operator error (bad config, missing device, port in use) is logged as one
 clear line; tracebacks are kept for bugs (``logger.exception``) and for ``debug``.
+
+``SIGUSR1`` makes a daemon write every thread's Python stack to its log (stderr)
+and go on (:mod:`faulthandler`): ``kill -USR1 $MAINPID`` shows where a daemon that
+does not stop or answer is waiting (docs/operations.md).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
+import signal
 import sys
 import time
 
@@ -38,9 +44,12 @@ def setup_logging(level: str = "info", *, json_lines: bool = False, component: s
         json_lines: emit JSON lines instead of text.
         component: name shown in text lines (``master``, ``clientd-0``).
 
+    Also makes ``SIGUSR1`` dump every thread's stack to stderr (the module's note).
+
     Returns:
         The ``cxlkv`` logger.
     """
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
     handler = logging.StreamHandler(sys.stderr)
     if json_lines:
         handler.setFormatter(JsonFormatter())

@@ -8,6 +8,7 @@ Real master and clientd processes on a /dev/shm region; real gRPC.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -200,3 +201,21 @@ def test_region_format_refuses_a_region_its_master_runs_on(cluster) -> None:
     cluster.master.stop()  # a clean stop releases the owner lease
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_sigusr1_writes_the_threads_stacks_and_the_daemon_goes_on(module_cluster) -> None:
+    """``kill -USR1`` (docs/operations.md): master and clientd each write every thread's
+    Python stack to their log and keep serving."""
+    for p in (module_cluster.master, module_cluster.clientds[0]):
+        assert p is not None
+        before = p.log_path.stat().st_size
+        p.signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while "Current thread" not in p.log_path.read_bytes()[before:].decode(errors="replace"):
+            assert time.monotonic() < deadline, p.log_tail(40)
+            time.sleep(0.05)
+        dumped = p.log_path.read_bytes()[before:].decode(errors="replace")
+        assert 'File "' in dumped and p.alive(), dumped[-2000:]
+    with module_cluster.client(0) as c:
+        c.put("usr1/after", b"still serving")
+        assert c.get("usr1/after") == b"still serving"
