@@ -41,7 +41,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from cxlkv.wire.reflection import enable_reflection
 
 from cxlkv.config import MasterConfig, format_size
-from cxlkv.errors import ConfigError
+from cxlkv.errors import ConfigError, NotLeader
 from cxlkv.wire.lean import LeanFrameServer
 from cxlkv.runtime.loops import StallMonitor
 from cxlkv.master.owner import Deposed, RegionOwnership
@@ -352,6 +352,9 @@ class MasterServer:
             try:
                 done = self.state.sweep(time.monotonic())
                 self.state.index.sync()
+            except NotLeader as exc:  # the term ended during the pass (the fence refused its writes)
+                log.debug("sweep: %s", exc.message)
+                continue
             except Exception:  # a bug; keep the master up and say so once per sweep
                 log.exception("sweep failed")
                 continue

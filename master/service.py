@@ -713,6 +713,8 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         slice_s = self.state.config.slice_s
         pause_s = slice_s * _SLICE_PAUSE_FRACTION
         try:
+            if self.fence is not None:  # as _invoke: a deposed or lapsed leader answers nothing
+                self.fence.check()
             if self.auth is not None:  # the identity check of every call (_invoke)
                 self.auth.check(name, request, _caller(None))
             if name in self._limit_fields:
@@ -730,7 +732,11 @@ class MasterServicer(master_pb2_grpc.MasterServiceServicer):
         except Exception as exc:  # a bug: one line to the caller, the traceback to the log once
             log.exception("%s failed", name)
             error = Internal(f"{name}: {type(exc).__name__}: {' '.join(str(exc).split())}")
-        self.state.index.sync()
+        try:
+            self.state.index.sync()
+        except CxlkvError as err:  # the term ended meanwhile (NotLeader): what it did is not published
+            if error is None:
+                response, error = None, err
         if self.observe is not None:
             self.observe(name, int(error.code) if error is not None else 0, request, perf_counter() - t0)
         return response, error

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -261,7 +262,7 @@ def test_cluster_up_with_three_masters_status_and_metrics(tmp_path) -> None:
         down = cxlkv("cluster", "down", "--run-dir", str(run_dir))
     assert down.returncode == 0 and "killed" not in down.stdout, down.stdout + down.stderr
     for m in state["masters"]:
-        assert not os.path.exists(f"/proc/{m['pid']}") or "zombie" in open(f"/proc/{m['pid']}/status").read().lower()
+        assert not os.path.exists(f"/proc/{m['pid']}") or "zombie" in Path(f"/proc/{m['pid']}/status").read_text().lower()
 
 
 def test_objects_the_index_has_no_slot_for_survive_a_failover(make_cluster: Any) -> None:

@@ -146,3 +146,86 @@ def test_a_clientd_lists_several_masters() -> None:
     assert cfg.master_addresses == ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
     with pytest.raises(ConfigError, match="loopback"):
         ClientdConfig(master_address="127.0.0.1:1,10.1.2.3:2").validate()
+
+
+def test_a_term_that_ends_during_a_sweep_pass_is_not_logged_as_a_bug(region_cfg, caplog) -> None:
+    """The process stops past its lease in the middle of a sweep pass (SIGSTOP, a held
+    loop): the fence refuses the pass's index writes with NotLeader, and the sweep loop
+    takes that as the end of the term, not as a bug (before: "sweep failed" and a
+    traceback in the log of every master resumed past its lease mid-pass)."""
+    import asyncio
+    import dataclasses
+    import logging
+
+    from cxlkv.master.server import MasterServer
+
+    _, cfg = region_cfg
+    clock = Clock()
+    fence = LeaderFence(clock)
+    fence.extend(clock.t, 1000.0)
+    server = MasterServer(dataclasses.replace(cfg, sweep_interval_s=0.01), fence=fence)
+    passes = []
+    real_sweep = server.state.sweep
+
+    def sweep(now: float) -> dict:
+        done = real_sweep(now)
+        passes.append(now)
+        clock.t += 10_000.0  # the lease passes while the pass runs
+        return done
+
+    server.state.sweep = sweep  # type: ignore[method-assign]
+
+    async def run() -> None:
+        task = asyncio.ensure_future(server._sweep_loop())  # noqa: SLF001 - the loop itself is the unit
+        await asyncio.sleep(0.3)
+        task.cancel()
+
+    try:
+        with caplog.at_level(logging.DEBUG, logger="cxlkv.master"):
+            asyncio.run(run())
+    finally:
+        server.ownership.release()
+        server.ownership.close()
+    assert len(passes) == 1  # the pass that ended the term; the loop then skips its passes
+    assert fence.closed and fence.refused >= 1
+    bad = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not bad, [r.getMessage() for r in bad]
+
+
+def test_a_sliced_call_of_a_deposed_leader_answers_not_leader(region_cfg) -> None:
+    """RemoveAll and UnmountSegment run by slices outside ``_invoke``: they check the
+    fence first as every call does, and a term that ends between slices makes the
+    call answer NotLeader (what it did is not published), never an exception out of
+    the handler (a traceback, UNKNOWN to the caller)."""
+    import asyncio
+    import dataclasses
+
+    from cxlkv.master.server import MasterServer
+    from cxlkv.v1 import master_pb2
+
+    _, cfg = region_cfg
+    clock = Clock()
+    fence = LeaderFence(clock)
+    fence.extend(clock.t, 1000.0)
+    server = MasterServer(dataclasses.replace(cfg, sweep_interval_s=3600.0), fence=fence)
+    started = []
+
+    class Cursor:
+        def step(self, now: float, budget_s: float) -> bool:
+            clock.t += 10_000.0  # the lease passes during the slice
+            return True
+
+    def start() -> Cursor:
+        started.append(1)
+        return Cursor()
+
+    try:
+        call = server.servicer._sliced  # noqa: SLF001 - the slicing itself is the unit
+        req = master_pb2.RemoveAllRequest()
+        response, error = asyncio.run(call("RemoveAll", req, start, lambda c: master_pb2.RemoveAllResponse()))
+        assert response is None and isinstance(error, NotLeader), (response, error)
+        response, error = asyncio.run(call("RemoveAll", req, start, lambda c: master_pb2.RemoveAllResponse()))
+        assert response is None and isinstance(error, NotLeader) and started == [1]  # refused before it starts
+    finally:
+        server.ownership.release()
+        server.ownership.close()

@@ -5,35 +5,17 @@ MasterServer states (no gRPC needed: the state publishes into the region)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
-import uuid
 
 import pytest
 import xxhash
 
-from cxlkv.config import MasterConfig, SegmentConfig
 from cxlkv.master.server import MasterServer
 from cxlkv.master.objects import RestoredObject
 from cxlkv.layout.objheader import header_bytes_for, pack_header
-from cxlkv.layout.region import format_region
-from cxlkv.transport import Region
 
 MiB = 1 << 20
 STRIDE = 256
-
-
-@pytest.fixture()
-def region_cfg():
-    path = f"/dev/shm/cxlkv-test-warm-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    size = 16 * MiB
-    with Region.open(path, size=size, create=True) as r:
-        format_region(r, "cxl0", expected_objects=4096)
-    cfg = MasterConfig(listen_address="127.0.0.1:0", metrics_address="", lean_listen_address="off",
-                       segments=[SegmentConfig(name="cxl0", size_bytes=size, path=path)], owner_lease_ttl_s=1.0)
-    yield path, cfg
-    if os.path.exists(path):
-        os.unlink(path)
 
 
 def _put(server: MasterServer, first: int, n: int, version: int) -> list[str]:
