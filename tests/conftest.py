@@ -278,3 +278,26 @@ class TlsCerts:
 def tls_certs(tmp_path_factory: pytest.TempPathFactory) -> TlsCerts:
     """A CA with the certificates of a TLS test cluster, and a rogue CA's look-alike."""
     return TlsCerts(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture()
+def region_cfg() -> Iterator[tuple[str, Any]]:
+    """``(path, MasterConfig)`` for in-process master tests: a formatted 16 MiB region
+    file in /dev/shm (segment ``cxl0``, index for 4,096 objects), deleted afterwards.
+    (Here, not in a tests/master/conftest.py: a second ``conftest`` module would shadow
+    this one for the tests that ``from conftest import TestCluster``.)"""
+    import uuid
+
+    from cxlkv.config import MasterConfig, SegmentConfig
+    from cxlkv.layout.region import format_region
+    from cxlkv.transport import Region
+
+    path = f"/dev/shm/cxlkv-test-master-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    size = 16 * MiB
+    with Region.open(path, size=size, create=True) as r:
+        format_region(r, "cxl0", expected_objects=4096)
+    cfg = MasterConfig(listen_address="127.0.0.1:0", metrics_address="", lean_listen_address="off",
+                       segments=[SegmentConfig(name="cxl0", size_bytes=size, path=path)], owner_lease_ttl_s=1.0)
+    yield path, cfg
+    if os.path.exists(path):
+        os.unlink(path)
