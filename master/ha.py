@@ -27,17 +27,18 @@ revokes its etcd lease, so a standby takes over at once instead of after the TTL
 The stop is bounded: each step of it (the warm state, the resignation, the etcd
 channel, the metrics server) gets what is left of :data:`STOP_LIMIT_S`, and a step
 that overruns is logged by name and left behind; should the process still be up
-:data:`STOP_LIMIT_S` after the signal (an interpreter exit that hangs), it writes
-every thread's stack to its log and exits with code 1.
+2.5 s past :data:`STOP_LIMIT_S` after the signal (an interpreter exit that hangs, a
+takeover still rebuilding its state), it writes every thread's stack to its log and
+exits with code 1.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import faulthandler
 import json
 import logging
-import faulthandler
 import os
 import signal
 import sys
