@@ -5,6 +5,8 @@ No network: the clock is passed in. tests/cluster/test_ha.py runs the real thing
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from cxlkv.config import ClientdConfig, MasterConfig
@@ -148,22 +150,27 @@ def test_a_clientd_lists_several_masters() -> None:
         ClientdConfig(master_address="127.0.0.1:1,10.1.2.3:2").validate()
 
 
+def _fenced_server(cfg: MasterConfig, **options: float) -> tuple[Clock, LeaderFence, Any]:
+    """A MasterServer (no ports started) behind a fence on a test clock, valid for 900 s."""
+    import dataclasses
+
+    from cxlkv.master.server import MasterServer
+
+    clock = Clock()
+    fence = LeaderFence(clock)
+    fence.extend(clock.t, 1000.0)
+    return clock, fence, MasterServer(dataclasses.replace(cfg, **options), fence=fence)
+
+
 def test_a_term_that_ends_during_a_sweep_pass_is_not_logged_as_a_bug(region_cfg, caplog) -> None:
     """The process stops past its lease in the middle of a sweep pass (SIGSTOP, a held
     loop): the fence refuses the pass's index writes with NotLeader, and the sweep loop
     takes that as the end of the term, not as a bug (before: "sweep failed" and a
     traceback in the log of every master resumed past its lease mid-pass)."""
     import asyncio
-    import dataclasses
     import logging
 
-    from cxlkv.master.server import MasterServer
-
-    _, cfg = region_cfg
-    clock = Clock()
-    fence = LeaderFence(clock)
-    fence.extend(clock.t, 1000.0)
-    server = MasterServer(dataclasses.replace(cfg, sweep_interval_s=0.01), fence=fence)
+    clock, fence, server = _fenced_server(region_cfg[1], sweep_interval_s=0.01)
     passes = []
     real_sweep = server.state.sweep
 
@@ -198,16 +205,10 @@ def test_a_sliced_call_of_a_deposed_leader_answers_not_leader(region_cfg) -> Non
     call answer NotLeader (what it did is not published), never an exception out of
     the handler (a traceback, UNKNOWN to the caller)."""
     import asyncio
-    import dataclasses
 
-    from cxlkv.master.server import MasterServer
     from cxlkv.v1 import master_pb2
 
-    _, cfg = region_cfg
-    clock = Clock()
-    fence = LeaderFence(clock)
-    fence.extend(clock.t, 1000.0)
-    server = MasterServer(dataclasses.replace(cfg, sweep_interval_s=3600.0), fence=fence)
+    clock, fence, server = _fenced_server(region_cfg[1], sweep_interval_s=3600.0)
     started = []
 
     class Cursor:
