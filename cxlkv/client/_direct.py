@@ -489,10 +489,10 @@ class DirectPath:
             region = self.regions[sid]
             group = [entries[i] for i in idx]
             keys = [it.key.encode("utf-8") for it, *_ in group]
+            sizes = [it.size for it, *_ in group]
             try:
                 sums = _copy_in_gather(region, [it.src for it, *_ in group],
-                                       [off + hb for _, _, hb, (_, off, _) in group], [it.size for it, *_ in group],
-                                       flush=self.flush)
+                                       [off + hb for _, _, hb, (_, off, _) in group], sizes, flush=self.flush)
                 koffs, pos = [], 0
                 for k in keys:
                     koffs.append(pos)
@@ -500,7 +500,7 @@ class DirectPath:
                 # written back in both modes (one or two lines): readers on other hosts check it
                 region.write_headers([off for *_, (_, off, _) in group], [hb for _, _, hb, _ in group],
                                      b"".join(keys), koffs, [len(k) for k in keys],
-                                     [v for _, v, _, _ in group], [it.size for it, *_ in group], sums, flush=True)
+                                     [v for _, v, _, _ in group], sizes, sums, flush=True)
             except CxlkvError as exc:
                 for i in idx:
                     out[i] = exc
