@@ -281,11 +281,6 @@ cxlkv_copy_out_ranges(const cxlkv_region_t *r, void *buf, uint64_t buf_bytes,
 }
 
 /*
- * Both hashed range copies: `out` copies region -> buf and hashes what lands in
- * buf, else buf -> region hashing the source. Overlapping sides are refused
- * before any byte moves (the hash would be of bytes the copy overwrote).
- */
-/*
  * One range of a hashed batch copy (every path but the non-coherent read):
  * from CXLKV_HASH_CHUNK_BYTES on chunk by chunk, each chunk hashed while in
  * cache; below it one fused pass (copyhash.c); nc: non-temporal stores into
@@ -306,6 +301,11 @@ copy_range_hashed(char *dst, const char *src, uint64_t length, int out, int nc,
     return CXLKV_OK;
 }
 
+/*
+ * Both hashed range copies: `out` copies region -> buf and hashes what lands in
+ * buf, else buf -> region hashing the source. Overlapping sides are refused
+ * before any byte moves (the hash would be of bytes the copy overwrote).
+ */
 static int
 copy_ranges_hashed(const cxlkv_region_t *r, char *buf, uint64_t buf_bytes,
                    uint64_t n, const uint64_t *buf_offsets,
