@@ -12,8 +12,15 @@ Start-up order:
    ``ready_file``.
 
 SIGTERM or SIGINT stops it: no new calls, running calls get
-:data:`SHUTDOWN_GRACE_S` to finish, pending lease releases are sent, buffers and
-regions are unmapped, sockets and the ready file removed.
+:data:`SHUTDOWN_GRACE_S` to finish, unused reservations go back to the master,
+pending lease releases and hits are sent and the registration ended, buffers and
+regions are unmapped, sockets and the ready file removed. The stop is bounded:
+its steps share :data:`STOP_LIMIT_S` (those that wait on the master at most
+:data:`MASTER_STEP_S` each, so a master that does not answer costs seconds, not
+``master_timeout_s`` per step), a step that overruns is logged by name and left
+behind (what the master was not told, it learns when the registration expires),
+and a process still up :data:`EXIT_LIMIT_S` after the signal writes every thread's
+stack to its log and exits with code 1 (:mod:`cxlkv.runtime.stopping`).
 
 Under systemd (``Type=notify``) the daemon sends STATUS= lines through start-up,
 READY=1 after step 3, STOPPING=1 when a stop signal arrives, and watchdog
@@ -43,14 +50,25 @@ from cxlkv.clientd.writers import Incarnation, running
 from cxlkv.config import ClientdConfig
 from cxlkv.errors import CxlkvError
 from cxlkv.runtime.loops import StallMonitor
+from cxlkv.runtime.stopping import StopBudget, arm_exit_deadline
 from cxlkv.runtime.systemd import Notifier
 
-__all__ = ["Daemon", "SHUTDOWN_GRACE_S", "BUFFER_REAP_INTERVAL_S", "EXIT_STARTUP", "tune_malloc"]
+__all__ = ["Daemon", "SHUTDOWN_GRACE_S", "STOP_LIMIT_S", "MASTER_STEP_S", "EXIT_LIMIT_S", "BUFFER_REAP_INTERVAL_S",
+           "EXIT_STARTUP", "tune_malloc"]
 
 log = logging.getLogger(__name__)
 
 #: Seconds running calls get to finish at shutdown.
 SHUTDOWN_GRACE_S = 5.0
+#: Seconds the steps of a stop share, from the signal: the two drains
+#: (:data:`SHUTDOWN_GRACE_S` each at most) and the steps that wait on the master.
+STOP_LIMIT_S = 15.0
+#: Most seconds one stop step that waits on the master gets (giving reservations
+#: back; closing the link: releases, hits, deregistration).
+MASTER_STEP_S = 3.0
+#: Seconds after the stop signal at which a process still up exits with code 1,
+#: stacks logged (under the unit's ``TimeoutStopSec=30``).
+EXIT_LIMIT_S = STOP_LIMIT_S + 5.0
 #: Period of the check for buffers whose owner process exited, in seconds.
 BUFFER_REAP_INTERVAL_S = 1.0
 #: Exit code of a start-up failure (wrong region, socket in use, master refusal).
@@ -140,6 +158,8 @@ class Daemon:
         self.socket_path = cfg.resolved_socket_path()
         self.lean_socket_path = cfg.resolved_lean_socket_path()
         self._stop = asyncio.Event()
+        #: The stop's time (:data:`STOP_LIMIT_S`), started by :meth:`request_stop`.
+        self._stop_budget = StopBudget(STOP_LIMIT_S, log)
         self._health_tasks: set[asyncio.Task[None]] = set()
         self._sockets_owned: list[str] = []
         self.tier_worker = None
@@ -151,7 +171,14 @@ class Daemon:
 
     def request_stop(self) -> None:
         """Ask the daemon to shut down (signal handlers call this)."""
+        self._stop_budget.start()
         self._stop.set()
+
+    def _on_signal(self) -> None:
+        """SIGTERM/SIGINT: stop, and exit regardless :data:`EXIT_LIMIT_S` from now."""
+        if not self._stop.is_set():
+            arm_exit_deadline(EXIT_LIMIT_S, "clientd", log)
+        self.request_stop()
 
     async def run(self) -> int:
         """Run until stopped.
@@ -162,7 +189,7 @@ class Daemon:
         """
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.request_stop)
+            loop.add_signal_handler(sig, self._on_signal)
         if not tune_malloc():
             log.debug("mallopt unavailable: large transient buffers are not reused")
         cfg = self.cfg
@@ -311,22 +338,18 @@ class Daemon:
     async def _shutdown(self, grpc_fe, lean, link, buffers, regions, executor, metrics) -> None:
         if self.cfg.ready_file:
             Path(self.cfg.ready_file).unlink(missing_ok=True)
+        budget = self._stop_budget
+        budget.start()  # a stop without request_stop (start-up failed): counted from here
         if grpc_fe is not None:
-            try:
-                await grpc_fe.stop(SHUTDOWN_GRACE_S)
-            except Exception:
-                log.exception("gRPC server stop failed")
+            await budget.step("draining gRPC calls", grpc_fe.stop(SHUTDOWN_GRACE_S), SHUTDOWN_GRACE_S + 1.0)
         if lean is not None:
-            await lean.stop(SHUTDOWN_GRACE_S)
+            await budget.step("draining lean calls", lean.stop(SHUTDOWN_GRACE_S), SHUTDOWN_GRACE_S + 1.0)
         if self.tier_worker is not None:
-            await self.tier_worker.close()
-        if self.core is not None:
-            try:
-                await self.core.reserve.close()  # unused reservations back to the master
-            except Exception:
-                log.exception("giving back reservations failed")
-        if link is not None:
-            await link.close(deregister=True)  # a planned stop is no host failure
+            await budget.step("stopping the tier worker", self.tier_worker.close())
+        if self.core is not None:  # unused reservations back to the master
+            await budget.step("giving reservations back to the master", self.core.reserve.close(), MASTER_STEP_S)
+        if link is not None:  # releases, hits, deregistration: a planned stop is no host failure
+            await budget.step("closing the master link", link.close(deregister=True), MASTER_STEP_S)
         if self.incarnation is not None:
             self.incarnation.release()
         executor.shutdown(wait=True)

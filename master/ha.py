@@ -36,13 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import faulthandler
 import json
 import logging
-import os
 import signal
-import sys
-import threading
 import time
 import uuid
 from typing import Any
@@ -52,6 +48,7 @@ from cxlkv.errors import ConfigError, CxlkvError, Unavailable
 from cxlkv.master.election import ClusterMeta, Elector, MasterInfo, Term
 from cxlkv.master.etcd import EtcdClient
 from cxlkv.master.publish import NoIndex
+from cxlkv.runtime.stopping import StopBudget, arm_exit_deadline
 from cxlkv.runtime.systemd import Notifier
 
 __all__ = ["HaNode", "run_ha_master", "META_INTERVAL_S", "STOP_LIMIT_S"]
@@ -96,8 +93,8 @@ class HaNode:
         self.last_takeover_s = 0.0
         self.epoch = 0
         self._stop = asyncio.Event()
-        #: Monotonic time by which the stop must be done (set by :meth:`request_stop`).
-        self._stop_deadline = 0.0
+        #: The stop's time, started by :meth:`request_stop`.
+        self._stop_budget = StopBudget(STOP_LIMIT_S, log)
         #: The standby's warm state (master/warm.py) and the task keeping it up.
         self.warm: Any = None
         self._warm_task: asyncio.Task[None] | None = None
@@ -107,24 +104,14 @@ class HaNode:
 
     def request_stop(self) -> None:
         """Stop at the end of the current step (signal-handler safe on the loop thread)."""
-        if not self._stop.is_set():
-            self._stop_deadline = time.monotonic() + STOP_LIMIT_S
+        self._stop_budget.start()
         self._stop.set()
 
     async def _stop_step(self, what: str, step: Any, cap_s: float = STOP_LIMIT_S) -> None:
         """Await ``step`` (a coroutine) within what is left of the stop's time (at
         most ``cap_s`` seconds, at least 0.5 s); one that overruns is cancelled and
-        logged by name, one that fails is logged."""
-        left = max(0.5, self._stop_deadline - time.monotonic()) if self._stop_deadline else STOP_LIMIT_S
-        left = min(left, cap_s)
-        try:
-            await asyncio.wait_for(step, left)
-        except asyncio.TimeoutError:
-            log.warning("stopping: %s did not finish within %.1f s; going on without it", what, left)
-        except CxlkvError as exc:
-            log.warning("stopping: %s failed: %s", what, exc)
-        except Exception:  # a bug; stopping must go on
-            log.exception("stopping: %s failed", what)
+        logged by name, one that fails is logged (:class:`~cxlkv.runtime.stopping.StopBudget`)."""
+        await self._stop_budget.step(what, step, cap_s)
 
     def _term_config(self) -> MasterConfig:
         """This term's configuration: recover every configured CXL region from its
@@ -472,7 +459,7 @@ async def run_ha_master(config: MasterConfig, *, notifier: Notifier | None = Non
 
     def on_signal() -> None:
         if not node._stop.is_set():
-            _arm_exit_deadline(STOP_LIMIT_S + 2.5)
+            arm_exit_deadline(STOP_LIMIT_S + 2.5, "master", log)
         node.request_stop()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -483,20 +470,3 @@ async def run_ha_master(config: MasterConfig, *, notifier: Notifier | None = Non
     finally:
         for t in tasks:
             t.cancel()
-
-
-def _arm_exit_deadline(limit_s: float) -> None:
-    """Exit the process with code 1 if it is still up ``limit_s`` seconds from now,
-    after writing every thread's stack to stderr (the log): the last resort of a
-    stop whose clean steps are bounded but whose interpreter exit (a library's
-    thread or atexit hook) might not be."""
-    def expire() -> None:
-        log.error("the master did not exit within %.1f s of the stop signal: exiting now; the threads' stacks "
-                  "follow", limit_s)
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        sys.stderr.flush()
-        os._exit(1)
-
-    t = threading.Timer(limit_s, expire)
-    t.daemon = True
-    t.start()

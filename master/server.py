@@ -9,7 +9,8 @@ loop — so every state call happens on one thread and the state needs no lock.
 Start-up writes the bound ``host:port`` to ``address_file`` (write a temporary
 file, then rename) only once the server is serving; ``cxlkv cluster`` and the
 tests wait for that file. SIGTERM/SIGINT: health NOT_SERVING, stop accepting,
-drain in-flight calls (``grace_s``), exit 0.
+drain in-flight calls (``grace_s``), exit 0; a process still up :data:`EXIT_MARGIN_S`
+past the three drains' bound exits 1 with its threads' stacks in its log.
 
 With ``metrics_address`` set, Prometheus ``/metrics`` is served too
 (:mod:`cxlkv.master.metrics`); under systemd (``Type=notify``) the master
@@ -49,6 +50,7 @@ from cxlkv.master.recovery import parse_recover_spec, recover_regions
 from cxlkv.master.service import MasterServicer
 from cxlkv.master.publish import NoIndex, OverflowAlarm, overflow_warning
 from cxlkv.master.state import MasterState
+from cxlkv.runtime.stopping import arm_exit_deadline
 from cxlkv.runtime.systemd import Notifier
 from cxlkv.v1 import master_pb2
 from cxlkv.wire.parse import add_service
@@ -56,6 +58,11 @@ from cxlkv.wire.parse import add_service
 __all__ = ["MasterServer", "ListenError", "run_master", "SERVICE_NAME"]
 
 log = logging.getLogger("cxlkv.master")
+
+#: Seconds past its three drains (``grace_s`` each: gRPC, lean TCP, lean Unix) at
+#: which a master still up after the stop signal writes its threads' stacks and
+#: exits with code 1 (cxlkv/runtime/stopping.py); under the unit's TimeoutStopSec=30.
+EXIT_MARGIN_S = 6.0
 
 #: Full name of the master's gRPC service (health and reflection use it).
 SERVICE_NAME = master_pb2.DESCRIPTOR.services_by_name["MasterService"].full_name
@@ -475,8 +482,14 @@ async def run_master(config: MasterConfig, *, notifier: Notifier | None = None) 
                                                          if config.recover_from_region else "")):
         server = MasterServer(config)  # region scans run here: minutes for a large region
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if not server._stopped.is_set():  # the drains are bounded; an exit that hangs is not
+            arm_exit_deadline(3 * server.grace_s + EXIT_MARGIN_S, "master", log)
+        server.request_stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, server.request_stop)
+        loop.add_signal_handler(sig, on_signal)
     tasks = [loop.create_task(notify.run_watchdog(), name="watchdog")]
     try:
         notify.status("starting")

@@ -178,7 +178,7 @@ def _check_teardown(cl: TestCluster, killed: list[str]) -> None:
         if p is not None and p.alive():
             problems.append(f"{p.name} (pid {p.pid}) still running")
             p.signal(signal.SIGKILL)
-    for p in cl.masters:  # a stop step that overran its bound (master/ha.py): shown, not failed
+    for p in [*cl.masters, *cl.clientds]:  # a stop step that overran its bound (runtime/stopping.py): shown, not failed
         text = p.log_path.read_text(errors="replace") if p.log_path.exists() else ""
         slow = [ln for ln in text.splitlines() if "did not finish within" in ln or "did not exit within" in ln]
         if slow:
