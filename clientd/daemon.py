@@ -176,8 +176,7 @@ class Daemon:
 
     def _on_signal(self) -> None:
         """SIGTERM/SIGINT: stop, and exit regardless :data:`EXIT_LIMIT_S` from now."""
-        if not self._stop.is_set():
-            arm_exit_deadline(EXIT_LIMIT_S, "clientd", log)
+        arm_exit_deadline(EXIT_LIMIT_S, "clientd", log)
         self.request_stop()
 
     async def run(self) -> int:

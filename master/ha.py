@@ -107,12 +107,6 @@ class HaNode:
         self._stop_budget.start()
         self._stop.set()
 
-    async def _stop_step(self, what: str, step: Any, cap_s: float = STOP_LIMIT_S) -> None:
-        """Await ``step`` (a coroutine) within what is left of the stop's time (at
-        most ``cap_s`` seconds, at least 0.5 s); one that overruns is cancelled and
-        logged by name, one that fails is logged (:class:`~cxlkv.runtime.stopping.StopBudget`)."""
-        await self._stop_budget.step(what, step, cap_s)
-
     def _term_config(self) -> MasterConfig:
         """This term's configuration: recover every configured CXL region from its
         index, the owner lease on the election's TTL."""
@@ -152,14 +146,14 @@ class HaNode:
                 await self._lead(term)
         finally:
             self.notify.stopping("resigning")
-            await self._stop_step("stopping the warm standby", self._stop_warm())
+            await self._stop_budget.step("stopping the warm standby", self._stop_warm())
             if self.warm is not None and self._warm_task is None:
                 self.warm.close()
                 self.warm = None
-            await self._stop_step("resigning (revoking the etcd lease)", self.elector.close(resign=True))
-            await self._stop_step("closing the etcd channel", self.client.close())
+            await self._stop_budget.step("resigning (revoking the etcd lease)", self.elector.close(resign=True))
+            await self._stop_budget.step("closing the etcd channel", self.client.close())
             if self.metrics is not None:
-                await self._stop_step("stopping the metrics server", self.metrics.close())
+                await self._stop_budget.step("stopping the metrics server", self.metrics.close())
         return 0
 
     async def _lead(self, term: Term) -> None:
@@ -259,7 +253,7 @@ class HaNode:
             server.deposed = "handed over"  # stop() must not write the owner record again: it may be the successor's
             # Deleting the leader key hands over at once; should etcd not answer, the
             # lease revoked at exit (or its TTL) does it.
-            await self._stop_step("deleting the leader key", self.elector.step_down(term), cap_s=2.5)
+            await self._stop_budget.step("deleting the leader key", self.elector.step_down(term), cap_s=2.5)
             server.grace_s = 0.5
             await server.stop()
         else:
@@ -458,8 +452,7 @@ async def run_ha_master(config: MasterConfig, *, notifier: Notifier | None = Non
     loop = asyncio.get_running_loop()
 
     def on_signal() -> None:
-        if not node._stop.is_set():
-            arm_exit_deadline(STOP_LIMIT_S + 2.5, "master", log)
+        arm_exit_deadline(STOP_LIMIT_S + 2.5, "master", log)
         node.request_stop()
 
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -484,8 +484,7 @@ async def run_master(config: MasterConfig, *, notifier: Notifier | None = None) 
     loop = asyncio.get_running_loop()
 
     def on_signal() -> None:
-        if not server._stopped.is_set():  # the drains are bounded; an exit that hangs is not
-            arm_exit_deadline(3 * server.grace_s + EXIT_MARGIN_S, "master", log)
+        arm_exit_deadline(3 * server.grace_s + EXIT_MARGIN_S, "master", log)  # the drains are bounded, an exit is not
         server.request_stop()
 
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -80,10 +80,15 @@ class StopBudget:
         return False
 
 
+_armed: threading.Timer | None = None
+_armed_lock = threading.Lock()
+
+
 def arm_exit_deadline(limit_s: float, daemon: str, log: logging.Logger) -> threading.Timer:
     """Exit the process with code 1 if it is still up ``limit_s`` seconds from now,
     after logging ``<daemon> did not exit within N s of the stop signal`` and
-    writing every thread's stack to stderr (the log).
+    writing every thread's stack to stderr (the log). Armed once per process: a
+    second stop signal keeps the first deadline.
 
     Returns:
         The timer (a daemon thread; cancel it to disarm).
@@ -95,7 +100,10 @@ def arm_exit_deadline(limit_s: float, daemon: str, log: logging.Logger) -> threa
         sys.stderr.flush()
         os._exit(1)
 
-    t = threading.Timer(limit_s, expire)
-    t.daemon = True
-    t.start()
-    return t
+    global _armed
+    with _armed_lock:
+        if _armed is None:
+            _armed = threading.Timer(limit_s, expire)
+            _armed.daemon = True
+            _armed.start()
+        return _armed
