@@ -16,6 +16,7 @@ from __future__ import annotations
 from cxlkv.client.framing import METHODS
 from cxlkv.clientd.api import ClientApi
 from cxlkv.wire.lean import LeanProtocol, LeanRoute
+from cxlkv.wire.lean import DEFAULT_MAX_IN_FLIGHT
 from cxlkv.wire.lean import LeanFrameServer as _LeanServer
 
 __all__ = ["LeanServer", "LeanProtocol"]
@@ -40,7 +41,7 @@ class LeanServer(_LeanServer):
         socket_mode: int,
         *,
         max_frame_bytes: int | None = None,
-        max_in_flight: int = 1024,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
         routes = {m.number: LeanRoute(m.name, m.request_type.FromString, getattr(api, m.name), m.request_type) for m in METHODS}
         if max_frame_bytes is None:

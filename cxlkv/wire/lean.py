@@ -31,6 +31,7 @@ import logging
 import os
 import socket
 import ssl as _ssl
+from time import perf_counter
 from typing import Any, Callable
 
 from google.protobuf.message import DecodeError
@@ -102,6 +103,13 @@ _JOIN_BYTES = 64 << 10
 #: Send buffer asked for on every connection, in bytes (the kernel caps it at
 #: net.core.wmem_max).
 SOCKET_BUFFER_BYTES = 4 << 20
+#: Longest a connection's frames run on the event loop in one turn, seconds: the
+#: frames left wait (reading paused) until the loop has served everyone else once.
+#: Bounds what one connection's pipeline can hold up: the master's other callers
+#: wait at most about this long per busy connection (docs/protocol.md, "Flow control").
+TURN_BUDGET_S = 0.005
+#: Calls one connection may have running (as tasks) before it is paused.
+DEFAULT_MAX_IN_FLIGHT = 64
 
 
 class LeanProtocol(asyncio.Protocol):
@@ -116,8 +124,15 @@ class LeanProtocol(asyncio.Protocol):
       it gets that answer, then the connection is closed;
     * a client that disconnects mid-frame just goes away; calls it had started run
       to completion (a put is never left half-done) and their answers are dropped;
-    * a client that sends faster than it reads is paused (asyncio flow control),
-      and so is one with more than ``max_in_flight`` calls running.
+    * a client that sends faster than it reads is paused: once its answers fill
+      the transport's buffer (asyncio flow control) no further frame of it is
+      dispatched — the frames it already sent wait, unparsed, until it reads —
+      and so is one with ``max_in_flight`` calls running; a connection's answers
+      waiting to be read are therefore bounded (about ``max_in_flight`` answers
+      and the buffer), however many requests it pipelines without reading;
+    * frames run at most :data:`TURN_BUDGET_S` per turn of the event loop, then
+      the connection waits its turn again: one connection's long pipeline of
+      calls never holds up the others' for longer than that.
     """
 
     def __init__(self, server: "LeanFrameServer") -> None:
@@ -135,6 +150,12 @@ class LeanProtocol(asyncio.Protocol):
         self._identity: Any = None
         #: While frames are dispatched: the answers to write together afterwards.
         self._batch: list[bytes] | None = None
+        self._batch_bytes = 0
+        #: Whole frames wait in ``_buf`` undispatched (paused, or the turn's time was used up).
+        self._held = False
+        self._resume_scheduled = False
+        #: The last dispatch stopped before the end of its data (see ``_held``).
+        self._stopped_early = False
 
     # -- asyncio callbacks --------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -155,6 +176,7 @@ class LeanProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        self._held = False  # frames it sent but never let us answer are dropped, unrun
         self._buf = bytearray()
         self._server.connections.discard(self)
 
@@ -164,30 +186,78 @@ class LeanProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused_writing = False
+        if self._held:
+            self._schedule_resume()
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
         buf = self._buf
-        if not buf and len(data) >= HEADER_BYTES:
+        if not buf and len(data) >= HEADER_BYTES and not self._blocked():
             # Fast path: whole frames in `data`, no copy into the buffer.
             pos = self._frames(data)
             if pos < len(data) and not self._closed:
                 buf += data[pos:]
-                self._check_partial()
+                self._after_dispatch()
             return
         buf += data
+        self._dispatch_buffered()
+
+    def _blocked(self) -> bool:
+        """No frame may be dispatched now: answers wait for the peer to read, or
+        ``max_in_flight`` calls are running."""
+        return self._paused_writing or len(self._tasks) >= self._server.max_in_flight
+
+    def _dispatch_buffered(self) -> None:
+        buf = self._buf
+        if self._blocked():
+            if buf:
+                self._hold()
+            return
         pos = self._frames(buf)
         if pos:
             del buf[:pos]
         if buf and not self._closed:
+            self._after_dispatch()
+
+    def _after_dispatch(self) -> None:
+        """What a dispatch left in ``_buf``: whole frames it stopped before (held
+        for a later turn), or the start of a frame still arriving (its length checked)."""
+        if self._stopped_early:
+            self._hold()
+        else:
             self._check_partial()
+
+    def _hold(self) -> None:
+        """Keep the buffered frames for later: reading paused until they are dispatched."""
+        self._held = True
+        self._update_reading()
+        if not self._blocked():
+            self._schedule_resume()  # only the turn's time ran out: go on at the next turn
+
+    def _schedule_resume(self) -> None:
+        if not self._resume_scheduled and not self._closed:
+            self._resume_scheduled = True
+            self._loop.call_soon(self._resume)
+
+    def _resume(self) -> None:
+        """Dispatch held frames (a later turn of the loop, or the pause that held them ended)."""
+        self._resume_scheduled = False
+        if self._closed or not self._held or self._blocked():
+            return  # resume_writing or a call's end comes back here
+        self._held = False
+        self._dispatch_buffered()
+        self._update_reading()
 
     # -- framing ------------------------------------------------------------
     def _frames(self, data: bytes | bytearray) -> int:
-        """Dispatch every complete frame of ``data``; returns bytes consumed."""
+        """Dispatch the complete frames of ``data`` (all of them, unless the
+        connection gets paused or the turn's time runs out: ``_stopped_early``);
+        returns bytes consumed."""
         self._batch = []  # answers of inline routes, written together below
+        self._batch_bytes = 0
+        self._stopped_early = False
         token = PEER_IDENTITY.set(self._identity) if self._identity is not None else None
         try:
             return self._dispatch(data, self._routes)
@@ -203,13 +273,20 @@ class LeanProtocol(asyncio.Protocol):
         if batch:
             t = self._transport
             if t is not None and not t.is_closing():
-                t.write(b"".join(batch) if len(batch) > 1 else batch[0])
+                t.write(b"".join(batch) if len(batch) > 1 else batch[0])  # may pause_writing()
             batch.clear()
+            self._batch_bytes = 0
 
     def _dispatch(self, data: bytes | bytearray, routes: dict[int, LeanRoute]) -> int:
         pos = 0
         end_all = len(data)
+        max_in_flight = self._server.max_in_flight
+        tasks = self._tasks
+        deadline = perf_counter() + TURN_BUDGET_S
         while end_all - pos >= HEADER_BYTES:
+            if pos and (self._paused_writing or len(tasks) >= max_in_flight or perf_counter() > deadline):
+                self._stopped_early = True  # the rest waits (see the class docstring)
+                break
             length, method, _flags, rid = _unpack_from(data, pos)
             if length < MIN_LENGTH or length > self._max_frame:
                 self._fatal(rid, length)
@@ -238,9 +315,9 @@ class LeanProtocol(asyncio.Protocol):
                 self._call_inline(route, request, rid)
                 continue
             task = self._loop.create_task(self._call(route, request, rid))
-            self._tasks.add(task)
+            tasks.add(task)
             task.add_done_callback(self._task_done)
-            if len(self._tasks) >= self._server.max_in_flight:
+            if len(tasks) >= max_in_flight:
                 self._update_reading()
         return pos
 
@@ -306,6 +383,9 @@ class LeanProtocol(asyncio.Protocol):
         batch = self._batch
         if batch is not None and len(payload) <= _JOIN_BYTES:
             batch.append(header + payload)  # sent when this read's frames are done
+            self._batch_bytes += len(payload)
+            if self._batch_bytes >= _JOIN_BYTES:
+                self._flush()  # its write tells whether the peer keeps up (pause_writing)
             return
         self._flush()  # keep the answers in order
         t = self._transport
@@ -319,6 +399,8 @@ class LeanProtocol(asyncio.Protocol):
 
     def _task_done(self, task: "asyncio.Task[None]") -> None:
         self._tasks.discard(task)
+        if self._held:
+            self._schedule_resume()
         if self._paused_reading:
             self._update_reading()
 
@@ -326,7 +408,7 @@ class LeanProtocol(asyncio.Protocol):
         t = self._transport
         if t is None or t.is_closing():
             return
-        pause = self._paused_writing or len(self._tasks) >= self._server.max_in_flight
+        pause = self._held or self._blocked()
         if pause and not self._paused_reading:
             t.pause_reading()
             self._paused_reading = True
@@ -358,7 +440,7 @@ class LeanFrameServer:
     """
 
     def __init__(self, routes: dict[int, LeanRoute], *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 max_in_flight: int = 1024, ssl: _ssl.SSLContext | None = None) -> None:
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, ssl: _ssl.SSLContext | None = None) -> None:
         self.routes = routes
         self.ssl = ssl
         self.max_frame_bytes = max_frame_bytes

@@ -622,6 +622,49 @@ def test_pipelined_requests_answer_by_request_id(raw) -> None:
     assert code == CODE.INVALID_ARGUMENT
 
 
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_caller_that_never_reads_its_answers_is_paused_not_buffered(raw, module_cluster) -> None:
+    """1,000 pipelined Gets of a 1 MiB value from a caller that does not read: the
+    daemon stops dispatching its frames once its answers fill the socket (about
+    ``max_in_flight`` answers wait, not 1 GiB), serves other callers meanwhile,
+    and answers all of them, in order and right, once the caller reads."""
+    value = os.urandom(MiB)
+    code, _ = raw.call("Upsert", client_pb2.PutRequest(key="h/noread/big", value=value))
+    assert code == 0
+    pid = module_cluster.clientds[0].pid
+    before = _rss_bytes(pid)
+    hog = Raw(module_cluster.lean_socket_path(0))
+    try:
+        get = framing.METHODS_BY_NAME["Get"].number
+        body = client_pb2.GetRequest(key="h/noread/big").SerializeToString()
+        hog.send(b"".join(framing.encode_request(get, rid, body) for rid in range(1000)))
+        time.sleep(1.5)
+        for _ in range(5):  # another caller is served while the hog's answers wait
+            t0 = time.monotonic()
+            code, resp = raw.call("Exist", client_pb2.ExistRequest(key="h/noread/big"))
+            assert code == 0 and resp.exists
+            assert time.monotonic() - t0 < 1.0
+        grown = _rss_bytes(pid) - before
+        assert grown < 400 * MiB, f"clientd grew by {grown >> 20} MiB for a caller that does not read"
+        hog.sock.settimeout(30)
+        for rid in range(1000):
+            code, got, body = hog.read()
+            assert (code, got) == (0, rid)
+            if rid in (0, 999):
+                assert client_pb2.GetResponse.FromString(body).value == value
+    finally:
+        hog.close()
+    code, resp = raw.call("Remove", client_pb2.ClientRemoveRequest(key="h/noread/big"))
+    assert code == 0
+
+
 def test_huge_reported_counts_never_break_stat(make_cluster) -> None:
     """ReportHits / DirectRelease add callers' counts to the daemon's counters: counts
     near 2^64 (twice) used to push a counter past uint64, and every Stat — ``cxlkv

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from cxlkv.errors import ErrorCode, InvalidArgument, UnknownClient
 from cxlkv.wire.lean import LeanChannel, service_methods
 from cxlkv.v1 import common_pb2, master_pb2
-from master_harness import MasterProcess, assert_invariant
+from master_harness import MasterProcess, Writer, assert_invariant
 
 METHODS = service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"])
 
@@ -187,6 +188,104 @@ def test_inline_routes_answer_in_order_in_one_read(event_loop: str) -> None:
         writer.write(frame(1, 6, "k"))
         assert struct.unpack("<IHHQ", await reader.readexactly(16))[3] == 6
         writer.close()
+        await server.stop(1.0)
+
+    run(scenario(), event_loop)
+
+
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_lean_caller_that_never_reads_cannot_fill_the_masters_memory_or_hold_up_others(tmp_path: Path) -> None:
+    """3,000 pipelined ListKeys of ~400 KB pages from a caller that never reads
+    (1.2 GB of answers if all were served): the master stops dispatching its frames
+    once its answers fill the socket, keeps answering other callers promptly, goes
+    on with the held frames in order once the caller reads, drops them when it
+    hangs up, and stops cleanly."""
+    with MasterProcess(tmp_path) as mp:
+        port = _lean_port(mp)
+        w = Writer(mp.stub)
+        for start in range(0, 2000, 500):
+            w.batch_put([f"{'k' * 200}{i}" for i in range(start, start + 500)], 64)
+        pid = mp.process.pid
+        before = _rss_bytes(pid)
+        list_keys = next(m.number for m in METHODS if m.name == "ListKeys")
+        body = master_pb2.ListKeysRequest(page_size=2000).SerializeToString()
+        hog = socket.create_connection(("127.0.0.1", port), timeout=30)
+        try:
+            hog.sendall(b"".join(struct.pack("<IHHQ", 12 + len(body), list_keys, 0, rid) + body
+                                 for rid in range(3000)))
+            time.sleep(1.5)
+
+            async def probes() -> list[float]:
+                ch = LeanChannel("127.0.0.1", port, METHODS)
+                took = []
+                for _ in range(5):
+                    t0 = time.monotonic()
+                    got = await ch.call("ExistKey", master_pb2.ExistKeyRequest(keys=[f"{'k' * 200}7"]), timeout=10)
+                    assert list(got.exists) == [True]
+                    took.append(time.monotonic() - t0)
+                ch.close()
+                return took
+
+            assert max(asyncio.run(probes())) < 1.0
+            grown = _rss_bytes(pid) - before
+            assert grown < 200 << 20, f"the master grew by {grown >> 20} MiB for a caller that does not read"
+            for rid in range(40):  # reading: the held frames go on, in order
+                length, code, _f, got = struct.unpack("<IHHQ", _recv_exactly(hog, 16))
+                page = master_pb2.ListKeysResponse.FromString(_recv_exactly(hog, length - 12))
+                assert (code, got, len(page.entries)) == (0, rid, 2000)
+        finally:
+            hog.close()  # the ~2,960 frames left are dropped, not served
+        time.sleep(0.5)
+        assert len(mp.stub.ListKeys(master_pb2.ListKeysRequest(page_size=10), timeout=5).entries) == 10
+    assert "Traceback" not in mp.log()
+
+
+@pytest.mark.parametrize("event_loop", ["asyncio", "uvloop"])
+def test_one_connections_pipeline_waits_its_turn(event_loop: str) -> None:
+    """2,000 pipelined calls of 1 ms each on one connection (2 s of work): a call
+    on another connection is answered within a few turns (TURN_BUDGET_S each), not
+    after the pipeline; the pipeline's answers all come, in order."""
+    from cxlkv.runtime.loops import run
+    from cxlkv.wire.lean import TURN_BUDGET_S, LeanFrameServer, LeanRoute
+
+    def busy(req: master_pb2.ExistKeyRequest) -> master_pb2.ExistKeyResponse:
+        end = time.perf_counter() + 0.001
+        while time.perf_counter() < end:
+            pass
+        return master_pb2.ExistKeyResponse(exists=[True])
+
+    routes = {1: LeanRoute("Busy", master_pb2.ExistKeyRequest.FromString, busy, inline=True)}
+    body = master_pb2.ExistKeyRequest(keys=["k"]).SerializeToString()
+
+    def frame(rid: int) -> bytes:
+        return struct.pack("<IHHQ", 12 + len(body), 1, 0, rid) + body
+
+    async def scenario() -> None:
+        server = LeanFrameServer(routes)
+        port = await server.start_tcp("127.0.0.1", 0)
+        hog_r, hog_w = await asyncio.open_connection("127.0.0.1", port)
+        other_r, other_w = await asyncio.open_connection("127.0.0.1", port)
+        hog_w.write(b"".join(frame(rid) for rid in range(2000)))
+        await hog_w.drain()
+        await asyncio.sleep(0.05)  # the pipeline is being served
+        t0 = time.perf_counter()
+        other_w.write(frame(7))
+        assert struct.unpack("<IHHQ", await other_r.readexactly(16))[3] == 7
+        waited = time.perf_counter() - t0
+        assert waited < 40 * TURN_BUDGET_S, f"another connection waited {waited:.3f} s"
+        for rid in range(2000):
+            length, code, _f, got = struct.unpack("<IHHQ", await hog_r.readexactly(16))
+            await hog_r.readexactly(length - 12)
+            assert (code, got) == (0, rid)
+        hog_w.close()
+        other_w.close()
         await server.stop(1.0)
 
     run(scenario(), event_loop)
