@@ -51,7 +51,7 @@ import click
 import numpy as np
 
 from cxlkv.cli.sizes import Size
-from cxlkv.trace.sim import load_trace, simulate, simulate_belady, simulate_unbounded, unique_blocks
+from cxlkv.trace.sim import TraceError, load_trace, simulate, simulate_belady, simulate_unbounded, unique_blocks
 
 __all__ = ["ReplayOptions", "ReplayReport", "block_content", "fill_blocks", "verify_blocks", "run_replay", "replay_cmd"]
 
@@ -925,6 +925,8 @@ def replay_cmd(trace, embedded, sockets, block_bytes, capacity_fraction, clientd
             report = run_replay(opts, list(sockets), show_progress=progress)
     except CxlkvError as exc:
         raise click.ClickException(f"{exc.code.name}: {exc}") from None
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from None
     record = {"bench": "replay", **asdict(report)}
     if out:
         Path(out).write_text(json.dumps(record, indent=2) + "\n")

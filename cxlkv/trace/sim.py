@@ -38,6 +38,7 @@ __all__ = [
     "TOKENS_PER_BLOCK",
     "Request",
     "load_trace",
+    "TraceError",
     "unique_blocks",
     "SimResult",
     "simulate",
@@ -79,6 +80,10 @@ class Request:
         return TOKENS_PER_BLOCK * n_blocks
 
 
+class TraceError(ValueError):
+    """A trace file with a line that is not a request (the message names the file and line)."""
+
+
 def load_trace(path: str | os.PathLike[str], limit: int | None = None) -> list[Request]:
     """Read a trace file (JSON lines).
 
@@ -88,7 +93,7 @@ def load_trace(path: str | os.PathLike[str], limit: int | None = None) -> list[R
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a line that is not a request (the message gives the line number).
+        TraceError: a line that is not a request (the message gives the line number).
     """
     out: list[Request] = []
     with open(path, "rb") as f:
@@ -104,7 +109,7 @@ def load_trace(path: str | os.PathLike[str], limit: int | None = None) -> list[R
                     int(d["output_length"]), tuple(int(h) for h in d["hash_ids"]),
                 ))
             except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{lineno}: not a trace request ({exc})") from None
+                raise TraceError(f"{path}:{lineno}: not a trace request ({exc})") from None
     return out
 
 

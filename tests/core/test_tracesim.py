@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cxlkv.trace.replay import block_content, fill_blocks, region_bytes_for, verify_blocks
-from cxlkv.trace.sim import Request, load_trace, simulate, simulate_unbounded, unique_blocks
+from cxlkv.trace.sim import Request, TraceError, load_trace, simulate, simulate_unbounded, unique_blocks
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
 needs_trace = pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")
@@ -53,9 +53,24 @@ def test_partial_last_block_tokens() -> None:
 def test_load_trace_errors(tmp_path: Path) -> None:
     bad = tmp_path / "t.jsonl"
     bad.write_text('{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}\n{"nope": 1}\n')
-    with pytest.raises(ValueError, match=":2:"):
+    with pytest.raises(TraceError, match=":2:"):
         load_trace(bad)
     assert len(load_trace(bad, limit=1)) == 1
+
+
+@pytest.mark.parametrize("content", ["root:x:0:0:root:/root:/bin/bash\n",
+                                     '{"timestamp": 0, "output_length": 1, "hash_ids": [1]}\n'])
+def test_replay_of_a_file_that_is_not_a_trace_is_one_line_not_a_traceback(tmp_path: Path, content: str) -> None:
+    from click.testing import CliRunner
+
+    from cxlkv.trace.replay import replay_cmd
+
+    bad = tmp_path / "not-a-trace.jsonl"
+    bad.write_text(content)
+    res = CliRunner().invoke(replay_cmd, [str(bad), "--embedded", "--limit", "10"])
+    assert res.exit_code == 1, res.output
+    assert f"Error: {bad}:1: not a trace request" in res.output
+    assert "Traceback" not in res.output and isinstance(res.exception, SystemExit)  # click's own exit
 
 
 def test_block_content_is_distinct_and_sized() -> None:
