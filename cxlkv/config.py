@@ -464,6 +464,8 @@ class ClientdConfig:
             raise ConfigError(f"max_request_bytes ({self.max_request_bytes}) must exceed max_inline_bytes "
                               f"({self.max_inline_bytes}) by at least 1 MiB")
         _check_address("metrics_address", self.metrics_address, empty_ok=True)
+        for address in self.master_address.split(","):
+            _check_address("master_address", address.strip())
         self.tls.check()
         if not self.tls.enabled and not self.allow_insecure:
             for address in self.master_address.split(","):

@@ -467,7 +467,8 @@ def _raise_map(rc: int, path: str, want: int, create: bool, errno_: int, r: Hand
     elif rc == lib.CXLKV_E_NOT_MAPPABLE:
         msg = f"region {path} is not a regular file or a DAX character device; it cannot be mapped"
     elif rc == lib.CXLKV_E_SIZE_ZERO:
-        msg = f"region {path} has size 0 bytes (create it with a size: create=True, size=...)"
+        msg = (f"region {path} has size 0 bytes (give it a size: `cxlkv region format PATH --create --size N`, "
+                   "or Region.open(..., create=True, size=N))")
     elif rc == lib.CXLKV_E_SIZE_MISMATCH:
         msg = f"region {path} is {int(r.size_bytes)} bytes, but {want} bytes were requested"
     elif rc == lib.CXLKV_E_TRUNCATE:

@@ -97,7 +97,8 @@ def _refuse_if_owned(region: Region, path: str) -> None:
 @click.option("--force", is_flag=True, help="Re-format a region that already holds a header.")
 @click.option("--expected-objects", type=click.IntRange(min=1), default=None,
               help="Objects to size the committed-object index for (default: one per 16 KiB of region; "
-                   "the index costs 128 bytes of region per expected object, docs/index.md).")
+                   "the index costs 128 bytes of region per expected object, up to 256 as its table is "
+                   "rounded up to a power of two of buckets: docs/index.md).")
 @click.option("--no-index", is_flag=True, help="Lay out no index (reads go through the leased RPC path).")
 @click.option("--json", "as_json", is_flag=True, help="Print the new identity as JSON.")
 def format_cmd(

@@ -100,8 +100,8 @@ def cluster_group() -> None:
               help="Masters; more than one also starts a local etcd and runs them with leader election "
                    "(docs/ha.md).")
 @click.option("--expected-objects", type=click.IntRange(min=1), default=None,
-              help="Objects to size each region's index for (2 slots of 64 B each; default: region size "
-                   "/ 16 KiB). Small values need more: past it, objects overflow and their reads take the "
+              help="Objects to size each region's index for (2 slots of 64 B each, the table rounded up to a "
+                   "power of two: 128-256 B of region per object; default: region size / 16 KiB). Small values need more: past it, objects overflow and their reads take the "
                    "RPC path (docs/index.md).")
 def up_cmd(run_dir: str, clientds: int, region_size: int, segments: int, prefault: bool, tls: bool,
            masters: int, expected_objects: int | None) -> None:

@@ -130,3 +130,10 @@ def test_a_negative_reservation_count_is_refused() -> None:
     with pytest.raises(ConfigError, match="reserve_max_extents: must be >= 0"):
         load_config(MasterConfig, overrides={"reserve_max_extents": -1})
     assert load_config(MasterConfig, overrides={"reserve_max_extents": 0}).reserve_max_extents == 0
+
+
+@pytest.mark.parametrize("address", ["nonsense", "127.0.0.1", "127.0.0.1:99999", "127.0.0.1:1,bad"])
+def test_a_master_address_that_is_not_host_port_says_so(address: str) -> None:
+    # before: "'nonsense' is not a loopback address and TLS is not configured"
+    with pytest.raises(ConfigError, match=r"master_address: expected HOST:PORT"):
+        load_config(ClientdConfig, overrides={"master_address": address})
