@@ -370,15 +370,16 @@ class IndexReader:
             self._raise(rc, "index get", key_utf8)
         return _tuple_new(IndexResult, (res.outcome, res.tier, res.value_len, res.version, res.retries))
 
-    def get_small(self, key_utf8: bytes) -> tuple[int, int, int, bytes | None]:
+    def get_small(self, key_utf8: bytes) -> tuple[int, int, int, bytes | None, int]:
         """:meth:`get` into this thread's own scratch buffer of :data:`SMALL_BYTES`,
         the value returned as new ``bytes``: the single-key ``get`` of small values,
         without a destination or a result object to build.
 
         Returns:
-            ``(outcome, value_len_bytes, retries, value)``: ``value`` is the value's
-            bytes on HIT, else ``None`` (TOO_SMALL: the value is larger than
-            :data:`SMALL_BYTES`; use :meth:`get` with a destination that fits).
+            ``(outcome, value_len_bytes, retries, value, version)``: ``value`` is the
+            value's bytes on HIT, else ``None`` (TOO_SMALL: the value is larger than
+            :data:`SMALL_BYTES`; use :meth:`get` with a destination that fits);
+            ``version`` as in :class:`IndexResult`.
 
         Raises:
             InvalidArgument: a bad key.
@@ -396,8 +397,8 @@ class IndexReader:
             self._raise(rc, "index get", key_utf8)
         n = res.value_len
         if res.outcome == IX_HIT:
-            return IX_HIT, n, res.retries, _unpack(d, n)
-        return res.outcome, n, res.retries, None
+            return IX_HIT, n, res.retries, _unpack(d, n), res.version
+        return res.outcome, n, res.retries, None, res.version
 
     def probe(self, key_utf8: bytes) -> IndexResult:
         """Whether ``key_utf8`` is committed: HIT (slot and object header agree),
@@ -543,11 +544,11 @@ class PortableIndexReader(IndexReader):
     def probe(self, key_utf8: bytes) -> IndexResult:
         return self._lookup(key_utf8, None, True)
 
-    def get_small(self, key_utf8: bytes) -> tuple[int, int, int, bytes | None]:
+    def get_small(self, key_utf8: bytes) -> tuple[int, int, int, bytes | None, int]:
         buf = bytearray(SMALL_BYTES)
         r = self._lookup(key_utf8, buf, False)
         value = bytes(buf[:r.value_len_bytes]) if r.outcome == IX_HIT else None
-        return r.outcome, r.value_len_bytes, r.retries, value
+        return r.outcome, r.value_len_bytes, r.retries, value, r.version
 
     def _batch(self, keys: Sequence[bytes], dsts: Sequence[Any] | None, prefix: bool) -> list[IndexResult]:
         for i, k in enumerate(keys):

@@ -42,7 +42,7 @@ class BatchCalls(DaemonLink):
     _daemon: DaemonPath
 
     if TYPE_CHECKING:  # the Client's single-key parts a batch uses
-        def get(self, key: str) -> bytes: ...
+        def _get_one_versioned(self, key: str) -> tuple[bytes, int]: ...
         def _get_into_cuda(self, key: str, dst: Any) -> int: ...
         def _copier(self) -> Any: ...
 
@@ -177,7 +177,8 @@ class BatchCalls(DaemonLink):
         results, large = self._daemon.get_many_inline(keys)
         for i in large:
             try:
-                results[i] = Result(True, value=self.get(keys[i]))
+                value, version = self._get_one_versioned(keys[i])
+                results[i] = Result(True, value=value, version=version)
             except CxlkvError as exc:
                 results[i] = Result(False, error=exc)
         return results  # type: ignore[return-value]

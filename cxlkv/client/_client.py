@@ -378,19 +378,24 @@ class Client(BatchCalls):
             LeaseExpired: the read could not finish within its lease (retry).
             ChecksumMismatch, InvalidKey, Unavailable: see docs/sdk.md.
         """
+        return self._get_one_versioned(key)[0]
+
+    def _get_one_versioned(self, key: str) -> tuple[bytes, int]:
+        """:meth:`get`, and the version of the value read."""
         ix = self._index_path(key)
         if starts_at_index(Op.GET, Memory.NONE, ix is not None):
-            v = ix.get(key)  # type: ignore[union-attr]
+            got = ix.get_versioned(key)  # type: ignore[union-attr]
+            v = got[0]
             if v is not _IX_FALLBACK:
                 if v is _IX_MISS:
                     raise _not_found(key)
-                return v  # type: ignore[return-value]
+                return got  # type: ignore[return-value]
         return self._get_daemon(key)
 
     @_retried
     @_utf8_keys
-    def _get_daemon(self, key: str) -> bytes:
-        """:meth:`get` past the index: ``INLINE``, then by the value's size."""
+    def _get_daemon(self, key: str) -> tuple[bytes, int]:
+        """:meth:`get` past the index: ``INLINE``, then by the value's size; ``(value, version)``."""
         size = self._daemon.get_inline(key)
         if not isinstance(size, int):
             return size
@@ -400,7 +405,7 @@ class Client(BatchCalls):
                 if isinstance(r, CxlkvError):
                     raise r
                 if r is not FALLBACK:
-                    return r[2]
+                    return r[2], r[1]
             else:  # STAGED
                 return self._daemon.get_staged(key, size)
         raise AssertionError("a sized get's plan ends in STAGED")

@@ -246,22 +246,23 @@ class DaemonPath:
                         Result(False, error=error_for(e[0], e[1], key=keys[i]))
 
     # ================================================================ gets
-    def get_inline(self, key: str) -> bytes | int:
-        """``INLINE``: the value, or its size (an ``int``) when it is too large to
-        ride inline (read it ``DIRECT`` or ``STAGED``).
+    def get_inline(self, key: str) -> tuple[bytes, int] | int:
+        """``INLINE``: ``(value, version)``, or the value's size (an ``int``) when it
+        is too large to ride inline (read it ``DIRECT`` or ``STAGED``).
 
         Raises:
             TooLarge: without a size (never for a committed value).
         """
         try:
-            return self._call("Get", _GetRequest(key=key)).value
+            r = self._call("Get", _GetRequest(key=key))
+            return r.value, r.version
         except TooLarge as exc:
             if not exc.requested_bytes:
                 raise
             return int(exc.requested_bytes)
 
-    def get_staged(self, key: str, size: int) -> bytes:
-        """``STAGED`` read of a value of about ``size`` bytes into new bytes.
+    def get_staged(self, key: str, size: int) -> tuple[bytes, int]:
+        """``STAGED`` read of a value of about ``size`` bytes into new bytes: ``(value, version)``.
 
         Raises:
             OutOfRange: the value kept growing (replaced by larger ones) over three tries.
@@ -277,7 +278,7 @@ class DaemonPath:
                         raise
                     size = exc.requested_bytes
                     continue
-                return seg.array[off:off + r.value_size_bytes].tobytes()
+                return seg.array[off:off + r.value_size_bytes].tobytes(), r.version
         raise OutOfRange(f"value of key {key!r} kept growing while being read", key=key)
 
     def get_into(self, key: str, a: np.ndarray, loc: tuple[int, int] | None) -> int:

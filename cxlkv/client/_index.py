@@ -169,13 +169,17 @@ class IndexPath:
         a larger one is copied once, straight into the ``bytes`` returned
         (:func:`cxlkv.transport.bindings.fresh_bytes`).
         """
+        return self.get_versioned(key)[0]
+
+    def get_versioned(self, key: str) -> tuple[bytes | _Marker, int]:
+        """:meth:`get`, and the version read (0 unless a value is returned)."""
         k = key.encode()
-        oc, n, retries, value = self.reader.get_small(k)
+        oc, n, retries, value, version = self.reader.get_small(k)
         if oc == self._small:
             value, target = self._fresh_bytes(n)
             r = self.reader.get(k, target)
             del target
-            oc, retries = r.outcome, r.retries
+            oc, retries, version = r.outcome, r.retries, r.version
             if oc == self._hit and r.value_len_bytes != n:  # upserted smaller in between
                 n = r.value_len_bytes
                 value = value[:n]
@@ -184,13 +188,13 @@ class IndexPath:
         if oc == self._hit:
             self.answered += 1
             self._note_get(key, n)
-            return value  # type: ignore[return-value]
+            return value, version  # type: ignore[return-value]
         if oc == self._miss:
             self.answered += 1
             self._note_get(None, 0)
-            return MISS
+            return MISS, 0
         self.fallbacks += 1
-        return FALLBACK
+        return FALLBACK, 0
 
     def get_into(self, key: str, dst: Any) -> int | _Marker:
         """Copy ``key``'s value into ``dst`` (a writable contiguous buffer); its size,
@@ -213,12 +217,14 @@ class IndexPath:
         self.fallbacks += 1
         return FALLBACK
 
-    def get_many(self, keys: Sequence[str]) -> list[bytes | _Marker]:
-        """:meth:`get` per key (invalid keys answer :data:`FALLBACK`: the daemon says why)."""
-        return [self.get(k) if key_error(k) is None else FALLBACK for k in keys]
+    def get_many(self, keys: Sequence[str]) -> list[tuple[bytes | _Marker, int]]:
+        """:meth:`get_versioned` per key (invalid keys answer :data:`FALLBACK`: the daemon says why)."""
+        return [self.get_versioned(k) if key_error(k) is None else (FALLBACK, 0) for k in keys]
 
-    def get_into_many(self, keys: Sequence[str], dsts: Sequence[Any]) -> list[int | _Marker]:
-        """:meth:`get_into` per item, in one C call (invalid keys answer :data:`FALLBACK`)."""
+    def get_into_many(self, keys: Sequence[str], dsts: Sequence[Any],
+                      versions: list[int] | None = None) -> list[int | _Marker]:
+        """:meth:`get_into` per item, in one C call (invalid keys answer :data:`FALLBACK`);
+        ``versions``, when given (``len(keys)`` zeros), gets each copied value's version."""
         valid = [i for i, k in enumerate(keys) if key_error(k) is None]
         out: list[int | _Marker] = [FALLBACK] * len(keys)
         if not valid:
@@ -231,6 +237,8 @@ class IndexPath:
             oc = r.outcome
             if oc == self._hit:
                 out[i] = r.value_len_bytes
+                if versions is not None:
+                    versions[i] = r.version
                 hits.append(keys[i])
                 nbytes += r.value_len_bytes
             elif oc == self._miss:
@@ -312,13 +320,13 @@ class IndexPath:
 
         out: list[Any] = [None] * len(keys)
         rest: list[int] = []
-        for i, v in enumerate(self.get_many(keys)):
+        for i, (v, version) in enumerate(self.get_many(keys)):
             if v is FALLBACK:
                 rest.append(i)
             elif v is MISS:
                 out[i] = Result(False, error=_not_found(keys[i]))
             else:
-                out[i] = Result(True, value=v)
+                out[i] = Result(True, value=v, version=version)
         return out, rest
 
     def get_into_many_results(self, keys: Sequence[str], dsts: Sequence[Any]) -> tuple[list[Any], list[int]]:
@@ -329,7 +337,8 @@ class IndexPath:
 
         out: list[Any] = [None] * len(keys)
         rest: list[int] = []
-        for i, v in enumerate(self.get_into_many(keys, dsts)):
+        versions = [0] * len(keys)
+        for i, v in enumerate(self.get_into_many(keys, dsts, versions)):
             if v is FALLBACK:
                 rest.append(i)
             elif v is MISS:
@@ -337,7 +346,7 @@ class IndexPath:
             elif v < 0:  # type: ignore[operator]
                 out[i] = Result(False, error=_too_small(keys[i], -v, dsts[i].nbytes))  # type: ignore[operator]
             else:
-                out[i] = Result(True, v)
+                out[i] = Result(True, v, version=versions[i])
         return out, rest
 
     def get_prefix_checked(self, keys: Sequence[str], dsts: Sequence[Any],

@@ -112,6 +112,28 @@ def test_immutable_keys_upsert_and_versions(ab) -> None:
     a.remove("rt/imm")
 
 
+@pytest.mark.parametrize("mode", [{}, {"direct": False}], ids=["default", "daemon"])
+def test_batch_reads_report_the_version_they_read(module_cluster, mode: dict) -> None:
+    """get_many and get_into_many give each hit the version its put returned (small
+    and large values; from the region's index by default, through the daemon with
+    direct=False); a miss has none."""
+    name = "-".join(f"{k}{v}" for k, v in mode.items()) or "default"
+    with module_cluster.client(0) as w, module_cluster.client(1, **mode) as r:
+        keys = [f"rt/ver/{name}/{i}" for i in range(4)]
+        values = [b"s" * 100, b"m" * 70_000, os.urandom(2 << 20), b"u1"]
+        versions = [w.put(k, v) for k, v in zip(keys, values)]
+        versions[3] = w.upsert(keys[3], b"u2")
+        values[3] = b"u2"
+        got = r.get_many(keys + [f"rt/ver/{name}/missing"])
+        assert [(g.ok, g.value, g.version) for g in got[:4]] == list(zip([True] * 4, values, versions))
+        assert not got[4].ok and got[4].version == 0
+        dsts = [bytearray(len(v)) for v in values]
+        into = r.get_into_many(keys, dsts)
+        assert [(g.ok, g.version) for g in into] == [(True, v) for v in versions]
+        assert [bytes(d) for d in dsts] == values
+        w.remove_many(keys)
+
+
 def test_key_forms_that_must_work(ab) -> None:
     a, b = ab
     keys = ["a/b/c", "with space", "ключ-ü-😀", "x" * 4096, "é" * 2048, "/", " "]
