@@ -273,3 +273,12 @@ def assert_invariant(stub: master_pb2_grpc.MasterServiceStub) -> master_pb2.Stat
             assert seg.used_bytes >= committed
         assert seg.object_count >= len(exts)
     return st
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid``, bytes (``VmRSS`` of /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for process {pid}")

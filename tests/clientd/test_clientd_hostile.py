@@ -18,6 +18,7 @@ import pytest
 from cxlkv.client import framing
 from cxlkv.errors import ErrorCode, from_rpc_error
 from cxlkv.v1 import client_pb2, client_pb2_grpc, common_pb2
+from master_harness import rss_bytes
 
 MiB = 1 << 20
 CODE = ErrorCode
@@ -622,14 +623,6 @@ def test_pipelined_requests_answer_by_request_id(raw) -> None:
     assert code == CODE.INVALID_ARGUMENT
 
 
-def _rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_a_caller_that_never_reads_its_answers_is_paused_not_buffered(raw, module_cluster) -> None:
     """1,000 pipelined Gets of a 1 MiB value from a caller that does not read: the
     daemon stops dispatching its frames once its answers fill the socket (about
@@ -639,7 +632,7 @@ def test_a_caller_that_never_reads_its_answers_is_paused_not_buffered(raw, modul
     code, _ = raw.call("Upsert", client_pb2.PutRequest(key="h/noread/big", value=value))
     assert code == 0
     pid = module_cluster.clientds[0].pid
-    before = _rss_bytes(pid)
+    before = rss_bytes(pid)
     hog = Raw(module_cluster.lean_socket_path(0))
     try:
         get = framing.METHODS_BY_NAME["Get"].number
@@ -651,7 +644,7 @@ def test_a_caller_that_never_reads_its_answers_is_paused_not_buffered(raw, modul
             code, resp = raw.call("Exist", client_pb2.ExistRequest(key="h/noread/big"))
             assert code == 0 and resp.exists
             assert time.monotonic() - t0 < 1.0
-        grown = _rss_bytes(pid) - before
+        grown = rss_bytes(pid) - before
         assert grown < 400 * MiB, f"clientd grew by {grown >> 20} MiB for a caller that does not read"
         hog.sock.settimeout(30)
         for rid in range(1000):

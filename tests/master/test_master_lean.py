@@ -13,7 +13,7 @@ import pytest
 from cxlkv.errors import ErrorCode, InvalidArgument, UnknownClient
 from cxlkv.wire.lean import LeanChannel, service_methods
 from cxlkv.v1 import common_pb2, master_pb2
-from master_harness import MasterProcess, Writer, assert_invariant
+from master_harness import MasterProcess, Writer, assert_invariant, rss_bytes
 
 METHODS = service_methods(master_pb2.DESCRIPTOR.services_by_name["MasterService"])
 
@@ -193,14 +193,6 @@ def test_inline_routes_answer_in_order_in_one_read(event_loop: str) -> None:
     run(scenario(), event_loop)
 
 
-def _rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_a_lean_caller_that_never_reads_cannot_fill_the_masters_memory_or_hold_up_others(tmp_path: Path) -> None:
     """3,000 pipelined ListKeys of ~400 KB pages from a caller that never reads
     (1.2 GB of answers if all were served): the master stops dispatching its frames
@@ -213,7 +205,7 @@ def test_a_lean_caller_that_never_reads_cannot_fill_the_masters_memory_or_hold_u
         for start in range(0, 2000, 500):
             w.batch_put([f"{'k' * 200}{i}" for i in range(start, start + 500)], 64)
         pid = mp.process.pid
-        before = _rss_bytes(pid)
+        before = rss_bytes(pid)
         list_keys = next(m.number for m in METHODS if m.name == "ListKeys")
         body = master_pb2.ListKeysRequest(page_size=2000).SerializeToString()
         hog = socket.create_connection(("127.0.0.1", port), timeout=30)
@@ -234,7 +226,7 @@ def test_a_lean_caller_that_never_reads_cannot_fill_the_masters_memory_or_hold_u
                 return took
 
             assert max(asyncio.run(probes())) < 1.0
-            grown = _rss_bytes(pid) - before
+            grown = rss_bytes(pid) - before
             assert grown < 200 << 20, f"the master grew by {grown >> 20} MiB for a caller that does not read"
             for rid in range(40):  # reading: the held frames go on, in order
                 length, code, _f, got = struct.unpack("<IHHQ", _recv_exactly(hog, 16))
