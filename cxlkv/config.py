@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence, TypeVar
 
 from cxlkv.errors import ConfigError
+from cxlkv.layout.region import REGION_HEADER_BYTES
 from cxlkv.wire.tls import TlsFiles, is_loopback_host
 
 __all__ = [
@@ -317,8 +318,9 @@ class MasterConfig:
         for s in self.segments:
             if not s.name:
                 raise ConfigError("segments: every segment needs a name")
-            if s.size_bytes <= 0:
-                raise ConfigError(f"segments[{s.name}].size_bytes: must be > 0")
+            if s.size_bytes <= REGION_HEADER_BYTES:
+                raise ConfigError(f"segments[{s.name}].size_bytes: must be more than the {REGION_HEADER_BYTES}-byte "
+                                  f"region header, got {s.size_bytes}")
             if s.tier not in ("cxl", "ssd"):
                 raise ConfigError(f"segments[{s.name}].tier: must be \"cxl\" or \"ssd\" (dram tiers are "
                                   f"mounted by clientds), got {s.tier!r}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -27,7 +28,7 @@ from cxlkv.master.objects import RestoredObject
 from cxlkv.master.segments import Segment, Tier
 from cxlkv.master.state import MasterState
 
-__all__ = ["RegionRecovery", "parse_recover_spec", "recover_regions"]
+__all__ = ["RegionRecovery", "check_recover_specs", "parse_recover_spec", "recover_regions"]
 
 if TYPE_CHECKING:
     from cxlkv.master.owner import RegionOwnership
@@ -100,6 +101,40 @@ def parse_recover_spec(spec: str) -> tuple[str, str]:
     if not path or (sep and not segment):
         raise ConfigError(f"recover_from_region: expected \"PATH\" or \"PATH=SEGMENT\", got {spec!r}")
     return path, segment
+
+
+def check_recover_specs(specs: Sequence[str]) -> None:
+    """Check every ``recover_from_region`` spec before anything is mapped or written:
+    a master that is to fail on one must leave every region as it found it (its
+    index is emptied at start-up unless the master recovers from it, so a
+    mistyped path must not start a master that wipes the region meant).
+
+    Raises:
+        ConfigError: a malformed spec, a path that does not exist or cannot be
+            mapped, a region that is not formatted or whose identity names
+            another segment than ``SEGMENT``, or a region given twice (by the
+            same real path).
+    """
+    from cxlkv.layout.region import read_identity
+    from cxlkv.transport import Region
+
+    seen: dict[str, str] = {}
+    for spec in specs:
+        path, want = parse_recover_spec(spec)
+        if not os.path.exists(path):
+            raise ConfigError(f"recover_from_region: region {path} does not exist")
+        real = os.path.realpath(path)
+        if real in seen:
+            raise ConfigError(f"recover_from_region: region {path} is given twice ({seen[real]!r} and "
+                              f"{spec!r}); give each region once")
+        seen[real] = spec
+        try:
+            with Region.open(path) as region:
+                name = read_identity(region).segment_name
+        except CxlkvError as exc:
+            raise ConfigError(f"recover_from_region: {exc.message}") from None
+        if want and name != want:
+            raise ConfigError(f"recover_from_region: region {path} is formatted as segment {name!r}, not {want!r}")
 
 
 def _segment_for(state: MasterState, name: str, size_bytes: int, region_uuid: str, path: str) -> Segment:

@@ -46,7 +46,7 @@ from cxlkv.errors import ConfigError, NotLeader
 from cxlkv.wire.lean import LeanFrameServer
 from cxlkv.runtime.loops import StallMonitor
 from cxlkv.master.owner import Deposed, RegionOwnership
-from cxlkv.master.recovery import parse_recover_spec, recover_regions
+from cxlkv.master.recovery import check_recover_specs, parse_recover_spec, recover_regions
 from cxlkv.master.service import MasterServicer
 from cxlkv.master.publish import NoIndex, OverflowAlarm, overflow_warning
 from cxlkv.master.state import MasterState
@@ -167,6 +167,8 @@ class MasterServer:
         else:
             self.state = MasterState(config, master_id=self.master_id,
                                      id_base=max(time.time_ns() // 1000, id_floor))
+        # before any region is taken: a spec that fails must leave every index as it was
+        check_recover_specs(config.recover_from_region)
         #: The regions this master maps and owns, and the index it publishes (master/owner.py).
         self.ownership = RegionOwnership(self.state, config, self.owner_id, min_epoch=min_epoch)
         self.ownership.warm = warm

@@ -24,10 +24,12 @@ KiB, MiB = 1 << 10, 1 << 20
 
 
 def _kill_and_recover(cl: TestCluster, *recover_args: str) -> None:
-    """SIGKILL the master, then start a fresh one on the same address with ``recover_args``."""
+    """SIGKILL the master (unless it is dead already), then start a fresh one on the
+    same address with ``recover_args``."""
     assert cl.master is not None and cl.master.proc is not None
-    cl.master.signal(signal.SIGKILL)
-    cl.master.proc.wait(10)
+    if cl.master.proc.poll() is None:
+        cl.master.signal(signal.SIGKILL)
+        cl.master.proc.wait(10)
     if cl._channel is not None:
         cl._channel.close()
         cl._channel = None
@@ -127,3 +129,53 @@ def test_master_refuses_a_region_of_another_segment(make_cluster) -> None:
     text = (cl.run_dir / "master-bad.log").read_text()
     assert "recover_from_region: region" in text and "not 'cxl9'" in text and "Traceback" not in text
     cl.master = None
+
+
+def _start_failing(cl: TestCluster, name: str, *recover_args: str) -> str:
+    """Start a master with ``recover_args`` that must refuse to start: exit 2, one
+    line, no traceback; its log."""
+    assert cl.master is not None
+    proc = ManagedProcess(name, [*cl.master.argv, *recover_args], cl.run_dir / f"{name}.log")
+    proc.start()
+    assert proc.proc is not None
+    deadline = time.monotonic() + 20
+    while proc.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    text = (cl.run_dir / f"{name}.log").read_text()
+    assert proc.proc.returncode == 2, text
+    assert "Traceback" not in text
+    return text
+
+
+def test_a_recovery_start_that_fails_leaves_the_index_for_the_right_one(make_cluster) -> None:
+    """A mistyped, doubled, unformatted or wrong-segment ``--recover-from-region``
+    is refused before the master takes any region: the region's index is not
+    emptied, so the corrected start still recovers every committed object (a
+    failed start used to wipe it: the retry found 0 objects)."""
+    cl = make_cluster(clientds=1)
+    client = cl.client(0)
+    values = {f"rec/typo/{i}": random.randbytes(3 * KiB + i) for i in range(20)}
+    for k, v in values.items():
+        client.put(k, v)
+    assert cl.master is not None and cl.master.proc is not None
+    cl.master.signal(signal.SIGKILL)
+    cl.master.proc.wait(10)
+    region = cl.region_paths[0]
+    junk = cl.run_dir / "not-a-region"
+    junk.write_bytes(b"\x00" * (1 << 20))
+    for name, args, said in [
+        ("typo", (f"{region}x",), "does not exist"),
+        ("twice", (region, region), "is given twice"),
+        ("unformatted", (region, str(junk)), "recover_from_region:"),
+        ("segment", (f"{region}=cxl9",), "not 'cxl9'"),
+    ]:
+        argv = [a for r in args for a in ("--recover-from-region", r)]
+        assert said in _start_failing(cl, f"master-{name}", *argv), name
+    _kill_and_recover(cl, "--recover-from-region", region)
+    log = (cl.run_dir / "master-recovered.log").read_text()
+    assert f"{len(values)} object(s) of {len(values)} live slot(s)" in log, log
+    reader = cl.client(0)
+    deadline = time.monotonic() + 30
+    while _read(reader, "rec/typo/0") is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert {k: _read(reader, k) for k in values} == values

@@ -55,9 +55,11 @@ def test_errors_name_the_key(tmp_path: Path) -> None:
         load_config(ClientdConfig, overrides={"coherence": "maybe"})
     with pytest.raises(ConfigError, match='flush_reads: must be "verify_first" or "invalidate_first"'):
         load_config(ClientdConfig, overrides={"flush_reads": "sometimes"})
-    f.write_text('[[segments]]\nname = "a"\nsize_bytes = 0\n')
-    with pytest.raises(ConfigError, match=r"segments\[a\]\.size_bytes"):
-        load_config(MasterConfig, f)
+    for size in (0, 100, 4096):  # no room after the region header: the allocator's range would be empty
+        f.write_text(f'[[segments]]\nname = "a"\nsize_bytes = {size}\n')
+        with pytest.raises(ConfigError, match=rf"segments\[a\]\.size_bytes: must be more than the 4096-byte region "
+                                              rf"header, got {size}"):
+            load_config(MasterConfig, f)
     # not UTF-8, a directory: ConfigError (one line, exit 2), not a traceback
     f.write_bytes(b"\xff\xfe")
     with pytest.raises(ConfigError, match="m.toml.*utf-8"):
