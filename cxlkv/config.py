@@ -262,6 +262,10 @@ class MasterConfig:
     reserve_max_extents: int = _f(
         4096, "most extents one clientd may hold reserved ahead of need (writes in one round trip); "
         "0 = none (every put costs PutStart + PutEnd)")
+    reserve_max_ratio: float = _f(
+        0.0625, "most bytes one clientd may hold reserved ahead of need, as a fraction of the capacity of the "
+        "CXL segments a reservation may take (reserved space is never evicted: idle writers must not hold a "
+        "cache's capacity); beyond it puts take the daemon's path")
     owner_lease_ttl_s: float = _f(
         5.0, "the owner lease this master records in each region it maps lapses this long after its last "
         "heartbeat (heartbeats every quarter of it); another master takes a region over only once lapsed",
@@ -339,6 +343,8 @@ class MasterConfig:
             raise ConfigError(f"access_sketch_depth: must be in [1, 16], got {self.access_sketch_depth}")
         if self.access_sketch_reset_adds < 0:
             raise ConfigError(f"access_sketch_reset_adds: must be >= 0, got {self.access_sketch_reset_adds}")
+        if not 0.0 <= self.reserve_max_ratio <= 1.0:
+            raise ConfigError(f"reserve_max_ratio: must be in [0, 1], got {self.reserve_max_ratio}")
         if self.reserve_max_extents < 0:
             raise ConfigError(f"reserve_max_extents: must be >= 0 (0 = no reservations), got {self.reserve_max_extents}")
         if not 0.0 <= self.copy_ahead_watermark <= 1.0:

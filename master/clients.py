@@ -215,6 +215,7 @@ class Registrations:
             obj.state = ObjState.FAILED
             st.quarantine.hold(obj, now)
         client.reserved.clear()
+        client.reserved_bytes = 0
         if st._fenced:
             for token in [t for t, o in st._fenced.items() if o.client_id == client.client_id]:
                 st.quarantine.hold(st._fenced.pop(token), now)

@@ -85,6 +85,11 @@ def check_invariants(state: "MasterState") -> None:
         if c is None or c.reserved.get(token) is not obj:
             raise AssertionError(f"reservation {token} is not its live client's: {obj!r}")
         add(obj, "reserved")
+    for c in state._clients.values():
+        held = sum(e[2] for o in c.reserved.values() for e in o.extents)
+        if c.reserved_bytes != held:
+            raise AssertionError(f"client {c.client_id}: reserved_bytes {c.reserved_bytes} but its reservations "
+                                 f"hold {held} B")
     for token, obj in state.quarantine.held.items():
         if obj.version != token or obj.state != ObjState.FAILED or not obj.extents:
             raise AssertionError(f"quarantined {token} inconsistent: {obj!r}")

@@ -155,6 +155,8 @@ class Mounts:
                     c = st._clients.get(obj.client_id)
                     if c is not None:
                         c.reserved.pop(token, None)
+        for c in st._clients.values():  # the extents left in the other segments
+            c.reserved_bytes = sum(e[2] for o in c.reserved.values() for e in o.extents)
 
     def drop_replica(self, obj: ObjectVersion, sid: int) -> tuple[int, int]:
         """One slice's step: drop ``obj``'s replica in segment ``sid``: (replicas lost, objects lost)."""

@@ -128,7 +128,7 @@ class ClientRecord:
 
     __slots__ = (
         "client_id", "epoch", "hostname", "name", "pid", "metrics_url",
-        "registered_at", "last_heartbeat", "alive", "puts", "reserved", "mapped",
+        "registered_at", "last_heartbeat", "alive", "puts", "reserved", "reserved_bytes", "mapped",
     )
 
     def __init__(
@@ -146,6 +146,8 @@ class ClientRecord:
         self.alive = True
         self.puts: dict[int, ObjectVersion] = {}
         self.reserved: dict[int, ObjectVersion] = {}
+        #: Bytes of the extents in :attr:`reserved` (kept with it: bounded by ``reserve_max_ratio``).
+        self.reserved_bytes = 0
         self.mapped: set[str] = set()
 
 

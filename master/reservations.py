@@ -72,6 +72,13 @@ class Reservations:
         fitting = [s for s in table.mounted if s.tier == Tier.CXL and s.capacity_bytes >= need]
         if not fitting or not count:
             return []
+        # bytes too, not only extents: space held ahead of need is never evicted, so
+        # idle writers must not hold a cache's capacity (fewer granted: the rest of the
+        # puts take the daemon's path)
+        room = int(self.config.reserve_max_ratio * sum(s.capacity_bytes for s in fitting)) - client.reserved_bytes
+        count = min(count, max(0, room) // need)
+        if not count:
+            return []
         candidates = st.strategy.select(fitting, _new_tuple(PlacementRequest, (need, 1, "", Tier.CXL)))
         out: list[ObjectVersion] = []
         for _ in range(count):
@@ -94,6 +101,7 @@ class Reservations:
                 break
             self.held[version] = obj
             client.reserved[version] = obj
+            client.reserved_bytes += sum(e[2] for e in extents)
             out.append(obj)
         self.counters["reservations"] += len(out)
         if out:
@@ -125,6 +133,7 @@ class Reservations:
                              f"{client_id} epoch {epoch}", key=key if isinstance(key, str) else None)
         del self.held[put_token]
         del client.reserved[put_token]
+        client.reserved_bytes -= sum(e[2] for e in res.extents)
         try:
             bad = key_error(key)
             if bad is not None:
@@ -167,6 +176,7 @@ class Reservations:
             raise StaleToken(f"{put_token} is not a live reservation of client {client_id} epoch {epoch}")
         del self.held[put_token]
         del client.reserved[put_token]
+        client.reserved_bytes -= sum(e[2] for e in res.extents)
         res.state = ObjState.FAILED
         st._free_extents(res)
         self.counters["reservations_returned"] += 1

@@ -387,11 +387,14 @@ class MasterState:
         held = self._pinned_bytes.get(sid, 0) + sum(e[2] for o in leased.values() for e in o.extents if e[0] == sid)
         inflight = sum(e[2] for o in self._puts.values() for e in o.extents if e[0] == sid)
         deferred = sum(e[2] for o in self._retired.values() for e in o.extents if e[0] == sid)
+        reserved = sum(e[2] for o in self.reservations.held.values() for e in o.extents if e[0] == sid)
+        quarantined = sum(e[2] for o in self.quarantine.held.values() for e in o.extents if e[0] == sid)
         return NoSpace(
             f"key {_short(key)}: no free extent of {need} B even after eviction; segment "
             f"{best.name!r} has {best.free_bytes} B free, largest free extent "
             f"{best.largest_free_bytes} B; {held} B are leased or hard-pinned, {inflight} B "
-            f"in in-flight puts, {deferred} B awaiting the end of leases",
+            f"in in-flight puts, {deferred} B awaiting the end of leases, {reserved} B reserved ahead "
+            f"for writers (reserve_max_ratio), {quarantined} B quarantined",
             key=key, requested_bytes=size, free_bytes=best.free_bytes,
         )
 

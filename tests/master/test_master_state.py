@@ -237,6 +237,32 @@ def test_reservations_commit_in_one_call_and_are_quarantined_with_their_registra
     assert more
 
 
+def test_reservations_of_one_registration_hold_at_most_reserve_max_ratio_of_the_capacity() -> None:
+    """Reserved space is never evicted, so however many writers ask (idle SDK processes
+    each holding a stack per size), one registration holds at most ``reserve_max_ratio``
+    of the CXL capacity; what it gives back or commits makes room again, and a
+    NO_SPACE names the reserved bytes."""
+    st = make_state(size=16 * MiB, reserve_max_ratio=0.25)
+    w = client(st)
+    cap = st.segments()[0].capacity_bytes
+    got = []
+    for _ in range(40):  # 40 writers asking for 1 MiB extents, 8 each
+        got += st.reserve(*w, MiB, 8, 0.0)
+    one = st.extent_bytes(MiB)
+    assert len(got) == int(0.25 * cap) // one and st.reserved_bytes == len(got) * one <= 0.25 * cap
+    st.check_invariants()
+    st.unreserve(*w, got[0].version, 0.1)
+    st.commit(*w, "k", got[1].version, MiB - 128, 128, 7, 0.1)
+    assert len(st.reserve(*w, MiB, 8, 0.2)) == 2  # the two given back and committed
+    st.check_invariants()
+    other = client(st)  # another clientd has its own share
+    assert st.reserve(*other, MiB, 1, 0.3)
+    with pytest.raises(NoSpace, match=r"B reserved ahead for writers"):
+        for i in range(64):
+            put(st, other, f"pin/{i}", MiB, 0.4, hard_pin=True)
+    st.check_invariants()
+
+
 def test_a_put_whose_extent_cannot_be_recorded_is_refused_and_leaks_nothing(tmp_path: Any) -> None:
     """Every extent handed to a writer is recorded in the region's index (a grant slot)
     so that a master taking over never gives it to another object: when the index has
