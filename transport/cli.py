@@ -6,8 +6,10 @@ stack trace.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -113,11 +115,18 @@ def format_cmd(
 
     if create and size is None:
         raise click.UsageError("--create needs --size (e.g. --size 64MiB)")
-    with _cli_errors(), Region.open(path, size=size, create=create) as region:
-        _refuse_if_owned(region, path)
-        reserve_file(path)
-        identity = format_region(region, segment_name, force=force, expected_objects=expected_objects,
-                                 index=not no_index)
+    made = create and not os.path.exists(path)
+    try:
+        with _cli_errors(), Region.open(path, size=size, create=create) as region:
+            _refuse_if_owned(region, path)
+            reserve_file(path)
+            identity = format_region(region, segment_name, force=force, expected_objects=expected_objects,
+                                     index=not no_index)
+    except BaseException:
+        if made:  # a refused format leaves no file it created (an unformatted region nobody asked for)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise
     if not as_json:
         click.echo(f"formatted {path}")
     _print_identity(path, identity, as_json)
@@ -147,6 +156,7 @@ def scan_cmd(path: str, show_all: bool, as_json: bool) -> None:
     from cxlkv.transport.scan import live_objects, scan_region
 
     with _cli_errors(), Region.open(path) as region:
+        read_identity(region)  # a file that is not a region says so (not "0 object(s)")
         found = scan_region(region)
     objs = found if show_all else live_objects(found)
     if as_json:
@@ -171,6 +181,7 @@ def verify_cmd(path: str, as_json: bool) -> None:
     from cxlkv.transport.scan import live_objects, scan_region
 
     with _cli_errors(), Region.open(path) as region:
+        read_identity(region)  # a file that is not a region says so (not "0 object(s) checked")
         found = scan_region(region, verify_values=True)
     # Judge by headers alone, then report the chosen ones whose value is bad.
     unchecked = [dataclasses.replace(o, checksum_ok=None) for o in found]

@@ -161,8 +161,14 @@ def test_cli_errors_are_one_line(tmp_path):
         assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
     unformatted = tmp_path / "blank"
     unformatted.write_bytes(bytes(MiB))
-    res = runner.invoke(main, ["region", "info", str(unformatted)])
-    assert res.exit_code == 1 and "is not formatted" in res.output
+    for cmd in ("info", "scan", "verify"):  # not "0 object(s) checked" on a file that is not a region
+        res = runner.invoke(main, ["region", cmd, str(unformatted)])
+        assert res.exit_code == 1 and "is not formatted" in res.output, (cmd, res.output)
+    # a refused format --create leaves no file behind (it made one to format)
+    for bad in (["--segment", ""], ["--segment", "s", "--expected-objects", "100000000"]):
+        made = tmp_path / "refused"
+        res = runner.invoke(main, ["region", "format", str(made), "--create", "--size", "8MiB", *bad])
+        assert res.exit_code == 1 and not made.exists(), (bad, res.output)
     with Region.open(unformatted) as r:
         format_region(r, "seg")
     res = runner.invoke(main, ["region", "format", str(unformatted), "--segment", "s", "--size", "2MiB"])
