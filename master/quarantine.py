@@ -21,7 +21,7 @@ from cxlkv.master.objects import ObjectVersion, ObjState
 if TYPE_CHECKING:
     from cxlkv.master.state import MasterState
 
-__all__ = ["Quarantine"]
+__all__ = ["Quarantine", "held_for"]
 
 
 def _grant_owner(writer_hash: int) -> str:
@@ -33,6 +33,13 @@ def _client_hash(client_id: str) -> int:
     from cxlkv.layout.index import client_hash
 
     return client_hash(client_id)
+
+
+def held_for(obj: ObjectVersion, client_id: str) -> bool:
+    """Whether quarantined ``obj`` is ``client_id``'s: taken from one of its
+    registrations, or inherited from a previous master's grant to it (known by the
+    hash of its client id, docs/index.md)."""
+    return obj.client_id == client_id or obj.client_id == _grant_owner(_client_hash(client_id))
 
 
 class Quarantine:
@@ -116,8 +123,7 @@ class Quarantine:
     def release_of(self, client_id: str) -> int:
         """Free everything quarantined from ``client_id`` (an operator's word that
         the host is gone: ``cxlkv admin release-writer``). Returns bytes freed."""
-        inherited = _grant_owner(_client_hash(client_id))
-        return self._release(lambda o: o.client_id == client_id or o.client_id == inherited)
+        return self._release(lambda o: held_for(o, client_id))
 
     def _release(self, match: Callable[[ObjectVersion], bool]) -> int:
         st = self._st

@@ -692,3 +692,27 @@ def test_a_value_over_low_watermark_is_refused_the_next_drain_would_take_it_what
     st.sweep(3.0)
     assert st.exists("edge") and not st.exists("neighbour")  # the older one went; then at low_watermark
     st.check_invariants()
+
+
+def test_a_writer_ends_a_put_whose_grant_a_previous_master_left_and_its_space_is_freed() -> None:
+    """A master that starts from the region's index holds the extents the previous
+    master had handed to writers (grant slots, the writer known by its client id's
+    hash). A writer whose clientd kept that put for it (still running at the restart)
+    revokes it when it exits: the space is freed then, not held for ever (the
+    revoke used to be refused: the held space's owner is the hash, not the id)."""
+    from cxlkv.layout.index import client_hash
+
+    st = make_state(size=8 * MiB)
+    w = client(st)
+    seg = st.segments()[0]
+    off, n, token = 1 * MiB, st.extent_bytes(64 * 1024), 123_456
+    assert st.quarantine_granted(seg.segment_id, off, n, token, client_hash(w[0]), 0.0)
+    assert st.quarantined_bytes == n
+    other = client(st)
+    with pytest.raises(CxlkvError):  # not another client's to end
+        st.put_revoke(*other, "", token, 0.1)
+    assert st.quarantined_bytes == n
+    with pytest.raises(StaleToken, match="its space is freed now"):
+        st.put_revoke(*w, "", token, 0.2)
+    assert st.quarantined_bytes == 0 and used(st) == 0
+    st.check_invariants()
