@@ -21,7 +21,7 @@ from cxlkv.master.objects import ObjectVersion, ObjState
 if TYPE_CHECKING:
     from cxlkv.master.state import MasterState
 
-__all__ = ["Quarantine", "held_for"]
+__all__ = ["Quarantine", "owners_of"]
 
 
 def _grant_owner(writer_hash: int) -> str:
@@ -35,11 +35,11 @@ def _client_hash(client_id: str) -> int:
     return client_hash(client_id)
 
 
-def held_for(obj: ObjectVersion, client_id: str) -> bool:
-    """Whether quarantined ``obj`` is ``client_id``'s: taken from one of its
-    registrations, or inherited from a previous master's grant to it (known by the
-    hash of its client id, docs/index.md)."""
-    return obj.client_id == client_id or obj.client_id == _grant_owner(_client_hash(client_id))
+def owners_of(client_id: str) -> tuple[str, str]:
+    """The owners quarantined space of ``client_id`` is recorded under: its own id
+    (taken from one of its registrations) and the owner of a grant inherited from a
+    previous master (known by the hash of its client id, docs/index.md)."""
+    return client_id, _grant_owner(_client_hash(client_id))
 
 
 class Quarantine:
@@ -88,9 +88,8 @@ class Quarantine:
             raise InvalidArgument(f"release_quarantine: epoch {upto_epoch} is not older than the current "
                                   f"registration's ({client.epoch})")
         kept = frozenset(keep)
-        inherited = _grant_owner(_client_hash(client_id))  # held from a previous master's grants
-        return self._release(lambda o: (o.client_id == client_id or o.client_id == inherited)
-                             and o.epoch <= upto_epoch and o.version not in kept)
+        owners = owners_of(client_id)
+        return self._release(lambda o: o.client_id in owners and o.epoch <= upto_epoch and o.version not in kept)
 
     def hold_granted(self, segment_id: int, offset_bytes: int, length_bytes: int, put_token: int,
                            writer_hash: int, now: float) -> bool:
@@ -123,7 +122,8 @@ class Quarantine:
     def release_of(self, client_id: str) -> int:
         """Free everything quarantined from ``client_id`` (an operator's word that
         the host is gone: ``cxlkv admin release-writer``). Returns bytes freed."""
-        return self._release(lambda o: held_for(o, client_id))
+        owners = owners_of(client_id)
+        return self._release(lambda o: o.client_id in owners)
 
     def _release(self, match: Callable[[ObjectVersion], bool]) -> int:
         st = self._st

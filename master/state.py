@@ -69,7 +69,7 @@ from cxlkv.master.objects import (
     RestoreReport, short_key as _short,
 )
 from cxlkv.master.publish import NoIndex, ObjectIndex
-from cxlkv.master.quarantine import Quarantine, held_for
+from cxlkv.master.quarantine import Quarantine, owners_of
 from cxlkv.master.reservations import Reservations
 from cxlkv.master.restore import restore_objects
 from cxlkv.master.segments import Segment, SegmentTable, Tier, place_extents, tier_from_name
@@ -483,7 +483,7 @@ class MasterState:
             StaleToken, UnknownClient: as for :meth:`put_end`.
         """
         held = self.quarantine.held.get(put_token)
-        if held is not None and held.key in (key, "") and held_for(held, client_id):
+        if held is not None and held.key in (key, "") and held.client_id in owners_of(client_id):
             # The writer of an ended registration ends its attempt itself: it has
             # stopped writing there, so that space is free to reuse. A reservation
             # carries no key (the writer named it only at PackedCommit): its
